@@ -1,0 +1,160 @@
+"""Command line: `oomguard serve`, `oomguard check-config`, `oomguard docs`.
+
+Flags are spelled as Prometheus exporters spell them; each also reads an
+`OOMGUARD_*` environment variable. Precedence: flag > environment > file > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from oomguard import __version__
+from oomguard.config import ConfigError, load_config, parse_listen_address
+
+log = logging.getLogger("oomguard")
+
+# flag dest -> (environment variable, dotted config key or None for CLI-only settings)
+_ENVIRONMENT = {
+    "config": ("OOMGUARD_CONFIG", None),
+    "listen_address": ("OOMGUARD_WEB_LISTEN_ADDRESS", "web.listen_address"),
+    "simulate": ("OOMGUARD_SIMULATE", "simulation.scenario"),
+    "simulate_gpus": ("OOMGUARD_SIMULATE_GPUS", "simulation.gpus"),
+    "simulate_time_scale": ("OOMGUARD_SIMULATE_TIME_SCALE", "simulation.time_scale"),
+    "nvml": ("OOMGUARD_COLLECTOR_NVML", "nvml.enabled"),
+    "log_level": ("OOMGUARD_LOG_LEVEL", None),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="oomguard", description="GPU memory and inference-engine exporter for Prometheus."
+    )
+    parser.add_argument("--version", action="version", version=f"oomguard {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the exporter")
+    serve.add_argument("--config", metavar="FILE", help="YAML configuration [$OOMGUARD_CONFIG]")
+    serve.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT",
+                       help="address to serve on [$OOMGUARD_WEB_LISTEN_ADDRESS] (default :9847)")
+    serve.add_argument("--simulate", metavar="SCENARIO",
+                       help="run on a built-in simulation of GPUs and a vLLM target: leak, overcommit, "
+                       "steady [$OOMGUARD_SIMULATE]")
+    serve.add_argument("--simulate.gpus", dest="simulate_gpus", type=int, metavar="N",
+                       help="simulated GPUs [$OOMGUARD_SIMULATE_GPUS] (default 1)")
+    serve.add_argument("--simulate.time-scale", dest="simulate_time_scale", type=float, metavar="X",
+                       help="simulated seconds per real second [$OOMGUARD_SIMULATE_TIME_SCALE] (default 1)")
+    serve.add_argument("--collector.nvml", dest="nvml", action=argparse.BooleanOptionalAction, default=None,
+                       help="read GPUs through NVML [$OOMGUARD_COLLECTOR_NVML] (default on)")
+    serve.add_argument("--log.level", dest="log_level", choices=["debug", "info", "warning", "error"],
+                       help="[$OOMGUARD_LOG_LEVEL] (default info)")
+
+    check = commands.add_parser("check-config", help="validate a configuration file and exit")
+    check.add_argument("file", type=Path)
+
+    docs = commands.add_parser("docs", help="print docs/metrics.md, generated from the metric table")
+    docs.add_argument("--output", type=Path, help="write to this file instead of stdout")
+    return parser
+
+
+def _from_environment(args: argparse.Namespace) -> None:
+    for dest, (variable, _) in _ENVIRONMENT.items():
+        if getattr(args, dest, None) is None and variable in os.environ:
+            value: Any = os.environ[variable]
+            if dest == "nvml":
+                value = value.strip().lower() in ("1", "true", "yes", "on")
+            setattr(args, dest, value)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        key: getattr(args, dest)
+        for dest, (_, key) in _ENVIRONMENT.items()
+        if key is not None and getattr(args, dest, None) is not None
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "docs":
+        from oomguard.docs import metrics_markdown
+
+        text = metrics_markdown()
+        if args.output:
+            args.output.write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+        return 0
+    if args.command == "check-config":
+        try:
+            config = load_config(args.file)
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        print(f"{args.file}: valid; {len(config.targets)} target(s): {', '.join(t.label for t in config.targets) or 'none'}")
+        return 0
+
+    _from_environment(args)
+    logging.basicConfig(
+        level=(args.log_level or "info").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(Path(args.config) if args.config else None, _overrides(args))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return serve(config)
+
+
+def serve(config: Any) -> int:
+    from aiohttp import web
+
+    from oomguard.config import TargetConfig
+    from oomguard.sources.nvml import NvmlSource
+    from oomguard.web import make_app
+
+    simulation = None
+    if config.simulation.scenario:
+        from oomguard.simulate.runner import Simulation
+        from oomguard.simulate.scenarios import SCENARIOS
+
+        if config.simulation.scenario not in SCENARIOS:
+            print(f"unknown scenario {config.simulation.scenario!r}; choose one of: {', '.join(SCENARIOS)}", file=sys.stderr)
+            return 1
+        log_path = Path(tempfile.gettempdir()) / f"oomguard-sim-{os.getpid()}.log"
+        simulation = Simulation(
+            config.simulation.scenario, gpus=config.simulation.gpus,
+            time_scale=config.simulation.time_scale, log_path=log_path,
+        )
+        sim_target = TargetConfig(name="sim-vllm", url=simulation.url, gpus=(0,))
+        config = config.model_copy(update={"targets": (*config.targets, sim_target)})
+        log.info("simulation %r: engine at %s, its log in %s", simulation.scenario.name, simulation.url, log_path)
+
+    def nvml_factory() -> NvmlSource | None:
+        if not config.nvml.enabled:
+            return None
+        if simulation is not None:
+            return NvmlSource(simulation.nvml, per_process=config.nvml.per_process)
+        import pynvml
+
+        return NvmlSource(pynvml, per_process=config.nvml.per_process)
+
+    app = make_app(config, nvml_factory)
+    if simulation is not None:
+        async def run_simulation(_: web.Application) -> AsyncIterator[None]:
+            await simulation.start()
+            yield
+            await simulation.stop()
+
+        app.cleanup_ctx.insert(0, run_simulation)
+    host, port = parse_listen_address(config.web.listen_address)
+    log.info("oomguard %s listening on %s:%d, %d target(s)", __version__, host, port, len(config.targets))
+    web.run_app(app, host=host, port=port, print=None, access_log=None)
+    return 0

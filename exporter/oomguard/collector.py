@@ -1,0 +1,119 @@
+"""One collection = one snapshot of every source, gathered concurrently, off the event loop.
+
+Concurrent scrapes share the collection in flight instead of starting their own:
+ten Prometheis scraping at once cost one round of NVML calls and one request per
+target. Each source is timed and isolated: a failing or hung source yields
+`success=0` for that source, and the scrape goes on with the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import aiohttp
+
+from oomguard.config import Config
+from oomguard.snapshot import NvmlReading, TargetReading
+from oomguard.sources.nvml import NvmlSource
+from oomguard.sources.processes import ProcessFinder
+from oomguard.sources.targets import TargetScraper
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceResult:
+    success: bool
+    duration_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nvml: NvmlReading | None  # None when the NVML collector is turned off
+    targets: tuple[TargetReading, ...]
+    sources: dict[str, SourceResult]
+    collected_at: float
+
+
+class Collection:
+    def __init__(self, config: Config, nvml: NvmlSource | None, session: aiohttp.ClientSession) -> None:
+        self.config = config
+        self.nvml = nvml
+        self.session = session
+        finder = ProcessFinder()
+        self.scrapers = [
+            TargetScraper(
+                t, timeout=config.target_timeout(t), max_body_bytes=config.scrape.max_body_bytes, finder=finder
+            )
+            for t in config.targets
+        ]
+        # One thread for NVML: a hung driver call blocks only this thread, and a
+        # second read is not stacked behind it (see _read_nvml).
+        self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
+        self._nvml_future: Future[NvmlReading] | None = None
+        self._in_flight: asyncio.Future[Snapshot] | None = None
+        self.last: Snapshot | None = None
+
+    async def snapshot(self) -> Snapshot:
+        if self._in_flight is None:
+            self._in_flight = asyncio.ensure_future(self._collect())
+            self._in_flight.add_done_callback(self._clear_in_flight)
+        # shield: one scraper giving up must not cancel the collection the others wait on.
+        return await asyncio.shield(self._in_flight)
+
+    def _clear_in_flight(self, _: asyncio.Future[Snapshot]) -> None:
+        self._in_flight = None
+
+    async def _collect(self) -> Snapshot:
+        sources: dict[str, SourceResult] = {}
+        nvml_result, target_results = await asyncio.gather(
+            self._timed("nvml", self._read_nvml(), sources) if self.nvml else _none(),
+            self._timed("targets", self._scrape_targets(), sources),
+        )
+        snapshot = Snapshot(
+            nvml=nvml_result,
+            targets=tuple(target_results or ()),
+            sources=sources,
+            collected_at=time.time(),
+        )
+        self.last = snapshot
+        return snapshot
+
+    async def _timed(self, name: str, work, sources: dict[str, SourceResult]):
+        started = time.perf_counter()
+        try:
+            result = await work
+            success = not (isinstance(result, NvmlReading) and not result.up)
+        except Exception:  # a source must never fail the scrape
+            log.exception("source %s failed", name)
+            result, success = None, False
+        sources[name] = SourceResult(success, time.perf_counter() - started)
+        return result
+
+    async def _read_nvml(self) -> NvmlReading:
+        assert self.nvml is not None
+        timeout = self.config.nvml.timeout_seconds
+        if self._nvml_future is None or self._nvml_future.done():
+            self._nvml_future = self._nvml_thread.submit(self.nvml.read)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self._nvml_future), timeout)
+        except TimeoutError:
+            # The read goes on in its thread; the next scrape waits on it rather than starting another.
+            log.warning("NVML read took longer than %gs (nvml.timeout_seconds): GPU metrics left out of this scrape", timeout)
+            raise
+
+    async def _scrape_targets(self) -> list[TargetReading]:
+        return list(await asyncio.gather(*(s.scrape(self.session) for s in self.scrapers)))
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            self._nvml_thread.submit(self.nvml.close)
+        self._nvml_thread.shutdown(wait=False, cancel_futures=True)
+
+
+async def _none() -> None:
+    return None

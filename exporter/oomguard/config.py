@@ -1,0 +1,233 @@
+"""The exporter's configuration: one typed model, read from YAML, checked at start.
+
+Precedence, lowest first: built-in defaults, the YAML file, `OOMGUARD_*` environment
+variables, command-line flags (see `cli.py`). Every error names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from oomguard.engines import ENGINE_NAMES
+
+DEFAULT_PORT = 9847
+DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
+
+
+class ConfigError(Exception):
+    """A configuration that cannot run; the message names the key and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WebConfig(_Strict):
+    listen_address: str = Field(
+        DEFAULT_LISTEN_ADDRESS, description="HOST:PORT to serve on; ':PORT' means all addresses."
+    )
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        parse_listen_address(value)
+        return value
+
+
+class NvmlConfig(_Strict):
+    enabled: bool = Field(True, description="Read GPU memory through NVML.")
+    timeout_seconds: float = Field(
+        3.0, gt=0, description="Longest wait for one NVML read before the scrape goes on without it."
+    )
+    per_process: bool = Field(
+        True, description="Export per-process GPU memory (a `pid` label: one series per process)."
+    )
+
+
+class TargetConfig(_Strict):
+    url: str = Field(description="Base URL of the engine; /metrics and /health are appended.")
+    name: str | None = Field(None, description="The `target` label; defaults to host:port of url.")
+    engine: str = Field("vllm", description="Which engine serves at url.")
+    gpus: tuple[int, ...] = Field(
+        (), description="GPU indices the engine runs on; found from its processes when empty."
+    )
+    timeout_seconds: float | None = Field(
+        None, gt=0, description="Per-target scrape timeout; defaults to scrape.timeout_seconds."
+    )
+    local_process: Literal["auto", "yes", "no"] = Field(
+        "auto",
+        description="Find the engine's processes on this host (RSS, GPU memory by pid, "
+        "restarts); auto means yes when url's host is a loopback address.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"{value!r} is not an http(s) URL with a host; "
+                "write the engine's base URL, e.g. http://127.0.0.1:8000"
+            )
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise ValueError(f"{value!r} has a bad port ({exc}); use 1-65535") from None
+        if parts.path not in ("", "/"):
+            raise ValueError(
+                f"{value!r} has a path ({parts.path}); give the base URL only, "
+                "oomguard appends /metrics and /health itself"
+            )
+        return value.rstrip("/")
+
+    @field_validator("engine")
+    @classmethod
+    def _check_engine(cls, value: str) -> str:
+        if value not in ENGINE_NAMES:
+            raise ValueError(f"unknown engine {value!r}; known engines: {', '.join(ENGINE_NAMES)}")
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _check_gpus(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(index < 0 for index in value):
+            raise ValueError("GPU indices are 0 or more, as nvidia-smi numbers them")
+        return value
+
+    @property
+    def label(self) -> str:
+        parts = urlsplit(self.url)
+        return self.name or f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+    @property
+    def is_local(self) -> bool:
+        if self.local_process != "auto":
+            return self.local_process == "yes"
+        host = urlsplit(self.url).hostname or ""
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+
+class ScrapeConfig(_Strict):
+    timeout_seconds: float = Field(3.0, gt=0, description="Default per-target timeout.")
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, gt=0, description="Largest /metrics body read from a target."
+    )
+
+
+class SimulationConfig(_Strict):
+    scenario: str | None = Field(None, description="Run on a built-in simulation: leak, overcommit, steady.")
+    gpus: int = Field(1, ge=1, le=64, description="Number of simulated GPUs.")
+    time_scale: float = Field(
+        1.0, gt=0, description="Speed of the simulated clock (10 = ten simulated seconds per second)."
+    )
+
+
+class Config(_Strict):
+    web: WebConfig = WebConfig()
+    nvml: NvmlConfig = NvmlConfig()
+    scrape: ScrapeConfig = ScrapeConfig()
+    simulation: SimulationConfig = SimulationConfig()
+    targets: tuple[TargetConfig, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Config:
+        seen: set[str] = set()
+        for target in self.targets:
+            if target.label in seen:
+                raise ValueError(
+                    f"two targets are named {target.label!r}; give each a distinct `name:`"
+                )
+            seen.add(target.label)
+        return self
+
+    def target_timeout(self, target: TargetConfig) -> float:
+        return target.timeout_seconds or self.scrape.timeout_seconds
+
+
+def parse_listen_address(value: str) -> tuple[str, int]:
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"{value!r} is not HOST:PORT; write e.g. ':{DEFAULT_PORT}' or '127.0.0.1:{DEFAULT_PORT}'")
+    return host.strip("[]") or "0.0.0.0", int(port_text)
+
+
+def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys valid at `loc`, to suggest the closest one for a typo."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if isinstance(current, type) else None
+        if field is None:
+            return []
+        annotation = field.annotation
+        args = getattr(annotation, "__args__", ())
+        current = next((a for a in (annotation, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if current is None:
+            return []
+    return list(current.model_fields) if isinstance(current, type) else []
+
+
+def _format_location(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def explain(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: the configuration is not valid:"]
+    for item in error.errors():
+        loc = tuple(item["loc"])
+        where = _format_location(loc)
+        if item["type"] == "extra_forbidden":
+            known = _known_keys(Config, loc)
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
+            lines.append(f"  {where}: unknown key; {hint}")
+        else:
+            message = item["msg"].removeprefix("Value error, ")
+            lines.append(f"  {where}: {message} (got {item.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read `path` (if any), apply `overrides` (dotted keys), validate everything."""
+    raw: dict[str, Any] = {}
+    source = str(path) if path else "configuration"
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the configuration file: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping (keys such as targets:, nvml:)")
+        raw = loaded
+    for dotted, value in (overrides or {}).items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, source)) from None

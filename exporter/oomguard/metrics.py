@@ -1,0 +1,210 @@
+"""Every metric oomguard exports: declared once here, rendered fresh from each snapshot.
+
+`METRICS` is the single list of names, types, labels and meanings; `docs/metrics.md`
+is generated from it (`oomguard docs`), so a metric cannot ship undocumented.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+
+from oomguard import __version__
+from oomguard.collector import Snapshot
+from oomguard.snapshot import ERROR_KINDS, TARGET_STATES, GpuReading, TargetReading
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str
+    kind: str  # gauge | counter | info
+    unit: str
+    labels: tuple[str, ...]
+    help: str
+    section: str
+
+
+def _m(section: str, name: str, kind: str, unit: str, labels: str, help_text: str) -> MetricSpec:
+    return MetricSpec(f"oomguard_{name}", kind, unit, tuple(labels.split()) if labels else (), help_text, section)
+
+
+GPU, ENGINE, JOINED, HEALTH = "GPU (NVML)", "Engine (per target)", "Joined: GPU x engine", "Exporter health"
+METRICS: tuple[MetricSpec, ...] = (
+    _m(GPU, "gpu_info", "info", "", "gpu uuid name pci_bus_id driver_version",
+       "Identity of a GPU; join on `gpu` to add names to other series."),
+    _m(GPU, "gpu_up", "gauge", "", "gpu", "1 when NVML answers for this GPU, 0 when it is lost (fell off the bus, needs a reset)."),
+    _m(GPU, "gpu_memory_total_bytes", "gauge", "bytes", "gpu", "Total memory of the GPU."),
+    _m(GPU, "gpu_memory_used_bytes", "gauge", "bytes", "gpu", "Memory allocated by processes (NVML `used`; excludes the driver's reservation where NVML reports it apart)."),
+    _m(GPU, "gpu_memory_free_bytes", "gauge", "bytes", "gpu", "Memory free for allocation."),
+    _m(GPU, "gpu_memory_reserved_bytes", "gauge", "bytes", "gpu", "Memory reserved by the driver and firmware (NVML memory info v2; absent on drivers with v1 only)."),
+    _m(GPU, "gpu_memory_used_ratio", "gauge", "ratio", "gpu", "used / total, 0-1: the figure the 90 % alert watches."),
+    _m(GPU, "gpu_utilization_ratio", "gauge", "ratio", "gpu", "Share of the last sample period a kernel ran, 0-1."),
+    _m(GPU, "gpu_process_memory_used_bytes", "gauge", "bytes", "gpu pid process_name", "GPU memory used by one compute process (absent when NVML cannot say)."),
+    _m(GPU, "gpu_process_query_success", "gauge", "", "gpu", "1 when the per-process query worked, so an absent process series means an idle GPU and not a failed query."),
+    _m(ENGINE, "target_info", "info", "", "target engine url", "A configured engine target."),
+    _m(ENGINE, "engine_kv_cache_usage_ratio", "gauge", "ratio", "target model_name", "Share of the engine's KV cache blocks in use, 0-1 (vLLM `kv_cache_usage_perc`, or `gpu_cache_usage_perc` before 0.9), averaged over data-parallel engines."),
+    _m(ENGINE, "engine_requests_waiting", "gauge", "requests", "target model_name", "Requests queued, not yet scheduled; a queue that stays up means concurrency is over-provisioned."),
+    _m(ENGINE, "engine_requests_running", "gauge", "requests", "target model_name", "Requests in the running batch."),
+    _m(ENGINE, "engine_preemptions", "counter", "", "target model_name", "Requests preempted because the KV cache was full (the engine's own counter, summed over engines)."),
+    _m(ENGINE, "engine_prefix_cache_queries_tokens", "counter", "tokens", "target model_name", "Tokens looked up in the prefix cache."),
+    _m(ENGINE, "engine_prefix_cache_hits_tokens", "counter", "tokens", "target model_name", "Tokens found in the prefix cache."),
+    _m(ENGINE, "engine_gpu_memory_utilization_ratio", "gauge", "ratio", "target", "The engine's configured share of each GPU's memory (vLLM `gpu_memory_utilization`)."),
+    _m(ENGINE, "engine_kv_cache_blocks", "gauge", "blocks", "target", "KV cache blocks the engine allocated at start (vLLM `num_gpu_blocks`)."),
+    _m(ENGINE, "engine_kv_cache_block_size_tokens", "gauge", "tokens", "target", "Tokens per KV cache block."),
+    _m(ENGINE, "engine_kv_cache_memory_bytes", "gauge", "bytes", "target", "Memory the engine reserved for its KV cache (recent vLLM only)."),
+    _m(ENGINE, "engine_process_start_time_seconds", "gauge", "seconds", "target", "Start time of the engine's API server process, Unix time; a change is a restart."),
+    _m(JOINED, "target_gpu_info", "info", "", "target gpu", "Which GPUs a target runs on (from `gpus:` in the config, else from NVML's process list)."),
+    _m(JOINED, "target_gpu_memory_used_bytes", "gauge", "bytes", "target", "Memory used on the target's GPUs, all processes together."),
+    _m(JOINED, "target_gpu_memory_total_bytes", "gauge", "bytes", "target", "Total memory of the target's GPUs."),
+    _m(JOINED, "target_gpu_memory_used_ratio", "gauge", "ratio", "target", "Used / total over the target's GPUs, 0-1."),
+    _m(JOINED, "target_process_gpu_memory_bytes", "gauge", "bytes", "target", "GPU memory used by the target's own processes (local targets, from NVML's per-process list)."),
+    _m(JOINED, "target_memory_budget_bytes", "gauge", "bytes", "target", "The engine's memory budget: gpu_memory_utilization x total memory of its GPUs."),
+    _m(JOINED, "target_memory_over_budget_bytes", "gauge", "bytes", "target", "Memory in use minus the budget (the target's processes where known, else the whole GPUs). Above 0 is memory the KV cache cannot explain: activations, another process, a leak."),
+    _m(JOINED, "target_resident_memory_bytes", "gauge", "bytes", "target", "Host RSS of the target's processes (the listener and its children), for CPU deployments and host-memory leaks."),
+    _m(HEALTH, "build_info", "info", "", "version python_version", "The running oomguard."),
+    _m(HEALTH, "source_success", "gauge", "", "source", "1 when the source (nvml, targets) completed in time in the last collection."),
+    _m(HEALTH, "source_duration_seconds", "gauge", "seconds", "source", "How long the source took in the last collection."),
+    _m(HEALTH, "nvml_up", "gauge", "", "", "1 when the NVML library is loaded and answering; 0 on a host without an NVIDIA driver."),
+    _m(HEALTH, "target_up", "gauge", "", "target", "1 when the target's /metrics was read and understood in the last collection."),
+    _m(HEALTH, "target_state", "gauge", "", "target state", "1 for the target's current state: up (health 200), loading (no answer since first seen or since its process restarted), down (was up, now refuses or fails)."),
+    _m(HEALTH, "target_scrape_duration_seconds", "gauge", "seconds", "target", "Time to read the target's /metrics and /health."),
+    _m(HEALTH, "target_scrape_errors", "counter", "", "target kind", "Failed reads of a target by kind: " + ", ".join(ERROR_KINDS) + "."),
+    _m(HEALTH, "target_health_status_code", "gauge", "", "target", "HTTP status of the target's /health (absent when it did not answer)."),
+    _m(HEALTH, "target_health_latency_seconds", "gauge", "seconds", "target", "Time for /health to answer (absent when it did not answer)."),
+)
+SPECS = {spec.name.removeprefix("oomguard_"): spec for spec in METRICS}
+
+
+class _Families:
+    """Fresh families for one render; `add` skips values we do not have (never NaN)."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+
+    def add(self, key: str, labels: tuple[str, ...], value: float | None) -> None:
+        if value is None:
+            return
+        spec = SPECS[key]
+        family = self._families.get(key)
+        if family is None:
+            cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+            family = cls(spec.name, spec.help, labels=spec.labels, unit="")
+            self._families[key] = family
+        family.add_metric(list(labels), value)
+
+    def __iter__(self) -> Iterator[Metric]:
+        # Spec order, so the exposition is stable whatever the order of sources.
+        return (self._families[key] for key in SPECS if key in self._families)
+
+
+def _gpu_families(out: _Families, gpus: tuple[GpuReading, ...], driver: str) -> None:
+    for gpu in gpus:
+        g = str(gpu.index)
+        out.add("gpu_up", (g,), 1.0 if gpu.up else 0.0)
+        if gpu.uuid:
+            out.add("gpu_info", (g, gpu.uuid, gpu.name, gpu.pci_bus_id, driver), 1.0)
+        out.add("gpu_memory_total_bytes", (g,), gpu.total_bytes)
+        out.add("gpu_memory_used_bytes", (g,), gpu.used_bytes)
+        out.add("gpu_memory_free_bytes", (g,), gpu.free_bytes)
+        out.add("gpu_memory_reserved_bytes", (g,), gpu.reserved_bytes)
+        if gpu.total_bytes and gpu.used_bytes is not None:
+            out.add("gpu_memory_used_ratio", (g,), gpu.used_bytes / gpu.total_bytes)
+        out.add("gpu_utilization_ratio", (g,), gpu.utilization_ratio)
+        if gpu.up and not gpu.error:
+            out.add("gpu_process_query_success", (g,), 0.0 if gpu.processes is None else 1.0)
+        for proc in gpu.processes or ():
+            out.add("gpu_process_memory_used_bytes", (g, str(proc.pid), proc.name), proc.used_bytes)
+
+
+def _target_gpus(target: TargetReading, gpus: dict[int, GpuReading]) -> list[int]:
+    if target.gpus:
+        return [i for i in target.gpus if i in gpus]
+    if target.process is None:
+        return []
+    return sorted(i for i, g in gpus.items() if any(p.pid in target.process.pids for p in g.processes or ()))
+
+
+def _target_families(out: _Families, target: TargetReading, gpus: dict[int, GpuReading]) -> None:
+    t = target.name
+    out.add("target_info", (t, target.engine, target.url), 1.0)
+    out.add("target_up", (t,), 1.0 if target.up else 0.0)
+    for state in TARGET_STATES:
+        out.add("target_state", (t, state), 1.0 if target.state == state else 0.0)
+    out.add("target_scrape_duration_seconds", (t,), target.scrape_duration_seconds)
+    for kind in ERROR_KINDS:
+        out.add("target_scrape_errors", (t, kind), float(target.errors_total.get(kind, 0)))
+    out.add("target_health_status_code", (t,), target.health_status)
+    out.add("target_health_latency_seconds", (t,), target.health_latency_seconds)
+    if target.process is not None:
+        out.add("target_resident_memory_bytes", (t,), target.process.resident_bytes)
+
+    reading = target.engine_reading
+    if reading is not None:
+        for model in reading.models:
+            labels = (t, model.model_name)
+            out.add("engine_kv_cache_usage_ratio", labels, model.kv_cache_usage_ratio)
+            out.add("engine_requests_waiting", labels, model.requests_waiting)
+            out.add("engine_requests_running", labels, model.requests_running)
+            out.add("engine_preemptions", labels, model.preemptions_total)
+            out.add("engine_prefix_cache_queries_tokens", labels, model.prefix_cache_queries_total)
+            out.add("engine_prefix_cache_hits_tokens", labels, model.prefix_cache_hits_total)
+        out.add("engine_gpu_memory_utilization_ratio", (t,), reading.memory_utilization_ratio)
+        out.add("engine_kv_cache_blocks", (t,), reading.kv_cache_blocks)
+        out.add("engine_kv_cache_block_size_tokens", (t,), reading.kv_cache_block_size_tokens)
+        out.add("engine_kv_cache_memory_bytes", (t,), reading.kv_cache_memory_bytes)
+        out.add("engine_process_start_time_seconds", (t,), reading.process_start_time_seconds)
+
+    mine = [gpus[i] for i in _target_gpus(target, gpus)]
+    for gpu in mine:
+        out.add("target_gpu_info", (t, str(gpu.index)), 1.0)
+    measured = [g for g in mine if g.total_bytes and g.used_bytes is not None]
+    if not measured:
+        return
+    total = sum(g.total_bytes or 0.0 for g in measured)
+    used = sum(g.used_bytes or 0.0 for g in measured)
+    out.add("target_gpu_memory_used_bytes", (t,), used)
+    out.add("target_gpu_memory_total_bytes", (t,), total)
+    out.add("target_gpu_memory_used_ratio", (t,), used / total)
+    own: float | None = None
+    if target.process is not None and all(g.processes is not None for g in measured):
+        own = sum(p.used_bytes or 0.0 for g in measured for p in g.processes or () if p.pid in target.process.pids)
+        out.add("target_process_gpu_memory_bytes", (t,), own)
+    if reading is not None and reading.memory_utilization_ratio is not None:
+        budget = reading.memory_utilization_ratio * total
+        out.add("target_memory_budget_bytes", (t,), budget)
+        out.add("target_memory_over_budget_bytes", (t,), (own if own is not None else used) - budget)
+
+
+def families(snapshot: Snapshot) -> _Families:
+    out = _Families()
+    out.add("build_info", (__version__, platform.python_version()), 1.0)
+    for name, result in sorted(snapshot.sources.items()):
+        out.add("source_success", (name,), 1.0 if result.success else 0.0)
+        out.add("source_duration_seconds", (name,), result.duration_seconds)
+    gpus: dict[int, GpuReading] = {}
+    if "nvml" in snapshot.sources:
+        nvml = snapshot.nvml
+        out.add("nvml_up", (), 1.0 if nvml is not None and nvml.up else 0.0)
+        if nvml is not None:
+            _gpu_families(out, nvml.gpus, nvml.driver_version)
+            gpus = {g.index: g for g in nvml.gpus if g.up}
+    for target in snapshot.targets:
+        _target_families(out, target, gpus)
+    return out
+
+
+class _SnapshotCollector:
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(families(self._snapshot))
+
+
+def render(snapshot: Snapshot) -> bytes:
+    """The text exposition of one snapshot."""
+    return generate_latest(_SnapshotCollector(snapshot))  # type: ignore[arg-type]

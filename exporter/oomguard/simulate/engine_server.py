@@ -1,0 +1,123 @@
+"""A simulated vLLM server, run as its own process: `python -m oomguard.simulate.engine_server`.
+
+Like the real one it refuses connections while it "loads its model", then serves
+/health and a vLLM 0.32-format /metrics, and when its scenario runs the GPU out of
+memory it writes PyTorch's OOM traceback to stderr and exits 1. Being a real
+process on a real port, it exercises the exporter's HTTP, process-finding and
+restart paths exactly as a real engine does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+from aiohttp import web
+from oomguard.simulate.scenarios import GIB, SCENARIOS, Scenario
+
+
+def vllm_metrics_text(scenario: Scenario, t: float, *, model: str, start_time: float, total_bytes: int) -> str:
+    """A /metrics body in vLLM 0.32's names and shape (the families oomguard reads, plus noise)."""
+    f = scenario.engine(t)
+    budget = scenario.gpu_memory_utilization * total_bytes
+    kv_bytes = int(budget * 0.6)
+    block_size = 16
+    blocks = kv_bytes // (block_size * 128 * 1024)
+    labels = f'engine="0",model_name="{model}"'
+    return f"""# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds {start_time:.2f}
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{{labels}}} {float(f.running)}
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{{labels}}} {float(f.waiting)}
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{{labels}}} {f.kv_cache_usage}
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{{labels}}} {float(f.prefix_queries)}
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{{labels}}} {float(f.prefix_hits)}
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{{{labels}}} {float(f.preemptions)}
+# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{{{labels},le="1.0"}} {float(f.prefix_queries // 900)}
+vllm:e2e_request_latency_seconds_bucket{{{labels},le="+Inf"}} {float(f.prefix_queries // 900)}
+vllm:e2e_request_latency_seconds_count{{{labels}}} {float(f.prefix_queries // 900)}
+vllm:e2e_request_latency_seconds_sum{{{labels}}} {f.prefix_queries / 1800:.1f}
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="{block_size}",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="{scenario.gpu_memory_utilization}",kv_cache_memory_bytes="{kv_bytes}",num_cpu_blocks="None",num_gpu_blocks="{blocks}",num_gpu_blocks_override="None"}} 1.0
+"""
+
+
+OOM_TRACEBACK = """(EngineCore pid={pid}) ERROR EngineCore encountered a fatal error.
+(EngineCore pid={pid}) Traceback (most recent call last):
+(EngineCore pid={pid})   File "vllm/v1/engine/core.py", line 701, in run_engine_core
+(EngineCore pid={pid})     engine_core.run_busy_loop()
+(EngineCore pid={pid})   File "vllm/v1/worker/gpu_model_runner.py", line 2210, in execute_model
+(EngineCore pid={pid})     hidden_states = self.model(input_ids, positions)
+(EngineCore pid={pid}) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of {total:.2f} GiB of which 312.00 MiB is free. Process {pid} has {used:.2f} GiB memory in use.
+"""
+
+
+async def serve(args: argparse.Namespace) -> int:
+    scenario = SCENARIOS[args.scenario]
+    launched = time.time()
+
+    def now() -> float:
+        return (time.time() - launched) * args.time_scale
+
+    print(f"(APIServer pid={os.getpid()}) INFO simulated vLLM: loading model {args.model}", file=sys.stderr, flush=True)
+    await asyncio.sleep(scenario.load_seconds / args.time_scale)
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = vllm_metrics_text(scenario, now(), model=args.model, start_time=launched, total_bytes=args.gpu_total_bytes)
+        return web.Response(text=body, content_type="text/plain")
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port, reuse_address=True).start()
+    print(f"(APIServer pid={os.getpid()}) INFO Application startup complete.", file=sys.stderr, flush=True)
+    try:
+        if scenario.oom_at is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(max(0.0, scenario.oom_at - now()) / args.time_scale)
+        total = args.gpu_total_bytes / GIB
+        print(
+            OOM_TRACEBACK.format(pid=os.getpid(), total=total, used=total * 0.98),
+            file=sys.stderr, end="", flush=True,
+        )
+        return 1
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="sim-llama-3-8b")
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--gpu-total-bytes", type=int, default=80 * GIB)
+    return asyncio.run(serve(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""Runs a scenario: the simulated engine as a real child process, and the GPUs it uses.
+
+The runner plays the orchestrator too: when the engine dies (simulated CUDA OOM)
+it relaunches it after the scenario's back-off, so restart loops look as they do
+in production. The fake NVML reads the same scenario clock as the child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import sys
+import time
+from pathlib import Path
+
+from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
+from oomguard.simulate.scenarios import SCENARIOS
+
+log = logging.getLogger(__name__)
+
+IDLE_GPU_BYTES = 512 * 1024**2  # what an idle GPU shows: contexts of monitoring tools
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Simulation:
+    def __init__(self, scenario: str, *, gpus: int = 1, time_scale: float = 1.0, log_path: Path | None = None) -> None:
+        self.scenario = SCENARIOS[scenario]
+        self.time_scale = time_scale
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.gpu_total = 80 * GIB
+        self.nvml = FakeNvml(
+            [FakeGpu(i, total_bytes=self.gpu_total, used_bytes=IDLE_GPU_BYTES) for i in range(gpus)],
+            before_call=self._refresh_on_count,
+        )
+        self.restarts = 0
+        self._child: asyncio.subprocess.Process | None = None
+        self._launched_at = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def _refresh_on_count(self, call: str) -> None:
+        # nvmlDeviceGetCount opens every read of the NVML source: bring the GPUs up to date.
+        if call != "nvmlDeviceGetCount":
+            return
+        gpu = self.nvml.gpus[0]
+        child = self._child
+        if child is None or child.returncode is not None:
+            gpu.used_bytes, gpu.processes, gpu.utilization_percent = IDLE_GPU_BYTES, [], 0
+            return
+        t = (time.time() - self._launched_at) * self.time_scale
+        engine_bytes = int(self.scenario.gpu_used_ratio(t) * self.gpu_total)
+        gpu.used_bytes = IDLE_GPU_BYTES + engine_bytes
+        gpu.processes = [FakeProcess(child.pid, engine_bytes)]
+        gpu.utilization_percent = 0 if t < self.scenario.load_seconds else 85
+
+    async def start(self) -> None:
+        self._task = asyncio.ensure_future(self._supervise())
+
+    async def _supervise(self) -> None:
+        while True:
+            stderr = self.log_path.open("ab") if self.log_path else asyncio.subprocess.DEVNULL
+            try:
+                self._launched_at = time.time()
+                self._child = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "oomguard.simulate.engine_server",
+                    "--scenario", self.scenario.name, "--port", str(self.port),
+                    "--time-scale", str(self.time_scale), "--gpu-total-bytes", str(self.gpu_total),
+                    stdout=asyncio.subprocess.DEVNULL, stderr=stderr,
+                )
+                code = await self._child.wait()
+            finally:
+                if self.log_path:
+                    stderr.close()  # type: ignore[union-attr]
+            self.restarts += 1
+            log.info("simulated engine exited with %s; relaunching (restart %d)", code, self.restarts)
+            await asyncio.sleep(self.scenario.restart_delay / self.time_scale)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._child is not None and self._child.returncode is None:
+            self._child.terminate()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._child.wait(), 5)
+            if self._child.returncode is None:
+                self._child.kill()
+                await self._child.wait()

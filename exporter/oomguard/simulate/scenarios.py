@@ -1,0 +1,115 @@
+"""Built-in scenarios: how GPU memory and the engine's queue move over a simulated life.
+
+Every figure is a pure function of `t`, the simulated seconds since the engine
+process was launched, so the simulated GPU (fake NVML, in the exporter) and the
+simulated engine (its own process, serving /metrics) agree without talking.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+
+def _noise(t: float, scale: float) -> float:
+    """Deterministic jitter in [-scale, scale]: reproducible runs, still not a flat line."""
+    x = math.sin(t * 12.9898 + 78.233) * 43758.5453
+    return (x - math.floor(x) - 0.5) * 2 * scale
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    kv_cache_usage: float
+    waiting: int
+    running: int
+    preemptions: int
+    prefix_queries: int
+    prefix_hits: int
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    gpu_memory_utilization: float
+    load_seconds: float = 25.0  # model load: the port refuses meanwhile
+    # Simulated seconds after launch at which the engine dies of CUDA OOM (None: never).
+    oom_at: float | None = None
+    restart_delay: float = 5.0  # the orchestrator's back-off before relaunching
+    serving_used_ratio: float = 0.88  # GPU memory right after load
+    climb_ratio_per_second: float = 0.0  # growth past load: a leak or unbounded growth
+    spike_ratio: float = 0.0  # extra use from overcommitted concurrency...
+    spike_after: float = 0.0  # ...starting this long after load...
+    spike_seconds: float = 1.0  # ...reaching its peak over this long
+    overloaded: bool = False  # queue and preemptions grow after spike_after
+
+    def gpu_used_ratio(self, t: float) -> float:
+        """Share of the GPU the engine's processes hold, t simulated seconds after launch."""
+        if t < self.load_seconds:
+            # weights first, then the KV cache pool at the end of the load
+            weights = 0.2 * t / self.load_seconds
+            return weights if t < self.load_seconds * 0.8 else self.serving_used_ratio * 0.97
+        serving = t - self.load_seconds
+        ratio = self.serving_used_ratio + self.climb_ratio_per_second * serving
+        if self.spike_ratio and serving > self.spike_after:
+            ratio += self.spike_ratio * min(1.0, (serving - self.spike_after) / self.spike_seconds)
+        # kernels' workspace comes and goes with the batch
+        ratio += 0.004 * (1 + math.sin(serving / 7.0)) + _noise(t, 0.001)
+        return min(ratio, 0.999)
+
+    def engine(self, t: float) -> EngineFigures:
+        serving = max(0.0, t - self.load_seconds)
+        # KV cache churn: requests fill blocks, finish, free them (a sawtooth)
+        churn = (serving % 40.0) / 40.0
+        kv = 0.25 + 0.35 * churn
+        waiting, running, preemptions = int(2 * churn), 4 + int(6 * churn), 0
+        if self.overloaded and serving > self.spike_after:
+            over = serving - self.spike_after
+            kv = min(1.0, 0.6 + over / 30.0)
+            running = 16
+            waiting = int(min(48, 2 + over / 2))
+            preemptions = int(max(0.0, over - 15) * 0.8)
+        queries = int(serving * 900)
+        return EngineFigures(
+            kv_cache_usage=round(kv, 4),
+            waiting=waiting,
+            running=running,
+            preemptions=preemptions,
+            prefix_queries=queries,
+            prefix_hits=int(queries * 0.55),
+        )
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            name="steady",
+            summary="A hot but steady server: 88 % of GPU memory, KV cache churning, never out of memory.",
+            gpu_memory_utilization=0.9,
+        ),
+        Scenario(
+            name="leak",
+            summary="Memory climbs 1 % of the GPU per minute and never falls back, past the engine's "
+            "budget, until CUDA runs out of memory; then the orchestrator restarts it.",
+            gpu_memory_utilization=0.6,
+            serving_used_ratio=0.56,
+            climb_ratio_per_second=0.01 / 60,
+            oom_at=25.0 + 0.43 / (0.01 / 60),
+        ),
+        Scenario(
+            name="overcommit",
+            summary="The incident: gpu_memory_utilization 0.9 and too many sequences; under long-context "
+            "load the queue and preemptions grow, memory spikes past 98 %, CUDA OOM, restart loop.",
+            gpu_memory_utilization=0.9,
+            serving_used_ratio=0.885,
+            spike_ratio=0.11,
+            spike_after=30.0,
+            spike_seconds=45.0,
+            overloaded=True,
+            oom_at=25.0 + 30.0 + 50.0,
+        ),
+    )
+}

@@ -1,0 +1,219 @@
+"""GPU memory per GPU and per process, through NVML (`pynvml` from nvidia-ml-py).
+
+Blocking: `NvmlSource.read` runs in a worker thread, never on the event loop.
+Errors stay where they happen: a call NVML does not support drops that one
+series (and is not asked again), a lost GPU is marked down while the others are
+read, and a missing driver leaves `up=False` with one log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import psutil
+
+from oomguard.snapshot import GpuProcess, GpuReading, NvmlReading
+
+log = logging.getLogger(__name__)
+
+# How long to wait before calling nvmlInit again after it failed (driver missing,
+# not loaded yet): retrying on every scrape costs a dlopen each time.
+INIT_RETRY_SECONDS = 60.0
+
+
+@dataclass
+class _Gpu:
+    """What never changes for a GPU: fetched once, kept until the GPU is lost."""
+
+    handle: Any
+    uuid: str
+    name: str
+    pci_bus_id: str
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class NvmlSource:
+    def __init__(
+        self,
+        lib: ModuleType | Any,
+        *,
+        per_process: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lib = lib
+        self._per_process = per_process
+        self._clock = clock
+        self._lock = threading.Lock()  # reads may overlap when one times out
+        self._initialised = False
+        self._next_init_attempt = 0.0
+        self._init_error = ""
+        self._driver_version = ""
+        self._gpus: dict[int, _Gpu] = {}
+        self._unsupported: set[tuple[int, str]] = set()
+        self._memory_v1_only: set[int] = set()
+        self._process_names: dict[int, str] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _ensure_init(self) -> bool:
+        if self._initialised:
+            return True
+        now = self._clock()
+        if now < self._next_init_attempt:
+            return False
+        try:
+            self._lib.nvmlInit()
+        except self._lib.NVMLError as exc:
+            self._next_init_attempt = now + INIT_RETRY_SECONDS
+            message = f"NVML could not start ({exc})"
+            if isinstance(exc, self._lib.NVMLError_LibraryNotFound):
+                message += (
+                    ": no NVIDIA driver on this host. GPU metrics are off and "
+                    "oomguard_nvml_up is 0; engine metrics are still served. Install the "
+                    "driver (or mount libnvidia-ml into the container), or pass "
+                    "--no-collector.nvml to silence this."
+                )
+            if message != self._init_error:
+                log.warning(message)
+            self._init_error = message
+            return False
+        self._initialised = True
+        self._init_error = ""
+        try:
+            self._driver_version = _text(self._lib.nvmlSystemGetDriverVersion())
+        except self._lib.NVMLError:
+            self._driver_version = ""
+        log.info("NVML started, driver %s", self._driver_version or "unknown")
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._initialised:
+                try:
+                    self._lib.nvmlShutdown()
+                except self._lib.NVMLError as exc:
+                    log.debug("nvmlShutdown: %s", exc)
+                self._initialised = False
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self) -> NvmlReading:
+        with self._lock:
+            if not self._ensure_init():
+                return NvmlReading(up=False, error=self._init_error)
+            try:
+                count = self._lib.nvmlDeviceGetCount()
+            except self._lib.NVMLError as exc:
+                return NvmlReading(up=False, driver_version=self._driver_version, error=f"nvmlDeviceGetCount: {exc}")
+            gpus = tuple(self._read_gpu(index) for index in range(count))
+            seen = {p.pid for g in gpus for p in g.processes or ()}
+            for pid in set(self._process_names) - seen:
+                del self._process_names[pid]
+            return NvmlReading(up=True, driver_version=self._driver_version, gpus=gpus)
+
+    def _static(self, index: int) -> _Gpu:
+        gpu = self._gpus.get(index)
+        if gpu is None:
+            lib = self._lib
+            handle = lib.nvmlDeviceGetHandleByIndex(index)
+            gpu = _Gpu(
+                handle=handle,
+                uuid=_text(lib.nvmlDeviceGetUUID(handle)),
+                name=_text(lib.nvmlDeviceGetName(handle)),
+                pci_bus_id=_text(self._optional(index, "pci", lambda: lib.nvmlDeviceGetPciInfo(handle).busId) or ""),
+            )
+            self._gpus[index] = gpu
+        return gpu
+
+    def _optional(self, index: int, call: str, fn: Callable[[], Any]) -> Any:
+        """Run one NVML call; None when unsupported (remembered, so it is not asked again)."""
+        if (index, call) in self._unsupported:
+            return None
+        try:
+            return fn()
+        except (self._lib.NVMLError_NotSupported, self._lib.NVMLError_FunctionNotFound):
+            self._unsupported.add((index, call))
+            return None
+
+    def _read_gpu(self, index: int) -> GpuReading:
+        lib = self._lib
+        try:
+            gpu = self._static(index)
+            memory = self._memory(index, gpu.handle)
+            utilization = self._optional(index, "utilization", lambda: lib.nvmlDeviceGetUtilizationRates(gpu.handle))
+            processes = self._processes(index, gpu.handle) if self._per_process else None
+        except lib.NVMLError_GpuIsLost as exc:
+            # The handle of a GPU that fell off the bus is useless: look it up afresh next time.
+            self._gpus.pop(index, None)
+            log.error("GPU %d is lost (%s): marked down; check `nvidia-smi` and dmesg for XID 79", index, exc)
+            return GpuReading(index=index, up=False, error=str(exc))
+        except lib.NVMLError as exc:
+            log.warning("GPU %d: NVML call failed: %s", index, exc)
+            cached = self._gpus.get(index)
+            return GpuReading(
+                index=index, up=True, uuid=cached.uuid if cached else "", name=cached.name if cached else "",
+                pci_bus_id=cached.pci_bus_id if cached else "", error=str(exc),
+            )
+        total = float(memory.total) if memory else None
+        used = float(memory.used) if memory else None
+        return GpuReading(
+            index=index,
+            up=True,
+            uuid=gpu.uuid,
+            name=gpu.name,
+            pci_bus_id=gpu.pci_bus_id,
+            total_bytes=total,
+            used_bytes=used,
+            free_bytes=float(memory.free) if memory else None,
+            reserved_bytes=float(memory.reserved) if memory is not None and hasattr(memory, "reserved") else None,
+            utilization_ratio=utilization.gpu / 100.0 if utilization is not None else None,
+            processes=processes,
+        )
+
+    def _memory(self, index: int, handle: Any) -> Any:
+        lib = self._lib
+        if index not in self._memory_v1_only:
+            try:
+                return lib.nvmlDeviceGetMemoryInfo(handle, version=lib.nvmlMemory_v2)
+            except (lib.NVMLError_NotSupported, lib.NVMLError_FunctionNotFound, lib.NVMLError_ArgumentVersionMismatch):
+                # Older drivers lack the v2 call: v1 has no `reserved`.
+                self._memory_v1_only.add(index)
+        return self._optional(index, "memory", lambda: lib.nvmlDeviceGetMemoryInfo(handle))
+
+    def _processes(self, index: int, handle: Any) -> tuple[GpuProcess, ...] | None:
+        lib = self._lib
+        try:
+            entries = self._optional(index, "processes", lambda: lib.nvmlDeviceGetComputeRunningProcesses(handle))
+        except lib.NVMLError_NoPermission:
+            return None
+        if entries is None:
+            return None
+        return tuple(
+            GpuProcess(pid=int(e.pid), name=self._process_name(int(e.pid)), used_bytes=_process_memory(e.usedGpuMemory))
+            for e in entries
+        )
+
+    def _process_name(self, pid: int) -> str:
+        name = self._process_names.get(pid)
+        if name is None:
+            try:
+                name = psutil.Process(pid).name()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                # In a container without the host PID namespace the pid is not ours to see.
+                name = ""
+            self._process_names[pid] = name
+        return name
+
+
+def _process_memory(value: Any) -> float | None:
+    # NVML reports NVML_VALUE_NOT_AVAILABLE (all ones) and pynvml maps it to None.
+    if value is None or value >= (1 << 64) - 1:
+        return None
+    return float(value)

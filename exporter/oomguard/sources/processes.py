@@ -1,0 +1,97 @@
+"""The engine's own processes on this host: found by the port it listens on.
+
+An engine such as vLLM runs several processes (API server, engine core, workers);
+the API server listens, the others are its children. Their summed RSS is the
+host-memory view (CPU deployments OOM too), and their pids tie NVML's
+per-process GPU memory to the target. Blocking (/proc reads): runs in a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psutil
+
+from oomguard.snapshot import ProcessTree
+
+log = logging.getLogger(__name__)
+
+
+class ProcessFinder:
+    def __init__(self) -> None:
+        self._listener_by_port: dict[int, int] = {}  # port -> pid, re-checked on each use
+        self._cmdline_by_port: dict[int, tuple[str, ...]] = {}
+
+    def find(self, port: int) -> ProcessTree | None:
+        pid = self._cached_listener(port) or self._scan_listener(port)
+        if pid is None:
+            return None
+        try:
+            return self._tree(pid, port)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            self._listener_by_port.pop(port, None)
+            return None
+
+    def restarted_since(self, port: int, since: float) -> bool:
+        """True when a process with the listener's last command line started after `since`.
+
+        A restarted engine does not listen while it loads its model, so it cannot be
+        found by port; its command line is what it shares with its previous life.
+        """
+        cmdline = self._cmdline_by_port.get(port)
+        if not cmdline:
+            return False
+        for proc in psutil.process_iter(["cmdline", "create_time"]):
+            info = proc.info
+            if info["cmdline"] and tuple(info["cmdline"]) == cmdline and info["create_time"] >= since:
+                return True
+        return False
+
+    def _cached_listener(self, port: int) -> int | None:
+        pid = self._listener_by_port.get(port)
+        if pid is None:
+            return None
+        try:
+            if any(_listens(c, port) for c in psutil.Process(pid).net_connections("inet")):
+                return pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+        del self._listener_by_port[port]
+        return None
+
+    def _scan_listener(self, port: int) -> int | None:
+        try:
+            connections = psutil.net_connections("inet")
+        except psutil.AccessDenied:
+            log.warning("cannot list sockets to find the engine on port %d: run as root or set local_process: no", port)
+            return None
+        for conn in connections:
+            if conn.pid and _listens(conn, port):
+                self._listener_by_port[port] = conn.pid
+                return conn.pid
+        return None
+
+    def _tree(self, pid: int, port: int) -> ProcessTree:
+        root = psutil.Process(pid)
+        members = [root, *root.children(recursive=True)]
+        rss = 0.0
+        pids = set()
+        for proc in members:
+            try:
+                rss += proc.memory_info().rss
+                pids.add(proc.pid)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                continue  # a worker that exited between the listing and the read
+        try:
+            cmdline = tuple(root.cmdline())
+        except psutil.AccessDenied:
+            cmdline = ()
+        self._cmdline_by_port[port] = cmdline
+        return ProcessTree(
+            root_pid=pid, pids=frozenset(pids), resident_bytes=rss,
+            start_time_seconds=root.create_time(), cmdline=cmdline,
+        )
+
+
+def _listens(conn: psutil._common.sconn | psutil._common.pconn, port: int) -> bool:
+    return conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port

@@ -1,0 +1,165 @@
+"""Scrape one engine target: its /metrics (only the families we read) and its /health.
+
+Each target has its own timeout and body size cap; a failure becomes `up=0` with
+an error kind, never an exception out of `scrape`. The target's state tells
+"loading" (no answer yet since we first saw it, or since its process restarted)
+from "down" (it was up, and now refuses, times out or answers 5xx).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from oomguard.config import TargetConfig
+from oomguard.engines import ENGINES, EngineReading
+from oomguard.promtext import ExpositionError, FamilyExtractor
+from oomguard.snapshot import ERROR_KINDS, TargetReading
+from oomguard.sources.processes import ProcessFinder
+
+log = logging.getLogger(__name__)
+
+_extractors: dict[str, FamilyExtractor] = {}
+
+
+class ScrapeError(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        assert kind in ERROR_KINDS, kind
+        super().__init__(message)
+        self.kind = kind
+
+
+def _extractor(engine: str) -> FamilyExtractor:
+    if engine not in _extractors:
+        _extractors[engine] = FamilyExtractor(ENGINES[engine].families)
+    return _extractors[engine]
+
+
+class TargetScraper:
+    def __init__(
+        self,
+        config: TargetConfig,
+        *,
+        timeout: float,
+        max_body_bytes: int,
+        finder: ProcessFinder | None = None,
+    ) -> None:
+        self.config = config
+        self.name = config.label
+        self.engine = ENGINES[config.engine]()
+        self.timeout = timeout
+        self.max_body_bytes = max_body_bytes
+        self.port = urlsplit(config.url).port or (443 if config.url.startswith("https") else 80)
+        self.finder = finder if config.is_local else None
+        self.errors_total: Counter[str] = Counter({kind: 0 for kind in ERROR_KINDS})
+        self.ever_up = False
+        self.last_up_at: float | None = None  # wall clock
+        self.state = "loading"
+        self._last_error = ""
+
+    async def scrape(self, session: aiohttp.ClientSession) -> TargetReading:
+        started = time.perf_counter()
+        metrics_task = asyncio.ensure_future(self._fetch_metrics(session))
+        health_status, health_latency = await self._probe_health(session)
+        reading: EngineReading | None = None
+        error_kind = error = ""
+        try:
+            reading = await metrics_task
+        except ScrapeError as exc:
+            error_kind, error = exc.kind, str(exc)
+            self.errors_total[exc.kind] += 1
+        process = await asyncio.to_thread(self.finder.find, self.port) if self.finder else None
+        healthy = health_status == 200 or (health_status == 404 and reading is not None)
+        self.state = await self._next_state(healthy, health_status)
+        if error and error != self._last_error:
+            log.warning("target %s: %s error: %s", self.name, error_kind, error)
+        self._last_error = error
+        return TargetReading(
+            name=self.name,
+            engine=self.config.engine,
+            url=self.config.url,
+            gpus=self.config.gpus,
+            up=reading is not None,
+            state=self.state,
+            scrape_duration_seconds=time.perf_counter() - started,
+            health_status=health_status,
+            health_latency_seconds=health_latency,
+            engine_reading=reading,
+            error_kind=error_kind,
+            error=error,
+            process=process,
+            errors_total=dict(self.errors_total),
+        )
+
+    async def _next_state(self, healthy: bool, health_status: int | None) -> str:
+        now = time.time()
+        if healthy:
+            self.ever_up = True
+            self.last_up_at = now
+            return "up"
+        if not self.ever_up:
+            # Never answered since we first saw it: an engine loading its model
+            # refuses connections (vLLM) or answers 503 (SGLang) until ready.
+            return "loading" if health_status in (None, 503) else "down"
+        if health_status is None and self.finder and self.last_up_at is not None:
+            restarted = await asyncio.to_thread(self.finder.restarted_since, self.port, self.last_up_at)
+            if restarted:
+                return "loading"
+        return "down"
+
+    async def _probe_health(self, session: aiohttp.ClientSession) -> tuple[int | None, float | None]:
+        started = time.perf_counter()
+        try:
+            async with session.get(
+                self.config.url + self.engine.health_path,
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                allow_redirects=False,
+            ) as response:
+                await response.read()
+                return response.status, time.perf_counter() - started
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return None, None
+
+    async def _fetch_metrics(self, session: aiohttp.ClientSession) -> EngineReading:
+        url = self.config.url + self.engine.metrics_path
+        try:
+            async with asyncio.timeout(self.timeout):
+                async with session.get(url, allow_redirects=False) as response:
+                    if response.status != 200:
+                        raise ScrapeError("http_status", f"GET {url} answered HTTP {response.status}")
+                    body = await self._read_capped(response, url)
+        except TimeoutError:
+            raise ScrapeError("timeout", f"GET {url} took longer than {self.timeout:g}s (timeout_seconds)") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise ScrapeError("refused", f"cannot connect to {url}: {exc.os_error or exc}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ScrapeError("other", f"GET {url} failed: {exc!r}") from None
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ScrapeError("parse", f"{url} sent a body that is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        try:
+            return self.engine.read(_extractor(self.config.engine).extract(text))
+        except ExpositionError as exc:
+            raise ScrapeError("parse", f"{url}: {exc}") from None
+
+    async def _read_capped(self, response: aiohttp.ClientResponse, url: str) -> bytes:
+        cap = self.max_body_bytes
+        too_large = ScrapeError(
+            "too_large", f"{url} sent more than {cap} bytes; raise scrape.max_body_bytes if this is expected"
+        )
+        if response.content_length is not None and response.content_length > cap:
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > cap:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
