@@ -41,19 +41,44 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the exporter")
     serve.add_argument("--config", metavar="FILE", help="YAML configuration [$OOMGUARD_CONFIG]")
-    serve.add_argument("--web.listen-address", dest="listen_address", metavar="HOST:PORT",
-                       help="address to serve on [$OOMGUARD_WEB_LISTEN_ADDRESS] (default :9847)")
-    serve.add_argument("--simulate", metavar="SCENARIO",
-                       help="run on a built-in simulation of GPUs and a vLLM target: leak, overcommit, "
-                       "steady [$OOMGUARD_SIMULATE]")
-    serve.add_argument("--simulate.gpus", dest="simulate_gpus", type=int, metavar="N",
-                       help="simulated GPUs [$OOMGUARD_SIMULATE_GPUS] (default 1)")
-    serve.add_argument("--simulate.time-scale", dest="simulate_time_scale", type=float, metavar="X",
-                       help="simulated seconds per real second [$OOMGUARD_SIMULATE_TIME_SCALE] (default 1)")
-    serve.add_argument("--collector.nvml", dest="nvml", action=argparse.BooleanOptionalAction, default=None,
-                       help="read GPUs through NVML [$OOMGUARD_COLLECTOR_NVML] (default on)")
-    serve.add_argument("--log.level", dest="log_level", choices=["debug", "info", "warning", "error"],
-                       help="[$OOMGUARD_LOG_LEVEL] (default info)")
+    serve.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        metavar="HOST:PORT",
+        help="address to serve on [$OOMGUARD_WEB_LISTEN_ADDRESS] (default :9847)",
+    )
+    serve.add_argument(
+        "--simulate",
+        metavar="SCENARIO",
+        help="run on a built-in simulation of GPUs and a vLLM target: leak, overcommit, steady [$OOMGUARD_SIMULATE]",
+    )
+    serve.add_argument(
+        "--simulate.gpus",
+        dest="simulate_gpus",
+        type=int,
+        metavar="N",
+        help="simulated GPUs [$OOMGUARD_SIMULATE_GPUS] (default 1)",
+    )
+    serve.add_argument(
+        "--simulate.time-scale",
+        dest="simulate_time_scale",
+        type=float,
+        metavar="X",
+        help="simulated seconds per real second [$OOMGUARD_SIMULATE_TIME_SCALE] (default 1)",
+    )
+    serve.add_argument(
+        "--collector.nvml",
+        dest="nvml",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read GPUs through NVML [$OOMGUARD_COLLECTOR_NVML] (default on)",
+    )
+    serve.add_argument(
+        "--log.level",
+        dest="log_level",
+        choices=["debug", "info", "warning", "error"],
+        help="[$OOMGUARD_LOG_LEVEL] (default info)",
+    )
 
     check = commands.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("file", type=Path)
@@ -97,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return 1
-        print(f"{args.file}: valid; {len(config.targets)} target(s): {', '.join(t.label for t in config.targets) or 'none'}")
+        print(
+            f"{args.file}: valid; {len(config.targets)} target(s): "
+            + (", ".join(t.label for t in config.targets) or "none")
+        )
         return 0
 
     _from_environment(args)
@@ -126,12 +154,17 @@ def serve(config: Any) -> int:
         from oomguard.simulate.scenarios import SCENARIOS
 
         if config.simulation.scenario not in SCENARIOS:
-            print(f"unknown scenario {config.simulation.scenario!r}; choose one of: {', '.join(SCENARIOS)}", file=sys.stderr)
+            print(
+                f"unknown scenario {config.simulation.scenario!r}; choose one of: {', '.join(SCENARIOS)}",
+                file=sys.stderr,
+            )
             return 1
         log_path = Path(tempfile.gettempdir()) / f"oomguard-sim-{os.getpid()}.log"
         simulation = Simulation(
-            config.simulation.scenario, gpus=config.simulation.gpus,
-            time_scale=config.simulation.time_scale, log_path=log_path,
+            config.simulation.scenario,
+            gpus=config.simulation.gpus,
+            time_scale=config.simulation.time_scale,
+            log_path=log_path,
         )
         sim_target = TargetConfig(name="sim-vllm", url=simulation.url, gpus=(0,))
         config = config.model_copy(update={"targets": (*config.targets, sim_target)})
@@ -148,6 +181,7 @@ def serve(config: Any) -> int:
 
     app = make_app(config, nvml_factory)
     if simulation is not None:
+
         async def run_simulation(_: web.Application) -> AsyncIterator[None]:
             await simulation.start()
             yield

@@ -103,7 +103,9 @@ class Collection:
             return await asyncio.wait_for(asyncio.wrap_future(self._nvml_future), timeout)
         except TimeoutError:
             # The read goes on in its thread; the next scrape waits on it rather than starting another.
-            log.warning("NVML read took longer than %gs (nvml.timeout_seconds): GPU metrics left out of this scrape", timeout)
+            log.warning(
+                "NVML read took longer than %gs (nvml.timeout_seconds): GPU metrics left out of this scrape", timeout
+            )
             raise
 
     async def _scrape_targets(self) -> list[TargetReading]:

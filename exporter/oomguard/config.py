@@ -73,8 +73,7 @@ class TargetConfig(_Strict):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
-                f"{value!r} is not an http(s) URL with a host; "
-                "write the engine's base URL, e.g. http://127.0.0.1:8000"
+                f"{value!r} is not an http(s) URL with a host; write the engine's base URL, e.g. http://127.0.0.1:8000"
             )
         try:
             parts.port  # noqa: B018 - raises on a bad port
@@ -121,9 +120,7 @@ class TargetConfig(_Strict):
 
 class ScrapeConfig(_Strict):
     timeout_seconds: float = Field(3.0, gt=0, description="Default per-target timeout.")
-    max_body_bytes: int = Field(
-        8 * 1024 * 1024, gt=0, description="Largest /metrics body read from a target."
-    )
+    max_body_bytes: int = Field(8 * 1024 * 1024, gt=0, description="Largest /metrics body read from a target.")
 
 
 class SimulationConfig(_Strict):
@@ -146,9 +143,7 @@ class Config(_Strict):
         seen: set[str] = set()
         for target in self.targets:
             if target.label in seen:
-                raise ValueError(
-                    f"two targets are named {target.label!r}; give each a distinct `name:`"
-                )
+                raise ValueError(f"two targets are named {target.label!r}; give each a distinct `name:`")
             seen.add(target.label)
         return self
 

@@ -35,9 +35,7 @@ class FamilyExtractor:
         self.names = frozenset(names)
         alternation = "|".join(re.escape(n) for n in sorted(self.names, key=len, reverse=True))
         # name, optional {labels}, value; a timestamp may follow and is ignored.
-        self._line = re.compile(
-            rf"^({alternation})(?:\{{([^\n]*)\}})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*\r?$", re.M
-        )
+        self._line = re.compile(rf"^({alternation})(?:\{{([^\n]*)\}})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*\r?$", re.M)
 
     def extract(self, body: str) -> dict[str, list[Sample]]:
         found: dict[str, list[Sample]] = {}
@@ -64,7 +62,7 @@ def _parse_labels(text: str) -> dict[str, str]:
     while pos < len(text):
         match = _LABEL.match(text, pos)
         if match is None:
-            raise ExpositionError(f"malformed labels: {text[pos:pos + 60]!r}")
+            raise ExpositionError(f"malformed labels: {text[pos : pos + 60]!r}")
         key, raw = match.groups()
         labels[key] = _ESCAPE.sub(lambda m: _ESCAPES[m.group(0)], raw) if "\\" in raw else raw
         pos = match.end()

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from oomguard import __version__
 from oomguard.collector import Collection
@@ -21,6 +20,8 @@ log = logging.getLogger(__name__)
 
 COLLECTION = web.AppKey("collection", Collection)
 CONFIG = web.AppKey("config", Config)
+# The classic text format: every Prometheus 2.x understands it (all our names are plain ASCII).
+EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def make_app(config: Config, nvml_factory: Callable[[], NvmlSource | None]) -> web.Application:
@@ -51,7 +52,7 @@ def make_app(config: Config, nvml_factory: Callable[[], NvmlSource | None]) -> w
 
 async def metrics(request: web.Request) -> web.Response:
     snapshot = await request.app[COLLECTION].snapshot()
-    return web.Response(body=render(snapshot), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=render(snapshot), headers={"Content-Type": EXPOSITION_CONTENT_TYPE})
 
 
 async def healthy(request: web.Request) -> web.Response:
@@ -68,11 +69,14 @@ async def landing(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
     last = request.app[COLLECTION].last
     states = {t.name: t.state for t in last.targets} if last else {}
-    rows = "".join(
-        f"<tr><td>{html.escape(t.label)}</td><td>{html.escape(t.engine)}</td>"
-        f"<td>{html.escape(t.url)}</td><td>{html.escape(states.get(t.label, 'not scraped yet'))}</td></tr>"
-        for t in config.targets
-    ) or '<tr><td colspan="4">no targets configured</td></tr>'
+    rows = (
+        "".join(
+            f"<tr><td>{html.escape(t.label)}</td><td>{html.escape(t.engine)}</td>"
+            f"<td>{html.escape(t.url)}</td><td>{html.escape(states.get(t.label, 'not scraped yet'))}</td></tr>"
+            for t in config.targets
+        )
+        or '<tr><td colspan="4">no targets configured</td></tr>'
+    )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>oomguard</title></head>
 <body>

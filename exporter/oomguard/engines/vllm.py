@@ -38,8 +38,17 @@ class Vllm:
     health_path: ClassVar[str] = "/health"
     families: ClassVar[frozenset[str]] = frozenset(
         {
-            KV_USAGE, KV_USAGE_OLD, WAITING, RUNNING, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS,
-            PREFIX_QUERIES_OLD, PREFIX_HITS_OLD, CACHE_CONFIG, START_TIME,
+            KV_USAGE,
+            KV_USAGE_OLD,
+            WAITING,
+            RUNNING,
+            PREEMPTIONS,
+            PREFIX_QUERIES,
+            PREFIX_HITS,
+            PREFIX_QUERIES_OLD,
+            PREFIX_HITS_OLD,
+            CACHE_CONFIG,
+            START_TIME,
         }
     )
 
@@ -55,7 +64,9 @@ class Vllm:
                 if "model_name" in sample.labels:
                     by_model[sample.labels["model_name"]][name].append(sample)
 
-        def pick(family: dict[str, list[Sample]], new: str, old: str, how: Callable[[Iterable[Sample]], float | None]) -> float | None:
+        def pick(
+            family: dict[str, list[Sample]], new: str, old: str, how: Callable[[Iterable[Sample]], float | None]
+        ) -> float | None:
             # Where both names are shown (0.9, 0.10) they carry the same value: prefer the new.
             return how(family[new]) if family.get(new) else how(family.get(old, ()))
 

@@ -81,7 +81,9 @@ async def serve(args: argparse.Namespace) -> int:
     await asyncio.sleep(scenario.load_seconds / args.time_scale)
 
     async def metrics(_: web.Request) -> web.Response:
-        body = vllm_metrics_text(scenario, now(), model=args.model, start_time=launched, total_bytes=args.gpu_total_bytes)
+        body = vllm_metrics_text(
+            scenario, now(), model=args.model, start_time=launched, total_bytes=args.gpu_total_bytes
+        )
         return web.Response(text=body, content_type="text/plain")
 
     async def health(_: web.Request) -> web.Response:
@@ -101,7 +103,9 @@ async def serve(args: argparse.Namespace) -> int:
         total = args.gpu_total_bytes / GIB
         print(
             OOM_TRACEBACK.format(pid=os.getpid(), total=total, used=total * 0.98),
-            file=sys.stderr, end="", flush=True,
+            file=sys.stderr,
+            end="",
+            flush=True,
         )
         return 1
     finally:

@@ -36,7 +36,8 @@ class FakeGpu:
     lost: bool = False
     # NVML function names that answer NVML_ERROR_NOT_SUPPORTED on this GPU.
     unsupported: set[str] = field(default_factory=set)
-    # Function names that answer another error code, e.g. {"nvmlDeviceGetComputeRunningProcesses": NVML_ERROR_NO_PERMISSION}.
+    # Function names that answer another error code,
+    # e.g. {"nvmlDeviceGetComputeRunningProcesses": pynvml.NVML_ERROR_NO_PERMISSION}.
     errors: dict[str, int] = field(default_factory=dict)
 
     @property

@@ -70,10 +70,19 @@ class Simulation:
             try:
                 self._launched_at = time.time()
                 self._child = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "oomguard.simulate.engine_server",
-                    "--scenario", self.scenario.name, "--port", str(self.port),
-                    "--time-scale", str(self.time_scale), "--gpu-total-bytes", str(self.gpu_total),
-                    stdout=asyncio.subprocess.DEVNULL, stderr=stderr,
+                    sys.executable,
+                    "-m",
+                    "oomguard.simulate.engine_server",
+                    "--scenario",
+                    self.scenario.name,
+                    "--port",
+                    str(self.port),
+                    "--time-scale",
+                    str(self.time_scale),
+                    "--gpu-total-bytes",
+                    str(self.gpu_total),
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=stderr,
                 )
                 code = await self._child.wait()
             finally:

@@ -158,8 +158,12 @@ class NvmlSource:
             log.warning("GPU %d: NVML call failed: %s", index, exc)
             cached = self._gpus.get(index)
             return GpuReading(
-                index=index, up=True, uuid=cached.uuid if cached else "", name=cached.name if cached else "",
-                pci_bus_id=cached.pci_bus_id if cached else "", error=str(exc),
+                index=index,
+                up=True,
+                uuid=cached.uuid if cached else "",
+                name=cached.name if cached else "",
+                pci_bus_id=cached.pci_bus_id if cached else "",
+                error=str(exc),
             )
         total = float(memory.total) if memory else None
         used = float(memory.used) if memory else None

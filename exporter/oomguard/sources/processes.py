@@ -88,8 +88,11 @@ class ProcessFinder:
             cmdline = ()
         self._cmdline_by_port[port] = cmdline
         return ProcessTree(
-            root_pid=pid, pids=frozenset(pids), resident_bytes=rss,
-            start_time_seconds=root.create_time(), cmdline=cmdline,
+            root_pid=pid,
+            pids=frozenset(pids),
+            resident_bytes=rss,
+            start_time_seconds=root.create_time(),
+            cmdline=cmdline,
         )
 
 

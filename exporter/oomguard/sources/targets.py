@@ -142,7 +142,9 @@ class TargetScraper:
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ScrapeError("parse", f"{url} sent a body that is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            raise ScrapeError(
+                "parse", f"{url} sent a body that is not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from None
         try:
             return self.engine.read(_extractor(self.config.engine).extract(text))
         except ExpositionError as exc:

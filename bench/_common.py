@@ -1,0 +1,121 @@
+"""Shared setup for the benchmarks: fake engine targets, the real exporter, timing helpers.
+
+Each piece runs in its own process (multiprocessing, spawn): on a 2-core machine
+the targets' serving cost and the client's reading cost must not be charged to
+the exporter, and its RSS must be its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import platform
+import statistics
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from aiohttp import web
+
+# Resolved from this file, so the benchmarks run from any working directory.
+FIXTURE = Path(__file__).resolve().parents[2] / "shared/fixtures/vllm/vllm-0.32.0-cpu-under-load.txt"
+N_GPUS = 8
+N_TARGETS = 16
+_ctx = mp.get_context("spawn")  # no event loop or thread state copied into children
+
+
+def default_delays(slowest_ms: float = 20.0) -> list[float]:
+    """Per-target /metrics delay in ms: target 0 is the slowest, the rest 0-5 ms."""
+    return [slowest_ms] + [float(i % 6) for i in range(1, N_TARGETS)]
+
+
+# -- the targets: one process, 16 aiohttp servers ----------------------------------------------
+def _serve_targets(delays_ms: list[float], conn: Connection) -> None:
+    body = FIXTURE.read_bytes()
+
+    def metrics_handler(delay: float) -> web.RequestHandler:
+        async def handler(_: web.Request) -> web.Response:
+            if delay:
+                await asyncio.sleep(delay / 1000)
+            return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+        return handler
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def main() -> None:
+        ports = []
+        for delay in delays_ms:
+            app = web.Application()
+            app.router.add_get("/metrics", metrics_handler(delay))
+            app.router.add_get("/health", health)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)  # port 0: the kernel picks a free one
+            await site.start()
+            ports.append(runner.addresses[0][1])
+        conn.send(ports)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def start_targets(delays_ms: list[float]) -> tuple[BaseProcess, list[int]]:
+    parent, child = _ctx.Pipe()
+    proc = _ctx.Process(target=_serve_targets, args=(delays_ms, child), daemon=True)
+    proc.start()
+    return proc, parent.recv()
+
+
+# -- the exporter: the real app, fake NVML, in its own process ---------------------------------
+def _serve_exporter(ports: list[int], local_process: str, conn: Connection) -> None:
+    from oomguard.config import Config, TargetConfig
+    from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
+    from oomguard.sources.nvml import NvmlSource
+    from oomguard.web import make_app
+
+    config = Config(
+        targets=tuple(
+            TargetConfig(url=f"http://127.0.0.1:{port}", name=f"t{i:02d}", gpus=(i % N_GPUS,), local_process=local_process)
+            for i, port in enumerate(ports)
+        )
+    )
+    # Two engine processes per GPU, so the per-process series are rendered too.
+    gpus = [
+        FakeGpu(i, used_bytes=60 * GIB, utilization_percent=70, processes=[FakeProcess(900_000 + 2 * i + k, 30 * GIB) for k in range(2)])
+        for i in range(N_GPUS)
+    ]
+
+    async def main() -> None:
+        app = make_app(config, lambda: NvmlSource(FakeNvml(gpus)))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        conn.send(runner.addresses[0][1])
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def start_exporter(ports: list[int], local_process: str = "auto") -> tuple[BaseProcess, int]:
+    parent, child = _ctx.Pipe()
+    proc = _ctx.Process(target=_serve_exporter, args=(ports, local_process, child), daemon=True)
+    proc.start()
+    return proc, parent.recv()
+
+
+# -- reporting -------------------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0-100)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def machine() -> str:
+    return f"{mp.cpu_count()} CPUs, Python {platform.python_version()}, {platform.machine()}"

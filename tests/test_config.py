@@ -1,0 +1,100 @@
+"""Configuration: the example loads, and every mistake is refused at start with the key and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from oomguard.cli import main
+from oomguard.config import ConfigError, load_config
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "oomguard.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_example_in_deploy_loads() -> None:
+    config = load_config(REPO / "deploy" / "oomguard.yaml")
+    assert [t.label for t in config.targets] == ["llama-70b", "qwen-7b"]
+    assert config.targets[0].gpus == (0, 1, 2, 3)
+    assert config.target_timeout(config.targets[0]) == 3
+    assert config.target_timeout(config.targets[1]) == 2
+    assert config.targets[1].is_local
+
+
+def test_defaults_without_a_file() -> None:
+    config = load_config(None)
+    assert config.web.listen_address == ":9847"
+    assert config.nvml.enabled and config.targets == ()
+
+
+def test_name_defaults_to_host_and_port() -> None:
+    config = load_config(None, {"targets": [{"url": "http://gpu-node-3:8000/"}]})
+    assert config.targets[0].label == "gpu-node-3:8000"
+    assert config.targets[0].url == "http://gpu-node-3:8000"
+    assert not config.targets[0].is_local
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("targets:\n  - url: htp://x:8000\n", r"targets\[0\]\.url: 'htp://x:8000' is not an http\(s\) URL.*e\.g\. http://"),
+        ("targets:\n  - url: http://x:8000/metrics\n", r"has a path \(/metrics\); give the base URL only"),
+        ("targets:\n  - url: http://x:99999\n", r"bad port"),
+        ("targets:\n  - url: http://x:8000\n    timout_seconds: 3\n", r"targets\[0\]\.timout_seconds: unknown key; did you mean 'timeout_seconds'\?"),
+        ("nvml:\n  timeout_seconds: -1\n", r"nvml\.timeout_seconds: Input should be greater than 0"),
+        ("scrape:\n  max_body_bytes: 0\n", r"scrape\.max_body_bytes: Input should be greater than 0"),
+        ("targets:\n  - url: http://x:8000\n    engine: ollama\n", r"unknown engine 'ollama'; known engines: vllm"),
+        ("targets:\n  - url: http://x:8000\n    gpus: [-1]\n", r"GPU indices are 0 or more"),
+        ("targets:\n  - {url: 'http://a:1', name: x}\n  - {url: 'http://b:1', name: x}\n", r"two targets are named 'x'"),
+        ("web:\n  listen_address: 9847\n", r"web\.listen_address"),
+        ("web:\n  listen_address: 'localhost'\n", r"is not HOST:PORT"),
+        ("tragets: []\n", r"tragets: unknown key; did you mean 'targets'\?"),
+        ("targets: [\n", r"not valid YAML"),
+        ("- just a list\n", r"top level must be a mapping"),
+    ],
+)
+def test_mistakes_are_refused_with_key_and_fix(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        load_config(write(tmp_path, text))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the configuration file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(REPO / "deploy" / "oomguard.yaml")]) == 0
+    assert "valid; 2 target(s): llama-70b, qwen-7b" in capsys.readouterr().out
+    assert main(["check-config", str(write(tmp_path, "targets:\n  - url: ftp://x\n"))]) == 1
+    assert "targets[0].url" in capsys.readouterr().err
+
+
+def test_precedence_flag_over_environment_over_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from oomguard import cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "serve", lambda config: seen.setdefault("config", config) and 0)
+    path = write(tmp_path, "web:\n  listen_address: ':1111'\nnvml:\n  enabled: true\n")
+    monkeypatch.setenv("OOMGUARD_WEB_LISTEN_ADDRESS", ":2222")
+    monkeypatch.setenv("OOMGUARD_COLLECTOR_NVML", "false")
+    main(["serve", "--config", str(path)])
+    assert seen.pop("config").web.listen_address == ":2222"
+    main(["serve", "--config", str(path), "--web.listen-address", ":3333", "--collector.nvml"])
+    config = seen.pop("config")
+    assert config.web.listen_address == ":3333" and config.nvml.enabled
+    monkeypatch.setenv("OOMGUARD_CONFIG", str(path))
+    monkeypatch.delenv("OOMGUARD_WEB_LISTEN_ADDRESS")
+    main(["serve"])
+    assert seen.pop("config").web.listen_address == ":1111"
+
+
+def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("OOMGUARD_WEB_LISTEN_ADDRESS", "nowhere")
+    assert main(["serve"]) == 1
+    assert "web.listen_address" in capsys.readouterr().err

@@ -1,0 +1,110 @@
+"""Targets that hang, fail, flood or babble: the scrape still answers in time, with the right error kind."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+from targets_zoo import Zoo
+
+from oomguard.config import TargetConfig
+from oomguard.sources.targets import TargetScraper
+
+TIMEOUT = 1.0
+
+
+@pytest.fixture
+async def zoo(aiohttp_server):
+    zoo = Zoo()
+    server = await aiohttp_server(zoo.app())
+    zoo.base = f"http://127.0.0.1:{server.port}"
+    yield zoo
+    zoo.hang.set()
+
+
+def scraper(url: str, name: str, max_body_bytes: int = 8 * 1024 * 1024) -> TargetScraper:
+    return TargetScraper(
+        TargetConfig(url=url, name=name, local_process="no"), timeout=TIMEOUT, max_body_bytes=max_body_bytes
+    )
+
+
+def unused_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_each_failure_has_its_kind_and_none_delays_the_others(zoo: Zoo) -> None:
+    # The URL path names the behaviour (tests only: real targets take a base URL without path).
+    cases = {
+        "good": ("", "up"),
+        "hang": ("timeout", "loading"),
+        "500": ("http_status", "down"),
+        "huge": ("too_large", "up"),
+        "garbage": ("parse", "up"),
+        "html": ("parse", "up"),
+        "badvalue": ("parse", "up"),
+    }
+    scrapers = [scraper(zoo.base, kind) for kind in cases]
+    for s, kind in zip(scrapers, cases, strict=True):
+        s.config = s.config.model_copy(update={"url": f"{zoo.base}/{kind}"})
+    refused = scraper(f"http://127.0.0.1:{unused_port()}", "refused")
+    async with aiohttp.ClientSession() as session:
+        started = time.perf_counter()
+        readings = await asyncio.gather(*(s.scrape(session) for s in [*scrapers, refused]))
+        elapsed = time.perf_counter() - started
+    # Everything together takes about one timeout: the hanging target delays nobody.
+    assert elapsed < TIMEOUT + 0.8, elapsed
+    by_name = {r.name: r for r in readings}
+    for kind, (error_kind, state) in cases.items():
+        reading = by_name[kind]
+        assert reading.error_kind == error_kind, (kind, reading.error)
+        assert reading.up is (error_kind == ""), kind
+        assert reading.state == state, kind
+        if error_kind:
+            assert reading.errors_total[error_kind] == 1
+            assert sum(reading.errors_total.values()) == 1
+    assert by_name["good"].engine_reading.models[0].requests_waiting == 1.0
+    assert by_name["refused"].error_kind == "refused" and by_name["refused"].state == "loading"
+    assert "max_body_bytes" in by_name["huge"].error
+    assert "not UTF-8" in by_name["garbage"].error
+    assert "no vLLM families" in by_name["html"].error
+    assert "not a number" in by_name["badvalue"].error
+
+
+async def test_body_cap_is_checked_before_reading(zoo: Zoo) -> None:
+    s = scraper(zoo.base, "small-cap", max_body_bytes=1000)
+    s.config = s.config.model_copy(update={"url": f"{zoo.base}/good"})
+    async with aiohttp.ClientSession() as session:
+        reading = await s.scrape(session)
+    assert reading.error_kind == "too_large"
+
+
+async def test_states_loading_up_down(zoo: Zoo) -> None:
+    s = scraper(zoo.base, "life")
+    s.config = s.config.model_copy(update={"url": f"{zoo.base}/good"})
+    async with aiohttp.ClientSession() as session:
+        zoo.health_status["good"] = 503  # SGLang-style "starting": never up yet -> loading
+        assert (await s.scrape(session)).state == "loading"
+        zoo.health_status["good"] = 200
+        assert (await s.scrape(session)).state == "up"
+        zoo.health_status["good"] = 503  # vLLM after engine death
+        reading = await s.scrape(session)
+        assert reading.state == "down" and reading.health_status == 503
+        s.config = s.config.model_copy(update={"url": f"http://127.0.0.1:{unused_port()}"})
+        reading = await s.scrape(session)
+        assert reading.state == "down" and reading.error_kind == "refused"
+        assert reading.errors_total["refused"] == 1
+
+
+async def test_health_404_falls_back_to_metrics(zoo: Zoo) -> None:
+    s = scraper(zoo.base, "nohealth")
+    s.config = s.config.model_copy(update={"url": f"{zoo.base}/good"})
+    zoo.health_status["good"] = 404
+    async with aiohttp.ClientSession() as session:
+        reading = await s.scrape(session)
+    assert reading.state == "up" and reading.health_status == 404
