@@ -30,11 +30,16 @@ def vllm_body(name: str) -> str:
 def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        pytest.fail("promtool not found: run `make test` (it installs Debian's prometheus package), or apt-get install prometheus")
+        pytest.fail(
+            "promtool not found: run `make test` (it installs Debian's prometheus package) "
+            "or `apt-get install prometheus`"
+        )
     return path
 
 
 def promtool_check_metrics(promtool: str, exposition: bytes) -> str:
     """Run `promtool check metrics`; returns its output (problems are printed there)."""
     result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=30)
-    return (result.stdout + result.stderr).decode() + ("" if result.returncode == 0 else f"\n(exit {result.returncode})")
+    return (result.stdout + result.stderr).decode() + (
+        "" if result.returncode == 0 else f"\n(exit {result.returncode})"
+    )

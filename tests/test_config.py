@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-
 from oomguard.cli import main
 from oomguard.config import ConfigError, load_config
 
@@ -42,15 +41,24 @@ def test_name_defaults_to_host_and_port() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("targets:\n  - url: htp://x:8000\n", r"targets\[0\]\.url: 'htp://x:8000' is not an http\(s\) URL.*e\.g\. http://"),
+        (
+            "targets:\n  - url: htp://x:8000\n",
+            r"targets\[0\]\.url: 'htp://x:8000' is not an http\(s\) URL.*e\.g\. http://",
+        ),
         ("targets:\n  - url: http://x:8000/metrics\n", r"has a path \(/metrics\); give the base URL only"),
         ("targets:\n  - url: http://x:99999\n", r"bad port"),
-        ("targets:\n  - url: http://x:8000\n    timout_seconds: 3\n", r"targets\[0\]\.timout_seconds: unknown key; did you mean 'timeout_seconds'\?"),
+        (
+            "targets:\n  - url: http://x:8000\n    timout_seconds: 3\n",
+            r"targets\[0\]\.timout_seconds: unknown key; did you mean 'timeout_seconds'\?",
+        ),
         ("nvml:\n  timeout_seconds: -1\n", r"nvml\.timeout_seconds: Input should be greater than 0"),
         ("scrape:\n  max_body_bytes: 0\n", r"scrape\.max_body_bytes: Input should be greater than 0"),
         ("targets:\n  - url: http://x:8000\n    engine: ollama\n", r"unknown engine 'ollama'; known engines: vllm"),
         ("targets:\n  - url: http://x:8000\n    gpus: [-1]\n", r"GPU indices are 0 or more"),
-        ("targets:\n  - {url: 'http://a:1', name: x}\n  - {url: 'http://b:1', name: x}\n", r"two targets are named 'x'"),
+        (
+            "targets:\n  - {url: 'http://a:1', name: x}\n  - {url: 'http://b:1', name: x}\n",
+            r"two targets are named 'x'",
+        ),
         ("web:\n  listen_address: 9847\n", r"web\.listen_address"),
         ("web:\n  listen_address: 'localhost'\n", r"is not HOST:PORT"),
         ("tragets: []\n", r"tragets: unknown key; did you mean 'targets'\?"),

@@ -8,23 +8,25 @@ from __future__ import annotations
 import re
 
 from conftest import FIXTURES, REPO, promtool_check_metrics
-from targets_zoo import Zoo
-
 from oomguard.config import load_config
 from oomguard.docs import metrics_markdown
 from oomguard.metrics import METRICS
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 from oomguard.sources.nvml import NvmlSource
 from oomguard.web import make_app
+from targets_zoo import Zoo
 
 GOLDEN = FIXTURES.parent / "golden" / "exposition.prom"
-_VOLATILE = re.compile(r"^(oomguard_(?:source_duration_seconds|target_scrape_duration_seconds|target_health_latency_seconds)\{[^}]*\}) \S+$", re.M)
+_VOLATILE = re.compile(
+    r"^(oomguard_(?:source_duration|target_scrape_duration|target_health_latency)_seconds\{[^}]*\}) \S+$",
+    re.M,
+)
 
 
 def normalise(text: str) -> str:
     """Blank what changes from run to run: durations, versions, the test server's port."""
     text = _VOLATILE.sub(r"\1 <duration>", text)
-    text = re.sub(r'^(oomguard_build_info)\{.*\}', r"\1{<version>}", text, flags=re.M)
+    text = re.sub(r"^(oomguard_build_info)\{.*\}", r"\1{<version>}", text, flags=re.M)
     return re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
 
 
@@ -32,21 +34,36 @@ async def test_golden_exposition(aiohttp_server, aiohttp_client, promtool: str, 
     zoo = Zoo()
     server = await aiohttp_server(zoo.app())
     base = f"http://127.0.0.1:{server.port}"
-    config = load_config(None, {"targets": [
-        {"name": "vllm-0", "url": base, "gpus": [0], "local_process": "no"},
-        {"name": "vllm-broken", "url": base, "gpus": [1], "local_process": "no"},
-    ]})
-    config = config.model_copy(update={"targets": (
-        config.targets[0].model_copy(update={"url": f"{base}/good"}),
-        config.targets[1].model_copy(update={"url": f"{base}/500"}),
-    )})
-    lib = FakeNvml([
-        # pids that exist nowhere: their process_name is empty, as for a pid in another namespace
-        FakeGpu(0, used_bytes=74 * GIB, utilization_percent=97,
-                processes=[FakeProcess(999_999_901, 73 * GIB), FakeProcess(999_999_902, None)]),
-        FakeGpu(1, used_bytes=2 * GIB, unsupported={"nvmlDeviceGetUtilizationRates"}),
-        FakeGpu(2, lost=True),
-    ])
+    config = load_config(
+        None,
+        {
+            "targets": [
+                {"name": "vllm-0", "url": base, "gpus": [0], "local_process": "no"},
+                {"name": "vllm-broken", "url": base, "gpus": [1], "local_process": "no"},
+            ]
+        },
+    )
+    config = config.model_copy(
+        update={
+            "targets": (
+                config.targets[0].model_copy(update={"url": f"{base}/good"}),
+                config.targets[1].model_copy(update={"url": f"{base}/500"}),
+            )
+        }
+    )
+    lib = FakeNvml(
+        [
+            # pids that exist nowhere: their process_name is empty, as for a pid in another namespace
+            FakeGpu(
+                0,
+                used_bytes=74 * GIB,
+                utilization_percent=97,
+                processes=[FakeProcess(999_999_901, 73 * GIB), FakeProcess(999_999_902, None)],
+            ),
+            FakeGpu(1, used_bytes=2 * GIB, unsupported={"nvmlDeviceGetUtilizationRates"}),
+            FakeGpu(2, lost=True),
+        ]
+    )
     client = await aiohttp_client(make_app(config, lambda: NvmlSource(lib)))
     text = await (await client.get("/metrics")).text()
 

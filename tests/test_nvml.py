@@ -6,7 +6,6 @@ import logging
 
 import pynvml
 import pytest
-
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 from oomguard.sources import nvml as nvml_module
 from oomguard.sources.nvml import NvmlSource
@@ -15,8 +14,13 @@ from oomguard.sources.nvml import NvmlSource
 def two_gpus() -> FakeNvml:
     return FakeNvml(
         [
-            FakeGpu(0, total_bytes=80 * GIB, used_bytes=72 * GIB, utilization_percent=93,
-                    processes=[FakeProcess(pid=1, used_bytes=70 * GIB), FakeProcess(pid=999_999_999, used_bytes=None)]),
+            FakeGpu(
+                0,
+                total_bytes=80 * GIB,
+                used_bytes=72 * GIB,
+                utilization_percent=93,
+                processes=[FakeProcess(pid=1, used_bytes=70 * GIB), FakeProcess(pid=999_999_999, used_bytes=None)],
+            ),
             FakeGpu(1, total_bytes=80 * GIB, used_bytes=1 * GIB, name="NVIDIA H200"),
         ]
     )

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 from conftest import VLLM_BODIES, vllm_body
-from prometheus_client.parser import text_string_to_metric_families
-
 from oomguard.engines.vllm import Vllm
 from oomguard.promtext import ExpositionError, FamilyExtractor
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def _reference(body: str, names: frozenset[str]) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -49,7 +48,7 @@ def test_special_values() -> None:
 
 @pytest.mark.parametrize(
     "body",
-    ['x{a="1"} notanumber\n', 'x{a=1} 2\n', 'x{a="1" b="2"} 3\n'],
+    ['x{a="1"} notanumber\n', "x{a=1} 2\n", 'x{a="1" b="2"} 3\n'],
 )
 def test_malformed_lines_raise(body: str) -> None:
     with pytest.raises(ExpositionError):

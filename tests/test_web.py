@@ -10,13 +10,12 @@ import time
 import psutil
 import pytest
 from conftest import promtool_check_metrics
-from prometheus_client.parser import text_string_to_metric_families
-from targets_zoo import Zoo
-
 from oomguard.config import load_config
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 from oomguard.sources.nvml import NvmlSource
 from oomguard.web import make_app
+from prometheus_client.parser import text_string_to_metric_families
+from targets_zoo import Zoo
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -51,7 +50,11 @@ def app_for(zoo: Zoo, kinds: list[str], lib: FakeNvml | None = None, gpus: tuple
     )
     # Tests only: each target's URL gets its behaviour's path (config URLs take no path).
     config = config.model_copy(
-        update={"targets": tuple(t.model_copy(update={"url": f"{zoo.base}/{k}"}) for t, k in zip(config.targets, kinds, strict=True))}
+        update={
+            "targets": tuple(
+                t.model_copy(update={"url": f"{zoo.base}/{k}"}) for t, k in zip(config.targets, kinds, strict=True)
+            )
+        }
     )
     lib = lib or FakeNvml([FakeGpu(0, used_bytes=74 * GIB, processes=[FakeProcess(4242, 73 * GIB)])])
     return make_app(config, lambda: NvmlSource(lib))
@@ -64,12 +67,16 @@ async def test_metrics_joins_gpu_and_engine(aiohttp_client, zoo: Zoo, promtool: 
     assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     text = await response.text()
     assert value(text, "oomguard_gpu_memory_used_ratio", gpu="0") == pytest.approx(74 / 80)
-    assert value(text, "oomguard_engine_kv_cache_usage_ratio", target="good", model_name="tiny") == pytest.approx(0.714, abs=1e-3)
+    assert value(text, "oomguard_engine_kv_cache_usage_ratio", target="good", model_name="tiny") == pytest.approx(
+        0.714, abs=1e-3
+    )
     assert value(text, "oomguard_engine_requests_waiting", target="good", model_name="tiny") == 1.0
     assert value(text, "oomguard_engine_preemptions_total", target="good", model_name="tiny") == 5.0
     # budget: gpu_memory_utilization 0.92 of the body x 80 GiB
     assert value(text, "oomguard_target_memory_budget_bytes", target="good") == pytest.approx(0.92 * 80 * GIB)
-    assert value(text, "oomguard_target_memory_over_budget_bytes", target="good") == pytest.approx((74 - 0.92 * 80) * GIB)
+    assert value(text, "oomguard_target_memory_over_budget_bytes", target="good") == pytest.approx(
+        (74 - 0.92 * 80) * GIB
+    )
     assert value(text, "oomguard_target_gpu_memory_used_ratio", target="good") == pytest.approx(74 / 80)
     assert value(text, "oomguard_target_up", target="good") == 1.0
     assert value(text, "oomguard_target_up", target="500") == 0.0
@@ -161,17 +168,23 @@ async def test_source_exception_is_isolated(aiohttp_client, zoo: Zoo) -> None:
 
 async def test_local_target_is_joined_with_its_own_gpu_processes(aiohttp_client, zoo: Zoo) -> None:
     # The zoo listens in this very process, so this process is the "engine" found by port.
-    lib = FakeNvml([FakeGpu(0, used_bytes=74 * GIB, processes=[FakeProcess(os.getpid(), 70 * GIB), FakeProcess(4242, 4 * GIB)])])
+    lib = FakeNvml(
+        [FakeGpu(0, used_bytes=74 * GIB, processes=[FakeProcess(os.getpid(), 70 * GIB), FakeProcess(4242, 4 * GIB)])]
+    )
     client = await aiohttp_client(app_for(zoo, ["good"], lib=lib))
     text = await (await client.get("/metrics")).text()
     assert value(text, "oomguard_target_process_gpu_memory_bytes", target="good") == 70 * GIB
-    assert value(text, "oomguard_target_memory_over_budget_bytes", target="good") == pytest.approx((70 - 0.92 * 80) * GIB)
+    assert value(text, "oomguard_target_memory_over_budget_bytes", target="good") == pytest.approx(
+        (70 - 0.92 * 80) * GIB
+    )
     rss = value(text, "oomguard_target_resident_memory_bytes", target="good")
     assert rss == pytest.approx(psutil.Process().memory_info().rss, rel=0.2)
 
 
 async def test_gpus_are_found_from_processes_when_not_configured(aiohttp_client, zoo: Zoo) -> None:
-    lib = FakeNvml([FakeGpu(0, used_bytes=GIB), FakeGpu(1, used_bytes=50 * GIB, processes=[FakeProcess(os.getpid(), 49 * GIB)])])
+    lib = FakeNvml(
+        [FakeGpu(0, used_bytes=GIB), FakeGpu(1, used_bytes=50 * GIB, processes=[FakeProcess(os.getpid(), 49 * GIB)])]
+    )
     client = await aiohttp_client(app_for(zoo, ["good"], lib=lib, gpus=()))
     text = await (await client.get("/metrics")).text()
     assert ("oomguard_target_gpu_info", (("gpu", "1"), ("target", "good"))) in samples(text)

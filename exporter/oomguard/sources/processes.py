@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 class ProcessFinder:
     def __init__(self) -> None:
         self._listener_by_port: dict[int, int] = {}  # port -> pid, re-checked on each use
-        self._cmdline_by_port: dict[int, tuple[str, ...]] = {}
+        self._last_listener: dict[int, ProcessTree] = {}
 
     def find(self, port: int) -> ProcessTree | None:
         pid = self._cached_listener(port) or self._scan_listener(port)
@@ -32,18 +32,25 @@ class ProcessFinder:
             self._listener_by_port.pop(port, None)
             return None
 
-    def restarted_since(self, port: int, since: float) -> bool:
-        """True when a process with the listener's last command line started after `since`.
+    def restarted(self, port: int) -> bool:
+        """True when a new process with the last listener's command line is running.
 
         A restarted engine does not listen while it loads its model, so it cannot be
         found by port; its command line is what it shares with its previous life.
+        Start times are compared between processes (psutil's clock), never with
+        time.time(): /proc start times are only good to about a second.
         """
-        cmdline = self._cmdline_by_port.get(port)
-        if not cmdline:
+        last = self._last_listener.get(port)
+        if last is None or not last.cmdline:
             return False
         for proc in psutil.process_iter(["cmdline", "create_time"]):
             info = proc.info
-            if info["cmdline"] and tuple(info["cmdline"]) == cmdline and info["create_time"] >= since:
+            if (
+                proc.pid != last.root_pid
+                and info["create_time"] is not None
+                and info["create_time"] >= last.start_time_seconds
+                and tuple(info["cmdline"] or ()) == last.cmdline
+            ):
                 return True
         return False
 
@@ -86,14 +93,15 @@ class ProcessFinder:
             cmdline = tuple(root.cmdline())
         except psutil.AccessDenied:
             cmdline = ()
-        self._cmdline_by_port[port] = cmdline
-        return ProcessTree(
+        tree = ProcessTree(
             root_pid=pid,
             pids=frozenset(pids),
             resident_bytes=rss,
             start_time_seconds=root.create_time(),
             cmdline=cmdline,
         )
+        self._last_listener[port] = tree
+        return tree
 
 
 def _listens(conn: psutil._common.sconn | psutil._common.pconn, port: int) -> bool:

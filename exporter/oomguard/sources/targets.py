@@ -58,7 +58,6 @@ class TargetScraper:
         self.finder = finder if config.is_local else None
         self.errors_total: Counter[str] = Counter({kind: 0 for kind in ERROR_KINDS})
         self.ever_up = False
-        self.last_up_at: float | None = None  # wall clock
         self.state = "loading"
         self._last_error = ""
 
@@ -97,19 +96,15 @@ class TargetScraper:
         )
 
     async def _next_state(self, healthy: bool, health_status: int | None) -> str:
-        now = time.time()
         if healthy:
             self.ever_up = True
-            self.last_up_at = now
             return "up"
         if not self.ever_up:
             # Never answered since we first saw it: an engine loading its model
             # refuses connections (vLLM) or answers 503 (SGLang) until ready.
             return "loading" if health_status in (None, 503) else "down"
-        if health_status is None and self.finder and self.last_up_at is not None:
-            restarted = await asyncio.to_thread(self.finder.restarted_since, self.port, self.last_up_at)
-            if restarted:
-                return "loading"
+        if health_status is None and self.finder and await asyncio.to_thread(self.finder.restarted, self.port):
+            return "loading"
         return "down"
 
     async def _probe_health(self, session: aiohttp.ClientSession) -> tuple[int | None, float | None]:
