@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+
 from oomguard.cli import main
 from oomguard.config import ConfigError, load_config
 

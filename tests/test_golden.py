@@ -8,13 +8,14 @@ from __future__ import annotations
 import re
 
 from conftest import FIXTURES, REPO, promtool_check_metrics
+from targets_zoo import Zoo
+
 from oomguard.config import load_config
 from oomguard.docs import metrics_markdown
 from oomguard.metrics import METRICS
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 from oomguard.sources.nvml import NvmlSource
 from oomguard.web import make_app
-from targets_zoo import Zoo
 
 GOLDEN = FIXTURES.parent / "golden" / "exposition.prom"
 _VOLATILE = re.compile(

@@ -6,6 +6,7 @@ import logging
 
 import pynvml
 import pytest
+
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 from oomguard.sources import nvml as nvml_module
 from oomguard.sources.nvml import NvmlSource

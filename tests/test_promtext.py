@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from conftest import VLLM_BODIES, vllm_body
+from prometheus_client.parser import text_string_to_metric_families
+
 from oomguard.engines.vllm import Vllm
 from oomguard.promtext import ExpositionError, FamilyExtractor
-from prometheus_client.parser import text_string_to_metric_families
 
 
 def _reference(body: str, names: frozenset[str]) -> dict[str, list[tuple[dict[str, str], float]]]:

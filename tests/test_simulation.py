@@ -11,9 +11,10 @@ import urllib.request
 
 import psutil
 import pytest
+from test_web import value
+
 from oomguard.simulate.runner import free_port
 from oomguard.simulate.scenarios import SCENARIOS
-from test_web import value
 
 
 class Exporter:

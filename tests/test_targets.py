@@ -7,9 +7,10 @@ import time
 
 import aiohttp
 import pytest
+from targets_zoo import Zoo
+
 from oomguard.config import TargetConfig
 from oomguard.sources.targets import TargetScraper
-from targets_zoo import Zoo
 
 TIMEOUT = 1.0
 

@@ -10,12 +10,13 @@ import time
 import psutil
 import pytest
 from conftest import promtool_check_metrics
+from prometheus_client.parser import text_string_to_metric_families
+from targets_zoo import Zoo
+
 from oomguard.config import load_config
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 from oomguard.sources.nvml import NvmlSource
 from oomguard.web import make_app
-from prometheus_client.parser import text_string_to_metric_families
-from targets_zoo import Zoo
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -16,6 +16,7 @@ import sys
 import time
 
 from aiohttp import web
+
 from oomguard.simulate.scenarios import GIB, SCENARIOS, Scenario
 
 

@@ -1,0 +1,47 @@
+# Quick start (a fresh Debian/Ubuntu machine with Python 3.11+):
+#   make run    installs oomguard in .venv and runs it on the built-in simulation
+#   make test   installs everything the tests need and runs the whole suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SCENARIO ?= overcommit
+LISTEN ?= :9847
+
+.PHONY: run test install install-test deps lint unit check-generated generate docs clean
+
+$(BIN)/oomguard: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e .
+	touch $@
+
+install: $(BIN)/oomguard
+
+run: install
+	$(BIN)/oomguard serve --simulate $(SCENARIO) --web.listen-address $(LISTEN)
+
+install-test: install
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+
+deps:
+	scripts/install-system-deps.sh
+	scripts/install-vllm.sh
+
+lint: install-test
+	$(BIN)/ruff check exporter tests bench
+	$(BIN)/ruff format --check exporter tests bench
+
+test: deps install-test lint check-generated
+	$(BIN)/python -m pytest
+
+# Generated files must match their generator: regenerate into a scratch folder and diff.
+check-generated: install
+	@tmp=$$(mktemp -d); \
+	$(BIN)/oomguard docs --output $$tmp/metrics.md; \
+	diff -u docs/metrics.md $$tmp/metrics.md || { echo "docs/metrics.md is stale: run make generate"; exit 1; }; \
+	rm -rf $$tmp; echo "check-generated: up to date"
+
+generate: install
+	$(BIN)/oomguard docs --output docs/metrics.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache exporter/*.egg-info
