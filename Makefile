@@ -31,7 +31,7 @@ lint: install-test
 	$(BIN)/ruff format --check exporter tests bench
 
 test: deps install-test lint check-generated
-	$(BIN)/python -m pytest
+	OOMGUARD_REQUIRE_REALVLLM=1 $(BIN)/python -m pytest
 
 # Generated files must match their generator: regenerate into a scratch folder and diff.
 check-generated: install

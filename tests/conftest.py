@@ -1,16 +1,10 @@
-"""Shared fixtures: real vLLM bodies, the fake NVML, small HTTP targets, promtool."""
+"""Fixtures shared by the tests (helpers live in support.py)."""
 
 from __future__ import annotations
 
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO / "tests" / "fixtures"
-VLLM_BODIES = FIXTURES / "vllm"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -22,10 +16,6 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
 
 
-def vllm_body(name: str) -> str:
-    return (VLLM_BODIES / name).read_text(encoding="utf-8")
-
-
 @pytest.fixture(scope="session")
 def promtool() -> str:
     path = shutil.which("promtool")
@@ -35,11 +25,3 @@ def promtool() -> str:
             "or `apt-get install prometheus`"
         )
     return path
-
-
-def promtool_check_metrics(promtool: str, exposition: bytes) -> str:
-    """Run `promtool check metrics`; returns its output (problems are printed there)."""
-    result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=30)
-    return (result.stdout + result.stderr).decode() + (
-        "" if result.returncode == 0 else f"\n(exit {result.returncode})"
-    )

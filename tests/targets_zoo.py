@@ -7,7 +7,7 @@ import contextlib
 import os
 
 from aiohttp import web
-from conftest import vllm_body
+from support import vllm_body
 
 
 class Zoo:

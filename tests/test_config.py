@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from support import REPO
 
 from oomguard.cli import main
 from oomguard.config import ConfigError, load_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from conftest import REPO
+from support import REPO
 
 from oomguard.config import DEFAULT_PORT
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import vllm_body
+from support import vllm_body
 
 from oomguard.engines.vllm import Vllm
 from oomguard.promtext import ExpositionError, FamilyExtractor

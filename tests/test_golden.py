@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import FIXTURES, REPO, promtool_check_metrics
+from support import FIXTURES, REPO, promtool_check_metrics
 from targets_zoo import Zoo
 
 from oomguard.config import load_config

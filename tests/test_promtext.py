@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import VLLM_BODIES, vllm_body
 from prometheus_client.parser import text_string_to_metric_families
+from support import VLLM_BODIES, vllm_body
 
 from oomguard.engines.vllm import Vllm
 from oomguard.promtext import ExpositionError, FamilyExtractor

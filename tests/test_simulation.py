@@ -11,7 +11,7 @@ import urllib.request
 
 import psutil
 import pytest
-from test_web import value
+from support import value
 
 from oomguard.simulate.runner import free_port
 from oomguard.simulate.scenarios import SCENARIOS

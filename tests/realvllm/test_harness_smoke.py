@@ -8,7 +8,6 @@ time: no server fixture outlives its test.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,17 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
 
 pytestmark = pytest.mark.realvllm
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        harness.vllm_python()
-    except RuntimeError as e:
-        if os.environ.get("OOMGUARD_REQUIRE_REALVLLM"):
-            pytest.fail(str(e))
-        pytest.skip(str(e))
-    return harness.ensure_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 def test_too_few_kv_blocks_fails_startup(tiny_model: Path, tmp_path: Path) -> None:
@@ -77,17 +65,13 @@ def test_metrics_and_kv_pressure_under_load(
         while not load.done() and time.monotonic() < deadline:
             _, text = harness.http_get(server.url + "/metrics", timeout=2.0)
             max_kv = max([max_kv, *harness.metric_values(text, "vllm:kv_cache_usage_perc")])
-            max_waiting = max(
-                [max_waiting, *harness.metric_values(text, "vllm:num_requests_waiting")]
-            )
+            max_waiting = max([max_waiting, *harness.metric_values(text, "vllm:num_requests_waiting")])
             time.sleep(0.2)
         statuses = load.wait(timeout=max(1.0, deadline - time.monotonic()))
         _, text = harness.http_get(server.url + "/metrics")
         preemptions = sum(harness.metric_values(text, "vllm:num_preemptions_total"))
 
-    print(
-        f"under load: max kv usage {max_kv}, max waiting {max_waiting}, preemptions {preemptions}"
-    )
+    print(f"under load: max kv usage {max_kv}, max waiting {max_waiting}, preemptions {preemptions}")
     record_property("max_kv_cache_usage_perc", max_kv)
     record_property("max_num_requests_waiting", max_waiting)
     assert max_kv >= 0.9 or max_waiting >= 1, (max_kv, max_waiting)

@@ -1,0 +1,124 @@
+"""The exporter against a real vLLM server on CPU: loading, up, figures under load, killed.
+
+One server start (~25-35 s on 2 cores) covers the whole life of a target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import psutil
+import pynvml
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support import samples, value
+
+from oomguard.config import load_config
+from oomguard.sources.nvml import NvmlSource
+from oomguard.web import make_app
+
+pytestmark = pytest.mark.realvllm
+TARGET = "tiny-vllm"
+
+
+def server_figures(body: str) -> tuple[float, float, float]:
+    """KV cache usage, waiting, preemptions as the server reports them (one engine here)."""
+    return (
+        harness.metric_values(body, "vllm:kv_cache_usage_perc")[0],
+        harness.metric_values(body, "vllm:num_requests_waiting")[0],
+        harness.metric_values(body, "vllm:num_preemptions_total")[0],
+    )
+
+
+def exporter_figures(text: str) -> tuple[float, float, float]:
+    labels = {"target": TARGET, "model_name": harness.SERVED_NAME}
+    return (
+        value(text, "oomguard_engine_kv_cache_usage_ratio", **labels),
+        value(text, "oomguard_engine_requests_waiting", **labels),
+        value(text, "oomguard_engine_preemptions_total", **labels),
+    )
+
+
+def state(text: str) -> str:
+    return next(s for s in ("up", "loading", "down") if value(text, "oomguard_target_state", target=TARGET, state=s))
+
+
+async def test_exporter_follows_a_real_vllm(tiny_model: Path, tmp_path: Path, aiohttp_client) -> None:
+    server = harness.VllmServer(
+        tiny_model,
+        harness.free_port(),
+        extra_args=("--num-gpu-blocks-override", "8", "--max-num-seqs", "4"),
+        log_path=tmp_path / "vllm.log",
+    )
+    config = load_config(None, {"targets": [{"name": TARGET, "url": server.url}], "scrape": {"timeout_seconds": 5}})
+    # The real pynvml: on a machine without a driver this is the "no GPU" path, as in production.
+    client = await aiohttp_client(make_app(config, lambda: NvmlSource(pynvml)))
+    server.start()
+    try:
+        # 1. While the model loads the port refuses: the target reads "loading", never "down".
+        states = []
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            text = await (await client.get("/metrics")).text()
+            states.append(state(text))
+            if states[-1] == "up":
+                break
+            assert server.proc.poll() is None, server.log_text()[-3000:]
+            await asyncio.sleep(0.5)
+        assert states[-1] == "up", server.log_text()[-3000:]
+        assert set(states[:-1]) == {"loading"}, states
+        assert value(text, "oomguard_target_up", target=TARGET) == 1.0
+        print(f"exporter saw {len(states) - 1} 'loading' scrapes before 'up'")
+
+        # 2. The engine's own identity and config, and its processes found on this host.
+        async with aiohttp.ClientSession() as session:
+            body = await (await session.get(server.url + "/metrics")).text()
+        assert value(text, "oomguard_engine_process_start_time_seconds", target=TARGET) == pytest.approx(
+            harness.metric_values(body, "process_start_time_seconds")[0]
+        )
+        assert value(text, "oomguard_engine_gpu_memory_utilization_ratio", target=TARGET) == 0.92
+        assert value(text, "oomguard_engine_kv_cache_blocks", target=TARGET) == 8
+        root = psutil.Process(server.pid)
+        tree_rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+        exported_rss = value(text, "oomguard_target_resident_memory_bytes", target=TARGET)
+        print(f"RSS of the vLLM processes: exporter {exported_rss / 2**20:.0f} MiB, psutil {tree_rss / 2**20:.0f} MiB")
+        assert exported_rss == pytest.approx(tree_rss, rel=0.15)
+        assert value(text, "oomguard_nvml_up") in (0.0, 1.0)
+
+        # 3. Under load, the exporter's figures equal the server's own, read around the same moment.
+        load = harness.run_load(server.url, n=48, prompt_tokens=160, max_tokens=340)
+        stable_rounds = busy_rounds = 0
+        async with aiohttp.ClientSession() as session:
+            while not load.done():
+                before = server_figures(await (await session.get(server.url + "/metrics")).text())
+                mine = exporter_figures(await (await client.get("/metrics")).text())
+                after = server_figures(await (await session.get(server.url + "/metrics")).text())
+                assert before[2] <= mine[2] <= after[2], (before, mine, after)  # a counter: between the reads
+                if before == after:  # nothing moved meanwhile: the exporter must say exactly the same
+                    stable_rounds += 1
+                    assert mine == before
+                    busy_rounds += mine[0] > 0 or mine[1] > 0
+        statuses = await asyncio.to_thread(load.wait, 120)
+        assert statuses == [200] * 48
+        final_text = await (await client.get("/metrics")).text()
+        print(f"{stable_rounds} stable comparisons, {busy_rounds} under load; final {exporter_figures(final_text)}")
+        assert busy_rounds >= 3, (stable_rounds, busy_rounds)
+        assert exporter_figures(final_text)[2] > 0, "the load must have caused preemptions"
+
+        # 4. Killed (no restart follows): the target reads "down", not "loading".
+        await asyncio.to_thread(server.kill)
+        text = await (await client.get("/metrics")).text()
+        assert state(text) == "down"
+        assert value(text, "oomguard_target_up", target=TARGET) == 0.0
+        assert value(text, "oomguard_target_scrape_errors_total", target=TARGET, kind="refused") >= 1
+        assert ("oomguard_target_resident_memory_bytes", (("target", TARGET),)) not in samples(text)
+    finally:
+        await asyncio.to_thread(server.stop)

@@ -1,0 +1,36 @@
+"""Helpers shared by the tests: paths, real vLLM bodies, exposition reading, promtool."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+VLLM_BODIES = FIXTURES / "vllm"
+
+
+def vllm_body(name: str) -> str:
+    return (VLLM_BODIES / name).read_text(encoding="utf-8")
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an exposition, keyed by name and sorted labels."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return samples(text)[(name, tuple(sorted(labels.items())))]
+
+
+def promtool_check_metrics(promtool: str, exposition: bytes) -> str:
+    """Run `promtool check metrics`; returns its output (problems are printed there)."""
+    result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=30)
+    output = (result.stdout + result.stderr).decode()
+    return output + ("" if result.returncode == 0 else f"\n(exit {result.returncode})")
