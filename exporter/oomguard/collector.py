@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -21,6 +21,7 @@ from oomguard.snapshot import NvmlReading, TargetReading
 from oomguard.sources.nvml import NvmlSource
 from oomguard.sources.processes import ProcessFinder
 from oomguard.sources.targets import TargetScraper
+from oomguard.trend.sampler import Key, Observation, TrendReading, TrendTracker, observations
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,9 @@ class Snapshot:
     targets: tuple[TargetReading, ...]
     sources: dict[str, SourceResult]
     collected_at: float
+    trends: dict[Key, TrendReading] = field(default_factory=dict)
+    trend_samples_total: int | None = None  # None: trend sampling is off
+    trend_errors_total: int = 0
 
 
 class Collection:
@@ -44,7 +48,8 @@ class Collection:
         self.config = config
         self.nvml = nvml
         self.session = session
-        finder = ProcessFinder()
+        self.finder = finder = ProcessFinder()
+        self.tracker = TrendTracker(config.trend.settings()) if config.trend.enabled else None
         self.scrapers = [
             TargetScraper(
                 t, timeout=config.target_timeout(t), max_body_bytes=config.scrape.max_body_bytes, finder=finder
@@ -74,11 +79,15 @@ class Collection:
             self._timed("nvml", self._read_nvml(), sources) if self.nvml else _none(),
             self._timed("targets", self._scrape_targets(), sources),
         )
+        tracker = self.tracker
         snapshot = Snapshot(
             nvml=nvml_result,
             targets=tuple(target_results or ()),
             sources=sources,
             collected_at=time.time(),
+            trends=dict(tracker.latest) if tracker else {},
+            trend_samples_total=tracker.samples_total if tracker else None,
+            trend_errors_total=tracker.errors_total if tracker else 0,
         )
         self.last = snapshot
         return snapshot
@@ -107,6 +116,22 @@ class Collection:
                 "NVML read took longer than %gs (nvml.timeout_seconds): GPU metrics left out of this scrape", timeout
             )
             raise
+
+    async def trend_observations(self) -> dict[Key, Observation]:
+        """One tick of the trend sampler: GPUs, and each target's GPUs and local processes."""
+        nvml = None
+        if self.nvml is not None:
+            try:
+                nvml = await self._read_nvml()
+            except TimeoutError:
+                nvml = None  # the GPU series miss this tick; the sampler goes on
+
+        def processes() -> list:
+            return [s.finder.find(s.port) if s.finder else None for s in self.scrapers]
+
+        trees = await asyncio.to_thread(processes)
+        targets = [(s.name, s.config.gpus, tree) for s, tree in zip(self.scrapers, trees, strict=True)]
+        return await asyncio.to_thread(observations, nvml, targets)
 
     async def _scrape_targets(self) -> list[TargetReading]:
         return list(await asyncio.gather(*(s.scrape(self.session) for s in self.scrapers)))

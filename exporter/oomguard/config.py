@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from oomguard.engines import ENGINE_NAMES
+from oomguard.trend.analysis import TrendSettings
 
 DEFAULT_PORT = 9847
 DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
@@ -131,8 +132,39 @@ class SimulationConfig(_Strict):
     )
 
 
+class TrendConfig(_Strict):
+    """Thresholds of the trend analysis; their meaning is in docs/trend.md."""
+
+    enabled: bool = Field(True, description="Sample memory in the background and export trends.")
+    interval_seconds: float = Field(2.0, gt=0, description="Sample interval, independent of scrapes.")
+    short_window_seconds: float = Field(120.0, gt=0)
+    long_window_seconds: float = Field(1800.0, gt=0, description="History kept per series (bounded memory).")
+    tolerance_ratio: float = Field(0.02, gt=0, lt=1)
+    climb_min_seconds: float = Field(300.0, gt=0)
+    climb_min_rise_ratio: float = Field(0.03, gt=0, lt=1)
+    climb_min_slope_ratio_per_minute: float = Field(0.0006, gt=0)
+    spike_rise_ratio: float = Field(0.15, gt=0, lt=1)
+    spike_level_ratio: float = Field(0.90, gt=0, le=1)
+    saturated_ratio: float = Field(0.97, gt=0, le=1)
+    sawtooth_span_ratio: float = Field(0.04, gt=0, lt=1)
+    restart_drop_ratio: float = Field(0.5, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _windows(self) -> TrendConfig:
+        if not self.interval_seconds * 10 <= self.short_window_seconds < self.long_window_seconds:
+            raise ValueError(
+                "need interval_seconds x 10 <= short_window_seconds < long_window_seconds, "
+                f"got {self.interval_seconds:g}, {self.short_window_seconds:g}, {self.long_window_seconds:g}"
+            )
+        return self
+
+    def settings(self) -> TrendSettings:
+        return TrendSettings(**self.model_dump(exclude={"enabled"}))
+
+
 class Config(_Strict):
     web: WebConfig = WebConfig()
+    trend: TrendConfig = TrendConfig()
     nvml: NvmlConfig = NvmlConfig()
     scrape: ScrapeConfig = ScrapeConfig()
     simulation: SimulationConfig = SimulationConfig()

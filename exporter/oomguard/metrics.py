@@ -16,6 +16,7 @@ from prometheus_client.exposition import generate_latest
 from oomguard import __version__
 from oomguard.collector import Snapshot
 from oomguard.snapshot import ERROR_KINDS, TARGET_STATES, GpuReading, TargetReading
+from oomguard.trend.analysis import STATES
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,8 @@ def _m(section: str, name: str, kind: str, unit: str, labels: str, help_text: st
 
 
 GPU, ENGINE, JOINED, HEALTH = "GPU (NVML)", "Engine (per target)", "Joined: GPU x engine", "Exporter health"
+TREND = "Memory trend (see docs/trend.md)"
+_STATE_HELP = "1 for the current trend state (steady, sawtooth, climbing, spike, saturated; defined in docs/trend.md), 0 for the others."
 METRICS: tuple[MetricSpec, ...] = (
     _m(
         GPU,
@@ -211,6 +214,73 @@ METRICS: tuple[MetricSpec, ...] = (
         "target",
         "Host RSS of the target's processes (the listener and its children), for CPU deployments and host-memory leaks.",
     ),
+    _m(TREND, "gpu_memory_trend_state", "gauge", "", "gpu state", _STATE_HELP),
+    _m(
+        TREND,
+        "gpu_memory_slope_bytes_per_second",
+        "gauge",
+        "bytes/s",
+        "gpu window",
+        "Robust slope (Theil-Sen over bucket medians) of used memory over the short or long window.",
+    ),
+    _m(
+        TREND,
+        "gpu_memory_climb_seconds",
+        "gauge",
+        "seconds",
+        "gpu",
+        "How long used memory has risen without falling back by more than the tolerance.",
+    ),
+    _m(
+        TREND,
+        "gpu_memory_seconds_to_full",
+        "gauge",
+        "seconds",
+        "gpu",
+        "At the current pace, time until the GPU is full; only while climbing or spiking.",
+    ),
+    _m(
+        TREND,
+        "target_memory_trend_state",
+        "gauge",
+        "",
+        "target memory state",
+        _STATE_HELP + " `memory` is gpu (the target's GPUs) or host (its processes' RSS against host memory).",
+    ),
+    _m(
+        TREND,
+        "target_memory_slope_bytes_per_second",
+        "gauge",
+        "bytes/s",
+        "target memory window",
+        "Robust slope of the target's memory over the short or long window.",
+    ),
+    _m(
+        TREND,
+        "target_memory_climb_seconds",
+        "gauge",
+        "seconds",
+        "target memory",
+        "How long the target's memory has risen without falling back.",
+    ),
+    _m(
+        TREND,
+        "target_memory_seconds_to_full",
+        "gauge",
+        "seconds",
+        "target memory",
+        "At the current pace, time until the target's GPUs (or the host) are full; only while climbing or spiking.",
+    ),
+    _m(
+        TREND,
+        "target_memory_seconds_to_budget",
+        "gauge",
+        "seconds",
+        "target",
+        "At the current pace, time until the target's GPUs pass the engine's budget (gpu_memory_utilization); 0 when already past; only while climbing or spiking.",
+    ),
+    _m(TREND, "trend_samples", "counter", "", "", "Background memory samples taken (every trend.interval_seconds)."),
+    _m(TREND, "trend_sample_errors", "counter", "", "", "Background samples that failed."),
     _m(HEALTH, "build_info", "info", "", "version python_version", "The running oomguard."),
     _m(
         HEALTH,
@@ -392,6 +462,28 @@ def _target_families(out: _Families, target: TargetReading, gpus: dict[int, GpuR
         out.add("target_memory_over_budget_bytes", (t,), (own if own is not None else used) - budget)
 
 
+def _trend_families(out: _Families, snapshot: Snapshot) -> None:
+    if snapshot.trend_samples_total is None:
+        return
+    out.add("trend_samples", (), float(snapshot.trend_samples_total))
+    out.add("trend_sample_errors", (), float(snapshot.trend_errors_total))
+    budgets = {
+        t.name: t.engine_reading.memory_utilization_ratio for t in snapshot.targets if t.engine_reading is not None
+    }
+    for key, reading in sorted(snapshot.trends.items(), key=lambda kv: (kv[0].kind, kv[0].name, kv[0].memory)):
+        trend, capacity = reading.trend, reading.capacity_bytes
+        prefix, labels = ("gpu_memory", (key.name,)) if key.kind == "gpu" else ("target_memory", (key.name, key.memory))
+        for state in STATES:
+            out.add(f"{prefix}_trend_state", (*labels, state), 1.0 if trend.state == state else 0.0)
+        for window, slope in (("short", trend.slope_short), ("long", trend.slope_long)):
+            out.add(f"{prefix}_slope_bytes_per_second", (*labels, window), None if slope is None else slope * capacity)
+        out.add(f"{prefix}_climb_seconds", labels, trend.climb_seconds)
+        out.add(f"{prefix}_seconds_to_full", labels, trend.seconds_to_full)
+        budget = budgets.get(key.name)
+        if key.kind == "target" and key.memory == "gpu" and budget is not None:
+            out.add("target_memory_seconds_to_budget", (key.name,), trend.seconds_to(budget))
+
+
 def families(snapshot: Snapshot) -> _Families:
     out = _Families()
     out.add("build_info", (__version__, platform.python_version()), 1.0)
@@ -407,6 +499,7 @@ def families(snapshot: Snapshot) -> _Families:
             gpus = {g.index: g for g in nvml.gpus if g.up}
     for target in snapshot.targets:
         _target_families(out, target, gpus)
+    _trend_families(out, snapshot)
     return out
 
 

@@ -15,6 +15,7 @@ from oomguard.collector import Collection
 from oomguard.config import Config
 from oomguard.metrics import render
 from oomguard.sources.nvml import NvmlSource
+from oomguard.trend.sampler import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +35,19 @@ def make_app(config: Config, nvml_factory: Callable[[], NvmlSource | None]) -> w
             headers={"User-Agent": f"oomguard/{__version__}", "Accept": "text/plain"},
             connector=aiohttp.TCPConnector(limit=64, limit_per_host=4),
         ) as session:
-            app[COLLECTION] = Collection(config, nvml_factory(), session)
+            collection = app[COLLECTION] = Collection(config, nvml_factory(), session)
             # A first collection at start, so /-/ready means "has data" and the
             # first real scrape finds NVML initialised and targets' states known.
-            warmup = asyncio.ensure_future(app[COLLECTION].snapshot())
+            background = [asyncio.ensure_future(collection.snapshot())]
+            if collection.tracker is not None:
+                background.append(
+                    asyncio.ensure_future(Sampler(collection.tracker, collection.trend_observations).run())
+                )
             yield
-            warmup.cancel()
-            app[COLLECTION].close()
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            collection.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/", landing)

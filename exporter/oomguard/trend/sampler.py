@@ -1,0 +1,138 @@
+"""Samples memory at a fixed interval, whatever Prometheus' scrape interval, and keeps the trends.
+
+Per GPU: used / total. Per target: the memory of its GPUs (all processes), and the
+host RSS of its processes (for CPU deployments) against the host's memory. The
+analysis runs here, in the background, after each sample; a scrape only reads the
+latest results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import psutil
+
+from oomguard.snapshot import NvmlReading, ProcessTree
+from oomguard.trend.analysis import Series, Trend, TrendSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """Which memory a series follows: ("gpu", "0", "gpu") or ("target", "llama", "gpu"|"host")."""
+
+    kind: str
+    name: str
+    memory: str
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    used_bytes: float
+    capacity_bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class TrendReading:
+    trend: Trend
+    capacity_bytes: float
+
+
+Observe = Callable[[], Awaitable[dict[Key, Observation]]]
+
+
+class TrendTracker:
+    """Series by key; `record` feeds them, `latest` is what the metrics read."""
+
+    def __init__(self, settings: TrendSettings) -> None:
+        self.settings = settings
+        self._series: dict[Key, Series] = {}
+        self._capacity: dict[Key, float] = {}
+        self.latest: dict[Key, TrendReading] = {}
+        self.samples_total = 0
+        self.errors_total = 0
+
+    def record(self, t: float, observations: dict[Key, Observation]) -> None:
+        for key, obs in observations.items():
+            if obs.capacity_bytes <= 0:
+                continue
+            series = self._series.get(key)
+            if series is None:
+                series = self._series[key] = Series(self.settings)
+            series.add(t, obs.used_bytes / obs.capacity_bytes)
+            self._capacity[key] = obs.capacity_bytes
+        # A series not observed for a whole long window is gone (GPU removed, target renamed).
+        for key in [
+            k for k, s in self._series.items() if s.samples and s.samples[-1][0] < t - self.settings.long_window_seconds
+        ]:
+            del self._series[key]
+        latest = {}
+        for key, series in self._series.items():
+            trend = series.trend()
+            if trend is not None:
+                latest[key] = TrendReading(trend, self._capacity[key])
+        self.latest = latest
+        self.samples_total += 1
+
+
+class Sampler:
+    """The background loop: observe, record, sleep; clock and sleep are injectable for replays."""
+
+    def __init__(
+        self,
+        tracker: TrendTracker,
+        observe: Observe,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.tracker = tracker
+        self.observe = observe
+        self.clock = clock
+        self.sleep = sleep
+
+    async def run(self, iterations: int | None = None) -> None:
+        interval = self.tracker.settings.interval_seconds
+        done = 0
+        next_at = self.clock()
+        while iterations is None or done < iterations:
+            try:
+                observations = await self.observe()
+                self.tracker.record(self.clock(), observations)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bad sample must not end the sampling
+                self.tracker.errors_total += 1
+                log.exception("trend sample failed")
+            done += 1
+            # Fixed rate, not fixed delay: a slow sample does not stretch the interval.
+            next_at += interval
+            await self.sleep(max(0.0, next_at - self.clock()))
+
+
+def observations(
+    nvml: NvmlReading | None, targets: list[tuple[str, tuple[int, ...], ProcessTree | None]]
+) -> dict[Key, Observation]:
+    """What one tick sees: GPUs, and per target its GPUs' memory and its processes' RSS."""
+    out: dict[Key, Observation] = {}
+    gpus = {g.index: g for g in (nvml.gpus if nvml else ()) if g.up and g.total_bytes and g.used_bytes is not None}
+    for index, gpu in gpus.items():
+        out[Key("gpu", str(index), "gpu")] = Observation(gpu.used_bytes or 0.0, gpu.total_bytes or 0.0)
+    host_total = float(psutil.virtual_memory().total)
+    for name, configured, process in targets:
+        mine = configured or tuple(
+            i for i, g in gpus.items() if process and any(p.pid in process.pids for p in g.processes or ())
+        )
+        measured = [gpus[i] for i in mine if i in gpus]
+        if measured:
+            out[Key("target", name, "gpu")] = Observation(
+                sum(g.used_bytes or 0.0 for g in measured), sum(g.total_bytes or 0.0 for g in measured)
+            )
+        if process is not None:
+            out[Key("target", name, "host")] = Observation(process.resident_bytes, host_total)
+    return out

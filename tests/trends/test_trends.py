@@ -1,0 +1,84 @@
+"""Every trace of the library replayed through the real sampler; the goals of the trend analysis asserted."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import replay as replaying
+import traces as library_module
+
+from oomguard.trend.analysis import STATES
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support import REPO
+
+ALARMS = {"climbing", "spike"}
+
+
+@pytest.fixture(scope="module")
+def replays() -> dict[str, replaying.Replay]:
+    return {t.name: replaying.replay(t) for t in replaying.load_library()}
+
+
+def test_committed_traces_match_their_generator(tmp_path: Path) -> None:
+    for trace in library_module.library():
+        committed = library_module.TRACES_DIR / f"{trace.name}.csv"
+        assert committed.exists(), f"{committed.name} missing: run python tests/trends/traces.py"
+        assert committed.read_text() == library_module.write(trace, tmp_path).read_text(), committed.name
+    names = {f"{t.name}.csv" for t in library_module.library()}
+    assert {p.name for p in library_module.TRACES_DIR.glob("*.csv")} == names
+
+
+def test_states_are_the_documented_ones(replays: dict[str, replaying.Replay]) -> None:
+    for r in replays.values():
+        assert set(r.states) <= set(STATES)
+
+
+def test_slow_leaks_are_flagged_at_least_twice_as_early_as_the_threshold(replays: dict[str, replaying.Replay]) -> None:
+    leaks = [r for r in replays.values() if r.trace.family in ("slow-leak", "leak-in-churn")]
+    assert len(leaks) >= 6
+    for r in leaks:
+        ours, theirs = r.lead(r.first_signal), r.lead(r.threshold_fires)
+        assert ours is not None and theirs is not None, r.trace.name
+        assert ours >= 2 * theirs, (r.trace.name, ours, theirs)
+        assert r.first.get("climbing") == r.first_signal, f"{r.trace.name}: first alarm should be a climb"
+
+
+def test_once_flagged_a_leak_stays_flagged_until_the_oom(replays: dict[str, replaying.Replay]) -> None:
+    for r in replays.values():
+        if r.trace.family not in ("slow-leak", "leak-in-churn"):
+            continue
+        flagged = int(r.first_signal / replaying.INTERVAL)
+        after = set(r.states[flagged:])
+        assert after <= {"climbing", "spike", "saturated"}, (r.trace.name, after)
+
+
+def test_spike_is_flagged_before_the_oom_and_before_the_threshold(replays: dict[str, replaying.Replay]) -> None:
+    (r,) = [r for r in replays.values() if r.trace.family == "spike"]
+    assert r.first.get("spike") is not None and r.first["spike"] <= r.trace.expected_by["spike"]
+    assert r.first_signal < r.threshold_fires < r.trace.oom_at
+    assert "climbing" not in r.first
+
+
+def test_no_false_alarm_on_traces_that_never_run_out(replays: dict[str, replaying.Replay]) -> None:
+    quiet = [r for r in replays.values() if r.trace.oom_at is None]
+    assert {r.trace.family for r in quiet} == {"steady", "diurnal", "kv-sawtooth", "burst", "restart", "noisy"}
+    for r in quiet:
+        assert not (set(r.first) & r.trace.forbidden), (r.trace.name, r.first)
+        assert not (set(r.first) & ALARMS), (r.trace.name, r.first)
+
+
+def test_expected_states_appear_in_time(replays: dict[str, replaying.Replay]) -> None:
+    for r in replays.values():
+        for state, by in r.trace.expected_by.items():
+            assert r.first.get(state) is not None and r.first[state] <= by, (r.trace.name, state, r.first)
+
+
+def test_lead_time_table_in_docs_is_current(replays: dict[str, replaying.Replay]) -> None:
+    doc = (REPO / "docs" / "trend.md").read_text()
+    table = replaying.table(list(replays.values()))
+    assert table in doc, "docs/trend.md: lead-time table is stale; regenerate with python tests/trends/replay.py"
