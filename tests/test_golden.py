@@ -40,6 +40,7 @@ async def test_golden_exposition(aiohttp_server, aiohttp_client, promtool: str, 
         None,
         {
             "trend": {"enabled": False},
+            "events": {"kernel_log": False, "xid": False},
             "targets": [
                 {"name": "vllm-0", "url": base, "gpus": [0], "local_process": "no"},
                 {"name": "vllm-broken", "url": base, "gpus": [1], "local_process": "no"},

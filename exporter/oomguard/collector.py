@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from oomguard.config import Config
+from oomguard.events.runner import Counts, EventRunner, SourceHealth
+from oomguard.events.xid import XidWatcher
 from oomguard.snapshot import NvmlReading, TargetReading
 from oomguard.sources.nvml import NvmlSource
 from oomguard.sources.processes import ProcessFinder
@@ -41,6 +43,10 @@ class Snapshot:
     trends: dict[Key, TrendReading] = field(default_factory=dict)
     trend_samples_total: int | None = None  # None: trend sampling is off
     trend_errors_total: int = 0
+    events: dict[str, Counts] = field(default_factory=dict)  # target ("" for the host) -> counts
+    event_sources: tuple[SourceHealth, ...] = ()
+    xid: dict[tuple[int, int], int] = field(default_factory=dict)
+    xid_last: dict[int, float] = field(default_factory=dict)
 
 
 class Collection:
@@ -50,6 +56,8 @@ class Collection:
         self.session = session
         self.finder = finder = ProcessFinder()
         self.tracker = TrendTracker(config.trend.settings()) if config.trend.enabled else None
+        self.events = EventRunner(config)
+        self.xid = XidWatcher(nvml.lib) if nvml is not None and config.events.xid else None
         self.scrapers = [
             TargetScraper(
                 t, timeout=config.target_timeout(t), max_body_bytes=config.scrape.max_body_bytes, finder=finder
@@ -88,6 +96,10 @@ class Collection:
             trends=dict(tracker.latest) if tracker else {},
             trend_samples_total=tracker.samples_total if tracker else None,
             trend_errors_total=tracker.errors_total if tracker else 0,
+            events={name: Counts(dict(c.total), dict(c.last)) for name, c in self.events.counts.items()},
+            event_sources=tuple(self.events.health()),
+            xid=dict(self.xid.counts) if self.xid else {},
+            xid_last=dict(self.xid.last) if self.xid else {},
         )
         self.last = snapshot
         return snapshot
@@ -136,7 +148,17 @@ class Collection:
     async def _scrape_targets(self) -> list[TargetReading]:
         return list(await asyncio.gather(*(s.scrape(self.session) for s in self.scrapers)))
 
+    async def follow_events(self) -> None:
+        """The background loop reading logs, journals, cgroups and the kernel log."""
+        interval = self.config.events.poll_interval_seconds
+        while True:
+            await asyncio.to_thread(self.events.poll)
+            await asyncio.sleep(interval)
+
     def close(self) -> None:
+        self.events.close()
+        if self.xid is not None:
+            self.xid.stop()
         if self.nvml is not None:
             self._nvml_thread.submit(self.nvml.close)
         self._nvml_thread.shutdown(wait=False, cancel_futures=True)

@@ -52,6 +52,24 @@ class NvmlConfig(_Strict):
     )
 
 
+class PodLogsConfig(_Strict):
+    namespace: str = Field(description="Namespace of the pod.")
+    pod: str = Field(description="Pod name, or a glob for a Deployment's pods (`vllm-*`).")
+    container: str = Field(description="Container name.")
+
+
+class PatternConfig(_Strict):
+    kind: str = Field(description="cuda_oom, startup_memory, engine_death, or startup (a new life: ends an incident).")
+    regex: str = Field(description="Python regular expression, searched anywhere in a line.")
+
+    @model_validator(mode="after")
+    def _compiles(self) -> PatternConfig:
+        from oomguard.events.detector import load_catalogue
+
+        load_catalogue([self.model_dump()])  # raises ValueError naming the pattern
+        return self
+
+
 class TargetConfig(_Strict):
     url: str = Field(description="Base URL of the engine; /metrics and /health are appended.")
     name: str | None = Field(None, description="The `target` label; defaults to host:port of url.")
@@ -62,6 +80,10 @@ class TargetConfig(_Strict):
     timeout_seconds: float | None = Field(
         None, gt=0, description="Per-target scrape timeout; defaults to scrape.timeout_seconds."
     )
+    logs: tuple[str, ...] = Field((), description="Log files or globs of the engine, followed like tail -F.")
+    journald_unit: str | None = Field(None, description="systemd unit whose journal is the engine's log.")
+    k8s_pod_logs: PodLogsConfig | None = Field(None, description="The engine's container logs under /var/log/pods.")
+    cgroup: str | None = Field(None, description="cgroup v2 directory of the engine: its OOM kills are counted.")
     local_process: Literal["auto", "yes", "no"] = Field(
         "auto",
         description="Find the engine's processes on this host (RSS, GPU memory by pid, "
@@ -162,8 +184,23 @@ class TrendConfig(_Strict):
         return TrendSettings(**self.model_dump(exclude={"enabled"}))
 
 
+class EventsConfig(_Strict):
+    from_start: bool = Field(False, description="On first start read logs from their beginning, not their end.")
+    quiet_seconds: float = Field(5.0, gt=0, description="An incident ends after this long without a matching line.")
+    poll_interval_seconds: float = Field(0.5, gt=0, description="How often the event sources are read.")
+    patterns: tuple[PatternConfig, ...] = Field((), description="Patterns added to the shipped catalogue.")
+    kernel_log: bool = Field(True, description="Count kernel OOM kills from the kernel log where readable.")
+    kernel_log_path: str = Field("/dev/kmsg", description="The kernel log device.")
+    k8s_pods_dir: str = Field("/var/log/pods", description="Where the kubelet writes container logs.")
+    xid: bool = Field(True, description="Count GPU XID errors from NVML events (a background thread).")
+
+
 class Config(_Strict):
+    state_dir: str | None = Field(
+        None, description="Directory for read positions and event counts; without it a restart starts afresh."
+    )
     web: WebConfig = WebConfig()
+    events: EventsConfig = EventsConfig()
     trend: TrendConfig = TrendConfig()
     nvml: NvmlConfig = NvmlConfig()
     scrape: ScrapeConfig = ScrapeConfig()

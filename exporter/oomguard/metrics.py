@@ -15,6 +15,8 @@ from prometheus_client.exposition import generate_latest
 
 from oomguard import __version__
 from oomguard.collector import Snapshot
+from oomguard.events.detector import EVENT_KINDS
+from oomguard.events.runner import HOST, Counts
 from oomguard.snapshot import ERROR_KINDS, TARGET_STATES, GpuReading, TargetReading
 from oomguard.trend.analysis import STATES
 
@@ -35,6 +37,7 @@ def _m(section: str, name: str, kind: str, unit: str, labels: str, help_text: st
 
 GPU, ENGINE, JOINED, HEALTH = "GPU (NVML)", "Engine (per target)", "Joined: GPU x engine", "Exporter health"
 TREND = "Memory trend (see docs/trend.md)"
+EVENTS = "Events: OOMs, restarts, kernel OOM kills, XIDs (see docs/events.md)"
 _STATE_HELP = "1 for the current trend state (steady, sawtooth, climbing, spike, saturated; defined in docs/trend.md), 0 for the others."
 METRICS: tuple[MetricSpec, ...] = (
     _m(
@@ -281,6 +284,95 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     _m(TREND, "trend_samples", "counter", "", "", "Background memory samples taken (every trend.interval_seconds)."),
     _m(TREND, "trend_sample_errors", "counter", "", "", "Background samples that failed."),
+    _m(
+        EVENTS,
+        "target_events",
+        "counter",
+        "",
+        "target kind",
+        "Events of the target by kind: cuda_oom, startup_memory, engine_death (from its logs, one per incident however many lines), cgroup_oom_kill (its cgroup's memory.events). Zero from the start for every kind its sources can see.",
+    ),
+    _m(
+        EVENTS,
+        "target_last_event_timestamp_seconds",
+        "gauge",
+        "seconds",
+        "target kind",
+        "When the last event of the kind was seen, Unix time: `time() - x < window` catches the first event of a new series, which increase() misses.",
+    ),
+    _m(
+        EVENTS,
+        "target_restarts",
+        "counter",
+        "",
+        "target",
+        "New lives of the engine: a new process start time or pid, or a return to up after down or loading with neither known.",
+    ),
+    _m(
+        EVENTS,
+        "target_last_restart_timestamp_seconds",
+        "gauge",
+        "seconds",
+        "target",
+        "When the engine last restarted (its new process start), Unix time.",
+    ),
+    _m(
+        EVENTS,
+        "target_startup_seconds",
+        "gauge",
+        "seconds",
+        "target",
+        "The last start watched: from the process start (to a clock tick, local targets) or from the first scrape that saw it not up, to the first /health 200. Compare with the probe's initial delay.",
+    ),
+    _m(EVENTS, "host_events", "counter", "", "kind", "Host events by kind: kernel_oom_kill (from the kernel log)."),
+    _m(
+        EVENTS,
+        "host_last_event_timestamp_seconds",
+        "gauge",
+        "seconds",
+        "kind",
+        "When the last host event of the kind was seen, Unix time.",
+    ),
+    _m(
+        EVENTS,
+        "gpu_events",
+        "counter",
+        "",
+        "gpu kind xid",
+        "GPU events from NVML: kind xid, by XID code (31 page fault, 43 GPU stopped, 48 double-bit ECC, 79 fell off the bus).",
+    ),
+    _m(
+        EVENTS,
+        "gpu_last_event_timestamp_seconds",
+        "gauge",
+        "seconds",
+        "gpu kind",
+        "When the GPU's last XID was seen, Unix time.",
+    ),
+    _m(
+        EVENTS,
+        "event_source_lines_read",
+        "counter",
+        "",
+        "target source",
+        "Lines read from an event source (file:GLOB, journald:UNIT, k8s:NS/POD/CONTAINER, kernel:PATH); target is empty for the host.",
+    ),
+    _m(
+        EVENTS,
+        "event_source_bytes_behind",
+        "gauge",
+        "bytes",
+        "target source",
+        "Bytes written to the source's files and not read yet.",
+    ),
+    _m(
+        EVENTS,
+        "event_source_read_errors",
+        "counter",
+        "",
+        "target source",
+        "Failed reads of the source (vanished file, permission, journalctl error): rising means events may be missed.",
+    ),
     _m(HEALTH, "build_info", "info", "", "version python_version", "The running oomguard."),
     _m(
         HEALTH,
@@ -484,6 +576,38 @@ def _trend_families(out: _Families, snapshot: Snapshot) -> None:
             out.add("target_memory_seconds_to_budget", (key.name,), trend.seconds_to(budget))
 
 
+def _event_families(out: _Families, snapshot: Snapshot) -> None:
+    sources_of: dict[str, set[str]] = {}
+    for health in snapshot.event_sources:
+        sources_of.setdefault(health.target, set()).add(health.source.partition(":")[0])
+        labels = (health.target, health.source)
+        out.add("event_source_lines_read", labels, float(health.lines_read))
+        out.add("event_source_bytes_behind", labels, float(health.bytes_behind))
+        out.add("event_source_read_errors", labels, float(health.read_errors))
+    for target in snapshot.targets:
+        kinds: set[str] = set()
+        if sources_of.get(target.name, set()) - {"cgroup"}:
+            kinds.update(EVENT_KINDS)  # zeros from the start: increase() then sees the first event
+        if "cgroup" in sources_of.get(target.name, set()):
+            kinds.add("cgroup_oom_kill")
+        counts = snapshot.events.get(target.name, Counts())
+        kinds.update(counts.total)
+        for kind in sorted(kinds):
+            out.add("target_events", (target.name, kind), float(counts.total.get(kind, 0)))
+            out.add("target_last_event_timestamp_seconds", (target.name, kind), counts.last.get(kind))
+        out.add("target_restarts", (target.name,), float(target.restarts_total))
+        out.add("target_last_restart_timestamp_seconds", (target.name,), target.last_restart_at)
+        out.add("target_startup_seconds", (target.name,), target.startup_seconds)
+    if HOST in sources_of:
+        host = snapshot.events.get(HOST, Counts())
+        out.add("host_events", ("kernel_oom_kill",), float(host.total.get("kernel_oom_kill", 0)))
+        out.add("host_last_event_timestamp_seconds", ("kernel_oom_kill",), host.last.get("kernel_oom_kill"))
+    for (gpu, xid), n in sorted(snapshot.xid.items()):
+        out.add("gpu_events", (str(gpu), "xid", str(xid)), float(n))
+    for gpu, at in sorted(snapshot.xid_last.items()):
+        out.add("gpu_last_event_timestamp_seconds", (str(gpu), "xid"), at)
+
+
 def families(snapshot: Snapshot) -> _Families:
     out = _Families()
     out.add("build_info", (__version__, platform.python_version()), 1.0)
@@ -500,6 +624,7 @@ def families(snapshot: Snapshot) -> _Families:
     for target in snapshot.targets:
         _target_families(out, target, gpus)
     _trend_families(out, snapshot)
+    _event_families(out, snapshot)
     return out
 
 

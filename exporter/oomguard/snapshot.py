@@ -66,6 +66,9 @@ class TargetReading:
     error: str = ""
     process: ProcessTree | None = None
     errors_total: dict[str, int] = field(default_factory=dict)
+    restarts_total: int = 0
+    last_restart_at: float | None = None
+    startup_seconds: float | None = None  # the last start we watched, launch to first /health 200
 
 
 TARGET_STATES = ("up", "loading", "down")

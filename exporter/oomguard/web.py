@@ -43,11 +43,14 @@ def make_app(config: Config, nvml_factory: Callable[[], NvmlSource | None]) -> w
                 background.append(
                     asyncio.ensure_future(Sampler(collection.tracker, collection.trend_observations).run())
                 )
+            background.append(asyncio.ensure_future(collection.follow_events()))
+            if collection.xid is not None:
+                collection.xid.start()
             yield
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            collection.close()
+            await asyncio.to_thread(collection.close)
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/", landing)

@@ -1,6 +1,6 @@
-"""The exporter against a real vLLM server on CPU: loading, up, figures under load, killed.
+"""The exporter against a real vLLM server on CPU: loading, up, figures under load, killed, restarted.
 
-One server start (~25-35 s on 2 cores) covers the whole life of a target.
+Two server starts (~25-35 s each on 2 cores) cover the whole life of a target.
 """
 
 from __future__ import annotations
@@ -113,12 +113,35 @@ async def test_exporter_follows_a_real_vllm(tiny_model: Path, tmp_path: Path, ai
         assert busy_rounds >= 3, (stable_rounds, busy_rounds)
         assert exporter_figures(final_text)[2] > 0, "the load must have caused preemptions"
 
-        # 4. Killed (no restart follows): the target reads "down", not "loading".
+        # 4. Killed (no restart follows yet): the target reads "down", not "loading".
         await asyncio.to_thread(server.kill)
         text = await (await client.get("/metrics")).text()
         assert state(text) == "down"
         assert value(text, "oomguard_target_up", target=TARGET) == 0.0
         assert value(text, "oomguard_target_scrape_errors_total", target=TARGET, kind="refused") >= 1
         assert ("oomguard_target_resident_memory_bytes", (("target", TARGET),)) not in samples(text)
+        assert value(text, "oomguard_target_restarts_total", target=TARGET) == 0.0
+
+        # 5. Started again, as an orchestrator would: "loading" while it loads (its new process is
+        # found by its command line), then one restart, with the startup time measured from outside.
+        server.start()
+        outside_task = asyncio.ensure_future(asyncio.to_thread(server.wait_healthy, 240))
+        states = []
+        while True:
+            text = await (await client.get("/metrics")).text()
+            states.append(state(text))
+            if states[-1] == "up":
+                break
+            assert server.proc.poll() is None, server.log_text()[-3000:]
+            await asyncio.sleep(0.25)
+        outside = await outside_task  # launch to first /health 200, polled every 0.1 s by the harness
+        assert "loading" in states, states
+        assert value(text, "oomguard_target_restarts_total", target=TARGET) == 1.0
+        measured = value(text, "oomguard_target_startup_seconds", target=TARGET)
+        print(f"restart: startup measured by oomguard {measured:.2f} s, from outside {outside:.2f} s")
+        assert abs(measured - outside) <= 1.0, (measured, outside)
+        assert value(text, "oomguard_target_last_restart_timestamp_seconds", target=TARGET) == pytest.approx(
+            server.launched_at, abs=1.0
+        )
     finally:
         await asyncio.to_thread(server.stop)

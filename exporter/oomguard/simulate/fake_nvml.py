@@ -8,9 +8,11 @@ calls, a missing library, hangs).
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pynvml
@@ -77,6 +79,7 @@ class FakeNvml:
         self.library_present = library_present
         self.before_call = before_call  # tests hook hangs and counters here
         self.calls: dict[str, int] = {}
+        self.xid_queue: queue.Queue[tuple[int, int]] = queue.Queue()  # (gpu index, xid) to deliver
         self._initialised = 0
         self._lock = threading.Lock()
 
@@ -174,3 +177,26 @@ class FakeNvml:
                 obj.usedGpuMemory = None  # what pynvml does for "not available"
             out.append(obj)
         return out
+
+    # -- events ---------------------------------------------------------------------------
+    def nvmlEventSetCreate(self) -> object:
+        self._enter("nvmlEventSetCreate")
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, event_types: int, event_set: object) -> None:
+        self._enter("nvmlDeviceRegisterEvents", handle.gpu)
+
+    def nvmlEventSetWait(self, event_set: object, timeout_ms: int) -> Any:
+        self._enter("nvmlEventSetWait")
+        try:
+            index, xid = self.xid_queue.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            _raise(pynvml.NVML_ERROR_TIMEOUT)
+        # c_nvmlEventData_t's `device` is a C pointer a fake handle cannot fill: same fields, plain object.
+        return SimpleNamespace(
+            device=_Handle(self.gpus[index]), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid,
+            gpuInstanceId=0, computeInstanceId=0,
+        )  # fmt: skip
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        self._enter("nvmlEventSetFree")

@@ -62,6 +62,10 @@ class NvmlSource:
         self._memory_v1_only: set[int] = set()
         self._process_names: dict[int, str] = {}
 
+    @property
+    def lib(self) -> ModuleType | Any:
+        return self._lib
+
     # -- lifecycle -------------------------------------------------------------------------
     def _ensure_init(self) -> bool:
         if self._initialised:

@@ -9,6 +9,8 @@ per-process GPU memory to the target. Blocking (/proc reads): runs in a thread.
 from __future__ import annotations
 
 import logging
+import os
+import time
 
 import psutil
 
@@ -37,20 +39,15 @@ class ProcessFinder:
 
         A restarted engine does not listen while it loads its model, so it cannot be
         found by port; its command line is what it shares with its previous life.
-        Start times are compared between processes (psutil's clock), never with
-        time.time(): /proc start times are only good to about a second.
         """
         last = self._last_listener.get(port)
         if last is None or not last.cmdline:
             return False
-        for proc in psutil.process_iter(["cmdline", "create_time"]):
-            info = proc.info
-            if (
-                proc.pid != last.root_pid
-                and info["create_time"] is not None
-                and info["create_time"] >= last.start_time_seconds
-                and tuple(info["cmdline"] or ()) == last.cmdline
-            ):
+        for proc in psutil.process_iter(["cmdline"]):
+            if proc.pid == last.root_pid or tuple(proc.info["cmdline"] or ()) != last.cmdline:
+                continue
+            started = start_time(proc.pid)
+            if started is not None and started >= last.start_time_seconds:
                 return True
         return False
 
@@ -97,11 +94,34 @@ class ProcessFinder:
             root_pid=pid,
             pids=frozenset(pids),
             resident_bytes=rss,
-            start_time_seconds=root.create_time(),
+            start_time_seconds=start_time(pid) or root.create_time(),
             cmdline=cmdline,
         )
         self._last_listener[port] = tree
         return tree
+
+
+def start_time(pid: int) -> float | None:
+    """When a process started, Unix time, to a clock tick.
+
+    psutil's create_time() adds the boot time, which /proc/stat gives in whole
+    seconds: up to a second off, too coarse to measure a model's load time. Here the
+    age comes from /proc/uptime and the process' start tick, both fractional.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    # Field 22 (starttime), counted after the parenthesised command name, which may hold spaces.
+    fields = stat.rpartition(")")[2].split()
+    try:
+        started_ticks = int(fields[19])
+    except (IndexError, ValueError):
+        return None
+    return time.time() - (uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def _listens(conn: psutil._common.sconn | psutil._common.pconn, port: int) -> bool:

@@ -21,6 +21,7 @@ from oomguard.engines import ENGINES, EngineReading
 from oomguard.promtext import ExpositionError, FamilyExtractor
 from oomguard.snapshot import ERROR_KINDS, TargetReading
 from oomguard.sources.processes import ProcessFinder
+from oomguard.sources.restarts import RestartTracker
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class TargetScraper:
         self.finder = finder if config.is_local else None
         self.errors_total: Counter[str] = Counter({kind: 0 for kind in ERROR_KINDS})
         self.ever_up = False
+        self.restarts = RestartTracker()
         self.state = "loading"
         self._last_error = ""
 
@@ -75,6 +77,9 @@ class TargetScraper:
         process = await asyncio.to_thread(self.finder.find, self.port) if self.finder else None
         healthy = health_status == 200 or (health_status == 404 and reading is not None)
         self.state = await self._next_state(healthy, health_status)
+        # The start time of the process found on this host is the most precise; else the engine's own.
+        start = process.start_time_seconds if process else (reading.process_start_time_seconds if reading else None)
+        self.restarts.observe(time.time(), self.state, start, process.root_pid if process else None)
         if error and error != self._last_error:
             log.warning("target %s: %s error: %s", self.name, error_kind, error)
         self._last_error = error
@@ -93,6 +98,9 @@ class TargetScraper:
             error=error,
             process=process,
             errors_total=dict(self.errors_total),
+            restarts_total=self.restarts.restarts_total,
+            last_restart_at=self.restarts.last_restart_at,
+            startup_seconds=self.restarts.startup_seconds,
         )
 
     async def _next_state(self, healthy: bool, health_status: int | None) -> str:

@@ -1,0 +1,1 @@
+"""Events: OOMs, engine deaths, restarts and kernel OOM kills, counted once from wherever they show up."""

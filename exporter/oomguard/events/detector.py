@@ -1,0 +1,111 @@
+"""From log lines to events: one incident, one event, however many lines it spans.
+
+A CUDA OOM in vLLM is a traceback of dozens of lines, often printed twice (by the
+engine core and again by its parent), each line carrying a `(EngineCore pid=N)`
+prefix, and flushed in pieces. Counting matching lines would count it many times.
+So lines that match the catalogue open an *incident*; the incident collects the
+kinds it sees and closes when the engine starts again (a `startup` line) or after
+`quiet_seconds` without a matching line. On closing it yields exactly one event, of
+its most telling kind: a memory line anywhere in the incident makes it an OOM, and
+`engine_death` is only what remains when no memory line came with the fatal error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import yaml
+
+# Lines that continue a traceback, after any `(EngineCore pid=N)` prefix and log header: they keep
+# an open incident open (a traceback flushed slowly is still one), where other chatter does not.
+_TRACEBACK_LINE = re.compile(
+    r"^(?:\(\w+ pid=\d+\) )?(?:(?:ERROR|WARNING|CRITICAL) [^\]]*\] )?"
+    r"(?:\s|Traceback \(most recent call last\)|During handling of the above|The above exception|Process \w+:"
+    r"|[\w.]+(?:Error|Exception|Exit)\b)"
+)
+
+# Most telling first: the event's kind is the first of these the incident saw.
+EVENT_KINDS = ("cuda_oom", "startup_memory", "engine_death")
+LOG_KINDS = (*EVENT_KINDS, "startup")
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    kind: str
+    regex: re.Pattern[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: str
+    timestamp: float  # when its first line was read (logs carry no reliable clock)
+
+
+def load_catalogue(extra: list[dict[str, str]] | None = None) -> list[Pattern]:
+    """The shipped patterns plus the configuration's; a bad regex or kind raises ValueError naming it."""
+    shipped = yaml.safe_load(resources.files("oomguard.events").joinpath("patterns.yaml").read_text("utf-8"))
+    patterns = []
+    for entry in [*shipped, *(extra or [])]:
+        kind, regex = entry.get("kind"), entry.get("regex")
+        if kind not in LOG_KINDS:
+            raise ValueError(f"pattern {regex!r}: kind {kind!r} is not one of {', '.join(LOG_KINDS)}")
+        try:
+            patterns.append(Pattern(kind, re.compile(regex)))
+        except (re.error, TypeError) as exc:
+            raise ValueError(f"pattern {regex!r} ({kind}) is not a valid regular expression: {exc}") from None
+    return patterns
+
+
+@dataclass
+class Incident:
+    started_at: float
+    last_line_at: float
+    kinds: list[str] = field(default_factory=list)
+
+    def event(self) -> Event:
+        return Event(next(k for k in EVENT_KINDS if k in self.kinds), self.started_at)
+
+
+class IncidentDetector:
+    def __init__(self, patterns: list[Pattern], *, quiet_seconds: float = 5.0) -> None:
+        self.patterns = patterns
+        self.quiet_seconds = quiet_seconds
+        self.open: Incident | None = None
+        # One combined scan first: most lines match nothing, and one search beats a dozen.
+        self._any = re.compile("|".join(f"(?:{p.regex.pattern})" for p in patterns)) if patterns else None
+
+    def feed(self, line: str, now: float) -> list[Event]:
+        if self._any is None or not self._any.search(line):
+            if self.open is not None and _TRACEBACK_LINE.match(line):
+                self.open.last_line_at = now
+            return []
+        kinds = [p.kind for p in self.patterns if p.regex.search(line)]
+        if "startup" in kinds:
+            return self.close()
+        if self.open is None:
+            self.open = Incident(started_at=now, last_line_at=now)
+        self.open.last_line_at = now
+        self.open.kinds.extend(k for k in kinds if k not in self.open.kinds)
+        return []
+
+    def tick(self, now: float) -> list[Event]:
+        if self.open is not None and now - self.open.last_line_at >= self.quiet_seconds:
+            return self.close()
+        return []
+
+    def close(self) -> list[Event]:
+        incident, self.open = self.open, None
+        return [incident.event()] if incident is not None else []
+
+    # -- persistence: an incident open when the exporter stops is resumed, not lost or doubled
+    def state(self) -> dict[str, Any] | None:
+        if self.open is None:
+            return None
+        return {"started_at": self.open.started_at, "last_line_at": self.open.last_line_at, "kinds": self.open.kinds}
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        if state:
+            self.open = Incident(float(state["started_at"]), float(state["last_line_at"]), list(state["kinds"]))

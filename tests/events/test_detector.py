@@ -1,0 +1,103 @@
+"""One incident, one event: tracebacks in pieces, printed twice, with process prefixes; kinds by priority."""
+
+from __future__ import annotations
+
+import pytest
+
+from oomguard.events.detector import IncidentDetector, load_catalogue
+
+OOM_TRACEBACK = """(EngineCore pid=77) ERROR 12-02 12:00:00 [core.py:701] EngineCore encountered a fatal error.
+(EngineCore pid=77) Traceback (most recent call last):
+(EngineCore pid=77)   File "vllm/v1/engine/core.py", line 701, in run_engine_core
+(EngineCore pid=77)     engine_core.run_busy_loop()
+(EngineCore pid=77) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB
+(APIServer pid=70) ERROR 12-02 12:00:01 [async_llm.py:480] AsyncLLM output_handler failed.
+(APIServer pid=70) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.""".splitlines()
+
+# vLLM 0.32's real startup failure with too little KV cache: the ValueError twice, then the RuntimeError.
+STARTUP_FAILURE = """(EngineCore pid=9) ERROR 12-02 12:00:00 [core.py:1510] EngineCore failed to start.
+(EngineCore pid=9) ERROR 12-02 12:00:00 [core.py:1510] ValueError: To serve at least one request with the model's max seq len (512), (0.0 GiB KV cache is needed, which is larger than the available KV cache memory (0.0 GiB).
+Process EngineCore:
+Traceback (most recent call last):
+ValueError: To serve at least one request with the model's max seq len (512), (0.0 GiB KV cache is needed, which is larger than the available KV cache memory (0.0 GiB).
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}""".splitlines()
+
+NON_MEMORY_DEATH = """(EngineCore pid=5) ERROR 12-02 12:00:00 [core.py:701] EngineCore encountered a fatal error.
+(EngineCore pid=5) Traceback (most recent call last):
+(EngineCore pid=5) RuntimeError: Unsupported CPU attention configuration: head_dim=16""".splitlines()
+
+STARTUP = "(APIServer pid=80) INFO 12-02 12:05:00 [api_server.py:1000] vLLM server version 0.32.0, serving model tiny"
+
+
+def detector(**kwargs: float) -> IncidentDetector:
+    return IncidentDetector(load_catalogue(), **kwargs)
+
+
+def feed(d: IncidentDetector, lines: list[str], now: float) -> list[str]:
+    return [e.kind for line in lines for e in d.feed(line, now)]
+
+
+@pytest.mark.parametrize(
+    ("lines", "kind"),
+    [(OOM_TRACEBACK, "cuda_oom"), (STARTUP_FAILURE, "startup_memory"), (NON_MEMORY_DEATH, "engine_death")],
+)
+def test_one_incident_is_one_event_of_its_most_telling_kind(lines: list[str], kind: str) -> None:
+    d = detector()
+    assert feed(d, lines, now=100.0) == []  # not closed yet: more lines may come
+    assert [e.kind for e in d.tick(now=104.9)] == []
+    events = d.tick(now=105.0)
+    assert [(e.kind, e.timestamp) for e in events] == [(kind, 100.0)]
+    assert d.tick(now=200.0) == []
+
+
+def test_a_startup_line_closes_the_incident_at_once() -> None:
+    d = detector()
+    assert feed(d, [*OOM_TRACEBACK, STARTUP], now=1.0) == ["cuda_oom"]
+
+
+def test_a_traceback_flushed_in_pieces_counts_once() -> None:
+    d = detector(quiet_seconds=5)
+    for i, line in enumerate(OOM_TRACEBACK):  # one line every 2 s: never quiet for 5 s
+        assert feed(d, [line], now=2.0 * i) == []
+        assert d.tick(now=2.0 * i + 1) == []
+    assert [e.kind for e in d.tick(now=2.0 * len(OOM_TRACEBACK) + 10)] == ["cuda_oom"]
+
+
+def test_incidents_separated_by_restarts_are_separate_events() -> None:
+    d = detector()
+    kinds = feed(d, [*OOM_TRACEBACK, STARTUP, *NON_MEMORY_DEATH, STARTUP, "noise", *STARTUP_FAILURE], now=0.0)
+    assert kinds == ["cuda_oom", "engine_death"]
+    assert [e.kind for e in d.tick(now=60.0)] == ["startup_memory"]
+
+
+def test_lines_that_match_nothing_do_nothing() -> None:
+    d = detector()
+    assert feed(d, ["INFO all good", "", "\x00\xff garbage", STARTUP], now=0.0) == []
+    assert d.open is None
+
+
+def test_open_incident_survives_a_restart_of_the_exporter() -> None:
+    d = detector()
+    feed(d, OOM_TRACEBACK[:2], now=10.0)  # fatal error seen, OOM line not yet
+    resumed = detector()
+    resumed.restore(d.state())
+    feed(resumed, OOM_TRACEBACK[2:], now=11.0)
+    assert [(e.kind, e.timestamp) for e in resumed.tick(now=30.0)] == [("cuda_oom", 10.0)]
+
+
+def test_extra_patterns_from_the_configuration() -> None:
+    d = IncidentDetector(load_catalogue([{"kind": "cuda_oom", "regex": r"HIP out of memory"}]))
+    feed(d, ["RuntimeError: HIP out of memory. Tried to allocate 1 GiB"], now=0.0)
+    assert [e.kind for e in d.close()] == ["cuda_oom"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"kind": "oops", "regex": "x"}, "kind 'oops' is not one of"),
+        ({"kind": "cuda_oom", "regex": "("}, "not a valid regular"),
+    ],
+)
+def test_bad_patterns_are_refused_with_the_reason(entry: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_catalogue([entry])

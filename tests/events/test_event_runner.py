@@ -1,0 +1,167 @@
+"""N known events written while the log rotates: exactly N counted, also across an exporter restart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from oomguard.config import load_config
+from oomguard.events.runner import EventRunner
+
+N = 40
+OOM = [
+    "(EngineCore pid={i}) ERROR 12-02 12:00:00 [core.py:701] EngineCore encountered a fatal error.",
+    "(EngineCore pid={i}) Traceback (most recent call last):",
+    '(EngineCore pid={i})   File "vllm/v1/engine/core.py", line 701, in run_engine_core',
+    "(EngineCore pid={i}) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+]
+RESTART = "(APIServer pid={i}) INFO 12-02 12:00:05 [api_server.py:1000] vLLM server version 0.32.0, serving model m"
+CHATTER = '(APIServer pid={i}) INFO:     127.0.0.1:5555 - "GET /metrics HTTP/1.1" 200 OK'
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def runner(tmp_path: Path, clock: Clock, logs: list[str], **events: object) -> EventRunner:
+    config = load_config(
+        None,
+        {
+            "state_dir": str(tmp_path / "state"),
+            "events": {"kernel_log": False, "quiet_seconds": 5, **events},
+            "targets": [{"name": "vllm", "url": "http://127.0.0.1:8000", "logs": logs}],
+        },
+    )
+    return EventRunner(config, clock=clock)
+
+
+def write(path: Path, lines: list[str]) -> None:
+    with path.open("a") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def rotate_rename(log: Path) -> None:
+    os.replace(log, log.with_name(log.name + ".1"))
+    log.touch()
+
+
+def rotate_copytruncate(log: Path) -> None:
+    shutil.copy(log, log.with_name(log.name + ".1"))
+    with log.open("r+") as f:
+        f.truncate(0)
+
+
+def rotate_recreate(log: Path) -> None:
+    log.unlink()
+    log.touch()
+
+
+@pytest.mark.parametrize("rotate", [rotate_rename, rotate_copytruncate, rotate_recreate])
+@pytest.mark.parametrize("restart_halfway", [False, True])
+def test_exactly_n_events_through_rotations(
+    tmp_path: Path, rotate: Callable[[Path], None], restart_halfway: bool
+) -> None:
+    log = tmp_path / "vllm.log"
+    log.touch()
+    clock = Clock()
+    # With rename rotation a glob also matching the rotated files must not read them twice. With
+    # copy-truncate it must not match the copies: they are new files, whose lines we already read.
+    logs = [str(tmp_path / "vllm.log*")] if rotate is rotate_rename else [str(log)]
+    r = runner(tmp_path, clock, logs)
+    r.poll()  # first start: from the end of what exists
+    for i in range(N):
+        lines = [line.format(i=i) for line in OOM]
+        # The traceback is flushed in two pieces, with a poll in between.
+        write(log, [CHATTER.format(i=i), *lines[:2]])
+        r.poll()
+        write(log, [*lines[2:], RESTART.format(i=i)])
+        if i % 7 == 3:
+            # copy-truncate loses what is written between the copy and the truncate: poll first,
+            # as logrotate's copytruncate users must accept; rename and recreate lose nothing.
+            if rotate is rotate_copytruncate:
+                r.poll()
+            rotate(log)
+        if i % 5 == 0:
+            r.poll()
+        clock.now += 1
+        if restart_halfway and i == N // 2:
+            r.close()
+            r = runner(tmp_path, clock, logs)
+    r.poll()
+    clock.now += 10
+    r.poll()
+    assert r.counts["vllm"].total == {"cuda_oom": N}
+
+
+def test_incident_open_when_the_exporter_stops_is_counted_once(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    log.touch()
+    clock = Clock()
+    r = runner(tmp_path, clock, [str(log)])
+    r.poll()
+    write(log, [line.format(i=1) for line in OOM[:2]])  # fatal error, the OOM line not yet written
+    r.poll()
+    r.close()
+    write(log, [line.format(i=1) for line in OOM[2:]])
+    clock.now += 60  # down for a minute: the incident is closed at the first poll after the restart
+    r = runner(tmp_path, clock, [str(log)])
+    r.poll()
+    clock.now += 10
+    r.poll()
+    assert r.counts["vllm"].total == {"cuda_oom": 1}
+    assert r.counts["vllm"].last["cuda_oom"] == 1000.0  # when its first line was read
+
+
+def test_broken_sources_do_not_stop_the_others(tmp_path: Path) -> None:
+    good = tmp_path / "good.log"
+    good.touch()
+    garbage = tmp_path / "garbage.log"
+    garbage.write_bytes(b"")
+    clock = Clock()
+    config = load_config(
+        None,
+        {
+            "state_dir": str(tmp_path / "state"),
+            "events": {"kernel_log": False, "quiet_seconds": 5},
+            "targets": [
+                {"name": "good", "url": "http://127.0.0.1:8000", "logs": [str(good)]},
+                {"name": "bad", "url": "http://127.0.0.1:8001",
+                 "logs": [str(garbage), str(tmp_path / "gone.log"), str(tmp_path)],
+                 "journald_unit": "vllm.service", "cgroup": str(tmp_path / "no-cgroup")},
+            ],
+        },
+    )  # fmt: skip
+    r = EventRunner(config, clock=clock)
+    r.poll()
+    with garbage.open("ab") as f:
+        f.write(os.urandom(200_000) + b"\n" + b"x" * (10 * 1024 * 1024) + b"\n\xff\xfe\x00 partial")
+    write(good, [line.format(i=0) for line in OOM] + [RESTART.format(i=0)])
+    r.poll()
+    r.poll()
+    assert r.counts["good"].total == {"cuda_oom": 1}
+    assert "bad" not in r.counts
+    health = {(h.target, h.source): h for h in r.health()}
+    assert health[("bad", f"cgroup:{tmp_path / 'no-cgroup'}")].read_errors >= 1
+    assert health[("bad", "file:" + str(garbage))].lines_read >= 2
+    assert health[("good", "file:" + str(good))].read_errors == 0
+
+
+def test_unwritable_state_dir_is_reported_not_fatal(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state directory should be")
+    log = tmp_path / "vllm.log"
+    log.touch()
+    clock = Clock()
+    r = runner(tmp_path, clock, [str(log)])
+    r.poll()
+    write(log, [line.format(i=0) for line in OOM] + [RESTART.format(i=0)])
+    r.poll()
+    assert r.counts["vllm"].total == {"cuda_oom": 1} and r.state_errors >= 1
