@@ -34,6 +34,8 @@ def app_for(zoo: Zoo, kinds: list[str], lib: FakeNvml | None = None, gpus: tuple
             "targets": [{"name": k, "url": f"{zoo.base}/{k}".replace(f"/{k}", ""), "gpus": list(gpus)} for k in kinds],
             "scrape": {"timeout_seconds": 1},
             "nvml": {"timeout_seconds": 0.5, **nvml},
+            # The event sources have their own tests (tests/events); here they would only add noise.
+            "events": {"kernel_log": False, "xid": False},
         },
     )
     # Tests only: each target's URL gets its behaviour's path (config URLs take no path).
