@@ -16,6 +16,9 @@ RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin oomg
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 COPY deploy/oomguard.yaml /etc/oomguard/oomguard.yaml
+# state_dir of the example configuration: event read positions and counts.
+RUN mkdir -p /var/lib/oomguard && chown 10001 /var/lib/oomguard
+VOLUME /var/lib/oomguard
 USER 10001
 EXPOSE 9847
 HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \

@@ -95,6 +95,12 @@ def test_overcommit_runs_the_incident_loop() -> None:
         assert peak_ratio > 0.95, peak_ratio
         assert peak_waiting > 10, peak_waiting
         assert len(children) == 2  # a new process start time after the restart
+        # The simulated engine's OOM traceback, read from its log, is one event; the restart is one.
+        text = exporter.get()
+        assert value(text, "oomguard_target_events_total", target="sim-vllm", kind="cuda_oom") == 1.0
+        assert value(text, "oomguard_target_restarts_total", target="sim-vllm") == 1.0
+        startup = value(text, "oomguard_target_startup_seconds", target="sim-vllm")
+        assert abs(startup - scenario.load_seconds / scale) < 1.0, startup
     finally:
         log = exporter.stop()
     assert exporter.proc.returncode == 0, log

@@ -166,7 +166,7 @@ def serve(config: Any) -> int:
             time_scale=config.simulation.time_scale,
             log_path=log_path,
         )
-        sim_target = TargetConfig(name="sim-vllm", url=simulation.url, gpus=(0,))
+        sim_target = TargetConfig(name="sim-vllm", url=simulation.url, gpus=(0,), logs=(str(log_path),))
         config = config.model_copy(update={"targets": (*config.targets, sim_target)})
         log.info("simulation %r: engine at %s, its log in %s", simulation.scenario.name, simulation.url, log_path)
 

@@ -299,7 +299,7 @@ class FileFollower:
 
         # New files; oldest first, so that after several rotations while we were down
         # app.log.2 comes before app.log.1 before app.log.
-        for key, (path, _) in sorted(matched.items(), key=lambda kv: (kv[1][1].st_mtime_ns, kv[1][0])):
+        for key, (path, _) in sorted(matched.items(), key=_age):
             f = self._open_new(key, path, at_end=first and not self.from_start)
             if f is None:
                 continue
@@ -583,6 +583,13 @@ class FileFollower:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         self.stats.last_error = f"{what} {path}: {reason}"
         log.warning("log follower: %s", self.stats.last_error)
+
+
+def _age(item: tuple[Key, tuple[str, os.stat_result]]) -> tuple[int, int, str]:
+    """Oldest first. Timestamps are coarse (a few ms): on a tie the longer name first, as
+    `app.log.1` (or `0.log.20240501-120000`) is older than `app.log` (`0.log`)."""
+    path, st = item[1]
+    return (st.st_mtime_ns, -len(path), path)
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:

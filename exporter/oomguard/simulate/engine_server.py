@@ -78,7 +78,10 @@ async def serve(args: argparse.Namespace) -> int:
     def now() -> float:
         return (time.time() - launched) * args.time_scale
 
-    print(f"(APIServer pid={os.getpid()}) INFO simulated vLLM: loading model {args.model}", file=sys.stderr, flush=True)
+    print(
+        f"(APIServer pid={os.getpid()}) INFO vLLM server version 0.32.0 (simulated by oomguard), serving model {args.model}",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
     await asyncio.sleep(scenario.load_seconds / args.time_scale)
 
     async def metrics(_: web.Request) -> web.Response:
