@@ -186,7 +186,10 @@ class TrendConfig(_Strict):
 
 class EventsConfig(_Strict):
     from_start: bool = Field(False, description="On first start read logs from their beginning, not their end.")
-    quiet_seconds: float = Field(5.0, gt=0, description="An incident ends after this long without a matching line.")
+    quiet_seconds: float = Field(5.0, gt=0, description="An incident ends after this long without a traceback line.")
+    rearm_seconds: float = Field(
+        60.0, gt=0, description="After a counted death, matching lines are the same death until a startup line or this."
+    )
     poll_interval_seconds: float = Field(0.5, gt=0, description="How often the event sources are read.")
     patterns: tuple[PatternConfig, ...] = Field((), description="Patterns added to the shipped catalogue.")
     kernel_log: bool = Field(True, description="Count kernel OOM kills from the kernel log where readable.")

@@ -101,3 +101,20 @@ def test_extra_patterns_from_the_configuration() -> None:
 def test_bad_patterns_are_refused_with_the_reason(entry: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_catalogue([entry])
+
+
+def test_a_death_told_in_parts_seconds_apart_is_one_event() -> None:
+    """vLLM 0.32's real startup failure: the engine core's traceback, 3.4 s later its parent's, 2.6 s later
+    the API server's RuntimeError (timings measured on a real server here)."""
+    d = detector(quiet_seconds=2, rearm_seconds=60)
+    engine_core, parent, api_server = STARTUP_FAILURE[:2], STARTUP_FAILURE[2:5], STARTUP_FAILURE[5:]
+    events = feed(d, engine_core, now=22.7) + [e.kind for e in d.tick(now=25.0)]
+    events += feed(d, parent, now=26.1) + [e.kind for e in d.tick(now=28.2)]
+    events += feed(d, api_server, now=28.7) + [e.kind for e in d.tick(now=40.0)]
+    assert events == ["startup_memory"]
+    # The next life's death counts again: after a startup line, or after a long quiet spell.
+    assert feed(d, [STARTUP, *NON_MEMORY_DEATH], now=50.0) == []
+    assert [e.kind for e in d.tick(now=60.0)] == ["engine_death"]
+    d.tick(now=200.0)
+    feed(d, OOM_TRACEBACK, now=201.0)
+    assert [e.kind for e in d.tick(now=210.0)] == ["cuda_oom"]

@@ -8,6 +8,12 @@ kinds it sees and closes when the engine starts again (a `startup` line) or afte
 `quiet_seconds` without a matching line. On closing it yields exactly one event, of
 its most telling kind: a memory line anywhere in the incident makes it an OOM, and
 `engine_death` is only what remains when no memory line came with the fatal error.
+
+An engine dies once per life. Its parts do not always come together: vLLM 0.32's
+startup failure prints the cause in the engine core, again 3 s later from its parent
+process, and the API server's own error 3 s after that. So after an incident is
+counted, matching lines are taken as the same death until the engine starts again
+(a `startup` line) or the log stays free of them for `rearm_seconds`.
 """
 
 from __future__ import annotations
@@ -70,10 +76,12 @@ class Incident:
 
 
 class IncidentDetector:
-    def __init__(self, patterns: list[Pattern], *, quiet_seconds: float = 5.0) -> None:
+    def __init__(self, patterns: list[Pattern], *, quiet_seconds: float = 5.0, rearm_seconds: float = 60.0) -> None:
         self.patterns = patterns
         self.quiet_seconds = quiet_seconds
+        self.rearm_seconds = rearm_seconds
         self.open: Incident | None = None
+        self.dead_until_startup: float | None = None  # last matching line of a death already counted
         # One combined scan first: most lines match nothing, and one search beats a dozen.
         self._any = re.compile("|".join(f"(?:{p.regex.pattern})" for p in patterns)) if patterns else None
 
@@ -84,7 +92,12 @@ class IncidentDetector:
             return []
         kinds = [p.kind for p in self.patterns if p.regex.search(line)]
         if "startup" in kinds:
-            return self.close()
+            events = self.close()
+            self.dead_until_startup = None
+            return events
+        if self.dead_until_startup is not None:
+            self.dead_until_startup = now  # more of the death already counted
+            return []
         if self.open is None:
             self.open = Incident(started_at=now, last_line_at=now)
         self.open.last_line_at = now
@@ -92,8 +105,13 @@ class IncidentDetector:
         return []
 
     def tick(self, now: float) -> list[Event]:
+        if self.dead_until_startup is not None and now - self.dead_until_startup >= self.rearm_seconds:
+            self.dead_until_startup = None
         if self.open is not None and now - self.open.last_line_at >= self.quiet_seconds:
-            return self.close()
+            last = self.open.last_line_at
+            events = self.close()
+            self.dead_until_startup = last
+            return events
         return []
 
     def close(self) -> list[Event]:
@@ -102,10 +120,18 @@ class IncidentDetector:
 
     # -- persistence: an incident open when the exporter stops is resumed, not lost or doubled
     def state(self) -> dict[str, Any] | None:
-        if self.open is None:
+        if self.open is None and self.dead_until_startup is None:
             return None
-        return {"started_at": self.open.started_at, "last_line_at": self.open.last_line_at, "kinds": self.open.kinds}
+        incident = self.open
+        return {
+            "open": None if incident is None else [incident.started_at, incident.last_line_at, incident.kinds],
+            "dead_until_startup": self.dead_until_startup,
+        }
 
     def restore(self, state: dict[str, Any] | None) -> None:
-        if state:
-            self.open = Incident(float(state["started_at"]), float(state["last_line_at"]), list(state["kinds"]))
+        if not state:
+            return
+        if state.get("open"):
+            started, last, kinds = state["open"]
+            self.open = Incident(float(started), float(last), list(kinds))
+        self.dead_until_startup = state.get("dead_until_startup")

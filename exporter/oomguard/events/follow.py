@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 _CHUNK = 64 * 1024
 _TAIL_BYTES = 64
+_NAMES = 4
 _MAGIC = re.compile(r"[*?[]")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 
@@ -99,6 +100,7 @@ class _File:
     dev: int
     ino: int
     path: str  # where it was last matched
+    names: list[str] = field(default_factory=list)  # the paths it was matched at, latest last (a few)
     offset: int = 0  # bytes consumed, the partial line included
     partial: bytearray = field(default_factory=bytearray)  # head of the unfinished line, <= max_line_bytes
     overflow: bool = False  # the unfinished line is longer than max_line_bytes: its rest is skipped
@@ -196,6 +198,7 @@ class FileFollower:
                         "dev": f.dev,
                         "ino": f.ino,
                         "path": f.path,
+                        "names": f.names,
                         "dir": f.real_dir,
                         "offset": f.offset,
                         "partial": base64.b64encode(bytes(f.partial)).decode("ascii"),
@@ -244,6 +247,7 @@ class FileFollower:
                     dev=int(entry["dev"]),
                     ino=int(entry["ino"]),
                     path=str(entry["path"]),
+                    names=[str(name) for name in entry.get("names", [entry["path"]])][-_NAMES:],
                     offset=int(entry["offset"]),
                     partial=bytearray(base64.b64decode(entry.get("partial", ""), validate=True)),
                     overflow=bool(entry.get("overflow", False)),
@@ -278,11 +282,15 @@ class FileFollower:
         self._started = True
         out: list[tuple[str, list[str]]] = []
 
+        # The names of files with a backlog: a file now at one of them is their successor
+        # (app.log after app.log became app.log.1) and waits, so that lines keep their order.
+        busy: set[str] = set()
         for f in list(self._files.values()):
             hit = matched.pop(f.key, None)
             lines: list[str] = []
             if hit is not None:
-                f.path = hit[0]
+                _rename(f, hit[0])
+                f.size = hit[1].st_size
                 f.rotated = False
             elif not _under(f.path, uncertain) and not f.rotated:
                 # Renamed away, deleted, or the link now points elsewhere: drain it.
@@ -293,18 +301,26 @@ class FileFollower:
                 if lines:
                     out.append((f.path, lines))
                 continue
-            self._service(f, now, lines)
+            if f.path not in busy:
+                self._service(f, now, lines)
+            if f.fd is not None and f.size > f.offset:
+                busy.update(f.names)
             if lines:
                 out.append((f.path, lines))
 
         # New files; oldest first, so that after several rotations while we were down
         # app.log.2 comes before app.log.1 before app.log.
-        for key, (path, _) in sorted(matched.items(), key=_age):
+        for key, (path, st) in sorted(matched.items(), key=_age):
             f = self._open_new(key, path, at_end=first and not self.from_start)
             if f is None:
                 continue
             lines = []
-            self._service(f, now, lines)
+            if path in busy:
+                f.size = st.st_size
+            else:
+                self._service(f, now, lines)
+            if f.size > f.offset:
+                busy.update(f.names)
             if lines:
                 out.append((f.path, lines))
 
@@ -435,7 +451,7 @@ class FileFollower:
         if key in self._files:  # replaced by a file we follow already, between scan and open
             os.close(fd)
             return None
-        f = _File(dev=st.st_dev, ino=st.st_ino, path=path, fd=fd, real_dir=_real_dir(path))
+        f = _File(dev=st.st_dev, ino=st.st_ino, path=path, names=[path], fd=fd, real_dir=_real_dir(path))
         if at_end and st.st_size:
             try:
                 f.offset = st.st_size
@@ -583,6 +599,13 @@ class FileFollower:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         self.stats.last_error = f"{what} {path}: {reason}"
         log.warning("log follower: %s", self.stats.last_error)
+
+
+def _rename(f: _File, path: str) -> None:
+    f.path = path
+    if path not in f.names:
+        f.names.append(path)
+        del f.names[:-_NAMES]
 
 
 def _age(item: tuple[Key, tuple[str, os.stat_result]]) -> tuple[int, int, str]:

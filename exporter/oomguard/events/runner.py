@@ -105,7 +105,9 @@ class EventRunner:
         incidents = saved.get("incidents", {})
         for target in config.targets:
             for source, reader in self._readers(target, positions, events.from_start, events.k8s_pods_dir):
-                detector = IncidentDetector(patterns, quiet_seconds=events.quiet_seconds)
+                detector = IncidentDetector(
+                    patterns, quiet_seconds=events.quiet_seconds, rearm_seconds=events.rearm_seconds
+                )
                 detector.restore(incidents.get(f"{target.label}|{source}"))
                 self.streams.append(_Stream(target.label, source, reader, detector))
             if target.cgroup:
