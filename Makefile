@@ -36,12 +36,15 @@ test: deps install-test lint check-generated
 # Generated files must match their generator: regenerate into a scratch folder and diff.
 check-generated: install
 	@tmp=$$(mktemp -d); \
-	$(BIN)/oomguard docs --output $$tmp/metrics.md; \
-	diff -u docs/metrics.md $$tmp/metrics.md || { echo "docs/metrics.md is stale: run make generate"; exit 1; }; \
+	$(BIN)/oomguard docs --output $$tmp/metrics.md >/dev/null; \
+	$(BIN)/oomguard generate --output $$tmp >/dev/null; \
+	diff -u docs/metrics.md $$tmp/metrics.md && diff -ru rules $$tmp/rules -x tests \
+	  || { echo "generated files are stale: run make generate and commit the result"; rm -rf $$tmp; exit 1; }; \
 	rm -rf $$tmp; echo "check-generated: up to date"
 
 generate: install
 	$(BIN)/oomguard docs --output docs/metrics.md
+	$(BIN)/oomguard generate --output .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache exporter/*.egg-info

@@ -83,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("file", type=Path)
 
+    generate = commands.add_parser("generate", help="write the alert and recording rules (and dashboards)")
+    generate.add_argument(
+        "--config", type=Path, metavar="BUNDLE.yaml", help="bundle configuration overriding the defaults"
+    )
+    generate.add_argument("--output", type=Path, default=Path("."), metavar="DIR", help="writes DIR/rules/ (default .)")
+    generate.add_argument("--print-defaults", action="store_true", help="print the full default bundle configuration")
+
     docs = commands.add_parser("docs", help="print docs/metrics.md, generated from the metric table")
     docs.add_argument("--output", type=Path, help="write to this file instead of stdout")
     return parser
@@ -116,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sys.stdout.write(text)
         return 0
+    if args.command == "generate":
+        return _generate(args)
     if args.command == "check-config":
         try:
             config = load_config(args.file)
@@ -139,6 +148,23 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 1
     return serve(config)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from oomguard.bundle.config import defaults_text, load_bundle_config
+    from oomguard.bundle.generate import write
+
+    if args.print_defaults:
+        sys.stdout.write(defaults_text())
+        return 0
+    try:
+        bundle = load_bundle_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    for path in write(bundle, args.output):
+        print(f"wrote {path}")
+    return 0
 
 
 def serve(config: Any) -> int:
