@@ -71,8 +71,9 @@ def _check(config: dict[str, Any]) -> None:
         raise ConfigError("bundle configuration: time_scale must be above 0 (1 in production)")
     for name, alert in config["alerts"].items():
         if alert.get("severity") not in SEVERITIES:
+            severity = alert.get("severity")
             raise ConfigError(
-                f"bundle configuration: alerts.{name}.severity {alert.get('severity')!r} is not one of {', '.join(SEVERITIES)}"
+                f"bundle configuration: alerts.{name}.severity {severity!r} is not one of {', '.join(SEVERITIES)}"
             )
         for key in ("for", "window", "horizon"):
             if key in alert:
