@@ -735,3 +735,20 @@ def test_a_directory_unreadable_for_a_while_does_not_look_like_a_rotation(
     assert follower.stats.read_errors == 1
     follower.close()
     writer.close()
+
+
+def test_poll_by_file_names_a_rotated_file_by_its_first_name(tmp_path: Path) -> None:
+    path = tmp_path / "app.log"
+    writer = Writer(path)
+    (tmp_path / "other.log").write_text("")
+    follower = FileFollower(str(tmp_path / "*.log*"))
+    follower.poll_by_file()
+    writer.write(1)
+    with open(tmp_path / "other.log", "a") as f:
+        f.write("other\n")
+    assert sorted(follower.poll_by_file()) == [(str(path), [line(0)]), (str(tmp_path / "other.log"), ["other"])]
+    writer.rotate("rename", late=1)
+    writer.write(1)
+    assert follower.poll_by_file() == [(str(path), [line(1)]), (str(path), [line(2)])]
+    follower.close()
+    writer.close()

@@ -33,8 +33,11 @@ async def test_startup_memory_failure_is_one_event(tiny_model: Path, tmp_path: P
             "targets": [{"name": "tiny", "url": server.url, "logs": [str(log_path)]}],
         },
     )
-    # The exporter starts first: the log file that appears afterwards is read from its beginning.
+    # The exporter starts first and takes the end of the (empty) log as its start: every line
+    # vLLM writes afterwards must be read, and the failure in them counted once.
+    log_path.touch()
     client = await aiohttp_client(make_app(config, lambda: None))
+    await asyncio.sleep(0.5)
     with server:
         code = await asyncio.to_thread(server.wait_exit, 240)
     log = server.log_text()
@@ -53,4 +56,4 @@ async def test_startup_memory_failure_is_one_event(tiny_model: Path, tmp_path: P
     }
     assert counts == {"startup_memory": 1.0, "cuda_oom": 0.0, "engine_death": 0.0}, counts
     lines = value(text, "oomguard_event_source_lines_read_total", target="tiny", source=f"file:{log_path}")
-    assert lines == log.count("\n")
+    assert lines == log_path.read_bytes().count(b"\n")  # bytes: read_text() would turn each \r into a line too

@@ -23,14 +23,18 @@ What each rotation mode does, and what can be lost
   while running. A pattern that also matches the renamed file (`app.log*`) sees the
   same inode under a new name: it goes on from its offset, never from the start.
   A file created *and* rotated away between two polls is never seen (lost: polling).
+  Order is kept across the rotation: the new file waits while the old one still has
+  unread bytes (a file now at a name an older file with a backlog had is its successor).
 * Copy-truncate: same inode, size below our offset (or fingerprint changed): read
   again from 0. Lines written between our last read and the truncation are lost:
-  they exist only in the copy, a different file. A pattern that matches the copies
+  they exist only in the copy, a different file. An unfinished line we held is
+  returned as it is. A pattern that matches the copies
   (`app.log*`) reads every copy as a new file, i.e. everything twice: with
   copy-truncate, follow only the live name. Writers without O_APPEND leave a sparse
   hole of NUL bytes at the start after the truncation: leading NULs are skipped.
 * Delete and recreate: like rename (the open descriptor keeps the deleted inode
-  readable until it is closed). Nothing lost while running.
+  readable until it is closed). Nothing lost while running, except, as with rename,
+  a file created and deleted between two polls.
 * A file that vanishes and does not come back is drained and closed like a rotated
   one. This is counted as NO read error: it is what every rotation looks like, and
   counting it would flag every healthy rotation.
@@ -42,8 +46,13 @@ A known inode no longer matched is looked for by inode number in the directory i
 in (rotation by rename keeps it there: `app.log.1`, `0.log.20240501-120000`) and
 drained from its offset. If it is gone (deleted, compressed, moved elsewhere) the
 bytes it received after our saved offset are lost: no name and no descriptor lead to
-them any more; its saved partial line is returned as it is. Files matched at resume
-but unknown to the state were created while we were down and are read from the start.
+them any more; its saved partial line is returned as it is. A deleted file, or one
+truncated by copy-truncate while we were down, likewise loses what it got after our
+offset (the truncated one is then read again from 0). Files matched at resume but
+unknown to the state were created while we were down and are read from the start,
+oldest modification time first (on a tie, the longer name first: `app.log.1` before
+`app.log`). With a pattern that does not match rotated names, a file created and
+rotated away while we were down is never seen: its lines are lost.
 
 Lines
 -----
@@ -172,8 +181,9 @@ class FileFollower:
     def poll_by_file(self) -> list[tuple[str, list[str]]]:
         """Like `poll`, with the lines kept per file: [(path, lines), ...].
 
-        The path is the one the file was last matched at (a rotated-away file keeps
-        the live name), so per-file decoders (CRI partial lines) can be kept per path.
+        The path is the name the file had when first seen (`app.log` even once it is
+        `app.log.1`): a per-file decoder (CRI partial records) kept per path goes on
+        across a rotation.
         """
         with self._lock:
             self._errors_now = set()
@@ -299,14 +309,14 @@ class FileFollower:
                 log.debug("%s (inode %d) left the pattern: draining it", f.path, f.ino)
             if f.fd is None and not self._reopen(f, hit, uncertain, lines):
                 if lines:
-                    out.append((f.path, lines))
+                    out.append((_stream_name(f), lines))
                 continue
             if f.path not in busy:
                 self._service(f, now, lines)
             if f.fd is not None and f.size > f.offset:
                 busy.update(f.names)
             if lines:
-                out.append((f.path, lines))
+                out.append((_stream_name(f), lines))
 
         # New files; oldest first, so that after several rotations while we were down
         # app.log.2 comes before app.log.1 before app.log.
@@ -322,7 +332,7 @@ class FileFollower:
             if f.size > f.offset:
                 busy.update(f.names)
             if lines:
-                out.append((f.path, lines))
+                out.append((_stream_name(f), lines))
 
         self.stats.bytes_behind = sum(max(0, f.size - f.offset) for f in self._files.values() if f.fd is not None)
         return out
@@ -599,6 +609,10 @@ class FileFollower:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         self.stats.last_error = f"{what} {path}: {reason}"
         log.warning("log follower: %s", self.stats.last_error)
+
+
+def _stream_name(f: _File) -> str:
+    return f.names[0] if f.names else f.path
 
 
 def _rename(f: _File, path: str) -> None:
