@@ -165,3 +165,35 @@ def test_unwritable_state_dir_is_reported_not_fatal(tmp_path: Path) -> None:
     write(log, [line.format(i=0) for line in OOM] + [RESTART.format(i=0)])
     r.poll()
     assert r.counts["vllm"].total == {"cuda_oom": 1} and r.state_errors >= 1
+
+
+def test_kubernetes_pod_logs(tmp_path: Path) -> None:
+    """CRI files under the pods directory, a partial record joined, the kubelet's rotation followed."""
+    container = tmp_path / "pods" / "inference_vllm-7d9f_0a1b2c" / "vllm"
+    container.mkdir(parents=True)
+    log = container / "0.log"
+    log.touch()
+    clock = Clock()
+    config = load_config(
+        None,
+        {
+            "state_dir": str(tmp_path / "state"),
+            "events": {"kernel_log": False, "quiet_seconds": 5, "k8s_pods_dir": str(tmp_path / "pods")},
+            "targets": [
+                {"name": "vllm", "url": "http://10.0.0.1:8000",
+                 "k8s_pod_logs": {"namespace": "inference", "pod": "vllm-*", "container": "vllm"}},
+            ],
+        },
+    )  # fmt: skip
+    r = EventRunner(config, clock=clock)
+    r.poll()
+    stamp = "2026-12-02T12:00:00.000000000Z"
+    lines = [line.format(i=1) for line in OOM]
+    cri = [f"{stamp} stderr F {line}" for line in lines[:3]]
+    cri += [f"{stamp} stderr P {lines[3][:30]}", f"{stamp} stderr F {lines[3][30:]}"]
+    write(log, cri)
+    os.replace(log, container / "0.log.20261202-120001")  # the kubelet's rotation
+    write(container / "0.log", [f"{stamp} stdout F {RESTART.format(i=2)}"])
+    r.poll()
+    r.poll()
+    assert r.counts["vllm"].total == {"cuda_oom": 1}

@@ -46,11 +46,16 @@ class _PodLogs:
 
     def __init__(self, pattern: str, state: dict | None, from_start: bool) -> None:
         self.follower = FileFollower(pattern, state=state, from_start=from_start)
-        self.decoder = CriDecoder()
+        self.decoders: dict[str, CriDecoder] = {}  # one per file: partial records never join across files
         self.stats = self.follower.stats
 
     def poll(self) -> list[str]:
-        return [message for line in self.follower.poll() for message in self.decoder.feed(line)]
+        return [
+            message
+            for path, lines in self.follower.poll_by_file()
+            for line in lines
+            for message in self.decoders.setdefault(path, CriDecoder()).feed(line)
+        ]
 
     def state(self) -> dict:
         return self.follower.state()
