@@ -38,7 +38,7 @@ check-generated: install
 	@tmp=$$(mktemp -d); \
 	$(BIN)/oomguard docs --output $$tmp/metrics.md >/dev/null; \
 	$(BIN)/oomguard generate --output $$tmp >/dev/null; \
-	diff -u docs/metrics.md $$tmp/metrics.md && diff -ru rules $$tmp/rules -x tests \
+	diff -u docs/metrics.md $$tmp/metrics.md && diff -ru rules $$tmp/rules -x tests && diff -ru dashboards $$tmp/dashboards \
 	  || { echo "generated files are stale: run make generate and commit the result"; rm -rf $$tmp; exit 1; }; \
 	rm -rf $$tmp; echo "check-generated: up to date"
 

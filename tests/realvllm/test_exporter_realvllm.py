@@ -95,7 +95,7 @@ async def test_exporter_follows_a_real_vllm(tiny_model: Path, tmp_path: Path, ai
 
         # 3. Under load, the exporter's figures equal the server's own, read around the same moment.
         # Each figure is compared when the server's reads just before and just after agree on it.
-        load = harness.run_load(server.url, n=48, prompt_tokens=160, max_tokens=340)
+        load = harness.run_load(server.url, n=96, prompt_tokens=120, max_tokens=380)
         compared = busy = 0
         async with aiohttp.ClientSession() as session:
             while not load.done():
@@ -109,7 +109,7 @@ async def test_exporter_follows_a_real_vllm(tiny_model: Path, tmp_path: Path, ai
                         assert m == b, (before, mine, after)
                         busy += b > 0
         statuses = await asyncio.to_thread(load.wait, 120)
-        assert statuses == [200] * 48
+        assert statuses == [200] * 96
         final_text = await (await client.get("/metrics")).text()
         print(f"{compared} exact comparisons, {busy} of non-zero figures; final {exporter_figures(final_text)}")
         assert busy >= 3, (compared, busy)

@@ -9,6 +9,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from oomguard.bundle import dashboards
 from oomguard.bundle.config import seconds
 
 ALERTS_FILE = "oomguard-alerts.yaml"
@@ -74,11 +75,12 @@ def render(config: dict[str, Any]) -> dict[str, str]:
 
 
 def write(config: dict[str, Any], output: Path) -> list[Path]:
-    rules = output / "rules"
-    rules.mkdir(parents=True, exist_ok=True)
+    """Rules into OUTPUT/rules/, dashboards into OUTPUT/dashboards/."""
     written = []
-    for name, text in render(config).items():
-        path = rules / name
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
+    for folder, files in (("rules", render(config)), ("dashboards", dashboards.render(config))):
+        (output / folder).mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            path = output / folder / name
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
     return written

@@ -1,0 +1,631 @@
+"""Grafana dashboards, generated from the bundle configuration (selector, thresholds, runbooks).
+
+Two dashboards: the fleet, worst first, and one host or target with everything the
+postmortem needed at T+0: memory against its limit and the engine's budget, the
+trend, the KV cache and queue, OOMs and restarts as markers, startup against the
+probe delay, and the health of the monitor itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+SCHEMA_VERSION = 39
+DS = {"type": "prometheus", "uid": "${datasource}"}
+M = '{job=~"$job",instance=~"$instance"}'  # every query's matchers
+MT = '{job=~"$job",instance=~"$instance",target=~"$target"}'
+MG = '{job=~"$job",instance=~"$instance",gpu=~"$gpu"}'
+OOM_KINDS = 'kind=~"cuda_oom|startup_memory|cgroup_oom_kill"'
+
+
+def _uid(name: str) -> str:
+    # Stable across runs and machines, as the mixins do: derived from the file name.
+    return hashlib.md5(name.encode()).hexdigest()[:24]  # an identifier, not security
+
+
+def _target(
+    expr: str, legend: str = "", ref: str = "A", instant: bool = False, fmt: str = "time_series"
+) -> dict[str, Any]:
+    target: dict[str, Any] = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref}
+    if instant:
+        target |= {"instant": True, "range": False, "format": fmt}
+    return target
+
+
+class _Layout:
+    def __init__(self) -> None:
+        self.panels: list[dict[str, Any]] = []
+        self.x = self.y = 0
+        self.row_height = 0
+        self.next_id = 1
+
+    def add(self, panel: dict[str, Any], w: int, h: int) -> None:
+        if self.x + w > 24:
+            self.x, self.y = 0, self.y + self.row_height
+            self.row_height = 0
+        panel |= {"id": self.next_id, "gridPos": {"x": self.x, "y": self.y, "w": w, "h": h}, "datasource": DS}
+        self.next_id += 1
+        self.x += w
+        self.row_height = max(self.row_height, h)
+        self.panels.append(panel)
+
+    def row(self, title: str) -> None:
+        self.x, self.y = 0, self.y + self.row_height
+        self.row_height = 1
+        self.panels.append(
+            {
+                "type": "row",
+                "title": title,
+                "id": self.next_id,
+                "collapsed": False,
+                "gridPos": {"x": 0, "y": self.y, "w": 24, "h": 1},
+                "panels": [],
+            }
+        )
+        self.next_id += 1
+        self.x, self.y, self.row_height = 0, self.y + 1, 0
+
+
+def _thresholds(*steps: tuple[str, float | None]) -> dict[str, Any]:
+    return {"mode": "absolute", "steps": [{"color": c, "value": v} for c, v in steps]}
+
+
+def _timeseries(title: str, description: str, targets: list[dict[str, Any]], unit: str, **extra: Any) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 10, "showPoints": "never"}}
+    if "thresholds" in extra:
+        defaults["thresholds"] = extra.pop("thresholds")
+        defaults["custom"]["thresholdsStyle"] = {"mode": "line+area" if extra.pop("area", False) else "line"}
+    if "max" in extra:
+        defaults["max"] = extra.pop("max")
+        defaults["min"] = 0
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "targets": targets,
+        "fieldConfig": {"defaults": defaults, "overrides": extra.pop("overrides", [])},
+        "options": {
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+        **extra,
+    }
+
+
+def _stat(title: str, description: str, expr: str, unit: str, thresholds: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "targets": [_target(expr, instant=True)],
+        "fieldConfig": {
+            "defaults": {"unit": unit, "thresholds": thresholds, "color": {"mode": "thresholds"}},
+            "overrides": [],
+        },
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "background",
+            "graphMode": "none",
+            "textMode": "value",
+        },
+    }
+
+
+def _variables(selector: str, with_target: bool, with_gpu: bool) -> list[dict[str, Any]]:
+    def query_var(name: str, label: str, query: str, include_all: bool = True) -> dict[str, Any]:
+        return {
+            "name": name,
+            "label": label,
+            "type": "query",
+            "datasource": DS,
+            "query": {"query": query, "refId": f"{name}-query"},
+            "definition": query,
+            "refresh": 2,
+            "multi": True,
+            "includeAll": include_all,
+            "allValue": ".*",
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "sort": 1,
+            "hide": 0,
+        }
+
+    variables: list[dict[str, Any]] = [
+        {
+            "name": "datasource",
+            "label": "Data source",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {},
+            "hide": 0,
+            "refresh": 1,
+            "regex": "",
+        },
+        query_var("job", "Job", f"label_values(oomguard_build_info{{{selector}}}, job)"),
+        query_var("instance", "Instance", 'label_values(oomguard_build_info{job=~"$job"}, instance)'),
+    ]
+    if with_target:
+        variables.append(query_var("target", "Target", f"label_values(oomguard_target_info{M}, target)"))
+    if with_gpu:
+        variables.append(query_var("gpu", "GPU", f"label_values(oomguard_gpu_info{M}, gpu)"))
+    return variables
+
+
+def _dashboard(
+    config: dict[str, Any],
+    file_name: str,
+    title: str,
+    description: str,
+    panels: list[dict[str, Any]],
+    *,
+    with_target: bool,
+    with_gpu: bool,
+) -> dict[str, Any]:
+    return {
+        "__inputs": [
+            {
+                "name": "DS_PROMETHEUS",
+                "label": "Prometheus",
+                "description": "Prometheus that scrapes oomguard",
+                "type": "datasource",
+                "pluginId": "prometheus",
+                "pluginName": "Prometheus",
+            }
+        ],
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.0.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+        ],
+        "uid": _uid(file_name),
+        "title": title,
+        "description": description,
+        "tags": ["oomguard", "gpu", "llm-inference"],
+        "timezone": "utc",
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "30s",
+        "time": {"from": "now-6h", "to": "now"},
+        "templating": {"list": _variables(config["selector"], with_target, with_gpu)},
+        "annotations": {"list": _annotations()},
+        "links": [
+            {
+                "title": "Runbooks",
+                "type": "link",
+                "url": config["runbook_base_url"],
+                "targetBlank": True,
+                "icon": "doc",
+            },
+            {"title": "oomguard dashboards", "type": "dashboards", "tags": ["oomguard"], "asDropdown": True},
+        ],
+        "panels": panels,
+    }
+
+
+def _annotations() -> list[dict[str, Any]]:
+    def annotation(name: str, expr: str, color: str, text: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "datasource": DS,
+            "enable": True,
+            "iconColor": color,
+            "expr": expr,
+            "step": "15s",
+            "titleFormat": name,
+            "textFormat": text,
+            "tagKeys": "target,kind",
+        }
+
+    return [
+        {
+            "builtIn": 1,
+            "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+            "enable": True,
+            "hide": True,
+            "iconColor": "rgba(0, 211, 255, 1)",
+            "name": "Annotations & Alerts",
+            "type": "dashboard",
+        },
+        annotation(
+            "OOM events",
+            f'changes(oomguard_target_last_event_timestamp_seconds{{job=~"$job",instance=~"$instance",{OOM_KINDS}}}[1m]) > 0',
+            "red",
+            "{{kind}} in {{target}}",
+        ),
+        annotation(
+            "Restarts",
+            f"changes(oomguard_target_last_restart_timestamp_seconds{M}[1m]) > 0",
+            "orange",
+            "{{target}} restarted",
+        ),
+    ]
+
+
+def overview(config: dict[str, Any]) -> dict[str, Any]:
+    a = config["alerts"]
+    high, critical = float(a["gpu_memory_high"]["threshold"]), float(a["gpu_memory_critical"]["threshold"])
+    ratio_steps = _thresholds(("green", None), ("orange", high), ("red", critical))
+    layout = _Layout()
+    layout.add(
+        _stat(
+            "GPUs above " + f"{high:.0%}",
+            "GPUs whose memory is above the warning threshold now: the postmortem's first signal.",
+            f"count(oomguard_gpu_memory_used_ratio{M} > {high}) or vector(0)",
+            "none",
+            _thresholds(("green", None), ("orange", 1)),
+        ),
+        6,
+        4,
+    )
+    layout.add(
+        _stat(
+            "Memory climbing",
+            "GPUs and targets whose memory climbs without falling back (trend state climbing): leaks.",
+            'count(oomguard_gpu_memory_trend_state{job=~"$job",instance=~"$instance",state="climbing"} == 1) or vector(0)',
+            "none",
+            _thresholds(("green", None), ("orange", 1)),
+        ),
+        6,
+        4,
+    )
+    layout.add(
+        _stat(
+            "OOM events in range",
+            "CUDA OOMs, startup memory failures and cgroup OOM kills in the time range: it already happened.",
+            f'sum(increase(oomguard_target_events_total{{job=~"$job",instance=~"$instance",{OOM_KINDS}}}[$__range])) or vector(0)',
+            "none",
+            _thresholds(("green", None), ("red", 1)),
+        ),
+        6,
+        4,
+    )
+    layout.add(
+        _stat(
+            "Restarts in range",
+            "Engine restarts in the time range; a loop of them is a restart storm.",
+            f"sum(increase(oomguard_target_restarts_total{M}[$__range])) or vector(0)",
+            "none",
+            _thresholds(("green", None), ("orange", 1), ("red", 3)),
+        ),
+        6,
+        4,
+    )
+    gpu_table_targets = [
+        _target(f"oomguard_gpu_memory_used_ratio{M}", ref="used", instant=True, fmt="table"),
+        _target(
+            f"oomguard_gpu_memory_total_bytes{M} - oomguard_gpu_memory_used_bytes{M}",
+            ref="headroom",
+            instant=True,
+            fmt="table",
+        ),
+        _target(
+            'oomguard_gpu_memory_trend_state{job=~"$job",instance=~"$instance"} == 1',
+            ref="trend",
+            instant=True,
+            fmt="table",
+        ),
+        _target(f"oomguard_gpu_memory_seconds_to_full{M}", ref="to_full", instant=True, fmt="table"),
+    ]
+    layout.add(
+        {
+            "type": "table",
+            "title": "GPUs, worst first",
+            "description": "Every GPU: memory used (sorted, worst first), headroom, trend state and time to full while climbing.",
+            "targets": gpu_table_targets,
+            "fieldConfig": {
+                "defaults": {"unit": "percentunit", "thresholds": ratio_steps},
+                "overrides": [
+                    {
+                        "matcher": {"id": "byName", "options": "Value #headroom"},
+                        "properties": [{"id": "unit", "value": "bytes"}],
+                    },
+                    {
+                        "matcher": {"id": "byName", "options": "Value #to_full"},
+                        "properties": [{"id": "unit", "value": "s"}],
+                    },
+                    {
+                        "matcher": {"id": "byName", "options": "Value #used"},
+                        "properties": [{"id": "custom.cellOptions", "value": {"type": "color-background"}}],
+                    },
+                ],
+            },
+            "transformations": [
+                {"id": "merge", "options": {}},
+                {
+                    "id": "organize",
+                    "options": {"excludeByName": {"Time": True, "__name__": True, "job": True, "Value #trend": True}},
+                },
+            ],
+            "options": {"sortBy": [{"displayName": "Value #used", "desc": True}], "showHeader": True},
+        },
+        24,
+        8,
+    )
+    target_table = [
+        _target(f"oomguard_target_gpu_memory_used_ratio{M}", ref="used", instant=True, fmt="table"),
+        _target(f"instance_target:oomguard_target_memory_headroom:ratio{M}", ref="headroom", instant=True, fmt="table"),
+        _target(f"instance_target:oomguard_engine_requests_waiting:sum{M}", ref="waiting", instant=True, fmt="table"),
+        _target(
+            f'sum by (instance, target) (increase(oomguard_target_events_total{{job=~"$job",instance=~"$instance",{OOM_KINDS}}}[$__range]))',
+            ref="ooms",
+            instant=True,
+            fmt="table",
+        ),
+        _target(
+            f"sum by (instance, target) (increase(oomguard_target_restarts_total{M}[$__range]))",
+            ref="restarts",
+            instant=True,
+            fmt="table",
+        ),
+    ]
+    layout.add(
+        {
+            "type": "table",
+            "title": "Targets, worst first",
+            "description": "Every engine: memory of its GPUs (sorted, worst first), headroom, waiting requests, OOMs and restarts in the time range.",
+            "targets": target_table,
+            "fieldConfig": {
+                "defaults": {"unit": "percentunit", "thresholds": ratio_steps},
+                "overrides": [
+                    {
+                        "matcher": {"id": "byRegexp", "options": "Value #(waiting|ooms|restarts)"},
+                        "properties": [{"id": "unit", "value": "none"}],
+                    }
+                ],
+            },
+            "transformations": [
+                {"id": "merge", "options": {}},
+                {"id": "organize", "options": {"excludeByName": {"Time": True, "__name__": True, "job": True}}},
+            ],
+            "options": {"sortBy": [{"displayName": "Value #used", "desc": True}], "showHeader": True},
+        },
+        24,
+        8,
+    )
+    layout.add(
+        _timeseries(
+            "GPU memory used",
+            "Every GPU's memory used against the warning and critical lines: a climb that never falls back is a leak, a jump to the top is over-provisioning.",
+            [_target(f"oomguard_gpu_memory_used_ratio{M}", "{{instance}} GPU {{gpu}}")],
+            "percentunit",
+            thresholds=ratio_steps,
+            max=1,
+        ),
+        24,
+        8,
+    )
+    return _dashboard(
+        config,
+        "oomguard-overview.json",
+        "oomguard / Fleet overview",
+        "Every GPU and inference engine watched by oomguard, worst first.",
+        layout.panels,
+        with_target=False,
+        with_gpu=False,
+    )
+
+
+def target(config: dict[str, Any]) -> dict[str, Any]:
+    a = config["alerts"]
+    high, critical = float(a["gpu_memory_high"]["threshold"]), float(a["gpu_memory_critical"]["threshold"])
+    probe = float(a["startup_slower_than_probe"]["probe_initial_delay_seconds"])
+    layout = _Layout()
+    layout.row("GPU memory")
+    layout.add(
+        _timeseries(
+            "GPU memory used",
+            f"Used memory of each GPU as a share of its total, with the {high:.0%} and {critical:.0%} lines: page here, before the OOM.",
+            [_target(f"oomguard_gpu_memory_used_ratio{MG}", "GPU {{gpu}}")],
+            "percentunit",
+            thresholds=_thresholds(("green", None), ("orange", high), ("red", critical)),
+            max=1,
+        ),
+        12,
+        8,
+    )
+    layout.add(
+        _timeseries(
+            "GPU memory: used, reserved, total",
+            "Bytes used, reserved by the driver, and total, per GPU.",
+            [
+                _target(f"oomguard_gpu_memory_used_bytes{MG}", "used GPU {{gpu}}", "A"),
+                _target(f"oomguard_gpu_memory_reserved_bytes{MG}", "reserved GPU {{gpu}}", "B"),
+                _target(f"oomguard_gpu_memory_total_bytes{MG}", "total GPU {{gpu}}", "C"),
+            ],
+            "bytes",
+        ),
+        12,
+        8,
+    )
+    layout.add(
+        _timeseries(
+            "Target memory against the engine's budget",
+            "Memory of the target's GPUs against the engine's budget (gpu_memory_utilization x total): above the budget is memory the KV cache cannot explain.",
+            [
+                _target(f"oomguard_target_gpu_memory_used_bytes{MT}", "{{target}} used", "A"),
+                _target(f"oomguard_target_memory_budget_bytes{MT}", "{{target}} budget", "B"),
+                _target(f"oomguard_target_process_gpu_memory_bytes{MT}", "{{target}} own processes", "C"),
+            ],
+            "bytes",
+        ),
+        12,
+        8,
+    )
+    layout.add(
+        _timeseries(
+            "Per-process GPU memory",
+            "GPU memory of each compute process: who holds the memory.",
+            [_target(f"oomguard_gpu_process_memory_used_bytes{MG}", "GPU {{gpu}} pid {{pid}} {{process_name}}")],
+            "bytes",
+        ),
+        12,
+        8,
+    )
+    layout.row("Trend")
+    layout.add(
+        _timeseries(
+            "Memory slope",
+            "Robust slope of used memory per GPU over the long window: positive and steady is a climb.",
+            [
+                _target(
+                    'oomguard_gpu_memory_slope_bytes_per_second{job=~"$job",instance=~"$instance",gpu=~"$gpu",window="long"}',
+                    "GPU {{gpu}}",
+                )
+            ],
+            "Bps",
+        ),
+        8,
+        7,
+    )
+    layout.add(
+        _timeseries(
+            "Trend state",
+            "The trend state of each GPU's memory (1 = current): steady, sawtooth, climbing (leak), spike (over-provisioning), saturated.",
+            [_target(f"oomguard_gpu_memory_trend_state{MG} == 1", "GPU {{gpu}} {{state}}")],
+            "none",
+        ),
+        8,
+        7,
+    )
+    layout.add(
+        _timeseries(
+            "Time to full",
+            "At the current pace, time until each GPU is full; shown only while climbing or spiking.",
+            [_target(f"oomguard_gpu_memory_seconds_to_full{MG}", "GPU {{gpu}}")],
+            "s",
+            thresholds=_thresholds(
+                ("red", None),
+                ("orange", float(a["exhausted_soon"]["seconds"])),
+                ("green", 4 * float(a["exhausted_soon"]["seconds"])),
+            ),
+        ),
+        8,
+        7,
+    )
+    layout.row("Engine")
+    layout.add(
+        _timeseries(
+            "KV cache usage",
+            "Share of the engine's KV cache blocks in use: at the top, requests wait and get preempted.",
+            [_target(f"oomguard_engine_kv_cache_usage_ratio{MT}", "{{target}} {{model_name}}")],
+            "percentunit",
+            thresholds=_thresholds(("green", None), ("red", float(a["kv_cache_saturated"]["threshold"]))),
+            max=1,
+        ),
+        8,
+        7,
+    )
+    layout.add(
+        _timeseries(
+            "Requests waiting and running",
+            "The engine's queue: waiting that stays up means concurrency is over-provisioned.",
+            [
+                _target(f"instance_target:oomguard_engine_requests_waiting:sum{MT}", "{{target}} waiting", "A"),
+                _target(f"instance_target:oomguard_engine_requests_running:sum{MT}", "{{target}} running", "B"),
+            ],
+            "none",
+            thresholds=_thresholds(("green", None), ("orange", float(a["queue_backlog"]["threshold"]))),
+        ),
+        8,
+        7,
+    )
+    layout.add(
+        _timeseries(
+            "Preemption rate",
+            "Requests preempted per second because the KV cache was full.",
+            [_target(f"sum by (target) (rate(oomguard_engine_preemptions_total{MT}[$__rate_interval]))", "{{target}}")],
+            "reqps",
+        ),
+        8,
+        7,
+    )
+    layout.row("Events and restarts")
+    layout.add(
+        _timeseries(
+            "OOM events and restarts",
+            "Events counted from the engine's logs, cgroup and kernel, and restarts, per interval.",
+            [
+                _target(
+                    f"sum by (target, kind) (increase(oomguard_target_events_total{MT}[$__rate_interval]))",
+                    "{{target}} {{kind}}",
+                    "A",
+                ),
+                _target(
+                    f"sum by (target) (increase(oomguard_target_restarts_total{MT}[$__rate_interval]))",
+                    "{{target}} restarts",
+                    "B",
+                ),
+            ],
+            "none",
+            drawStyle="bars",
+        ),
+        12,
+        7,
+    )
+    layout.add(
+        _timeseries(
+            "Startup time against the probe delay",
+            f"Measured startup (process start to first /health 200) against the probe's initial delay ({probe:g} s): above the line, the probe kills the engine while it loads.",
+            [_target(f"oomguard_target_startup_seconds{MT}", "{{target}} startup")],
+            "s",
+            thresholds=_thresholds(("green", None), ("red", probe)),
+            area=True,
+        ),
+        12,
+        7,
+    )
+    layout.row("Monitor health")
+    layout.add(
+        _timeseries(
+            "Target state",
+            "Each target's state (1 = current): up, loading (not down: the model is loading), down.",
+            [_target(f"oomguard_target_state{MT} == 1", "{{target}} {{state}}")],
+            "none",
+        ),
+        8,
+        7,
+    )
+    layout.add(
+        _timeseries(
+            "Source success",
+            "1 when oomguard's NVML and target sources completed in the last collection.",
+            [_target(f"oomguard_source_success{M}", "{{instance}} {{source}}")],
+            "none",
+            max=1,
+        ),
+        8,
+        7,
+    )
+    layout.add(
+        _timeseries(
+            "Scrape errors",
+            "Failed reads of each target by kind (timeout, refused, http_status, too_large, parse).",
+            [
+                _target(
+                    f"sum by (target, kind) (rate(oomguard_target_scrape_errors_total{MT}[$__rate_interval]))",
+                    "{{target}} {{kind}}",
+                )
+            ],
+            "reqps",
+        ),
+        8,
+        7,
+    )
+    return _dashboard(
+        config,
+        "oomguard-target.json",
+        "oomguard / Host and target",
+        "One host or inference engine: GPU memory against its limit and the engine's budget, trend, KV cache, queue, OOMs, restarts, startup time.",
+        layout.panels,
+        with_target=True,
+        with_gpu=True,
+    )
+
+
+DASHBOARDS = {"oomguard-overview.json": overview, "oomguard-target.json": target}
+
+
+def render(config: dict[str, Any]) -> dict[str, str]:
+    return {name: json.dumps(build(config), indent=2, sort_keys=False) + "\n" for name, build in DASHBOARDS.items()}

@@ -1,0 +1,143 @@
+"""Real Prometheus (and Alertmanager) processes on loopback, for the drill and the tests.
+
+They are the Debian packages' binaries, started with a configuration written to a
+scratch folder, on free ports, and stopped with the process: nothing of the host's
+own Prometheus is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ServiceError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def find_binary(*names: str, package: str) -> str:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise ServiceError(f"{names[0]} not found: install Debian's {package} package (apt-get install {package})")
+
+
+class _Process:
+    def __init__(self, command: list[str], log_path: Path, ready_url: str) -> None:
+        self.command = command
+        self.log_path = log_path
+        self.ready_url = ready_url
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServiceError(f"{self.command[0]} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.ready_url, timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise ServiceError(f"{self.command[0]} not ready after {timeout:g}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Prometheus(_Process):
+    """Scrapes `targets` every `scrape_interval`, evaluates `rule_files`, sends alerts to `alertmanager`."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        targets: list[str],
+        *,
+        rule_files: list[Path] = (),  # type: ignore[assignment]
+        scrape_interval: str = "1s",
+        evaluation_interval: str = "1s",
+        alertmanager: str | None = None,
+        job: str = "oomguard",
+    ) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config: dict[str, Any] = {
+            "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
+            "rule_files": [str(p) for p in rule_files],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}],
+        }
+        if alertmanager:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        binary = find_binary("prometheus", package="prometheus")
+        super().__init__(
+            [
+                binary,
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+                # Alerts are re-sent to Alertmanager every resend-delay: keep it short for a drill.
+                "--rules.alert.resend-delay=1s",
+            ],
+            workdir / "prometheus.log",
+            f"{self.url}/-/ready",
+        )
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.load(response)
+        if body.get("status") != "success":
+            raise ServiceError(f"Prometheus {path} failed: {body}")
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        params = {"query": expr} | ({"time": str(at)} if at is not None else {})
+        return self.api("query", **params)["result"]
+
+    def query_range(self, expr: str, start: float, end: float, step: float = 1.0) -> list[dict[str, Any]]:
+        return self.api("query_range", query=expr, start=str(start), end=str(end), step=str(step))["result"]
+
+    def wait_for(self, expr: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = self.query(expr)
+            if result:
+                return result
+            time.sleep(0.5)
+        raise ServiceError(f"no result for {expr!r} after {timeout:g}s")
