@@ -230,13 +230,14 @@ def _annotations() -> list[dict[str, Any]]:
         },
         annotation(
             "OOM events",
-            f'changes(oomguard_target_last_event_timestamp_seconds{{job=~"$job",instance=~"$instance",{OOM_KINDS}}}[1m]) > 0',
+            # The counters exist at 0 from the start, so increase() sees the first event too.
+            f'increase(oomguard_target_events_total{{job=~"$job",instance=~"$instance",{OOM_KINDS}}}[$__rate_interval]) > 0',
             "red",
             "{{kind}} in {{target}}",
         ),
         annotation(
             "Restarts",
-            f"changes(oomguard_target_last_restart_timestamp_seconds{M}[1m]) > 0",
+            f"increase(oomguard_target_restarts_total{M}[$__rate_interval]) > 0",
             "orange",
             "{{target}} restarted",
         ),
