@@ -65,7 +65,7 @@ def state(text: str) -> str:
 
 def test_overcommit_runs_the_incident_loop() -> None:
     """Loading, serving, memory past 90 %, CUDA OOM, down, loading again (a restart), up again."""
-    scale = 10.0
+    scale = 60.0
     scenario = SCENARIOS["overcommit"]
     exporter = Exporter("overcommit", scale)
     try:
@@ -138,4 +138,4 @@ def test_unknown_scenario_is_refused() -> None:
         env={**os.environ},
     )
     assert result.returncode == 1
-    assert "unknown scenario 'meltdown'; choose one of: steady, leak, overcommit" in result.stderr
+    assert "unknown scenario 'meltdown'; choose one of: steady, leak, overcommit, probe-kill, loading" in result.stderr

@@ -20,9 +20,11 @@ from aiohttp import web
 from oomguard.simulate.scenarios import GIB, SCENARIOS, Scenario
 
 
-def vllm_metrics_text(scenario: Scenario, t: float, *, model: str, start_time: float, total_bytes: int) -> str:
+def vllm_metrics_text(
+    scenario: Scenario, t: float, *, life: int = 0, model: str, start_time: float, total_bytes: int
+) -> str:
     """A /metrics body in vLLM 0.32's names and shape (the families oomguard reads, plus noise)."""
-    f = scenario.engine(t)
+    f = scenario.engine(t, life)
     budget = scenario.gpu_memory_utilization * total_bytes
     kv_bytes = int(budget * 0.6)
     block_size = 16
@@ -78,6 +80,8 @@ async def serve(args: argparse.Namespace) -> int:
     def now() -> float:
         return (time.time() - launched) * args.time_scale
 
+    death_at = scenario.death_at(args.life)
+
     print(
         f"(APIServer pid={os.getpid()}) INFO vLLM server version 0.32.0 (simulated by oomguard), serving model {args.model}",
         file=sys.stderr, flush=True,
@@ -101,9 +105,9 @@ async def serve(args: argparse.Namespace) -> int:
     await web.TCPSite(runner, args.host, args.port, reuse_address=True).start()
     print(f"(APIServer pid={os.getpid()}) INFO Application startup complete.", file=sys.stderr, flush=True)
     try:
-        if scenario.oom_at is None:
+        if death_at is None:
             await asyncio.Event().wait()
-        await asyncio.sleep(max(0.0, scenario.oom_at - now()) / args.time_scale)
+        await asyncio.sleep(max(0.0, death_at - now()) / args.time_scale)
         total = args.gpu_total_bytes / GIB
         print(
             OOM_TRACEBACK.format(pid=os.getpid(), total=total, used=total * 0.98),
@@ -123,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="sim-llama-3-8b")
     parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument(
+        "--life", type=int, default=int(os.environ.get("OOMGUARD_SIM_LIFE", "0")),
+        help="how many times the engine was restarted before [$OOMGUARD_SIM_LIFE]",
+    )  # fmt: skip
     parser.add_argument("--gpu-total-bytes", type=int, default=80 * GIB)
     return asyncio.run(serve(parser.parse_args(argv)))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import sys
 import time
@@ -56,7 +57,7 @@ class Simulation:
             gpu.used_bytes, gpu.processes, gpu.utilization_percent = IDLE_GPU_BYTES, [], 0
             return
         t = (time.time() - self._launched_at) * self.time_scale
-        engine_bytes = int(self.scenario.gpu_used_ratio(t) * self.gpu_total)
+        engine_bytes = int(self.scenario.gpu_used_ratio(t, self.restarts) * self.gpu_total)
         gpu.used_bytes = IDLE_GPU_BYTES + engine_bytes
         gpu.processes = [FakeProcess(child.pid, engine_bytes)]
         gpu.utilization_percent = 0 if t < self.scenario.load_seconds else 85
@@ -81,16 +82,30 @@ class Simulation:
                     str(self.time_scale),
                     "--gpu-total-bytes",
                     str(self.gpu_total),
+                    # The life number goes in the environment: the command line must stay the same
+                    # across restarts, as an orchestrator's does (restarts are recognised by it).
+                    env={**os.environ, "OOMGUARD_SIM_LIFE": str(self.restarts)},
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=stderr,
                 )
-                code = await self._child.wait()
+                code = await self._wait_or_kill(self._child)
             finally:
                 if self.log_path:
                     stderr.close()  # type: ignore[union-attr]
             self.restarts += 1
             log.info("simulated engine exited with %s; relaunching (restart %d)", code, self.restarts)
             await asyncio.sleep(self.scenario.restart_delay / self.time_scale)
+
+    async def _wait_or_kill(self, child: asyncio.subprocess.Process) -> int:
+        """The child's exit code; a scenario's probe kills it (SIGKILL, nothing logged) once it has served a while."""
+        kill_after = self.scenario.kill_after_serving
+        if kill_after is None:
+            return await child.wait()
+        try:
+            return await asyncio.wait_for(child.wait(), (self.scenario.load_seconds + kill_after) / self.time_scale)
+        except asyncio.TimeoutError:
+            child.kill()
+            return await child.wait()
 
     async def stop(self) -> None:
         if self._task is not None:

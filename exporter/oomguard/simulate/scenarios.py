@@ -35,17 +35,32 @@ class Scenario:
     summary: str
     gpu_memory_utilization: float
     load_seconds: float = 25.0  # model load: the port refuses meanwhile
-    # Simulated seconds after launch at which the engine dies of CUDA OOM (None: never).
+    # Simulated seconds after launch at which the engine dies of CUDA OOM (None: never)...
     oom_at: float | None = None
+    # ...and in later lives, when clients retrying at once bring the load straight back.
+    retry_oom_at: float | None = None
+    retry_spike_after: float | None = None
     restart_delay: float = 5.0  # the orchestrator's back-off before relaunching
+    # A probe or watchdog that kills the engine this long after it starts serving (no OOM, no log).
+    kill_after_serving: float | None = None
     serving_used_ratio: float = 0.88  # GPU memory right after load
     climb_ratio_per_second: float = 0.0  # growth past load: a leak or unbounded growth
     spike_ratio: float = 0.0  # extra use from overcommitted concurrency...
     spike_after: float = 0.0  # ...starting this long after load...
     spike_seconds: float = 1.0  # ...reaching its peak over this long
+    retry_spike_seconds: float | None = None
     overloaded: bool = False  # queue and preemptions grow after spike_after
 
-    def gpu_used_ratio(self, t: float) -> float:
+    def death_at(self, life: int) -> float | None:
+        """Simulated seconds after launch at which life number `life` (0 = first) dies of OOM."""
+        return self.retry_oom_at if life > 0 and self.retry_oom_at is not None else self.oom_at
+
+    def _spike(self, life: int) -> tuple[float, float]:
+        if life > 0 and self.retry_spike_after is not None:
+            return self.retry_spike_after, self.retry_spike_seconds or self.spike_seconds
+        return self.spike_after, self.spike_seconds
+
+    def gpu_used_ratio(self, t: float, life: int = 0) -> float:
         """Share of the GPU the engine's processes hold, t simulated seconds after launch."""
         if t < self.load_seconds:
             # weights first, then the KV cache pool at the end of the load
@@ -53,20 +68,22 @@ class Scenario:
             return weights if t < self.load_seconds * 0.8 else self.serving_used_ratio * 0.97
         serving = t - self.load_seconds
         ratio = self.serving_used_ratio + self.climb_ratio_per_second * serving
-        if self.spike_ratio and serving > self.spike_after:
-            ratio += self.spike_ratio * min(1.0, (serving - self.spike_after) / self.spike_seconds)
+        spike_after, spike_seconds = self._spike(life)
+        if self.spike_ratio and serving > spike_after:
+            ratio += self.spike_ratio * min(1.0, (serving - spike_after) / spike_seconds)
         # kernels' workspace comes and goes with the batch
         ratio += 0.004 * (1 + math.sin(serving / 7.0)) + _noise(t, 0.001)
         return min(ratio, 0.999)
 
-    def engine(self, t: float) -> EngineFigures:
+    def engine(self, t: float, life: int = 0) -> EngineFigures:
         serving = max(0.0, t - self.load_seconds)
         # KV cache churn: requests fill blocks, finish, free them (a sawtooth)
         churn = (serving % 40.0) / 40.0
         kv = 0.25 + 0.35 * churn
         waiting, running, preemptions = int(2 * churn), 4 + int(6 * churn), 0
-        if self.overloaded and serving > self.spike_after:
-            over = serving - self.spike_after
+        spike_after, _ = self._spike(life)
+        if self.overloaded and serving > spike_after:
+            over = serving - spike_after
             kv = min(1.0, 0.6 + over / 30.0)
             running = 16
             waiting = int(min(48, 2 + over / 2))
@@ -80,6 +97,31 @@ class Scenario:
             prefix_queries=queries,
             prefix_hits=int(queries * 0.55),
         )
+
+
+def _overcommit() -> Scenario:
+    load, spike_after, spike_seconds, retry_seconds = 90.0, 60.0, 600.0, 240.0
+    # Dies when the spike has brought memory to 99 %: 0.86 + 0.14 x share = 0.99.
+    share = (0.99 - 0.86) / 0.14
+    return Scenario(
+        name="overcommit",
+        summary="The incident: gpu_memory_utilization 0.9 and too many sequences; under long-context load the "
+        "queue, KV cache and preemptions grow and memory climbs past 90 % and 95 % to CUDA OOM after ~12 "
+        "minutes; clients retry at once, so each restart (90 s model load, longer than a 60 s probe delay) "
+        "dies sooner: a restart storm.",
+        gpu_memory_utilization=0.9,
+        load_seconds=load,
+        serving_used_ratio=0.86,
+        spike_ratio=0.14,
+        spike_after=spike_after,
+        spike_seconds=spike_seconds,
+        retry_spike_after=0.0,
+        retry_spike_seconds=retry_seconds,
+        overloaded=True,
+        oom_at=load + spike_after + share * spike_seconds,
+        retry_oom_at=load + share * retry_seconds,
+        restart_delay=30.0,
+    )
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -99,17 +141,23 @@ SCENARIOS: dict[str, Scenario] = {
             climb_ratio_per_second=0.01 / 60,
             oom_at=25.0 + 0.43 / (0.01 / 60),
         ),
+        _overcommit(),
         Scenario(
-            name="overcommit",
-            summary="The incident: gpu_memory_utilization 0.9 and too many sequences; under long-context "
-            "load the queue and preemptions grow, memory spikes past 98 %, CUDA OOM, restart loop.",
+            name="probe-kill",
+            summary="Memory is normal (62 %), but a liveness probe or watchdog kills the engine two minutes "
+            "after each start: restarts with no OOM in the log.",
             gpu_memory_utilization=0.9,
-            serving_used_ratio=0.885,
-            spike_ratio=0.11,
-            spike_after=30.0,
-            spike_seconds=45.0,
-            overloaded=True,
-            oom_at=25.0 + 30.0 + 50.0,
+            serving_used_ratio=0.62,
+            load_seconds=40.0,
+            kill_after_serving=120.0,
+            restart_delay=10.0,
+        ),
+        Scenario(
+            name="loading",
+            summary="A large model that takes two hours to load: the port refuses all along, which is loading, "
+            "not down.",
+            gpu_memory_utilization=0.9,
+            load_seconds=7200.0,
         ),
     )
 }
