@@ -39,13 +39,17 @@ def _environment(config: dict[str, Any]) -> jinja2.Environment:
     def dur(duration: str) -> str:
         return f"{secs(duration)}s" if scale != 1 else duration
 
+    def scaled(value: float) -> str:
+        """A threshold in seconds, in the bundle's time scale."""
+        return f"{float(value) / scale:g}"
+
     def runbook(alert: str) -> str:
         return f"{config['runbook_base_url']}#{alert.lower()}"
 
     # A YAML double-quoted scalar (JSON's syntax is a subset), without jinja's HTML escapes.
     env.filters["q"] = lambda value: json.dumps(str(value), ensure_ascii=False)
     env.globals.update(
-        s=s, by=by, secs=secs, dur=dur, runbook=runbook, pct=lambda r: f"{float(r) * 100:g} %",
+        s=s, by=by, secs=secs, dur=dur, scaled=scaled, runbook=runbook, pct=lambda r: f"{float(r) * 100:g} %",
         prefix=config["prefix"], a=config["alerts"], extra_labels=config["extra_labels"],
     )  # fmt: skip
     return env

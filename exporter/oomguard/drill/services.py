@@ -141,3 +141,30 @@ class Prometheus(_Process):
                 return result
             time.sleep(0.5)
         raise ServiceError(f"no result for {expr!r} after {timeout:g}s")
+
+
+class Alertmanager(_Process):
+    """Routes alerts with `config` (a dict of alertmanager.yml), clustering off."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (workdir / "alertmanager.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        binary = find_binary("prometheus-alertmanager", "alertmanager", package="prometheus-alertmanager")
+        super().__init__(
+            [
+                binary,
+                f"--config.file={workdir / 'alertmanager.yml'}",
+                f"--storage.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ],
+            workdir / "alertmanager.log",
+            f"{self.url}/-/ready",
+        )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"

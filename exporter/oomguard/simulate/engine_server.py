@@ -18,6 +18,7 @@ import time
 from aiohttp import web
 
 from oomguard.simulate.scenarios import GIB, SCENARIOS, Scenario
+from oomguard.sources.processes import start_time
 
 
 def vllm_metrics_text(
@@ -75,7 +76,9 @@ OOM_TRACEBACK = """(EngineCore pid={pid}) ERROR EngineCore encountered a fatal e
 
 async def serve(args: argparse.Namespace) -> int:
     scenario = SCENARIOS[args.scenario]
-    launched = time.time()
+    # The scenario's clock starts with the process, as the exporter measures startup from the process
+    # start: the seconds spent importing count as loading, like a real engine's.
+    launched = start_time(os.getpid()) or time.time()
 
     def now() -> float:
         return (time.time() - launched) * args.time_scale

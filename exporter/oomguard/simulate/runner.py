@@ -18,6 +18,7 @@ from pathlib import Path
 
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 from oomguard.simulate.scenarios import SCENARIOS
+from oomguard.sources.processes import start_time
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class Simulation:
         if child is None or child.returncode is not None:
             gpu.used_bytes, gpu.processes, gpu.utilization_percent = IDLE_GPU_BYTES, [], 0
             return
-        t = (time.time() - self._launched_at) * self.time_scale
+        t = (time.time() - (start_time(child.pid) or self._launched_at)) * self.time_scale
         engine_bytes = int(self.scenario.gpu_used_ratio(t, self.restarts) * self.gpu_total)
         gpu.used_bytes = IDLE_GPU_BYTES + engine_bytes
         gpu.processes = [FakeProcess(child.pid, engine_bytes)]
@@ -103,7 +104,7 @@ class Simulation:
             return await child.wait()
         try:
             return await asyncio.wait_for(child.wait(), (self.scenario.load_seconds + kill_after) / self.time_scale)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             child.kill()
             return await child.wait()
 

@@ -100,15 +100,14 @@ class Scenario:
 
 
 def _overcommit() -> Scenario:
-    load, spike_after, spike_seconds, retry_seconds = 90.0, 60.0, 600.0, 240.0
+    load, spike_after, spike_seconds, retry_seconds = 240.0, 60.0, 600.0, 120.0
     # Dies when the spike has brought memory to 99 %: 0.86 + 0.14 x share = 0.99.
     share = (0.99 - 0.86) / 0.14
     return Scenario(
         name="overcommit",
         summary="The incident: gpu_memory_utilization 0.9 and too many sequences; under long-context load the "
         "queue, KV cache and preemptions grow and memory climbs past 90 % and 95 % to CUDA OOM after ~12 "
-        "minutes; clients retry at once, so each restart (90 s model load, longer than a 60 s probe delay) "
-        "dies sooner: a restart storm.",
+        "minutes; clients retry at once, so each restart (4 minutes of model load) dies sooner: a restart storm.",
         gpu_memory_utilization=0.9,
         load_seconds=load,
         serving_used_ratio=0.86,

@@ -1,0 +1,303 @@
+"""`oomguard drill`: the exporter on a simulated scenario, a real Prometheus with the generated rules, a real
+Alertmanager with the routing, and a webhook receiver; then a timeline of which alerts arrived where, when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import re
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
+from oomguard.config import load_config
+from oomguard.drill.scenarios import MEMORY_ALERTS, DrillScenario
+from oomguard.drill.services import Alertmanager, Prometheus, ServiceError, free_port
+from oomguard.drill.webhook import WebhookReceiver
+from oomguard.simulate.runner import Simulation
+from oomguard.sources.nvml import NvmlSource
+from oomguard.web import make_app
+
+log = logging.getLogger(__name__)
+DEFAULT_ALERTMANAGER_CONFIG = Path("deploy/alertmanager/alertmanager.yml")
+# 30x: a 40-minute scenario in 80 s. Faster, and the fixed costs of a real process (a second of
+# imports, a scrape interval) weigh more than the scenario's own times.
+DEFAULT_TIME_SCALE = 30.0
+
+
+@dataclass
+class AlertResult:
+    alert: str
+    expected_receiver: str | None  # None: fires in Prometheus but reaches no receiver (info, or inhibited)
+    quiet: bool
+    receivers: list[str]  # where its firing notifications arrived
+    first_firing: float | None  # simulated minutes, relative to the reference (first OOM, else start)
+    ok: bool
+
+
+@dataclass
+class DrillReport:
+    scenario: str
+    summary: str
+    time_scale: float
+    reference: str  # what the times are relative to
+    timeline: list[tuple[float, str]]  # (simulated minutes, event)
+    alerts: list[AlertResult]
+    memory_alert_lead_minutes: float | None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(a.ok for a in self.alerts)
+
+    def markdown(self) -> str:
+        lines = [
+            f"# Drill `{self.scenario}`: {'PASS' if self.ok else 'FAIL'}",
+            "",
+            self.summary,
+            "",
+            f"Times in simulated minutes relative to {self.reference} (time scale {self.time_scale:g}x).",
+            "",
+            "## Timeline",
+            "",
+            *[f"- {t:+.1f} min: {event}" for t, event in self.timeline],
+            "",
+            "## Alerts",
+            "",
+            "| alert | expected | arrived at | first firing (min) | verdict |",
+            "|---|---|---|---|---|",
+        ]
+        for a in self.alerts:
+            expected = "quiet" if a.quiet else (a.expected_receiver or "fires, not delivered (info or inhibited)")
+            first = "-" if a.first_firing is None else f"{a.first_firing:+.1f}"
+            lines.append(
+                f"| {a.alert} | {expected} | {', '.join(a.receivers) or '-'} | {first} | {'ok' if a.ok else 'FAIL'} |"
+            )
+        if self.memory_alert_lead_minutes is not None:
+            lines += [
+                "",
+                f"A memory alert arrived {self.memory_alert_lead_minutes:.1f} simulated minutes before the first OOM.",
+            ]
+        if self.problems:
+            lines += ["", "## Problems", "", *[f"- {p}" for p in self.problems]]
+        return "\n".join(lines) + "\n"
+
+    def json(self) -> str:
+        return json.dumps(asdict(self) | {"ok": self.ok}, indent=2)
+
+
+def drill_alertmanager_config(path: Path, webhook_port: int) -> dict[str, Any]:
+    """The user's routing, with every webhook sent to the drill's receiver and the waits cut to seconds."""
+    config = yaml.safe_load(path.read_text())
+    config = copy.deepcopy(config)
+    for receiver in config.get("receivers", []):
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = f"http://127.0.0.1:{webhook_port}/{receiver['name']}"
+            hook["send_resolved"] = True
+
+    def shorten(route: dict[str, Any]) -> None:
+        for key, value in (("group_wait", "1s"), ("group_interval", "2s"), ("repeat_interval", "1h")):
+            if key in route or route is config["route"]:
+                route[key] = value
+        for child in route.get("routes", []):
+            shorten(child)
+
+    shorten(config["route"])
+    return config
+
+
+def _trend_settings(scale: float) -> dict[str, float]:
+    """The trend thresholds of the defaults, in the drill's compressed time."""
+    return {
+        "interval_seconds": max(0.1, 2.0 / scale), "short_window_seconds": max(2.0, 120 / scale),
+        "long_window_seconds": max(30.0, 1800 / scale), "climb_min_seconds": max(3.0, 300 / scale),
+        "climb_min_slope_ratio_per_minute": 0.0006 * scale,
+    }  # fmt: skip
+
+
+async def run_drill(
+    scenario: DrillScenario,
+    workdir: Path,
+    *,
+    time_scale: float = DEFAULT_TIME_SCALE,
+    alertmanager_config: Path | None = None,
+) -> DrillReport:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "bundle.yaml").write_text(yaml.safe_dump({"time_scale": time_scale, **scenario.bundle}))
+    bundle = load_bundle_config(workdir / "bundle.yaml")
+    prefix = bundle["prefix"]
+    rules = render(bundle)
+    for name in (ALERTS_FILE, RECORDS_FILE):
+        (workdir / name).write_text(rules[name])
+
+    webhook = WebhookReceiver()
+    webhook_runner = web.AppRunner(webhook.app(), access_log=None)
+    await webhook_runner.setup()
+    webhook_port = free_port()
+    await web.TCPSite(webhook_runner, "127.0.0.1", webhook_port).start()
+    am = Alertmanager(
+        workdir / "alertmanager",
+        drill_alertmanager_config(alertmanager_config or DEFAULT_ALERTMANAGER_CONFIG, webhook_port),
+    )
+
+    sim = Simulation(scenario.simulation, time_scale=time_scale, log_path=workdir / "engine.log")
+    config = load_config(None, {
+        "state_dir": str(workdir / "state"), "trend": _trend_settings(time_scale),
+        "events": {"kernel_log": False, "quiet_seconds": 1, "rearm_seconds": max(1.0, 60 / time_scale)},
+        "targets": [{"name": "sim-vllm", "url": sim.url, "gpus": [0], "logs": [str(workdir / "engine.log")]}],
+    })  # fmt: skip
+    exporter = web.AppRunner(make_app(config, lambda: NvmlSource(sim.nvml)), access_log=None)
+    prometheus: Prometheus | None = None
+    started = time.time()
+    try:
+        await asyncio.to_thread(am.start)
+        await sim.start()
+        await exporter.setup()
+        exporter_port = free_port()
+        await web.TCPSite(exporter, "127.0.0.1", exporter_port).start()
+        prometheus = Prometheus(
+            workdir / "prometheus", [f"127.0.0.1:{exporter_port}"],
+            rule_files=[workdir / ALERTS_FILE, workdir / RECORDS_FILE], alertmanager=am.address,
+        )  # fmt: skip
+        await asyncio.to_thread(prometheus.start)
+        started = time.time()
+        await asyncio.sleep(scenario.minutes * 60 / time_scale)
+        await asyncio.sleep(3)  # the last notifications in flight (group_wait 1s, evaluation 1s)
+        return await asyncio.to_thread(_report, scenario, prometheus, webhook, prefix, started, time.time(), time_scale)
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        am.stop()
+        await exporter.cleanup()
+        await sim.stop()
+        await webhook_runner.cleanup()
+
+
+def _first_time(prometheus: Prometheus, expr: str, start: float, end: float) -> float | None:
+    times = [float(t) for series in prometheus.query_range(expr, start, end, 0.5) for t, _ in series["values"]]
+    return min(times) if times else None
+
+
+def _report(
+    scenario: DrillScenario, prometheus: Prometheus, webhook: WebhookReceiver, prefix: str,
+    start: float, end: float, scale: float,
+) -> DrillReport:  # fmt: skip
+    sel = '{job="oomguard"}'
+    oom_values = prometheus.query_range(
+        'oomguard_target_last_event_timestamp_seconds{job="oomguard",kind=~"cuda_oom|startup_memory"}', start, end, 0.5
+    )
+    oom_times = sorted({float(v) for s in oom_values for _, v in s["values"]})
+    restart_values = prometheus.query_range(f"oomguard_target_last_restart_timestamp_seconds{sel}", start, end, 0.5)
+    restart_times = sorted({float(v) for s in restart_values for _, v in s["values"]})
+    crossing = _first_time(prometheus, f"oomguard_gpu_memory_used_ratio{sel} > 0.9", start, end)
+    reference = oom_times[0] if oom_times else start
+
+    def minutes(t: float) -> float:
+        return (t - reference) * scale / 60
+
+    timeline = [(minutes(start), "drill starts")]
+    if crossing is not None:
+        timeline.append((minutes(crossing), "GPU memory crosses 90 %"))
+    timeline += [(minutes(t), "OOM event (first line in the engine's log)") for t in oom_times]
+    timeline += [(minutes(t), "engine restarted (new process start)") for t in restart_times]
+    fired = {}
+    for series in prometheus.query_range('ALERTS{alertstate="firing"}', start, end, 0.5):
+        name = series["metric"]["alertname"]
+        first = float(series["values"][0][0])
+        fired[name] = min(first, fired.get(name, first))
+    for note in webhook.notifications:
+        if note.status == "firing":
+            timeline.append((minutes(note.at), f"{note.alertname} reached {note.receiver}"))
+    timeline.sort()
+
+    results: list[AlertResult] = []
+    for short, receiver in [*scenario.expected.items(), *((q, "") for q in scenario.quiet)]:
+        name = prefix + short
+        quiet = short in scenario.quiet
+        arrivals = [n for n in webhook.notifications if n.alertname == name and n.status == "firing"]
+        receivers = sorted({n.receiver for n in arrivals})
+        first = min(
+            [n.at for n in arrivals] + ([fired[name]] if receiver is None and name in fired else []), default=None
+        )
+        if quiet:
+            ok = not arrivals and name not in fired
+        elif receiver is None:
+            ok = name in fired and not arrivals
+        else:
+            ok = receivers == [receiver]
+        results.append(
+            AlertResult(
+                name, None if quiet else receiver, quiet, receivers, None if first is None else minutes(first), ok
+            )
+        )
+
+    problems = []
+    lead = None
+    if scenario.memory_alert_before_oom:
+        memory = [
+            n.at
+            for n in webhook.notifications
+            if n.status == "firing" and n.alertname.removeprefix(prefix) in MEMORY_ALERTS
+        ]
+        if not oom_times:
+            problems.append("no OOM event happened: the scenario did not reach its OOM")
+        elif not memory or min(memory) >= oom_times[0]:
+            problems.append("no memory alert arrived before the first OOM event")
+        else:
+            lead = (oom_times[0] - min(memory)) * scale / 60
+    return DrillReport(
+        scenario.name, scenario.summary, scale, "the first OOM event" if oom_times else "the start of the drill",
+        timeline, results, lead, problems,
+    )  # fmt: skip
+
+
+def check_deployment(prometheus_url: str, bundle: dict[str, Any]) -> list[str]:
+    """Against a running Prometheus: are the bundle's rules loaded, and do their inputs exist?"""
+    problems: list[str] = []
+
+    def get(path: str) -> Any:
+        with urllib.request.urlopen(f"{prometheus_url.rstrip('/')}/api/v1/{path}", timeout=10) as response:
+            return json.load(response)["data"]
+
+    try:
+        loaded = {r.get("name") for g in get("rules")["groups"] for r in g["rules"]}
+    except (OSError, ValueError, KeyError) as exc:
+        return [f"cannot read the rules of {prometheus_url}: {exc}"]
+    ours = [r for g in yaml.safe_load(render(bundle)[ALERTS_FILE])["groups"] for r in g["rules"]]
+    ours += [r for g in yaml.safe_load(render(bundle)[RECORDS_FILE])["groups"] for r in g["rules"]]
+    names = {r.get("alert") or r.get("record") for r in ours}
+    for name in sorted(names - loaded):
+        problems.append(
+            f"rule {name} is not loaded: add the generated rules/ files to rule_files (or the PrometheusRule)"
+        )
+    inputs = sorted({m for r in ours for m in re.findall(r"\b(oomguard_\w+|up)\{", r["expr"])})
+    for metric in inputs:
+        query = urllib.parse.quote(f"count({metric}{{{bundle['selector']}}})")
+        try:
+            found = get(f"query?query={query}")["result"]
+        except (OSError, ValueError, KeyError) as exc:
+            problems.append(f"cannot query {metric}: {exc}")
+            continue
+        if not found:
+            problems.append(f"no series {metric}{{{bundle['selector']}}}: the alerts that read it can never fire")
+    return problems
+
+
+def run(scenario: DrillScenario, workdir: Path, **kwargs: Any) -> DrillReport:
+    try:
+        return asyncio.run(run_drill(scenario, workdir, **kwargs))
+    except ServiceError as exc:
+        report = DrillReport(
+            scenario.name, scenario.summary, kwargs.get("time_scale", DEFAULT_TIME_SCALE), "-", [], [], None, [str(exc)]
+        )
+        return report
