@@ -25,3 +25,15 @@ def promtool() -> str:
             "or `apt-get install prometheus`"
         )
     return path
+
+
+@pytest.fixture
+async def zoo(aiohttp_server):
+    """Engines that behave well and badly, on one test server (see targets_zoo.py)."""
+    from targets_zoo import Zoo
+
+    zoo = Zoo()
+    server = await aiohttp_server(zoo.app())
+    zoo.base = f"http://127.0.0.1:{server.port}"
+    yield zoo
+    zoo.hang.set()

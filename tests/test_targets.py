@@ -6,22 +6,12 @@ import asyncio
 import time
 
 import aiohttp
-import pytest
 from targets_zoo import Zoo
 
 from oomguard.config import TargetConfig
 from oomguard.sources.targets import TargetScraper
 
 TIMEOUT = 1.0
-
-
-@pytest.fixture
-async def zoo(aiohttp_server):
-    zoo = Zoo()
-    server = await aiohttp_server(zoo.app())
-    zoo.base = f"http://127.0.0.1:{server.port}"
-    yield zoo
-    zoo.hang.set()
 
 
 def scraper(url: str, name: str, max_body_bytes: int = 8 * 1024 * 1024) -> TargetScraper:

@@ -18,15 +18,6 @@ from oomguard.sources.nvml import NvmlSource
 from oomguard.web import make_app
 
 
-@pytest.fixture
-async def zoo(aiohttp_server):
-    zoo = Zoo()
-    server = await aiohttp_server(zoo.app())
-    zoo.base = f"http://127.0.0.1:{server.port}"
-    yield zoo
-    zoo.hang.set()
-
-
 def app_for(zoo: Zoo, kinds: list[str], lib: FakeNvml | None = None, gpus: tuple[int, ...] = (0,), **nvml: object):
     config = load_config(
         None,

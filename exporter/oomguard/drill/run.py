@@ -5,12 +5,14 @@ Alertmanager with the routing, and a webhook receiver; then a timeline of which 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import logging
 import re
 import time
 import urllib.request
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from aiohttp import web
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
-from oomguard.config import load_config
+from oomguard.config import Config, load_config
 from oomguard.drill.scenarios import MEMORY_ALERTS, DrillScenario
 from oomguard.drill.services import Alertmanager, Prometheus, ServiceError, free_port
 from oomguard.drill.webhook import WebhookReceiver
@@ -125,43 +127,43 @@ def _trend_settings(scale: float) -> dict[str, float]:
     }  # fmt: skip
 
 
-async def run_drill(
-    scenario: DrillScenario,
+@dataclass
+class Chain:
+    """The running chain: exporter -> Prometheus (generated rules) -> Alertmanager (routing) -> webhook."""
+
+    prometheus: Prometheus
+    alertmanager: Alertmanager
+    webhook: WebhookReceiver
+    prefix: str
+
+
+@contextlib.asynccontextmanager
+async def alerting_chain(
     workdir: Path,
+    exporter_config: Config,
+    nvml_factory: Callable[[], NvmlSource | None],
     *,
-    time_scale: float = DEFAULT_TIME_SCALE,
+    bundle_overrides: dict[str, Any],
     alertmanager_config: Path | None = None,
-) -> DrillReport:
+) -> AsyncIterator[Chain]:
+    """Starts the chain around an exporter configuration, stops everything on the way out."""
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "bundle.yaml").write_text(yaml.safe_dump({"time_scale": time_scale, **scenario.bundle}))
+    (workdir / "bundle.yaml").write_text(yaml.safe_dump(bundle_overrides))
     bundle = load_bundle_config(workdir / "bundle.yaml")
-    prefix = bundle["prefix"]
     rules = render(bundle)
     for name in (ALERTS_FILE, RECORDS_FILE):
         (workdir / name).write_text(rules[name])
-
     webhook = WebhookReceiver()
     webhook_runner = web.AppRunner(webhook.app(), access_log=None)
     await webhook_runner.setup()
     webhook_port = free_port()
     await web.TCPSite(webhook_runner, "127.0.0.1", webhook_port).start()
-    am = Alertmanager(
-        workdir / "alertmanager",
-        drill_alertmanager_config(alertmanager_config or DEFAULT_ALERTMANAGER_CONFIG, webhook_port),
-    )
-
-    sim = Simulation(scenario.simulation, time_scale=time_scale, log_path=workdir / "engine.log")
-    config = load_config(None, {
-        "state_dir": str(workdir / "state"), "trend": _trend_settings(time_scale),
-        "events": {"kernel_log": False, "quiet_seconds": 1, "rearm_seconds": max(1.0, 60 / time_scale)},
-        "targets": [{"name": "sim-vllm", "url": sim.url, "gpus": [0], "logs": [str(workdir / "engine.log")]}],
-    })  # fmt: skip
-    exporter = web.AppRunner(make_app(config, lambda: NvmlSource(sim.nvml)), access_log=None)
+    routing = drill_alertmanager_config(alertmanager_config or DEFAULT_ALERTMANAGER_CONFIG, webhook_port)
+    am = Alertmanager(workdir / "alertmanager", routing)
+    exporter = web.AppRunner(make_app(exporter_config, nvml_factory), access_log=None)
     prometheus: Prometheus | None = None
-    started = time.time()
     try:
         await asyncio.to_thread(am.start)
-        await sim.start()
         await exporter.setup()
         exporter_port = free_port()
         await web.TCPSite(exporter, "127.0.0.1", exporter_port).start()
@@ -170,17 +172,47 @@ async def run_drill(
             rule_files=[workdir / ALERTS_FILE, workdir / RECORDS_FILE], alertmanager=am.address,
         )  # fmt: skip
         await asyncio.to_thread(prometheus.start)
-        started = time.time()
-        await asyncio.sleep(scenario.minutes * 60 / time_scale)
-        await asyncio.sleep(3)  # the last notifications in flight (group_wait 1s, evaluation 1s)
-        return await asyncio.to_thread(_report, scenario, prometheus, webhook, prefix, started, time.time(), time_scale)
+        yield Chain(prometheus, am, webhook, bundle["prefix"])
     finally:
         if prometheus is not None:
             prometheus.stop()
         am.stop()
         await exporter.cleanup()
-        await sim.stop()
         await webhook_runner.cleanup()
+
+
+async def run_drill(
+    scenario: DrillScenario,
+    workdir: Path,
+    *,
+    time_scale: float = DEFAULT_TIME_SCALE,
+    alertmanager_config: Path | None = None,
+) -> DrillReport:
+    sim = Simulation(scenario.simulation, time_scale=time_scale, log_path=workdir / "engine.log")
+    config = load_config(None, {
+        "state_dir": str(workdir / "state"), "trend": _trend_settings(time_scale),
+        "events": {"kernel_log": False, "quiet_seconds": 1, "rearm_seconds": max(1.0, 60 / time_scale)},
+        "targets": [{"name": "sim-vllm", "url": sim.url, "gpus": [0], "logs": [str(workdir / "engine.log")]}],
+    })  # fmt: skip
+    overrides = {"time_scale": time_scale, **scenario.bundle}
+    try:
+        async with alerting_chain(
+            workdir,
+            config,
+            lambda: NvmlSource(sim.nvml),
+            bundle_overrides=overrides,
+            alertmanager_config=alertmanager_config,
+        ) as chain:
+            # The engine starts once Prometheus scrapes: the exporter sees its whole load, as in production.
+            await sim.start()
+            started = time.time()
+            await asyncio.sleep(scenario.minutes * 60 / time_scale)
+            await asyncio.sleep(3)  # the last notifications in flight (group_wait 1s, evaluation 1s)
+            return await asyncio.to_thread(
+                _report, scenario, chain.prometheus, chain.webhook, chain.prefix, started, time.time(), time_scale
+            )
+    finally:
+        await sim.stop()
 
 
 def _first_time(prometheus: Prometheus, expr: str, start: float, end: float) -> float | None:

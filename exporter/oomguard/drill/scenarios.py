@@ -31,7 +31,7 @@ class DrillScenario:
     expected: dict[str, str | None]
     quiet: tuple[str, ...]
     memory_alert_before_oom: bool = False
-    bundle: dict = field(default_factory=dict)  # bundle configuration overrides
+    bundle: dict = field(default_factory=lambda: PROBE)  # bundle configuration overrides
 
 
 SCENARIOS: dict[str, DrillScenario] = {
@@ -56,7 +56,6 @@ SCENARIOS: dict[str, DrillScenario] = {
             },
             quiet=("RestartsWithoutOom", "TargetDown", "ExporterDown", "SourceFailing"),
             memory_alert_before_oom=True,
-            bundle=PROBE,
         ),
         DrillScenario(
             name="slow-leak",
@@ -76,7 +75,6 @@ SCENARIOS: dict[str, DrillScenario] = {
             },
             quiet=("RestartStorm", "RestartsWithoutOom", "StartupSlowerThanProbe", "TargetDown", "QueueBacklog"),
             memory_alert_before_oom=True,
-            bundle=PROBE,
         ),
         DrillScenario(
             name="probe-kill",
