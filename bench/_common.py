@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 import platform
 import statistics
+import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+import psutil
 from aiohttp import web
 
 # Resolved from this file, so the benchmarks run from any working directory.
@@ -61,11 +64,19 @@ def _serve_targets(delays_ms: list[float], conn: Connection) -> None:
     asyncio.run(main())
 
 
+def _started(proc: BaseProcess, conn: Connection) -> object:
+    """What the child sends once it serves; an error, not a hang, when it dies first."""
+    while not conn.poll(0.1):
+        if not proc.is_alive():
+            raise RuntimeError(f"{proc.name} exited with code {proc.exitcode} before serving (its traceback is above)")
+    return conn.recv()
+
+
 def start_targets(delays_ms: list[float]) -> tuple[BaseProcess, list[int]]:
     parent, child = _ctx.Pipe()
     proc = _ctx.Process(target=_serve_targets, args=(delays_ms, child), daemon=True)
     proc.start()
-    return proc, parent.recv()
+    return proc, _started(proc, parent)  # type: ignore[return-value]
 
 
 # -- the exporter: the real app, fake NVML, in its own process ---------------------------------
@@ -77,13 +88,20 @@ def _serve_exporter(ports: list[int], local_process: str, conn: Connection) -> N
 
     config = Config(
         targets=tuple(
-            TargetConfig(url=f"http://127.0.0.1:{port}", name=f"t{i:02d}", gpus=(i % N_GPUS,), local_process=local_process)
+            TargetConfig(
+                url=f"http://127.0.0.1:{port}", name=f"t{i:02d}", gpus=(i % N_GPUS,), local_process=local_process
+            )
             for i, port in enumerate(ports)
         )
     )
     # Two engine processes per GPU, so the per-process series are rendered too.
     gpus = [
-        FakeGpu(i, used_bytes=60 * GIB, utilization_percent=70, processes=[FakeProcess(900_000 + 2 * i + k, 30 * GIB) for k in range(2)])
+        FakeGpu(
+            i,
+            used_bytes=60 * GIB,
+            utilization_percent=70,
+            processes=[FakeProcess(900_000 + 2 * i + k, 30 * GIB) for k in range(2)],
+        )
         for i in range(N_GPUS)
     ]
 
@@ -103,7 +121,7 @@ def start_exporter(ports: list[int], local_process: str = "auto") -> tuple[BaseP
     parent, child = _ctx.Pipe()
     proc = _ctx.Process(target=_serve_exporter, args=(ports, local_process, child), daemon=True)
     proc.start()
-    return proc, parent.recv()
+    return proc, _started(proc, parent)  # type: ignore[return-value]
 
 
 # -- reporting -------------------------------------------------------------------------------
@@ -118,4 +136,31 @@ def median(values: list[float]) -> float:
 
 
 def machine() -> str:
-    return f"{mp.cpu_count()} CPUs, Python {platform.python_version()}, {platform.machine()}"
+    # The load average says whether something else was competing for the 2 cores during the run.
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{len(os.sched_getaffinity(0))} CPUs, Python {platform.python_version()}, load average {load}"
+
+
+# -- other load: this machine is shared, so say how busy it was with work not ours -------------
+def _busy_seconds(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def cpu_mark() -> tuple[float, float, float]:
+    """(wall clock, whole machine's busy CPU seconds, this benchmark's CPU seconds) now."""
+    t = psutil.cpu_times()
+    me = psutil.Process()
+    return time.perf_counter(), t.user + t.nice + t.system + t.irq + t.softirq, _busy_seconds([me, *me.children()])
+
+
+def other_load(mark: tuple[float, float, float]) -> float:
+    """Percent of all CPUs used since `mark` by processes not of this benchmark; call before stopping children."""
+    wall, system, ours = (now - then for now, then in zip(cpu_mark(), mark, strict=True))
+    return max(0.0, (system - ours) / (wall * len(os.sched_getaffinity(0))) * 100)
