@@ -80,7 +80,7 @@ def replay(trace: Trace, settings: TrendSettings | None = None) -> Replay:
         first.setdefault(state, len(states) * INTERVAL)
         states.append(state)
 
-    sampler = Sampler(tracker, observe, clock=clock, sleep=clock.sleep)
+    sampler = Sampler(tracker, observe, clock=clock, sleep=clock.sleep, offload=False)
     asyncio.run(sampler.run(iterations=len(trace.values)))
     note(tracker)
     return Replay(trace, states, first)

@@ -65,15 +65,16 @@ class TargetScraper:
 
     async def scrape(self, session: aiohttp.ClientSession) -> TargetReading:
         started = time.perf_counter()
-        metrics_task = asyncio.ensure_future(self._fetch_metrics(session))
-        health_status, health_latency = await self._probe_health(session)
+        # /metrics first: it is the longer of the two, so it leaves first and /health runs alongside.
+        health_task = asyncio.ensure_future(self._probe_health(session))
         reading: EngineReading | None = None
         error_kind = error = ""
         try:
-            reading = await metrics_task
+            reading = await self._fetch_metrics(session)
         except ScrapeError as exc:
             error_kind, error = exc.kind, str(exc)
             self.errors_total[exc.kind] += 1
+        health_status, health_latency = await health_task
         process = await asyncio.to_thread(self.finder.find, self.port) if self.finder else None
         healthy = health_status == 200 or (health_status == 404 and reading is not None)
         self.state = await self._next_state(healthy, health_status)
