@@ -21,7 +21,8 @@ import psutil
 from aiohttp import web
 
 # Resolved from this file, so the benchmarks run from any working directory.
-FIXTURE = Path(__file__).resolve().parents[2] / "shared/fixtures/vllm/vllm-0.32.0-cpu-under-load.txt"
+# The real vLLM 0.32 body under load, as copied into the test fixtures.
+FIXTURE = Path(__file__).resolve().parents[1] / "tests/fixtures/vllm/vllm-0.32.0-cpu-under-load.txt"
 N_GPUS = 8
 N_TARGETS = 16
 _ctx = mp.get_context("spawn")  # no event loop or thread state copied into children
