@@ -96,12 +96,19 @@ async def test_exporter_follows_a_real_vllm(tiny_model: Path, tmp_path: Path, ai
         # 3. Under load, the exporter's figures equal the server's own, read around the same moment.
         # Each figure is compared when the server's reads just before and just after agree on it.
         load = harness.run_load(server.url, n=96, prompt_tokens=120, max_tokens=380)
-        compared = busy = 0
+        compared = busy = slow = 0
         async with aiohttp.ClientSession() as session:
             while not load.done():
                 before = server_figures(await (await session.get(server.url + "/metrics")).text())
-                mine = exporter_figures(await (await client.get("/metrics")).text())
+                text = await (await client.get("/metrics")).text()
                 after = server_figures(await (await session.get(server.url + "/metrics")).text())
+                if value(text, "oomguard_target_up", target=TARGET) == 0.0:
+                    # On 2 cores under this load the API server may answer /metrics after the timeout:
+                    # the exporter then says so (up 0, kind timeout) instead of guessing figures.
+                    slow += 1
+                    assert value(text, "oomguard_target_scrape_errors_total", target=TARGET, kind="timeout") >= slow
+                    continue
+                mine = exporter_figures(text)
                 assert before[2] <= mine[2] <= after[2], (before, mine, after)  # a counter: between the reads
                 for b, m, a in zip(before, mine, after, strict=True):
                     if b == a:  # this figure did not move meanwhile: the exporter must say exactly the same
@@ -111,7 +118,10 @@ async def test_exporter_follows_a_real_vllm(tiny_model: Path, tmp_path: Path, ai
         statuses = await asyncio.to_thread(load.wait, 120)
         assert statuses == [200] * 96
         final_text = await (await client.get("/metrics")).text()
-        print(f"{compared} exact comparisons, {busy} of non-zero figures; final {exporter_figures(final_text)}")
+        print(
+            f"{compared} exact comparisons, {busy} of non-zero figures, {slow} scrapes timed out; "
+            f"final {exporter_figures(final_text)}"
+        )
         assert busy >= 3, (compared, busy)
         assert exporter_figures(final_text)[2] > 0, "the load must have caused preemptions"
 
