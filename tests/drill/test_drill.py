@@ -61,3 +61,50 @@ def test_drill_command_json_report(tmp_path: Path, capsys: pytest.CaptureFixture
     data = json.loads(report.read_text())
     assert code == (0 if data["ok"] else 1)
     assert data["scenario"] == "probe-kill" and {a["alert"] for a in data["alerts"]} >= {"OomGuardRestartStorm"}
+
+
+async def test_check_against_a_running_prometheus(tmp_path: Path) -> None:
+    """`oomguard drill --check`: rules loaded and inputs present, or the list of what is missing."""
+    import asyncio
+
+    from aiohttp import web
+
+    from oomguard.bundle.config import load_bundle_config
+    from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
+    from oomguard.config import load_config
+    from oomguard.drill.run import check_deployment
+    from oomguard.drill.services import Prometheus, free_port
+    from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
+    from oomguard.sources.nvml import NvmlSource
+    from oomguard.web import make_app
+
+    bundle = load_bundle_config()
+    for name, text in render(bundle).items():
+        (tmp_path / name).write_text(text)
+    config = load_config(None, {"events": {"kernel_log": False}, "targets": []})
+    runner = web.AppRunner(make_app(config, lambda: NvmlSource(FakeNvml([FakeGpu(0)]))))
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    with_rules = Prometheus(
+        tmp_path / "a", [f"127.0.0.1:{port}"], rule_files=[tmp_path / ALERTS_FILE, tmp_path / RECORDS_FILE]
+    )
+    without_rules = Prometheus(tmp_path / "b", [f"127.0.0.1:{port}"])
+    try:
+        for prometheus in (with_rules, without_rules):
+            await asyncio.to_thread(prometheus.start)
+            await asyncio.to_thread(prometheus.wait_for, 'oomguard_gpu_memory_used_ratio{job="oomguard"}', 30)
+        problems = await asyncio.to_thread(check_deployment, with_rules.url, bundle)
+        # Loaded, and fed: only the inputs this exporter cannot have without engine targets are missing.
+        assert not [p for p in problems if "is not loaded" in p], problems
+        assert any("oomguard_engine_requests_waiting" in p for p in problems)
+        assert not any("oomguard_gpu_memory_used_ratio{" in p for p in problems)
+        problems = await asyncio.to_thread(check_deployment, without_rules.url, bundle)
+        assert any("rule OomGuardOomEvent is not loaded" in p for p in problems)
+        assert await asyncio.to_thread(check_deployment, "http://127.0.0.1:9", bundle) == [
+            "cannot read the rules of http://127.0.0.1:9: <urlopen error [Errno 111] Connection refused>"
+        ]
+    finally:
+        with_rules.stop()
+        without_rules.stop()
+        await runner.cleanup()

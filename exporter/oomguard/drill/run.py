@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
