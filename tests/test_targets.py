@@ -33,7 +33,7 @@ async def test_each_failure_has_its_kind_and_none_delays_the_others(zoo: Zoo) ->
     cases = {
         "good": ("", "up"),
         "hang": ("timeout", "loading"),
-        "500": ("http_status", "down"),
+        "500": ("http_status", "loading"),  # never healthy yet: not "down"
         "huge": ("too_large", "up"),
         "garbage": ("parse", "up"),
         "html": ("parse", "up"),

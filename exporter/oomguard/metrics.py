@@ -412,7 +412,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "gauge",
         "",
         "target state",
-        "1 for the target's current state: up (health 200), loading (no answer since first seen or since its process restarted), down (was up, now refuses or fails).",
+        "1 for the target's current state: up (health 200), loading (never healthy since first seen, or refusing since its process restarted), down (was up, now refuses or fails).",
     ),
     _m(
         HEALTH,

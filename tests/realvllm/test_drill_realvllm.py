@@ -25,14 +25,16 @@ from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml
 from oomguard.sources.nvml import NvmlSource
 
 pytestmark = pytest.mark.realvllm
-SCALE = 60
+# 20x, scraped every 5 s: under this load vLLM's own /metrics can take seconds to answer, and a
+# faster scrape would time out and break the alert's `for:` (5 minutes here are 15 s).
+SCALE = 20
 
 
 async def test_queue_alert_fires_under_real_load_and_resolves(tiny_model: Path, tmp_path: Path) -> None:
     pressure = ("--num-gpu-blocks-override", "8", "--max-num-seqs", "4")
     server = harness.VllmServer(tiny_model, harness.free_port(), pressure, tmp_path / "vllm.log")
     config = load_config(None, {
-        "events": {"kernel_log": False, "xid": False}, "trend": {"enabled": False},
+        "events": {"kernel_log": False, "xid": False}, "trend": {"enabled": False}, "scrape": {"timeout_seconds": 4},
         "targets": [{"name": "tiny-vllm", "url": server.url, "gpus": [0]}],
     })  # fmt: skip
     gpus = FakeNvml([FakeGpu(0, used_bytes=40 * GIB)])  # the GPU is simulated: this machine has none
@@ -44,6 +46,7 @@ async def test_queue_alert_fires_under_real_load_and_resolves(tiny_model: Path, 
             lambda: NvmlSource(gpus),
             bundle_overrides={"time_scale": SCALE},
             alertmanager_config=routing,
+            scrape_interval="5s",
         ) as chain:
             server.start()
             await asyncio.to_thread(server.wait_healthy, 240)

@@ -147,6 +147,7 @@ async def alerting_chain(
     *,
     bundle_overrides: dict[str, Any],
     alertmanager_config: Path | None = None,
+    scrape_interval: str = "1s",
 ) -> AsyncIterator[Chain]:
     """Starts the chain around an exporter configuration, stops everything on the way out."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -172,6 +173,7 @@ async def alerting_chain(
         prometheus = Prometheus(
             workdir / "prometheus", [f"127.0.0.1:{exporter_port}"],
             rule_files=[workdir / ALERTS_FILE, workdir / RECORDS_FILE], alertmanager=am.address,
+            scrape_interval=scrape_interval,
         )  # fmt: skip
         await asyncio.to_thread(prometheus.start)
         yield Chain(prometheus, am, webhook, bundle["prefix"])

@@ -114,22 +114,28 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
-def start_time(pid: int) -> float | None:
-    """When a process started, Unix time, to a clock tick.
+_boot_time: float | None = None
 
-    psutil's create_time() adds the boot time, which /proc/stat gives in whole
-    seconds: up to a second off, too coarse to measure a model's load time. Here the
-    age comes from /proc/uptime and the process' start tick, both fractional.
+
+def start_time(pid: int) -> float | None:
+    """When a process started, Unix time, to a clock tick, and the same value at every call.
+
+    psutil's create_time() adds the boot time, which /proc/stat gives in whole seconds: up to
+    a second off, too coarse to measure a model's load time. Here the boot time comes from
+    /proc/uptime, once: recomputed on each call it would jitter by the time between the two
+    reads, and a start time that moves looks like a restart.
     """
+    global _boot_time
     started_ticks = _start_ticks(pid)
     if started_ticks is None:
         return None
-    try:
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return time.time() - (uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+    if _boot_time is None:
+        try:
+            with open("/proc/uptime") as f:
+                _boot_time = time.time() - float(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+    return _boot_time + started_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _listens(conn: psutil._common.sconn | psutil._common.pconn, port: int) -> bool:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+START_TOLERANCE = 1.0  # seconds: psutil-style start times are only good to about a second
+
 
 @dataclass
 class RestartTracker:
@@ -26,7 +28,7 @@ class RestartTracker:
             if self._not_up_since is None:
                 self._not_up_since = now
             return
-        life = (round(start_time, 1) if start_time is not None else None, pid)
+        life = (start_time, pid)
         known = life != (None, None)
         was_down = self._not_up_since is not None
         if self._life is None:
@@ -43,8 +45,11 @@ class RestartTracker:
 
     def _differs(self, life: tuple[float | None, int | None]) -> bool:
         assert self._life is not None
-        # Compare what both lives know: a start time seen only now is not a restart by itself.
-        return any(a is not None and b is not None and a != b for a, b in zip(life, self._life, strict=True))
+        # Compare what both lives know: a start time seen only now is not a restart by itself. Start
+        # times from different sources (/proc here, the engine's own metric) may differ a little.
+        (start, pid), (old_start, old_pid) = life, self._life
+        moved = start is not None and old_start is not None and abs(start - old_start) > START_TOLERANCE
+        return moved or (pid is not None and old_pid is not None and pid != old_pid)
 
     def _record_startup(self, now: float, start_time: float | None) -> None:
         if start_time is not None and start_time <= now:

@@ -109,9 +109,9 @@ class TargetScraper:
             self.ever_up = True
             return "up"
         if not self.ever_up:
-            # Never answered since we first saw it: an engine loading its model
-            # refuses connections (vLLM) or answers 503 (SGLang) until ready.
-            return "loading" if health_status in (None, 503) else "down"
+            # Never healthy since we first saw it: an engine loading its model refuses connections
+            # (vLLM), answers 503 (SGLang), or errors while its HTTP side is up before its engine.
+            return "loading"
         if health_status is None and self.finder and await asyncio.to_thread(self.finder.restarted, self.port):
             return "loading"
         return "down"
