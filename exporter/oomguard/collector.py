@@ -54,7 +54,7 @@ class Collection:
         self.config = config
         self.nvml = nvml
         self.session = session
-        self.finder = finder = ProcessFinder()
+        finder = ProcessFinder()
         self.tracker = TrendTracker(config.trend.settings()) if config.trend.enabled else None
         self.events = EventRunner(config)
         self.xid = XidWatcher(nvml.lib) if nvml is not None and config.events.xid else None

@@ -126,6 +126,7 @@ class EventRunner:
             )
             self.streams.append(_Stream(HOST, source, reader, None))
         self.state_errors = 0
+        self._reported: dict[str, str] = {}  # source -> the last error logged for it
 
     @staticmethod
     def _readers(
@@ -158,6 +159,7 @@ class EventRunner:
                 stream.reader.stats.read_errors += 1
                 log.exception("event source %s of %r failed", stream.source, stream.target)
                 continue
+            self._report(stream.target, stream.source, stream.reader.stats.last_error)
             now = self.clock()
             changed |= bool(lines)
             for line in lines:
@@ -171,13 +173,20 @@ class EventRunner:
                 for event in stream.detector.tick(now):
                     changed = True
                     self._count(stream.target, event.kind, 1, event.timestamp)
-        for target, _, reader in self.cgroups:
+        for target, source, reader in self.cgroups:
             new = reader.read_new()
+            self._report(target, source, reader.last_error)
             if new:
                 changed = True
                 self._count(target, "cgroup_oom_kill", new, self.clock())
         if changed:
             self._save()
+
+    def _report(self, target: str, source: str, error: str) -> None:
+        """Log a source's error once when it appears or changes: the counter says how often, this says why."""
+        if error and self._reported.get(source) != error:
+            log.warning("event source %s of %r: %s", source, target or "host", error)
+        self._reported[source] = error
 
     def _count(self, target: str, kind: str, n: int, at: float) -> None:
         self.counts.setdefault(target, Counts()).add(kind, n, at)
