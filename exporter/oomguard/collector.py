@@ -19,13 +19,16 @@ import aiohttp
 from oomguard.config import Config
 from oomguard.events.runner import Counts, EventRunner, SourceHealth
 from oomguard.events.xid import XidWatcher
-from oomguard.snapshot import NvmlReading, TargetReading
+from oomguard.snapshot import NvmlReading, ProcessTree, TargetReading
 from oomguard.sources.nvml import NvmlSource
 from oomguard.sources.processes import ProcessFinder
 from oomguard.sources.targets import TargetScraper
 from oomguard.trend.sampler import Key, Observation, TrendReading, TrendTracker, observations
 
 log = logging.getLogger(__name__)
+
+# A scrape and a trend-sampler tick closer than this share one lookup of the engines' processes.
+PROCESS_LOOKUP_MAX_AGE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,7 @@ class Collection:
         self.config = config
         self.nvml = nvml
         self.session = session
-        finder = ProcessFinder()
+        self.finder = finder = ProcessFinder()
         self.tracker = TrendTracker(config.trend.settings()) if config.trend.enabled else None
         self.events = EventRunner(config)
         self.xid = XidWatcher(nvml.lib) if nvml is not None and config.events.xid else None
@@ -69,6 +72,9 @@ class Collection:
         self._nvml_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
         self._nvml_future: Future[NvmlReading] | None = None
         self._in_flight: asyncio.Future[Snapshot] | None = None
+        self._local_ports = sorted({s.port for s in self.scrapers if s.finder is not None})
+        self._processes: tuple[float, dict[int, ProcessTree | None]] | None = None  # (monotonic time, lookup)
+        self._processes_in_flight: asyncio.Future[dict[int, ProcessTree | None]] | None = None
         self.last: Snapshot | None = None
 
     async def snapshot(self) -> Snapshot:
@@ -138,15 +144,41 @@ class Collection:
             except TimeoutError:
                 nvml = None  # the GPU series miss this tick; the sampler goes on
 
-        def processes() -> list:
-            return [s.finder.find(s.port) if s.finder else None for s in self.scrapers]
-
-        trees = await asyncio.to_thread(processes)
-        targets = [(s.name, s.config.gpus, tree) for s, tree in zip(self.scrapers, trees, strict=True)]
+        trees = await self.local_processes() if self._local_ports else {}
+        targets = [(s.name, s.config.gpus, trees.get(s.port) if s.finder else None) for s in self.scrapers]
         return await asyncio.to_thread(observations, nvml, targets)
 
     async def _scrape_targets(self) -> list[TargetReading]:
-        return list(await asyncio.gather(*(s.scrape(self.session) for s in self.scrapers)))
+        # The process lookup runs in a thread while the requests are out, not after them.
+        processes = asyncio.ensure_future(self.local_processes()) if self._local_ports else None
+        try:
+            return list(await asyncio.gather(*(s.scrape(self.session, processes) for s in self.scrapers)))
+        finally:
+            if processes is not None and not processes.done():
+                processes.cancel()
+
+    async def local_processes(self) -> dict[int, ProcessTree | None]:
+        """The engines found on this host, by port: one lookup shared by a scrape and the trend sampler.
+
+        A lookup walks /proc (a few ms per target); a scrape and a sampler tick less than
+        PROCESS_LOOKUP_MAX_AGE apart share it, and concurrent callers share the one in flight.
+        """
+        if self._processes is not None and time.monotonic() - self._processes[0] < PROCESS_LOOKUP_MAX_AGE:
+            return self._processes[1]
+        if self._processes_in_flight is None:
+            lookup = asyncio.to_thread(self.finder.find_all, self._local_ports)
+            self._processes_in_flight = asyncio.ensure_future(lookup)
+            self._processes_in_flight.add_done_callback(self._keep_processes)
+        try:
+            return await asyncio.shield(self._processes_in_flight)
+        except Exception:  # the engines' metrics still go out, without their host processes
+            log.exception("looking up the engines' processes on this host failed")
+            return {}
+
+    def _keep_processes(self, lookup: asyncio.Future[dict[int, ProcessTree | None]]) -> None:
+        self._processes_in_flight = None
+        if not lookup.cancelled() and lookup.exception() is None:
+            self._processes = (time.monotonic(), lookup.result())
 
     async def follow_events(self) -> None:
         """The background loop reading logs, journals, cgroups and the kernel log."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterable
 
 import psutil
 
@@ -26,15 +27,29 @@ class ProcessFinder:
         self._listener_by_port: dict[int, tuple[int, int]] = {}
         self._last_listener: dict[int, ProcessTree] = {}
 
-    def find(self, port: int) -> ProcessTree | None:
-        pid = self._cached_listener(port) or self._scan_listener(port)
-        if pid is None:
-            return None
-        try:
-            return self._tree(pid, port)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            self._listener_by_port.pop(port, None)
-            return None
+    def find_all(self, ports: Iterable[int]) -> dict[int, ProcessTree | None]:
+        """Each port's listening process and its descendants (None where nothing listens).
+
+        One pass over /proc serves every port: the socket scan (only for ports whose
+        listener is not known) and the parent-to-children map are each built once.
+        """
+        listeners = {port: self._cached_listener(port) for port in ports}
+        unknown = {port for port, pid in listeners.items() if pid is None}
+        if unknown:
+            listeners.update(self._scan_listeners(unknown))
+        children = _children_by_parent() if any(listeners.values()) else {}
+        trees: dict[int, ProcessTree | None] = {}
+        for port, pid in listeners.items():
+            trees[port] = None
+            if pid is None:
+                continue
+            try:
+                trees[port] = self._tree(pid, port, children)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                self._listener_by_port.pop(port, None)
+            except psutil.AccessDenied:
+                log.warning("cannot read process %d (listening on port %d): run as its user or as root", pid, port)
+        return trees
 
     def restarted(self, port: int) -> bool:
         """True when a new process with the last listener's command line is running.
@@ -63,31 +78,40 @@ class ProcessFinder:
         del self._listener_by_port[port]
         return None
 
-    def _scan_listener(self, port: int) -> int | None:
+    def _scan_listeners(self, ports: set[int]) -> dict[int, int]:
         try:
             connections = psutil.net_connections("inet")
         except psutil.AccessDenied:
-            log.warning("cannot list sockets to find the engine on port %d: run as root or set local_process: no", port)
-            return None
+            log.warning(
+                "cannot list sockets to find the engines on ports %s: run as root or set local_process: no",
+                sorted(ports),
+            )
+            return {}
+        found: dict[int, int] = {}
         for conn in connections:
-            if conn.pid and _listens(conn, port):
+            port = conn.laddr.port if conn.laddr else None
+            if conn.pid and port in ports and port not in found and conn.status == psutil.CONN_LISTEN:
+                found[port] = conn.pid
                 ticks = _start_ticks(conn.pid)
                 if ticks is not None:
                     self._listener_by_port[port] = (conn.pid, ticks)
-                return conn.pid
-        return None
+        return found
 
-    def _tree(self, pid: int, port: int) -> ProcessTree:
+    def _tree(self, pid: int, port: int, children: dict[int, list[int]]) -> ProcessTree:
         root = psutil.Process(pid)
-        members = [root, *root.children(recursive=True)]
-        rss = 0.0
-        pids = set()
-        for proc in members:
+        rss = float(root.memory_info().rss)
+        pids = {pid}
+        stack = list(children.get(pid, ()))
+        while stack:
+            child = stack.pop()
+            if child in pids:
+                continue
             try:
-                rss += proc.memory_info().rss
-                pids.add(proc.pid)
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                rss += _resident_bytes(child)
+            except OSError:
                 continue  # a worker that exited between the listing and the read
+            pids.add(child)
+            stack.extend(children.get(child, ()))
         try:
             cmdline = tuple(root.cmdline())
         except psutil.AccessDenied:
@@ -101,6 +125,31 @@ class ProcessFinder:
         )
         self._last_listener[port] = tree
         return tree
+
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _resident_bytes(pid: int) -> float:
+    """RSS from /proc/PID/statm (what psutil reads too), without building a Process object."""
+    with open(f"/proc/{pid}/statm", "rb") as f:
+        return float(int(f.read().split()[1]) * _PAGE_SIZE)
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from every /proc/PID/stat: one pass for all targets."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+            ppid = int(stat.rpartition(b")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # exited while we listed /proc
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -136,7 +185,3 @@ def start_time(pid: int) -> float | None:
         except (OSError, ValueError, IndexError):
             return None
     return _boot_time + started_ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _listens(conn: psutil._common.sconn | psutil._common.pconn, port: int) -> bool:
-    return conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -19,7 +20,7 @@ import aiohttp
 from oomguard.config import TargetConfig
 from oomguard.engines import ENGINES, EngineReading
 from oomguard.promtext import ExpositionError, FamilyExtractor
-from oomguard.snapshot import ERROR_KINDS, TargetReading
+from oomguard.snapshot import ERROR_KINDS, ProcessTree, TargetReading
 from oomguard.sources.processes import ProcessFinder
 from oomguard.sources.restarts import RestartTracker
 
@@ -63,7 +64,10 @@ class TargetScraper:
         self.state = "loading"
         self._last_error = ""
 
-    async def scrape(self, session: aiohttp.ClientSession) -> TargetReading:
+    async def scrape(
+        self, session: aiohttp.ClientSession, processes: Awaitable[Mapping[int, ProcessTree | None]] | None = None
+    ) -> TargetReading:
+        """One reading; `processes` is the collection's lookup of local engines by port, shared by all targets."""
         started = time.perf_counter()
         # /metrics first: it is the longer of the two, so it leaves first and /health runs alongside.
         health_task = asyncio.ensure_future(self._probe_health(session))
@@ -75,7 +79,7 @@ class TargetScraper:
             error_kind, error = exc.kind, str(exc)
             self.errors_total[exc.kind] += 1
         health_status, health_latency = await health_task
-        process = await asyncio.to_thread(self.finder.find, self.port) if self.finder else None
+        process = (await processes).get(self.port) if self.finder and processes is not None else None
         healthy = health_status == 200 or (health_status == 404 and reading is not None)
         self.state = await self._next_state(healthy, health_status)
         # The start time of the process found on this host is the most precise; else the engine's own.

@@ -1,0 +1,96 @@
+"""Finding a local engine's processes by the port it listens on: real processes, real /proc."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from oomguard.sources.processes import ProcessFinder
+
+# An "engine": listens on a port (unless LISTEN=0, as while a model loads) and has a worker child.
+ENGINE = """
+import os, socket, subprocess, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+if os.environ.get("LISTEN", "1") == "1":
+    s.listen()
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(s.getsockname()[1], worker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+class Engine:
+    def __init__(self, listen: bool = True) -> None:
+        env = {**os.environ, "LISTEN": "1" if listen else "0"}
+        self.proc = subprocess.Popen([sys.executable, "-c", ENGINE], stdout=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdout is not None
+        port, worker = self.proc.stdout.readline().split()
+        self.port, self.worker_pid = int(port), int(worker)
+
+    def stop(self) -> None:
+        for pid in (self.worker_pid, self.proc.pid):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    e = Engine()
+    yield e
+    e.stop()
+
+
+def test_finds_the_listener_and_its_worker(engine: Engine) -> None:
+    trees = ProcessFinder().find_all([engine.port, 1])  # nothing listens on port 1
+    tree = trees[engine.port]
+    assert trees[1] is None
+    assert tree is not None
+    assert tree.root_pid == engine.proc.pid
+    assert tree.pids == {engine.proc.pid, engine.worker_pid}
+    rss = sum(psutil.Process(pid).memory_info().rss for pid in tree.pids)
+    assert abs(tree.resident_bytes - rss) < 4 * 2**20  # read at nearly the same moment
+    assert abs(tree.start_time_seconds - psutil.Process(engine.proc.pid).create_time()) < 1.0
+    assert tree.cmdline == tuple(psutil.Process(engine.proc.pid).cmdline())
+
+
+def test_known_listener_is_not_searched_again(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    finder = ProcessFinder()
+    first = finder.find_all([engine.port])[engine.port]
+    scans = []
+    real = psutil.net_connections
+    monkeypatch.setattr(psutil, "net_connections", lambda *a: scans.append(a) or real(*a))
+    again = finder.find_all([engine.port])[engine.port]
+    assert scans == []  # the socket scan reads all of /proc/net/tcp*: only for an unknown listener
+    assert again is not None and first is not None and again.root_pid == first.root_pid
+    assert again.start_time_seconds == first.start_time_seconds  # stable, or restarts would be miscounted
+
+
+def test_gone_listener_is_searched_again_and_not_found(engine: Engine) -> None:
+    finder = ProcessFinder()
+    assert finder.find_all([engine.port])[engine.port] is not None
+    engine.stop()
+    assert finder.find_all([engine.port]) == {engine.port: None}
+
+
+def test_restart_is_seen_by_command_line_while_the_new_process_loads(engine: Engine) -> None:
+    finder = ProcessFinder()
+    assert finder.find_all([engine.port])[engine.port] is not None
+    assert not finder.restarted(engine.port)  # the same process still runs
+    engine.stop()
+    time.sleep(0.02)  # start ticks are 10 ms apart: the new process starts strictly later
+    loading = Engine(listen=False)  # same command line, not listening yet
+    try:
+        assert finder.restarted(engine.port)
+    finally:
+        loading.stop()
+    assert not finder.restarted(engine.port)
