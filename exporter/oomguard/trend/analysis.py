@@ -72,29 +72,40 @@ def theil_sen(points: list[tuple[float, float]]) -> float | None:
     return statistics.median(slopes) if slopes else None
 
 
+@dataclass(frozen=True, slots=True)
+class History:
+    """Samples as two parallel lists, times ascending: windows are found by bisection and cut by
+    slicing, with no pass over every sample in Python (this runs for every series every tick)."""
+
+    times: list[float]
+    values: list[float]
+
+    def since(self, start: float) -> History:
+        i = bisect.bisect_left(self.times, start)
+        return History(self.times[i:], self.values[i:])
+
+
 def bucket_points(
-    samples: list[tuple[float, float]], start: float, end: float, *, floor: bool = False, count: int = 12
+    history: History, start: float, end: float, *, floor: bool = False, count: int = 12
 ) -> list[tuple[float, float]]:
     """Split [start, end] into equal buckets; one point per bucket: its median, or its 10th percentile
-    (`floor`: the troughs under a sawtooth, where one wild low reading does not count).
-
-    `samples` are sorted by time, so edges are found by bisection, not by a pass over every point.
-    """
+    (`floor`: the troughs under a sawtooth, where one wild low reading does not count)."""
     if end - start <= 0:
         return []
     width = (end - start) / count
-    edges = [bisect.bisect_left(samples, (start + i * width,)) for i in range(count)] + [len(samples)]
+    times = history.times
+    edges = [bisect.bisect_left(times, start + i * width) for i in range(count)] + [len(times)]
     points = []
     for i in range(count):
-        values = [v for _, v in samples[edges[i] : edges[i + 1]]]
+        values = history.values[edges[i] : edges[i + 1]]
         if values:
             stat = sorted(values)[len(values) // 10] if floor else statistics.median(values)
             points.append((start + (i + 0.5) * width, stat))
     return points
 
 
-def robust_slope(samples: list[tuple[float, float]], start: float, end: float, *, floor: bool = False) -> float | None:
-    points = bucket_points(samples, start, end, floor=floor)
+def robust_slope(history: History, start: float, end: float, *, floor: bool = False) -> float | None:
+    points = bucket_points(history, start, end, floor=floor)
     return theil_sen(points) if len(points) >= 3 else None
 
 
@@ -161,43 +172,40 @@ class Series:
         if not self.samples:
             return None
         s = self.settings
-        samples = list(self.samples)
-        now = samples[-1][0]
+        samples = History([t for t, _ in self.samples], [v for _, v in self.samples])
+        first, now = samples.times[0], samples.times[-1]
         level = statistics.median(self._recent)
-        history = now - samples[0][0]
-        short = samples[bisect.bisect_left(samples, (now - s.short_window_seconds,)) :]
+        short = samples.since(now - s.short_window_seconds)
         slope_short = robust_slope(short, now - s.short_window_seconds, now)
-        slope_long = robust_slope(samples, samples[0][0], now)
+        slope_long = robust_slope(samples, first, now)
         climb_seconds = now - self.climb_start if self.climb_start is not None else 0.0
         state = self._classify(samples, short, level, climb_seconds, now)
         rising = {"spike": slope_short, "climbing": self._climb_slope(samples, now)}.get(state)
         seconds_to_full = (1.0 - level) / rising if rising and rising > 0 else None
         if state == "climbing" and rising:
             slope_long = rising
-        return Trend(state, level, slope_short, slope_long, climb_seconds, seconds_to_full, history)
+        return Trend(state, level, slope_short, slope_long, climb_seconds, seconds_to_full, now - first)
 
-    def _climb_slope(self, samples: list[tuple[float, float]], now: float) -> float | None:
+    def _climb_slope(self, samples: History, now: float) -> float | None:
         """The pace of the current climb, or of the floor under a sawtooth when that is what rises."""
         assert self.climb_start is not None
-        climb = samples[bisect.bisect_left(samples, (self.climb_start,)) :]
-        slope = robust_slope(climb, self.climb_start, now)
-        floor = robust_slope(samples, samples[0][0], now, floor=True)
+        slope = robust_slope(samples.since(self.climb_start), self.climb_start, now)
+        floor = robust_slope(samples, samples.times[0], now, floor=True)
         candidates = [x for x in (slope, floor) if x is not None]
         return max(candidates) if candidates else None
 
     def _classify(
         self,
-        samples: list[tuple[float, float]],
-        short: list[tuple[float, float]],
+        samples: History,
+        short: History,
         level: float,
         climb_seconds: float,
         now: float,
     ) -> str:
         s = self.settings
-        recent = samples[bisect.bisect_left(samples, (now - 30.0,)) :]
-        if statistics.median(v for _, v in recent) >= s.saturated_ratio:
+        if statistics.median(samples.since(now - 30.0).values) >= s.saturated_ratio:
             return "saturated"
-        if level >= s.spike_level_ratio and level - min(v for _, v in short) >= s.spike_rise_ratio:
+        if level >= s.spike_level_ratio and level - min(short.values) >= s.spike_rise_ratio:
             return "spike"
         climbing = self._is_climbing(samples, level, climb_seconds, now)
         if climbing and not self.latched:
@@ -205,31 +213,29 @@ class Series:
         self.latched = climbing
         if climbing:
             return "climbing"
-        values = sorted(v for _, v in samples)
+        values = sorted(samples.values)
         p5, p95 = values[int(0.05 * (len(values) - 1))], values[int(0.95 * (len(values) - 1))]
         return "sawtooth" if p95 - p5 >= s.sawtooth_span_ratio else "steady"
 
-    def _is_climbing(self, samples: list[tuple[float, float]], level: float, climb_seconds: float, now: float) -> bool:
+    def _is_climbing(self, samples: History, level: float, climb_seconds: float, now: float) -> bool:
         s = self.settings
         if self.latched:
-            start = max(self.latched_at - s.climb_min_seconds, now - s.long_window_seconds / 2, samples[0][0])
-            slope = robust_slope(samples[bisect.bisect_left(samples, (start,)) :], start, now, floor=True)
+            start = max(self.latched_at - s.climb_min_seconds, now - s.long_window_seconds / 2, samples.times[0])
+            slope = robust_slope(samples.since(start), start, now, floor=True)
             return slope is not None and slope >= s.climb_min_slope_ratio_per_minute / 60 / 2
         # A climb that has not fallen back for a while, and whose latter half still rises, steadily,
         # at a leak's pace: a restart's loading ramp, a burst (a step up, then flat) and noise all fail.
         if climb_seconds >= s.climb_min_seconds and level - self.climb_floor >= s.climb_min_rise_ratio:
-            start = max(now - climb_seconds / 2, samples[0][0])
-            if self._rises(samples[bisect.bisect_left(samples, (start,)) :], start, now, s.climb_min_rise_ratio / 2):
+            start = max(now - climb_seconds / 2, samples.times[0])
+            if self._rises(samples.since(start), start, now, s.climb_min_rise_ratio / 2):
                 return True
         # A sawtooth whose troughs rise: a leak under cache churn. Needs most of the long window.
-        start = samples[0][0]
+        start = samples.times[0]
         return now - start >= 0.8 * s.long_window_seconds and self._rises(
             samples, start, now, s.climb_min_rise_ratio, floor=True
         )
 
-    def _rises(
-        self, samples: list[tuple[float, float]], start: float, end: float, min_rise: float, *, floor: bool = False
-    ) -> bool:
+    def _rises(self, samples: History, start: float, end: float, min_rise: float, *, floor: bool = False) -> bool:
         points = bucket_points(samples, start, end, floor=floor)
         if len(points) < 6:
             return False
