@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 
+import aiohttp
 import psutil
 import pytest
 
+from oomguard.collector import Collection
+from oomguard.config import load_config
 from oomguard.sources.processes import ProcessFinder
 
 # An "engine": listens on a port (unless LISTEN=0, as while a model loads) and has a worker child.
@@ -36,10 +41,8 @@ class Engine:
 
     def stop(self) -> None:
         for pid in (self.worker_pid, self.proc.pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
         self.proc.wait()
 
 
@@ -94,3 +97,32 @@ def test_restart_is_seen_by_command_line_while_the_new_process_loads(engine: Eng
     finally:
         loading.stop()
     assert not finder.restarted(engine.port)
+
+
+async def test_collection_shares_a_lookup_that_found_every_engine_but_not_one_that_missed() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))  # bound, not listening yet: an engine loading its model
+    port = listener.getsockname()[1]
+    config = load_config(
+        None,
+        {
+            "trend": {"enabled": False},
+            "events": {"kernel_log": False, "xid": False},
+            "targets": [{"name": "here", "url": f"http://127.0.0.1:{port}", "local_process": "yes"}],
+        },
+    )
+    async with aiohttp.ClientSession() as session:
+        collection = Collection(config, None, session)
+        try:
+            lookups = []
+            real = collection.finder.find_all
+            collection.finder.find_all = lambda ports: lookups.append(ports) or real(ports)  # type: ignore[method-assign]
+            assert await collection.local_processes() == {port: None}
+            listener.listen()
+            found = await collection.local_processes()  # at once: a miss is not reused
+            assert found[port] is not None and found[port].root_pid == os.getpid()
+            assert await collection.local_processes() is found  # within PROCESS_LOOKUP_MAX_AGE: shared
+            assert len(lookups) == 2
+        finally:
+            collection.close()
+            listener.close()

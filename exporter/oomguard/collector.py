@@ -163,8 +163,10 @@ class Collection:
         A lookup walks /proc (a few ms per target); a scrape and a sampler tick less than
         PROCESS_LOOKUP_MAX_AGE apart share it, and concurrent callers share the one in flight.
         """
-        if self._processes is not None and time.monotonic() - self._processes[0] < PROCESS_LOOKUP_MAX_AGE:
-            return self._processes[1]
+        cached = self._processes
+        # Only a lookup that found every engine is reused: one that is loading may listen any moment now.
+        if cached is not None and time.monotonic() - cached[0] < PROCESS_LOOKUP_MAX_AGE and all(cached[1].values()):
+            return cached[1]
         if self._processes_in_flight is None:
             lookup = asyncio.to_thread(self.finder.find_all, self._local_ports)
             self._processes_in_flight = asyncio.ensure_future(lookup)
