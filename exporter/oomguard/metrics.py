@@ -475,7 +475,7 @@ class _Families:
     """Fresh samples for one render; `add` skips values we do not have (never NaN).
 
     Written straight to the text format rather than through prometheus_client's
-    generate_latest, which validates and escapes every name on every sample: half the
+    generate_latest, which validates and escapes every name on every sample: most of the
     render time for names declared once above. `metric_families` gives the same
     samples as prometheus_client objects, and a test holds the two outputs byte-equal.
     """
