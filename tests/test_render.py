@@ -95,6 +95,7 @@ def test_render_equals_prometheus_client_writer(promtool: str) -> None:
     snapshot = busy_snapshot()
     ours = render(snapshot)
     assert ours == generate_latest(_Collector(snapshot))  # type: ignore[arg-type]
+    assert render(snapshot) == ours  # again, from the cache of series prefixes
     assert b'\\"quoted\\" back\\\\slash\\nnew line' in ours  # the escaping was exercised
     assert promtool_check_metrics(promtool, ours) == ""
 

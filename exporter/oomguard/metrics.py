@@ -471,6 +471,24 @@ def _escape(value: str) -> str:
     return value
 
 
+# "name{labels} " by metric and label values: the same series come back at every scrape.
+_PREFIXES: dict[tuple[str, tuple[str, ...]], str] = {}
+_PREFIXES_MAX = 50_000  # label values churn (pids, restarts): cleared when this full, not grown forever
+
+
+def _prefix(key: str, labels: tuple[str, ...]) -> str:
+    name, order = _SAMPLE_NAMES[key], _LABEL_ORDER[key]
+    if order:
+        pairs = ",".join(f'{label}="{_escape(labels[i])}"' for i, label in order)
+        prefix = f"{name}{{{pairs}}} "
+    else:
+        prefix = f"{name} "
+    if len(_PREFIXES) >= _PREFIXES_MAX:
+        _PREFIXES.clear()
+    _PREFIXES[(key, labels)] = prefix
+    return prefix
+
+
 class _Families:
     """Fresh samples for one render; `add` skips values we do not have (never NaN).
 
@@ -500,13 +518,9 @@ class _Families:
             if not samples:
                 continue
             out.append(header)
-            name, order = _SAMPLE_NAMES[key], _LABEL_ORDER[key]
             for labels, value in samples:
-                if order:
-                    pairs = ",".join(f'{label}="{_escape(labels[i])}"' for i, label in order)
-                    out.append(f"{name}{{{pairs}}} {floatToGoString(value)}\n")
-                else:
-                    out.append(f"{name} {floatToGoString(value)}\n")
+                prefix = _PREFIXES.get((key, labels)) or _prefix(key, labels)
+                out.append(f"{prefix}{floatToGoString(value)}\n")
         return "".join(out).encode()
 
     def metric_families(self) -> Iterator[Metric]:
