@@ -99,11 +99,8 @@ def test_restart_is_seen_by_command_line_while_the_new_process_loads(engine: Eng
     assert not finder.restarted(engine.port)
 
 
-async def test_collection_shares_a_lookup_that_found_every_engine_but_not_one_that_missed() -> None:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))  # bound, not listening yet: an engine loading its model
-    port = listener.getsockname()[1]
-    config = load_config(
+def local_config(port: int):
+    return load_config(
         None,
         {
             "trend": {"enabled": False},
@@ -111,18 +108,35 @@ async def test_collection_shares_a_lookup_that_found_every_engine_but_not_one_th
             "targets": [{"name": "here", "url": f"http://127.0.0.1:{port}", "local_process": "yes"}],
         },
     )
+
+
+async def test_sampler_reuses_a_lookup_that_found_every_engine_but_not_one_that_missed() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))  # bound, not listening yet: an engine loading its model
+    port = listener.getsockname()[1]
     async with aiohttp.ClientSession() as session:
-        collection = Collection(config, None, session)
+        collection = Collection(local_config(port), None, session)
         try:
             lookups = []
             real = collection.finder.find_all
             collection.finder.find_all = lambda ports: lookups.append(ports) or real(ports)  # type: ignore[method-assign]
-            assert await collection.local_processes() == {port: None}
+            assert await collection.local_processes(max_age=60) == {port: None}
             listener.listen()
-            found = await collection.local_processes()  # at once: a miss is not reused
+            found = await collection.local_processes(max_age=60)  # a miss is not reused
             assert found[port] is not None and found[port].root_pid == os.getpid()
-            assert await collection.local_processes() is found  # within PROCESS_LOOKUP_MAX_AGE: shared
+            assert await collection.local_processes(max_age=60) is found  # a hit is
             assert len(lookups) == 2
         finally:
             collection.close()
             listener.close()
+
+
+async def test_scrape_looks_again_so_a_killed_engine_is_not_reported(engine: Engine) -> None:
+    async with aiohttp.ClientSession() as session:
+        collection = Collection(local_config(engine.port), None, session)
+        try:
+            assert (await collection.local_processes(max_age=60))[engine.port] is not None
+            engine.stop()
+            assert await collection.local_processes() == {engine.port: None}  # max_age 0: as a scrape asks
+        finally:
+            collection.close()

@@ -27,7 +27,7 @@ from oomguard.trend.sampler import Key, Observation, TrendReading, TrendTracker,
 
 log = logging.getLogger(__name__)
 
-# A scrape and a trend-sampler tick closer than this share one lookup of the engines' processes.
+# A trend-sampler tick this soon after a scrape reuses the scrape's lookup of the engines' processes.
 PROCESS_LOOKUP_MAX_AGE = 1.0
 
 
@@ -144,7 +144,7 @@ class Collection:
             except TimeoutError:
                 nvml = None  # the GPU series miss this tick; the sampler goes on
 
-        trees = await self.local_processes() if self._local_ports else {}
+        trees = await self.local_processes(max_age=PROCESS_LOOKUP_MAX_AGE) if self._local_ports else {}
         targets = [(s.name, s.config.gpus, trees.get(s.port) if s.finder else None) for s in self.scrapers]
         return await asyncio.to_thread(observations, nvml, targets)
 
@@ -157,15 +157,15 @@ class Collection:
             if processes is not None and not processes.done():
                 processes.cancel()
 
-    async def local_processes(self) -> dict[int, ProcessTree | None]:
-        """The engines found on this host, by port: one lookup shared by a scrape and the trend sampler.
+    async def local_processes(self, max_age: float = 0.0) -> dict[int, ProcessTree | None]:
+        """The engines found on this host, by port: one lookup for all targets.
 
-        A lookup walks /proc (a few ms per target); a scrape and a sampler tick less than
-        PROCESS_LOOKUP_MAX_AGE apart share it, and concurrent callers share the one in flight.
+        Concurrent callers share the lookup in flight. A scrape always looks again (an engine
+        killed a moment ago must not be reported); the trend sampler passes max_age and reuses
+        a recent lookup, but only one that found every engine: one loading may listen any moment.
         """
         cached = self._processes
-        # Only a lookup that found every engine is reused: one that is loading may listen any moment now.
-        if cached is not None and time.monotonic() - cached[0] < PROCESS_LOOKUP_MAX_AGE and all(cached[1].values()):
+        if cached is not None and time.monotonic() - cached[0] < max_age and all(cached[1].values()):
             return cached[1]
         if self._processes_in_flight is None:
             lookup = asyncio.to_thread(self.finder.find_all, self._local_ports)
