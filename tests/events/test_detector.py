@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard.events.detector import IncidentDetector, load_catalogue
+from oomguard.engines import ENGINES
+from oomguard.events.catalogue import check_patterns, load_catalogue
+from oomguard.events.detector import IncidentDetector
 
 OOM_TRACEBACK = """(EngineCore pid=77) ERROR 12-02 12:00:00 [core.py:701] EngineCore encountered a fatal error.
 (EngineCore pid=77) Traceback (most recent call last):
@@ -30,7 +32,8 @@ STARTUP = "(APIServer pid=80) INFO 12-02 12:05:00 [api_server.py:1000] vLLM serv
 
 
 def detector(**kwargs: float) -> IncidentDetector:
-    return IncidentDetector(load_catalogue(), **kwargs)
+    """A vLLM target's detector: the generic patterns, vLLM's, and vLLM's line prefix."""
+    return IncidentDetector(load_catalogue("vllm"), line_prefix=ENGINES["vllm"].log_line_prefix, **kwargs)
 
 
 def feed(d: IncidentDetector, lines: list[str], now: float) -> list[str]:
@@ -86,7 +89,7 @@ def test_open_incident_survives_a_restart_of_the_exporter() -> None:
 
 
 def test_extra_patterns_from_the_configuration() -> None:
-    d = IncidentDetector(load_catalogue([{"kind": "cuda_oom", "regex": r"HIP out of memory"}]))
+    d = IncidentDetector(load_catalogue("vllm", [{"kind": "cuda_oom", "regex": r"HIP out of memory"}]))
     feed(d, ["RuntimeError: HIP out of memory. Tried to allocate 1 GiB"], now=0.0)
     assert [e.kind for e in d.close()] == ["cuda_oom"]
 
@@ -100,7 +103,55 @@ def test_extra_patterns_from_the_configuration() -> None:
 )
 def test_bad_patterns_are_refused_with_the_reason(entry: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        load_catalogue([entry])
+        load_catalogue(None, [entry])
+    with pytest.raises(ValueError, match=message):
+        check_patterns([{"kind": "startup", "regex": "fine"}, entry])  # what the configuration's validator calls
+
+
+def test_check_patterns_accepts_every_pattern_kind() -> None:
+    check_patterns([{"kind": kind, "regex": "x"} for kind in ("cuda_oom", "startup_memory", "engine_death", "startup")])
+
+
+def test_the_catalogue_is_the_generic_patterns_plus_the_engines() -> None:
+    generic = load_catalogue()
+    vllm = load_catalogue("vllm")
+    assert [p.regex.pattern for p in vllm[: len(generic)]] == [p.regex.pattern for p in generic]
+    assert {p.kind for p in generic} == {"cuda_oom"}  # the allocator's own words only
+    assert {"startup_memory", "engine_death", "startup"} <= {p.kind for p in vllm}
+    with pytest.raises(ValueError, match="unknown engine"):
+        load_catalogue("tgi")
+
+
+def test_engine_lines_count_only_with_the_engines_patterns() -> None:
+    """vLLM's fatal error is an engine_death for a vLLM target; the generic catalogue does not know it."""
+    vllm = detector()
+    feed(vllm, NON_MEMORY_DEATH, now=0.0)
+    assert [e.kind for e in vllm.tick(now=10.0)] == ["engine_death"]
+    generic = IncidentDetector(load_catalogue())
+    feed(generic, NON_MEMORY_DEATH, now=0.0)
+    assert generic.tick(now=10.0) == [] and generic.open is None
+    # The allocator's own words count whatever the engine.
+    feed(generic, ["RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"], now=20.0)
+    assert [e.kind for e in generic.tick(now=30.0)] == ["cuda_oom"]
+
+
+def test_traceback_lines_after_the_engines_prefix_keep_an_incident_open() -> None:
+    oom = "(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of memory."
+    frame = '(EngineCore pid=7)   File "vllm/v1/engine/core.py", line 701, in run_engine_core'
+    with_prefix = IncidentDetector(load_catalogue("vllm"), line_prefix=ENGINES["vllm"].log_line_prefix)
+    without = IncidentDetector(load_catalogue("vllm"))  # no prefix: Python's traceback lines only
+    for d in (with_prefix, without):
+        d.feed(oom, 0.0)
+        d.feed(frame, 4.0)
+    assert [e.kind for e in without.tick(now=6.0)] == ["cuda_oom"]  # the frame was chatter to it
+    assert with_prefix.tick(now=6.0) == []
+    assert [e.kind for e in with_prefix.tick(now=9.0)] == ["cuda_oom"]
+    # Python's own traceback lines, without a prefix, keep an incident open whatever the engine.
+    plain = IncidentDetector(load_catalogue())
+    plain.feed(oom, 20.0)
+    plain.feed('  File "serve.py", line 1, in main', 24.0)
+    assert plain.tick(now=26.0) == [] and plain.open is not None
+    assert [e.kind for e in plain.tick(now=29.0)] == ["cuda_oom"]
 
 
 def test_a_death_told_in_parts_seconds_apart_is_one_event() -> None:

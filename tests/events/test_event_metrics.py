@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import promtool_check_metrics, samples, value
 
 from oomguard.config import load_config
+from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
-from oomguard.sources.nvml import NvmlSource
 from oomguard.web import make_app
 
 OOM = """(EngineCore pid=7) ERROR 12-02 12:00:00 [core.py:701] EngineCore encountered a fatal error.
@@ -32,7 +30,7 @@ async def test_events_reach_the_exposition(tmp_path: Path, aiohttp_client, promt
             "targets": [{"name": "vllm", "url": "http://127.0.0.1:9", "logs": [str(log)], "local_process": "no"}],
         },
     )
-    client = await aiohttp_client(make_app(config, lambda: NvmlSource(lib)))
+    client = await aiohttp_client(make_app(Runtime(config, nvml_lib=lib)))
     text = await (await client.get("/metrics")).text()
     for kind in ("cuda_oom", "startup_memory", "engine_death"):
         assert value(text, "oomguard_target_events_total", target="vllm", kind=kind) == 0.0

@@ -164,7 +164,7 @@ def test_unwritable_state_dir_is_reported_not_fatal(tmp_path: Path) -> None:
     r.poll()
     write(log, [line.format(i=0) for line in OOM] + [RESTART.format(i=0)])
     r.poll()
-    assert r.counts["vllm"].total == {"cuda_oom": 1} and r.state_errors >= 1
+    assert r.counts["vllm"].total == {"cuda_oom": 1} and r.state_write_errors >= 1 and r.has_state
 
 
 def test_kubernetes_pod_logs(tmp_path: Path) -> None:
@@ -197,3 +197,37 @@ def test_kubernetes_pod_logs(tmp_path: Path) -> None:
     r.poll()
     r.poll()
     assert r.counts["vllm"].total == {"cuda_oom": 1}
+
+
+def test_a_partial_record_held_when_the_exporter_stops_is_not_lost(tmp_path: Path) -> None:
+    """The saved position is past a partial CRI record: it is read into the detector on close, not dropped."""
+    container = tmp_path / "pods" / "inference_vllm-0_1" / "vllm"
+    container.mkdir(parents=True)
+    log = container / "0.log"
+    log.touch()
+    clock = Clock()
+    config = load_config(
+        None,
+        {
+            "state_dir": str(tmp_path / "state"),
+            "events": {"kernel_log": False, "quiet_seconds": 5, "k8s_pods_dir": str(tmp_path / "pods")},
+            "targets": [
+                {"name": "vllm", "url": "http://10.0.0.1:8000",
+                 "k8s_pod_logs": {"namespace": "inference", "pod": "vllm-*", "container": "vllm"}},
+            ],
+        },
+    )  # fmt: skip
+    r = EventRunner(config, clock=clock)
+    r.poll()
+    stamp = "2026-12-02T12:00:00.000000000Z"
+    write(log, [f"{stamp} stderr P (EngineCore pid=1) torch.OutOfMemoryError: CUDA out of memory. "])
+    r.poll()
+    r.close()  # the runtime cut the line and the exporter stops before its final record
+    write(log, [f"{stamp} stderr F Tried to allocate 2.00 GiB."])  # alone, this matches nothing
+    clock.now += 1
+    r = EventRunner(config, clock=clock)
+    r.poll()
+    clock.now += 10
+    r.poll()
+    assert r.counts["vllm"].total == {"cuda_oom": 1}
+    assert r.counts["vllm"].last["cuda_oom"] == 1000.0

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 
 from oomguard.events.cgroup import CgroupOomReader
-from oomguard.events.follow import FollowStats
 from oomguard.events.journald import JournaldReader, parse_json_lines
 from oomguard.events.kernel import KmsgReader, is_oom_kill
 from oomguard.events.xid import XidWatcher
+from oomguard.model import ReadStats
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
 
 RECORDED = Path(__file__).with_name("fixtures") / "journalctl-vllm.json"
 
 
 def test_journald_json_reader_on_recorded_output() -> None:
-    stats = FollowStats()
+    stats = ReadStats()
     lines, cursor = parse_json_lines(RECORDED.read_text(), stats)
     assert len(lines) == 5
     assert lines[1].endswith("EngineCore encountered a fatal error.")
@@ -75,6 +75,17 @@ def test_journald_on_this_machine() -> None:
 def test_journalctl_missing_is_a_read_error_not_a_crash() -> None:
     reader = JournaldReader("vllm.service", binary="/nonexistent/journalctl")
     assert reader.poll() == [] and reader.stats.read_errors == 1
+    assert reader.cursor is None and reader.poll() == [] and reader.stats.read_errors == 2  # the probe is tried again
+
+
+def test_journald_first_start_on_an_empty_journal_reads_from_now_on(tmp_path: Path) -> None:
+    fake = tmp_path / "journalctl"
+    fake.write_text(f'#!/bin/sh\ncase " $* " in *" -n "*) exit 0;; esac\ncat {RECORDED}\n')
+    fake.chmod(0o755)
+    reader = JournaldReader("vllm.service", binary=str(fake))
+    assert reader.poll() == [] and reader.cursor is None  # empty for this unit: no cursor to start after
+    assert len(reader.poll()) == 5  # what the unit wrote since, from its start
+    assert reader.cursor == "s=1a2b;i=105;b=c0ffee;m=5;t=5f4;x=5"
 
 
 def test_cgroup_oom_kills(tmp_path: Path) -> None:
@@ -88,7 +99,7 @@ def test_cgroup_oom_kills(tmp_path: Path) -> None:
     events.write_text("low 0\nhigh 0\nmax 15\noom 6\noom_kill 5\noom_group_kill 0\n")
     assert resumed.read_new() == 1
     events.unlink()
-    assert resumed.read_new() == 0 and resumed.read_errors == 1 and "cgroup v2" in resumed.last_error
+    assert resumed.read_new() == 0 and resumed.stats.read_errors == 1 and "cgroup v2" in resumed.stats.last_error
 
 
 def test_kernel_oom_kill_lines() -> None:
@@ -139,4 +150,4 @@ def test_xid_without_a_driver_stays_quiet() -> None:
     watcher = XidWatcher(FakeNvml(library_present=False))
     watcher.start()
     watcher.stop()
-    assert watcher.counts == {} and watcher.errors == 0
+    assert watcher.counts == {} and watcher.read_errors == 0

@@ -9,17 +9,22 @@ timestamp (RFC 3339, nanoseconds), stream (`stdout` or `stderr`), tags separated
 a long line, usually at 16 KiB; the message goes on in the next record of the same
 stream, up to its `F`), then one space and the message. Partial records are joined
 per stream, because stdout and stderr records interleave. A joined message is capped
-at `max_message_bytes` (its head is kept, `truncated` counts the cut ones).
+at `max_message_bytes` (its head is kept, `lines_truncated` counts the cut ones).
 
-Lines that are not CRI records are returned as they are and counted in `malformed`:
-a wrong format never loses a line. One decoder per log file (partial records never
-span two containers' files).
+Lines that are not CRI records are returned as they are and counted in
+`lines_malformed`: a wrong format never loses a line. One decoder per log file and
+its successors after the kubelet's rotations (partial records never span two
+containers' files); `PodLogReader` keeps them, and returns a message whose final
+record never came as it is once its file is let go for good, and on close.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+
+from oomguard.events.follow import FileFollower
+from oomguard.model import ReadStats
 
 MAX_MESSAGE_BYTES = 1024 * 1024
 STREAMS = ("stdout", "stderr")
@@ -52,17 +57,17 @@ def parse(line: str) -> tuple[str, str, str] | None:
 
 
 class CriDecoder:
-    def __init__(self, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, max_message_bytes: int = MAX_MESSAGE_BYTES, *, stats: ReadStats | None = None) -> None:
         self.max_message_bytes = max(1, max_message_bytes)
-        self.malformed = 0  # lines passed through as they are
-        self.truncated = 0  # joined messages cut at max_message_bytes
+        # lines_malformed: lines passed through as they are; lines_truncated: messages cut at max_message_bytes.
+        self.stats = stats if stats is not None else ReadStats()
         self._pending: dict[str, _Pending] = {}  # stream -> partial records waiting for their F
 
     def feed(self, line: str) -> list[str]:
         """The complete messages this line ends: none, one, or the line itself if malformed."""
         record = parse(line)
         if record is None:
-            self.malformed += 1
+            self.stats.lines_malformed += 1
             return [line]
         stream, tag, message = record
         if tag == "P":
@@ -97,5 +102,39 @@ class CriDecoder:
 
     def _join(self, pending: _Pending) -> str:
         if pending.truncated:
-            self.truncated += 1
+            self.stats.lines_truncated += 1
         return "".join(pending.parts)
+
+
+class PodLogReader:
+    """Kubernetes container logs: CRI-format files under /var/log/pods, rotated by the kubelet."""
+
+    def __init__(self, pattern: str, *, state: dict | None = None, from_start: bool = False) -> None:
+        self.follower = FileFollower(pattern, state=state, from_start=from_start)
+        self.stats = self.follower.stats  # the decoders count their malformed and truncated lines in it
+        # One per file, by the name it was first seen at: a record cut by a rotation goes on in its successor.
+        self.decoders: dict[str, CriDecoder] = {}
+
+    def poll(self) -> list[str]:
+        out: list[str] = []
+        for path, lines in self.follower.poll_by_file():
+            decoder = self.decoders.get(path) or self.decoders.setdefault(path, CriDecoder(stats=self.stats))
+            for line in lines:
+                out.extend(decoder.feed(line))
+        if self.decoders:
+            # A file let go (rotated away and drained, or deleted) with no successor: nothing will finish
+            # its partial record, which is returned as it is.
+            followed = self.follower.streams()
+            for path in [p for p in self.decoders if p not in followed]:
+                out.extend(self.decoders.pop(path).flush())
+        return out
+
+    def state(self) -> dict:
+        return self.follower.state()
+
+    def close(self) -> list[str]:
+        """The partial records held: the saved position is past them, so they are returned now, not lost."""
+        self.follower.close()
+        held = [message for decoder in self.decoders.values() for message in decoder.flush()]
+        self.decoders.clear()
+        return held

@@ -20,49 +20,23 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
-import yaml
+from oomguard.events.catalogue import Pattern
+from oomguard.events.kinds import LOG_EVENT_KINDS, STARTUP
+from oomguard.model import Event
 
-# Lines that continue a traceback, after any `(EngineCore pid=N)` prefix and log header: they keep
-# an open incident open (a traceback flushed slowly is still one), where other chatter does not.
-_TRACEBACK_LINE = re.compile(
-    r"^(?:\(\w+ pid=\d+\) )?(?:(?:ERROR|WARNING|CRITICAL) [^\]]*\] )?"
+# Python's own traceback lines, after the engine's line prefix: they keep an open incident open
+# (a traceback flushed slowly is still one), where other chatter does not.
+PYTHON_TRACEBACK = (
     r"(?:\s|Traceback \(most recent call last\)|During handling of the above|The above exception|Process \w+:"
     r"|[\w.]+(?:Error|Exception|Exit)\b)"
 )
 
-# Most telling first: the event's kind is the first of these the incident saw.
-EVENT_KINDS = ("cuda_oom", "startup_memory", "engine_death")
-LOG_KINDS = (*EVENT_KINDS, "startup")
 
-
-@dataclass(frozen=True, slots=True)
-class Pattern:
-    kind: str
-    regex: re.Pattern[str]
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    kind: str
-    timestamp: float  # when its first line was read (logs carry no reliable clock)
-
-
-def load_catalogue(extra: list[dict[str, str]] | None = None) -> list[Pattern]:
-    """The shipped patterns plus the configuration's; a bad regex or kind raises ValueError naming it."""
-    shipped = yaml.safe_load(resources.files("oomguard.events").joinpath("patterns.yaml").read_text("utf-8"))
-    patterns = []
-    for entry in [*shipped, *(extra or [])]:
-        kind, regex = entry.get("kind"), entry.get("regex")
-        if kind not in LOG_KINDS:
-            raise ValueError(f"pattern {regex!r}: kind {kind!r} is not one of {', '.join(LOG_KINDS)}")
-        try:
-            patterns.append(Pattern(kind, re.compile(regex)))
-        except (re.error, TypeError) as exc:
-            raise ValueError(f"pattern {regex!r} ({kind}) is not a valid regular expression: {exc}") from None
-    return patterns
+def traceback_line(line_prefix: str = "") -> re.Pattern[str]:
+    """Lines that continue a traceback: the engine's prefix (a regex, "" for none), then Python's traceback."""
+    return re.compile(f"^(?:{line_prefix}){PYTHON_TRACEBACK}")
 
 
 @dataclass
@@ -72,12 +46,22 @@ class Incident:
     kinds: list[str] = field(default_factory=list)
 
     def event(self) -> Event:
-        return Event(next(k for k in EVENT_KINDS if k in self.kinds), self.started_at)
+        return Event(next(k for k in LOG_EVENT_KINDS if k in self.kinds), self.started_at)
 
 
 class IncidentDetector:
-    def __init__(self, patterns: list[Pattern], *, quiet_seconds: float = 5.0, rearm_seconds: float = 60.0) -> None:
+    def __init__(
+        self,
+        patterns: list[Pattern],
+        *,
+        line_prefix: str = "",
+        quiet_seconds: float = 5.0,
+        rearm_seconds: float = 60.0,
+    ) -> None:
+        """`line_prefix`: the regex of what the engine writes before a line of a traceback (its plugin's
+        `log_line_prefix`, vLLM's "(EngineCore pid=N) ERROR ... ] "), "" for none."""
         self.patterns = patterns
+        self._traceback = traceback_line(line_prefix)
         self.quiet_seconds = quiet_seconds
         self.rearm_seconds = rearm_seconds
         self.open: Incident | None = None
@@ -87,11 +71,11 @@ class IncidentDetector:
 
     def feed(self, line: str, now: float) -> list[Event]:
         if self._any is None or not self._any.search(line):
-            if self.open is not None and _TRACEBACK_LINE.match(line):
+            if self.open is not None and self._traceback.match(line):
                 self.open.last_line_at = now
             return []
         kinds = [p.kind for p in self.patterns if p.regex.search(line)]
-        if "startup" in kinds:
+        if STARTUP in kinds:
             events = self.close()
             self.dead_until_startup = None
             return events

@@ -82,6 +82,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from oomguard.model import ReadStats
+
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
@@ -92,16 +94,6 @@ _MAGIC = re.compile(r"[*?[]")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 
 Key = tuple[int, int]
-
-
-@dataclass
-class FollowStats:
-    lines_read: int = 0
-    bytes_read: int = 0
-    bytes_behind: int = 0  # sum over followed files of (current size - read offset) after the last poll
-    read_errors: int = 0  # OSErrors (permission, dangling link, not a regular file, ...) met while polling
-    lines_truncated: int = 0  # lines longer than max_line_bytes, cut
-    last_error: str = ""
 
 
 @dataclass
@@ -163,7 +155,7 @@ class FileFollower:
         self.from_start = from_start
         self.max_line_bytes = max(1, int(max_line_bytes))
         self.max_read_bytes = max(1, int(max_read_bytes))
-        self.stats = FollowStats()
+        self.stats = ReadStats()
         self._lock = threading.Lock()
         self._files: dict[Key, _File] = {}  # in discovery order: older files first
         self._started = False  # False: the first poll reads existing files from their end
@@ -244,6 +236,12 @@ class FileFollower:
     def open_fds(self) -> int:
         """Descriptors held now (for tests and health pages)."""
         return sum(1 for f in self._files.values() if f.fd is not None)
+
+    def streams(self) -> set[str]:
+        """The names `poll_by_file` gives the files followed now. A name leaves the set once its last
+        file is let go (rotated away and drained, or gone): nothing more will come under it."""
+        with self._lock:
+            return {_stream_name(f) for f in self._files.values()}
 
     # ------------------------------------------------------------------ state
 
@@ -655,4 +653,4 @@ def _under(path: str, prefixes: list[str]) -> bool:
     return False
 
 
-__all__ = ["FileFollower", "FollowStats"]
+__all__ = ["FileFollower"]

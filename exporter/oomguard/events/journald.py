@@ -12,7 +12,7 @@ import logging
 import subprocess
 from typing import Any
 
-from oomguard.events.follow import FollowStats
+from oomguard.model import ReadStats
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def message_text(entry: dict[str, Any]) -> str:
     return message if isinstance(message, str) else ""
 
 
-def parse_json_lines(output: str, stats: FollowStats) -> tuple[list[str], str | None]:
+def parse_json_lines(output: str, stats: ReadStats) -> tuple[list[str], str | None]:
     """Messages and the last cursor from `journalctl -o json` output; bad lines counted, skipped."""
     lines: list[str] = []
     cursor = None
@@ -51,7 +51,7 @@ class JournaldReader:
     ) -> None:
         self.unit = unit
         self.binary = binary
-        self.stats = FollowStats()
+        self.stats = ReadStats()
         self.cursor: str | None = (state or {}).get("cursor")
         self._from_start = from_start or self.cursor is not None
 
@@ -73,14 +73,12 @@ class JournaldReader:
 
     def poll(self) -> list[str]:
         if self.cursor is None and not self._from_start:
-            # First start: begin at the end, like the file follower.
+            # First start: begin at the end, like the file follower. An empty journal for this unit
+            # leaves no cursor: everything from now on is read. A failed probe is tried again.
             output = self._run("-n", "1")
-            if output is None:
-                return []
-            _, self.cursor = parse_json_lines(output, FollowStats())
-            self._from_start = True
-            if self.cursor is None:
-                return []  # empty journal for this unit: read everything from now on
+            if output is not None:
+                _, self.cursor = parse_json_lines(output, ReadStats())
+                self._from_start = True
             return []
         args = ("--after-cursor", self.cursor) if self.cursor else ()
         output = self._run(*args)
@@ -94,4 +92,4 @@ class JournaldReader:
         return {"cursor": self.cursor}
 
     def close(self) -> None:
-        pass
+        pass  # nothing held: each poll is one journalctl run

@@ -1,15 +1,19 @@
 """Kernel OOM kills, from /dev/kmsg where readable: the host-memory side of the diagnosis.
 
 Each read of /dev/kmsg returns one record, `PRIORITY,SEQ,USEC,FLAGS;MESSAGE`. The
-sequence number of the last record read is the resume position.
+sequence number of the last record read is the resume position. Each OOM-kill line
+is one `kernel_oom_kill` event of the host: the kernel prints one per kill.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from typing import Any
 
-from oomguard.events.follow import FollowStats
+from oomguard.events.kinds import KERNEL_OOM_KILL
+from oomguard.events.source import POSITIONS, ErrorReport, source_health
+from oomguard.model import HOST, Event, EventSourceHealth, ReadStats
 
 KMSG = "/dev/kmsg"
 # "Out of memory: Killed process 1234 (python3)", "oom-kill:constraint=...", "Memory cgroup out of memory: Killed ..."
@@ -19,7 +23,7 @@ OOM_KILL_MARKERS = ("Killed process", "oom-kill:")
 class KmsgReader:
     def __init__(self, path: str = KMSG, *, state: dict | None = None, from_start: bool = False) -> None:
         self.path = path
-        self.stats = FollowStats()
+        self.stats = ReadStats()
         self.last_seq: int | None = (state or {}).get("last_seq")
         self._from_start = from_start
         self._fd: int | None = None
@@ -82,3 +86,30 @@ class KmsgReader:
 
 def is_oom_kill(line: str) -> bool:
     return any(marker in line for marker in OOM_KILL_MARKERS) and ("emory" in line or "oom" in line)
+
+
+class KernelLogSource:
+    """The host's kernel OOM kills: one event per OOM-kill line of the kernel log."""
+
+    kinds: tuple[str, ...] = (KERNEL_OOM_KILL,)
+
+    def __init__(self, reader: KmsgReader) -> None:
+        self.target = HOST
+        self.name = f"kernel:{reader.path}"
+        self.reader = reader
+        self._report = ErrorReport()
+
+    def poll(self, now: float) -> list[Event]:
+        lines = self.reader.poll()
+        self._report(self, self.reader.stats.last_error)
+        return [Event(KERNEL_OOM_KILL, now) for line in lines if is_oom_kill(line)]
+
+    def health(self) -> EventSourceHealth:
+        return source_health(self, self.reader.stats)
+
+    def state(self) -> dict[str, Any]:
+        return {POSITIONS: self.reader.state()}
+
+    def close(self) -> list[Event]:
+        self.reader.close()
+        return []

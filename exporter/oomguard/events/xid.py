@@ -21,7 +21,7 @@ class XidWatcher:
         self._lib = lib
         self.counts: dict[tuple[int, int], int] = {}  # (gpu index, xid) -> events
         self.last: dict[int, float] = {}  # gpu index -> time of its last XID
-        self.errors = 0
+        self.read_errors = 0  # failed waits for events (other than the timeout)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -66,7 +66,7 @@ class XidWatcher:
                 except lib.NVMLError_Timeout:
                     continue
                 except lib.NVMLError as exc:
-                    self.errors += 1
+                    self.read_errors += 1
                     log.warning("nvmlEventSetWait: %s", exc)
                     self._stop.wait(WAIT_MS / 1000)
                     continue

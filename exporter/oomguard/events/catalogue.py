@@ -1,0 +1,59 @@
+"""The log patterns of one target: the generic ones, its engine's, and the configuration's.
+
+`events/patterns.yaml` holds what every engine's log may say (PyTorch's and CUDA's own
+words); each engine plugin adds its lines (`engines/<name>/patterns.yaml`); the
+configuration adds more (`events.patterns`). Each entry: `kind` (one of
+kinds.PATTERN_KINDS) and `regex` (Python syntax, searched anywhere in a line).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from oomguard.engines import ENGINES
+from oomguard.events.kinds import PATTERN_KINDS
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    kind: str
+    regex: re.Pattern[str]
+
+
+def _compile(entry: Mapping[str, Any]) -> Pattern:
+    kind, regex = entry.get("kind"), entry.get("regex")
+    if kind not in PATTERN_KINDS:
+        raise ValueError(f"pattern {regex!r}: kind {kind!r} is not one of {', '.join(PATTERN_KINDS)}")
+    try:
+        return Pattern(kind, re.compile(regex))  # type: ignore[arg-type]
+    except (re.error, TypeError) as exc:
+        raise ValueError(f"pattern {regex!r} ({kind}) is not a valid regular expression: {exc}") from None
+
+
+def check_patterns(entries: Iterable[Mapping[str, Any]]) -> None:
+    """Raise ValueError naming the first entry whose kind is unknown or whose regex does not compile."""
+    for entry in entries:
+        _compile(entry)
+
+
+@cache
+def _shipped(engine: str | None) -> tuple[Pattern, ...]:
+    text = resources.files("oomguard.events").joinpath("patterns.yaml").read_text("utf-8")
+    entries = list(yaml.safe_load(text) or [])
+    if engine is not None:
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; known engines: {', '.join(ENGINES)}")
+        entries += ENGINES[engine].log_patterns()
+    return tuple(_compile(entry) for entry in entries)
+
+
+def load_catalogue(engine: str | None = None, extra: list[dict[str, str]] | None = None) -> list[Pattern]:
+    """The generic patterns, `engine`'s (None: none), then `extra`; a bad regex or kind raises ValueError naming it."""
+    return [*_shipped(engine), *(_compile(entry) for entry in extra or ())]

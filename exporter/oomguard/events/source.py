@@ -1,0 +1,119 @@
+"""What an event source is, for the runner: something polled for events, with its health and its state.
+
+Every source answers to one protocol, `EventSource`: an engine's log (a line reader and
+an incident detector: `LogSource`), the kernel log (kernel.py), a cgroup's OOM kills
+(cgroup.py). The runner polls them all alike, counts what they report, and saves what
+they return from `state()`; registry.py builds them from the configuration.
+
+A source's `state()` is a dict of the state file's sections ("positions", "incidents")
+to what it keeps in each; the runner files it under the source's key "target|name",
+the layout the state file has always had.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from oomguard.events.detector import IncidentDetector
+from oomguard.events.kinds import LOG_EVENT_KINDS
+from oomguard.model import Event, EventSourceHealth, ReadStats
+
+log = logging.getLogger(__name__)
+
+# The sections of the state file a source may keep something in.
+POSITIONS = "positions"  # where its reader stopped
+INCIDENTS = "incidents"  # its detector's open incident
+
+
+class EventSource(Protocol):
+    target: str  # the target's name, HOST for a host-wide source
+    name: str  # the `source` label: "file:PATTERN", "journald:UNIT", "k8s:NS/POD/CONTAINER", "cgroup:DIR", ...
+    kinds: tuple[str, ...]  # the event kinds it can report (kinds.py)
+
+    def poll(self, now: float) -> list[Event]:
+        """Read what is new (blocking); never raises for I/O: a failed read is counted in health()."""
+        ...
+
+    def health(self) -> EventSourceHealth: ...
+
+    def state(self) -> dict[str, Any]:
+        """What to save, by section of the state file (POSITIONS, INCIDENTS): given back to its builder."""
+        ...
+
+    def close(self) -> list[Event]:
+        """Stop reading; the events completed by what the reader still held (a partial CRI record)."""
+        ...
+
+
+class LineReader(Protocol):
+    """The lines of one log: a file follower, journald, Kubernetes pod logs."""
+
+    stats: ReadStats
+
+    def poll(self) -> list[str]: ...
+
+    def state(self) -> dict: ...
+
+    def close(self) -> list[str] | None:
+        """Stop reading; the lines it held back and will never finish (None or []: none)."""
+        ...
+
+
+def source_health(source: EventSource, stats: ReadStats, read_errors: int = 0) -> EventSourceHealth:
+    return EventSourceHealth(
+        target=source.target,
+        source=source.name,
+        kinds=source.kinds,
+        lines_read=stats.lines_read,
+        bytes_read=stats.bytes_read,
+        bytes_behind=stats.bytes_behind,
+        read_errors=stats.read_errors + read_errors,
+        lines_truncated=stats.lines_truncated,
+        lines_malformed=stats.lines_malformed,
+    )
+
+
+class ErrorReport:
+    """Logs a source's error once when it appears or changes: its read_errors say how often, this says why."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last = ""
+
+    def __call__(self, source: EventSource, error: str) -> None:
+        if error and error != self._last:
+            log.warning("event source %s of %r: %s", source.name, source.target or "host", error)
+        self._last = error
+
+
+class LogSource:
+    """An engine's log: its lines, through an incident detector, become one event per incident."""
+
+    kinds: tuple[str, ...] = LOG_EVENT_KINDS
+
+    def __init__(self, target: str, name: str, reader: LineReader, detector: IncidentDetector) -> None:
+        self.target = target
+        self.name = name
+        self.reader = reader
+        self.detector = detector
+        self._now = 0.0  # the time of the last poll
+        self._report = ErrorReport()
+
+    def poll(self, now: float) -> list[Event]:
+        self._now = now
+        lines = self.reader.poll()
+        self._report(self, self.reader.stats.last_error)
+        events = [event for line in lines for event in self.detector.feed(line, now)]
+        return events + self.detector.tick(now)
+
+    def health(self) -> EventSourceHealth:
+        return source_health(self, self.reader.stats)
+
+    def state(self) -> dict[str, Any]:
+        return {POSITIONS: self.reader.state(), INCIDENTS: self.detector.state()}
+
+    def close(self) -> list[Event]:
+        held = self.reader.close() or []
+        return [event for line in held for event in self.detector.feed(line, self._now)]
