@@ -8,7 +8,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,8 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import REPO
 
 CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"

@@ -10,23 +10,20 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import REPO
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.dashboards import render
 from oomguard.config import load_config
 from oomguard.drill.services import Prometheus, free_port
+from oomguard.runtime import Runtime
 from oomguard.simulate.runner import Simulation
-from oomguard.sources.nvml import NvmlSource
 from oomguard.web import make_app
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
@@ -118,7 +115,7 @@ async def test_every_panel_query_returns_data_from_a_real_prometheus(tmp_path: P
         "targets": [{"name": "sim-vllm", "url": sim.url, "gpus": [0], "logs": [str(tmp_path / "engine.log")]}],
     })  # fmt: skip
     await sim.start()
-    runner = web.AppRunner(make_app(config, lambda: NvmlSource(sim.nvml)))
+    runner = web.AppRunner(make_app(Runtime(config, nvml_lib=sim.nvml)))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import re
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pydantic import BaseModel
 from support import REPO
 
-from oomguard.bundle.config import defaults_text, load_bundle_config
+from oomguard.bundle.config import BundleConfig, defaults_text, load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, PROMETHEUS_RULE_FILE, RECORDS_FILE, render
 from oomguard.cli import main
 from oomguard.config import ConfigError
+from oomguard.events import kinds
+from oomguard.events.kinds import kind_matcher
 
 NAME = re.compile(r"^([A-Z]+[a-z0-9]+)+$")
 RECORD = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
@@ -102,21 +103,114 @@ def test_time_scale_shortens_every_duration(tmp_path: Path, default: dict[str, s
 @pytest.mark.parametrize(
     ("text", "message"),
     [
+        ("selectr: x\n", "\n  selectr: unknown key; did you mean 'selector'?"),
         (
             "alerts:\n  gpu_memory_hgh: {threshold: 0.8}\n",
-            "unknown key 'alerts.gpu_memory_hgh'; did you mean 'gpu_memory_high'",
+            "\n  alerts.gpu_memory_hgh: unknown key; did you mean 'gpu_memory_high'?",
         ),
-        ("alerts:\n  gpu_memory_high: {severity: page}\n", "severity 'page' is not one of critical, warning, info"),
-        ("alerts:\n  gpu_memory_high: {for: 5 minutes}\n", "alerts.gpu_memory_high.for: '5 minutes' is not a duration"),
-        ("prefix: oom_guard\n", "must be CamelCase"),
-        ("selectr: x\n", "did you mean 'selector'"),
+        (
+            "alerts:\n  gpu_memory_high: {treshold: 0.8}\n",
+            "\n  alerts.gpu_memory_high.treshold: unknown key; did you mean 'threshold'?",
+        ),
+        # `for` is a field alias: the Python name is not a key of the file.
+        ("alerts:\n  queue_backlog: {for_: 5m}\n", "\n  alerts.queue_backlog.for_: unknown key; did you mean 'for'?"),
+        (
+            "alerts:\n  gpu_memory_high: {severity: page}\n",
+            "\n  alerts.gpu_memory_high.severity: Input should be 'critical', 'warning' or 'info' (got 'page')",
+        ),
+        (
+            "alerts:\n  gpu_memory_high: {for: 5 minutes}\n",
+            "\n  alerts.gpu_memory_high.for: not a duration like 30s, 5m, 1h or 1d (got '5 minutes')",
+        ),
+        ("alerts:\n  oom_event: {window: 600}\n", "\n  alerts.oom_event.window: not a duration like"),
+        ("alerts:\n  gpu_memory_high: {threshold: 90}\n", "\n  alerts.gpu_memory_high.threshold: Input should be less"),
+        ("prefix: oom_guard\n", "\n  prefix: must be CamelCase, e.g. OomGuard"),
+        ("time_scale: 0\n", "\n  time_scale: Input should be greater than 0"),
+        ("extra_labels: {bad-name: x}\n", "\n  extra_labels: 'bad-name' is not a Prometheus label name"),
+        ("extra_labels: {severity: page}\n", "\n  extra_labels: severity is set per alert"),
+        ("selector: '{job=\"x\"}'\n", "\n  selector: write the label matchers without braces"),
     ],
 )
 def test_bad_bundle_configuration_is_refused(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bundle.yaml"
     path.write_text(text)
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
         load_bundle_config(path)
+    assert str(caught.value).startswith(f"{path}: the bundle configuration is not valid:\n  ")
+
+
+def test_every_error_is_reported_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "bundle.yaml"
+    path.write_text("prefx: X\ntime_scale: 0\nalerts: {gpu_memory_high: {severity: page}}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_bundle_config(path)
+    assert len(str(caught.value).splitlines()) == 1 + 3
+
+
+def test_partial_override_keeps_the_other_keys(tmp_path: Path) -> None:
+    default = load_bundle_config()
+    path = tmp_path / "bundle.yaml"
+    path.write_text("alerts:\n  gpu_memory_high: {threshold: 0.8}\nprometheus_rule: {namespace: obs}\n")
+    config = load_bundle_config(path)
+    assert config.alerts.gpu_memory_high.threshold == 0.8
+    assert config.alerts.gpu_memory_high.for_ == default.alerts.gpu_memory_high.for_ == "5m"
+    assert config.alerts.gpu_memory_high.severity == default.alerts.gpu_memory_high.severity
+    assert config.alerts.model_dump(exclude={"gpu_memory_high"}) == default.alerts.model_dump(
+        exclude={"gpu_memory_high"}
+    )
+    assert config.prometheus_rule.namespace == "obs"
+    assert config.prometheus_rule.name == default.prometheus_rule.name
+    assert config.prometheus_rule.labels == default.prometheus_rule.labels
+    assert config.model_dump(exclude={"alerts", "prometheus_rule"}) == default.model_dump(
+        exclude={"alerts", "prometheus_rule"}
+    )
+
+
+def test_an_empty_section_keeps_its_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "bundle.yaml"
+    path.write_text("alerts:\n  # gpu_memory_high: {threshold: 0.8}\n")
+    assert load_bundle_config(path) == load_bundle_config()
+
+
+def test_label_maps_are_free_form(tmp_path: Path) -> None:
+    path = tmp_path / "bundle.yaml"
+    path.write_text(
+        "extra_labels: {team: inference, any_label_at_all: x, tier: 1}\n"
+        "prometheus_rule:\n  labels: {app.kubernetes.io/part-of: oomguard}\n"
+    )
+    config = load_bundle_config(path)
+    assert config.extra_labels == {"team": "inference", "any_label_at_all": "x", "tier": "1"}
+    # Merged over the shipped labels, as every mapping is.
+    assert config.prometheus_rule.labels == {"role": "alert-rules", "app.kubernetes.io/part-of": "oomguard"}
+    alerts = rules(render(config)[ALERTS_FILE])
+    assert all(a["labels"]["tier"] == "1" and a["labels"]["any_label_at_all"] == "x" for a in alerts)
+
+
+def test_defaults_live_in_defaults_yaml_only() -> None:
+    """The models have no default values: every key comes from defaults.yaml, which documents it."""
+
+    def models(model: type[BaseModel]) -> Iterator[type[BaseModel]]:
+        yield model
+        for field in model.model_fields.values():
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                yield from models(field.annotation)
+
+    for model in models(BundleConfig):
+        assert all(field.is_required() for field in model.model_fields.values()), model.__name__
+    assert BundleConfig.model_validate(yaml.safe_load(defaults_text())).model_dump(
+        mode="json", by_alias=True
+    ) == yaml.safe_load(defaults_text())
+
+
+def test_templates_take_event_kinds_from_kinds_py(default: dict[str, str]) -> None:
+    templates = REPO / "exporter" / "oomguard" / "bundle" / "templates"
+    for path in templates.glob("*.j2"):
+        assert not re.search(r"kind=~?\"", path.read_text()), f"{path.name}: use kind_matcher(kinds.…)"
+    assert kind_matcher(kinds.TARGET_OOM_KINDS) in default[RECORDS_FILE]
+    oom_event = next(a for a in rules(default[ALERTS_FILE]) if a["alert"] == "OomGuardOomEvent")
+    assert kind_matcher(kinds.LOG_OOM_KINDS) == 'kind=~"cuda_oom|startup_memory"'
+    assert kind_matcher(kinds.LOG_OOM_KINDS) in oom_event["expr"]
+    assert kind_matcher(kinds.XID) == 'kind="xid"'
 
 
 def test_generate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,4 +223,4 @@ def test_generate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     bad = tmp_path / "bad.yaml"
     bad.write_text("nope: 1\n")
     assert main(["generate", "--config", str(bad), "--output", str(tmp_path)]) == 1
-    assert "unknown key 'nope'" in capsys.readouterr().err
+    assert "nope: unknown key" in capsys.readouterr().err

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import REPO
 
 RUNBOOKS = REPO / "docs" / "runbooks.md"

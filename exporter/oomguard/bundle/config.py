@@ -1,42 +1,180 @@
-"""The bundle configuration: shipped defaults, deep-merged with the user's file; unknown keys refused."""
+"""The bundle configuration: typed like the exporter's, its defaults in defaults.yaml only.
+
+`load_bundle_config` deep-merges the user's file over the shipped defaults.yaml (a user setting
+`alerts.gpu_memory_high.threshold` keeps that alert's other keys), then validates the result with
+the models below: unknown keys are refused with a did-you-mean, except in the free-form label maps.
+The models hold no default values: every key's default, and its documentation, is in defaults.yaml.
+"""
 
 from __future__ import annotations
 
 import copy
-import difflib
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
+from pydantic import BeforeValidator, Field, ValidationError, field_validator
 
-from oomguard.config import ConfigError
+from oomguard.config import ConfigError, _Strict, explain
 
-SEVERITIES = ("critical", "warning", "info")
+Severity = Literal["critical", "warning", "info"]
+SEVERITIES: tuple[str, ...] = get_args(Severity)
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def _duration(value: Any) -> Any:
+    if not isinstance(value, str) or not _DURATION.match(value):
+        raise ValueError("not a duration like 30s, 5m, 1h or 1d")
+    return value
+
+
+def _label_value(value: Any) -> Any:
+    """A label value is a string; a YAML number or boolean is taken as written (1 -> "1")."""
+    if isinstance(value, bool | int | float):
+        return str(value)
+    return value
+
+
+# A Prometheus duration as the rules write it: a number and one unit.
+Duration = Annotated[str, BeforeValidator(_duration)]
+Ratio = Annotated[float, Field(gt=0, le=1)]
+LabelValue = Annotated[str, BeforeValidator(_label_value)]
+
+
+class _Alert(_Strict):
+    severity: Severity
+
+
+class _Sustained(_Alert):
+    """Fires once its condition has held `for` this long."""
+
+    for_: Duration = Field(alias="for")
+
+
+class _Recent(_Alert):
+    """Fires while its event happened within `window`."""
+
+    window: Duration
+
+
+class ThresholdAlert(_Sustained):
+    threshold: Ratio
+
+
+class OverBudgetAlert(_Sustained):
+    margin_ratio: float = Field(ge=0, lt=1)
+
+
+class ClimbingPredictedAlert(_Sustained):
+    min_level: Ratio
+    window: Duration
+    horizon: Duration
+    min_slope_ratio_per_minute: float = Field(gt=0)
+
+
+class ExhaustedSoonAlert(_Sustained):
+    seconds: float = Field(gt=0)
+
+
+class RestartCountAlert(_Recent):
+    count: int = Field(ge=1)
+
+
+class ProbeAlert(_Alert):
+    probe_initial_delay_seconds: int = Field(gt=0)
+
+
+class QueueBacklogAlert(_Sustained):
+    threshold: int = Field(ge=0)
+
+
+class EventSourceErrorsAlert(_Sustained):
+    window: Duration
+
+
+class Alerts(_Strict):
+    """One field per alert (its key in defaults.yaml), each with the keys that alert reads."""
+
+    gpu_memory_high: ThresholdAlert
+    gpu_memory_critical: ThresholdAlert
+    over_budget: OverBudgetAlert
+    memory_climbing: _Sustained
+    memory_climbing_predicted: ClimbingPredictedAlert
+    exhausted_soon: ExhaustedSoonAlert
+    oom_event: _Recent
+    kernel_oom_kill: _Recent
+    restart_storm: RestartCountAlert
+    restarts_without_oom: RestartCountAlert
+    startup_slower_than_probe: ProbeAlert
+    queue_backlog: QueueBacklogAlert
+    kv_cache_saturated: ThresholdAlert
+    low_headroom_config: ThresholdAlert
+    exporter_down: _Sustained
+    target_down: _Sustained
+    target_loading_long: _Sustained
+    gpu_lost: _Sustained
+    nvml_down: _Sustained
+    source_failing: _Sustained
+    event_source_errors: EventSourceErrorsAlert
+    xid_error: _Recent
+
+
+class PrometheusRuleConfig(_Strict):
+    name: str = Field(min_length=1)
+    namespace: str = Field(min_length=1)
+    labels: dict[str, LabelValue]  # Kubernetes labels: free-form
+
+
+class BundleConfig(_Strict):
+    prefix: str
+    selector: str
+    extra_labels: dict[str, LabelValue]  # free-form: any label name
+    runbook_base_url: str
+    group_labels: tuple[str, ...]
+    time_scale: float = Field(gt=0)
+    prometheus_rule: PrometheusRuleConfig
+    alerts: Alerts
+
+    @field_validator("prefix")
+    @classmethod
+    def _camel_case(cls, value: str) -> str:
+        if not re.fullmatch(r"([A-Z][a-z0-9]+)+", value):
+            raise ValueError("must be CamelCase, e.g. OomGuard: it is the first word of every alert name")
+        return value
+
+    @field_validator("selector")
+    @classmethod
+    def _no_braces(cls, value: str) -> str:
+        if value.strip().startswith("{"):
+            raise ValueError('write the label matchers without braces, e.g. job="oomguard"')
+        return value
+
+    @field_validator("extra_labels", "group_labels")
+    @classmethod
+    def _label_names(cls, value: Any) -> Any:
+        for name in value:
+            if not _LABEL_NAME.match(name):
+                raise ValueError(f"{name!r} is not a Prometheus label name (letters, digits and _)")
+            if name == "severity" and isinstance(value, dict):
+                raise ValueError("severity is set per alert: alerts.<name>.severity")
+        return value
 
 
 def defaults_text() -> str:
     return resources.files("oomguard.bundle").joinpath("defaults.yaml").read_text("utf-8")
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any], path: str) -> dict[str, Any]:
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` over `base`, mapping into mapping; a key left empty (`alerts:` alone) keeps the default."""
     out = copy.deepcopy(base)
     for key, value in override.items():
-        where = f"{path}.{key}" if path else key
-        if key not in base:
-            # extra_labels and prometheus_rule.labels are free-form; everything else is a known key.
-            if path in ("extra_labels", "prometheus_rule.labels"):
-                out[key] = value
-                continue
-            close = difflib.get_close_matches(key, list(base), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(base)}"
-            raise ConfigError(f"bundle configuration: unknown key {where!r}; {hint}")
-        if isinstance(base[key], dict) and isinstance(value, dict):
-            out[key] = _merge(base[key], value, where)
-        else:
+        if isinstance(out.get(key), dict) and isinstance(value, dict):
+            out[key] = _merge(out[key], value)
+        elif not (value is None and isinstance(out.get(key), dict)):
             out[key] = value
     return out
 
@@ -44,13 +182,16 @@ def _merge(base: dict[str, Any], override: dict[str, Any], path: str) -> dict[st
 def seconds(duration: str, where: str = "duration") -> int:
     match = _DURATION.match(str(duration))
     if not match:
-        raise ConfigError(f"bundle configuration: {where}: {duration!r} is not a duration like 30s, 5m, 1h")
+        raise ConfigError(f"bundle configuration: {where}: {duration!r} is not a duration like 30s, 5m, 1h or 1d")
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
-def load_bundle_config(path: Path | None = None) -> dict[str, Any]:
-    config = yaml.safe_load(defaults_text())
+def load_bundle_config(path: Path | None = None) -> BundleConfig:
+    """The shipped defaults with the file at `path` (if any) merged over them, validated."""
+    raw = yaml.safe_load(defaults_text())
+    source = "bundle defaults"
     if path is not None:
+        source = str(path)
         try:
             override = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except OSError as exc:
@@ -58,23 +199,9 @@ def load_bundle_config(path: Path | None = None) -> dict[str, Any]:
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from None
         if not isinstance(override, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
-        config = _merge(config, override, "")
-    _check(config)
-    return config
-
-
-def _check(config: dict[str, Any]) -> None:
-    if not re.fullmatch(r"([A-Z][a-z0-9]+)+", str(config["prefix"])):
-        raise ConfigError(f"bundle configuration: prefix {config['prefix']!r} must be CamelCase, e.g. OomGuard")
-    if float(config["time_scale"]) <= 0:
-        raise ConfigError("bundle configuration: time_scale must be above 0 (1 in production)")
-    for name, alert in config["alerts"].items():
-        if alert.get("severity") not in SEVERITIES:
-            severity = alert.get("severity")
-            raise ConfigError(
-                f"bundle configuration: alerts.{name}.severity {severity!r} is not one of {', '.join(SEVERITIES)}"
-            )
-        for key in ("for", "window", "horizon"):
-            if key in alert:
-                seconds(alert[key], f"alerts.{name}.{key}")
+            raise ConfigError(f"{path}: the top level must be a mapping (keys such as alerts:, selector:)")
+        raw = _merge(raw, override)
+    try:
+        return BundleConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, source, BundleConfig, "bundle configuration")) from None

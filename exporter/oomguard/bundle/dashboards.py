@@ -12,12 +12,15 @@ import hashlib
 import json
 from typing import Any
 
+from oomguard.bundle.config import BundleConfig
+from oomguard.events.kinds import TARGET_OOM_KINDS, kind_matcher
+
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
 M = '{job=~"$job",instance=~"$instance"}'  # every query's matchers
 MT = '{job=~"$job",instance=~"$instance",target=~"$target"}'
 MG = '{job=~"$job",instance=~"$instance",gpu=~"$gpu"}'
-OOM_KINDS = 'kind=~"cuda_oom|startup_memory|cgroup_oom_kill"'
+OOM_KINDS = kind_matcher(TARGET_OOM_KINDS)
 
 
 def _uid(name: str) -> str:
@@ -153,7 +156,7 @@ def _variables(selector: str, with_target: bool, with_gpu: bool) -> list[dict[st
 
 
 def _dashboard(
-    config: dict[str, Any],
+    config: BundleConfig,
     file_name: str,
     title: str,
     description: str,
@@ -188,13 +191,13 @@ def _dashboard(
         "graphTooltip": 1,
         "refresh": "30s",
         "time": {"from": "now-6h", "to": "now"},
-        "templating": {"list": _variables(config["selector"], with_target, with_gpu)},
+        "templating": {"list": _variables(config.selector, with_target, with_gpu)},
         "annotations": {"list": _annotations()},
         "links": [
             {
                 "title": "Runbooks",
                 "type": "link",
-                "url": config["runbook_base_url"],
+                "url": config.runbook_base_url,
                 "targetBlank": True,
                 "icon": "doc",
             },
@@ -244,9 +247,9 @@ def _annotations() -> list[dict[str, Any]]:
     ]
 
 
-def overview(config: dict[str, Any]) -> dict[str, Any]:
-    a = config["alerts"]
-    high, critical = float(a["gpu_memory_high"]["threshold"]), float(a["gpu_memory_critical"]["threshold"])
+def overview(config: BundleConfig) -> dict[str, Any]:
+    a = config.alerts
+    high, critical = a.gpu_memory_high.threshold, a.gpu_memory_critical.threshold
     ratio_steps = _thresholds(("green", None), ("orange", high), ("red", critical))
     layout = _Layout()
     layout.add(
@@ -408,10 +411,10 @@ def overview(config: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def target(config: dict[str, Any]) -> dict[str, Any]:
-    a = config["alerts"]
-    high, critical = float(a["gpu_memory_high"]["threshold"]), float(a["gpu_memory_critical"]["threshold"])
-    probe = float(a["startup_slower_than_probe"]["probe_initial_delay_seconds"])
+def target(config: BundleConfig) -> dict[str, Any]:
+    a = config.alerts
+    high, critical = a.gpu_memory_high.threshold, a.gpu_memory_critical.threshold
+    probe = float(a.startup_slower_than_probe.probe_initial_delay_seconds)
     layout = _Layout()
     layout.row("GPU memory")
     layout.add(
@@ -498,8 +501,8 @@ def target(config: dict[str, Any]) -> dict[str, Any]:
             "s",
             thresholds=_thresholds(
                 ("red", None),
-                ("orange", float(a["exhausted_soon"]["seconds"])),
-                ("green", 4 * float(a["exhausted_soon"]["seconds"])),
+                ("orange", a.exhausted_soon.seconds),
+                ("green", 4 * a.exhausted_soon.seconds),
             ),
         ),
         8,
@@ -512,7 +515,7 @@ def target(config: dict[str, Any]) -> dict[str, Any]:
             "Share of the engine's KV cache blocks in use: at the top, requests wait and get preempted.",
             [_target(f"oomguard_engine_kv_cache_usage_ratio{MT}", "{{target}} {{model_name}}")],
             "percentunit",
-            thresholds=_thresholds(("green", None), ("red", float(a["kv_cache_saturated"]["threshold"]))),
+            thresholds=_thresholds(("green", None), ("red", a.kv_cache_saturated.threshold)),
             max=1,
         ),
         8,
@@ -527,7 +530,7 @@ def target(config: dict[str, Any]) -> dict[str, Any]:
                 _target(f"instance_target:oomguard_engine_requests_running:sum{MT}", "{{target}} running", "B"),
             ],
             "none",
-            thresholds=_thresholds(("green", None), ("orange", float(a["queue_backlog"]["threshold"]))),
+            thresholds=_thresholds(("green", None), ("orange", float(a.queue_backlog.threshold))),
         ),
         8,
         7,
@@ -628,5 +631,5 @@ def target(config: dict[str, Any]) -> dict[str, Any]:
 DASHBOARDS = {"oomguard-overview.json": overview, "oomguard-target.json": target}
 
 
-def render(config: dict[str, Any]) -> dict[str, str]:
+def render(config: BundleConfig) -> dict[str, str]:
     return {name: json.dumps(build(config), indent=2, sort_keys=False) + "\n" for name, build in DASHBOARDS.items()}

@@ -4,34 +4,34 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import jinja2
 import yaml
 
 from oomguard.bundle import dashboards
-from oomguard.bundle.config import seconds
+from oomguard.bundle.config import BundleConfig, seconds
+from oomguard.events import kinds
 
 ALERTS_FILE = "oomguard-alerts.yaml"
 RECORDS_FILE = "oomguard-records.yaml"
 PROMETHEUS_RULE_FILE = "oomguard-prometheusrule.yaml"
 
 
-def _environment(config: dict[str, Any]) -> jinja2.Environment:
+def _environment(config: BundleConfig) -> jinja2.Environment:
     # PromQL and Prometheus' own templates use {{ }}: ours use [[ ]] and [% %].
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("oomguard.bundle", "templates"),
         variable_start_string="[[", variable_end_string="]]", block_start_string="[%", block_end_string="%]",
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
     )  # fmt: skip
-    selector = config["selector"]
-    scale = float(config["time_scale"])
+    selector = config.selector
+    scale = config.time_scale
 
     def s(extra: str = "") -> str:
         return "{" + ",".join(m for m in (selector, extra) if m) + "}"
 
     def by(*labels: str) -> str:
-        return ", ".join([*config["group_labels"], *labels])
+        return ", ".join([*config.group_labels, *labels])
 
     def secs(duration: str) -> int:
         return max(1, round(seconds(duration) / scale))
@@ -44,18 +44,20 @@ def _environment(config: dict[str, Any]) -> jinja2.Environment:
         return f"{float(value) / scale:g}"
 
     def runbook(alert: str) -> str:
-        return f"{config['runbook_base_url']}#{alert.lower()}"
+        return f"{config.runbook_base_url}#{alert.lower()}"
 
     # A YAML double-quoted scalar (JSON's syntax is a subset), without jinja's HTML escapes.
     env.filters["q"] = lambda value: json.dumps(str(value), ensure_ascii=False)
+    # The alerts as their YAML keys (`a.queue_backlog.for`); the event kinds as named in events/kinds.py.
     env.globals.update(
         s=s, by=by, secs=secs, dur=dur, scaled=scaled, runbook=runbook, pct=lambda r: f"{float(r) * 100:g} %",
-        prefix=config["prefix"], a=config["alerts"], extra_labels=config["extra_labels"],
+        prefix=config.prefix, a=config.alerts.model_dump(by_alias=True), extra_labels=config.extra_labels,
+        kinds=kinds, kind_matcher=kinds.kind_matcher,
     )  # fmt: skip
     return env
 
 
-def render(config: dict[str, Any]) -> dict[str, str]:
+def render(config: BundleConfig) -> dict[str, str]:
     """File name -> content, for every rule file of the bundle."""
     env = _environment(config)
     alerts = env.get_template("alerts.yaml.j2").render()
@@ -64,9 +66,9 @@ def render(config: dict[str, Any]) -> dict[str, str]:
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {
-            "name": config["prometheus_rule"]["name"],
-            "namespace": config["prometheus_rule"]["namespace"],
-            "labels": config["prometheus_rule"]["labels"],
+            "name": config.prometheus_rule.name,
+            "namespace": config.prometheus_rule.namespace,
+            "labels": dict(config.prometheus_rule.labels),
         },
         "spec": {"groups": yaml.safe_load(records)["groups"] + yaml.safe_load(alerts)["groups"]},
     }
@@ -78,7 +80,7 @@ def render(config: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def write(config: dict[str, Any], output: Path) -> list[Path]:
+def write(config: BundleConfig, output: Path) -> list[Path]:
     """Rules into OUTPUT/rules/, dashboards into OUTPUT/dashboards/."""
     written = []
     for folder, files in (("rules", render(config)), ("dashboards", dashboards.render(config))):
