@@ -83,8 +83,8 @@ def start_targets(delays_ms: list[float]) -> tuple[BaseProcess, list[int]]:
 # -- the exporter: the real app, fake NVML, in its own process ---------------------------------
 def _serve_exporter(ports: list[int], local_process: str, conn: Connection) -> None:
     from oomguard.config import Config, TargetConfig
+    from oomguard.runtime import Runtime
     from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-    from oomguard.sources.nvml import NvmlSource
     from oomguard.web import make_app
 
     config = Config(
@@ -107,7 +107,7 @@ def _serve_exporter(ports: list[int], local_process: str, conn: Connection) -> N
     ]
 
     async def main() -> None:
-        app = make_app(config, lambda: NvmlSource(FakeNvml(gpus)))
+        app = make_app(Runtime(config, nvml_lib=FakeNvml(gpus)))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

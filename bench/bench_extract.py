@@ -13,8 +13,8 @@ from collections.abc import Callable
 from _common import FIXTURE, cpu_mark, machine, median, other_load
 from prometheus_client.parser import text_string_to_metric_families
 
-from oomguard.engines.base import EngineReading
-from oomguard.engines.vllm import Vllm
+from oomguard.engines.vllm.reader import VllmReader
+from oomguard.model import EngineReading
 from oomguard.promtext import FamilyExtractor
 
 GOAL_RATIO = 10.0
@@ -38,8 +38,8 @@ def main() -> None:
     where = machine()
 
     text = FIXTURE.read_text(encoding="utf-8")
-    extractor = FamilyExtractor(Vllm.families)  # compiled once, as the exporter does per engine
-    engine = Vllm()
+    extractor = FamilyExtractor(VllmReader.families)  # compiled once, as the exporter does per engine
+    engine = VllmReader()
 
     def ours() -> EngineReading:
         return engine.read(extractor.extract(text))

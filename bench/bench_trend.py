@@ -18,23 +18,24 @@ import tracemalloc
 from _common import N_GPUS, N_TARGETS, cpu_mark, machine, other_load
 
 from oomguard.config import Config
-from oomguard.trend.sampler import Key, Observation, TrendTracker
+from oomguard.model import Observation, TrendKey
+from oomguard.trend.sampler import TrendTracker
 
 GIB = 1024**3
 GOAL_MS = 5.0
 
 
-def keys(with_host: bool) -> list[Key]:
+def keys(with_host: bool) -> list[TrendKey]:
     """8 GPUs, 16 targets' GPUs, and with local targets their host RSS too: 24 or 40 series."""
-    out = [Key("gpu", str(i), "gpu") for i in range(N_GPUS)]
+    out = [TrendKey("gpu", str(i), "gpu") for i in range(N_GPUS)]
     for i in range(N_TARGETS):
-        out.append(Key("target", f"t{i:02d}", "gpu"))
+        out.append(TrendKey("target", f"t{i:02d}", "gpu"))
         if with_host:
-            out.append(Key("target", f"t{i:02d}", "host"))
+            out.append(TrendKey("target", f"t{i:02d}", "host"))
     return out
 
 
-def observe(series: list[Key], rng: random.Random) -> dict[Key, Observation]:
+def observe(series: list[TrendKey], rng: random.Random) -> dict[TrendKey, Observation]:
     # Noisy steady levels: the common case.
     return {k: Observation(60 * GIB * (1 + 0.02 * rng.random()), 80 * GIB) for k in series}
 

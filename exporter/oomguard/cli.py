@@ -11,12 +11,13 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from oomguard import __version__
 from oomguard.config import ConfigError, load_config, parse_listen_address
+from oomguard.drill.scenarios import SCENARIOS as DRILLS
+from oomguard.simulate.scenarios import SCENARIOS as SIMULATIONS
 
 log = logging.getLogger("oomguard")
 
@@ -50,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--simulate",
         metavar="SCENARIO",
-        help="run on a built-in simulation of GPUs and a vLLM target: leak, overcommit, steady [$OOMGUARD_SIMULATE]",
+        help="run on a built-in simulation of GPUs and a vLLM target: "
+        + ", ".join(SIMULATIONS)
+        + " [$OOMGUARD_SIMULATE]",
     )
     serve.add_argument(
         "--simulate.gpus",
@@ -91,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--print-defaults", action="store_true", help="print the full default bundle configuration")
 
     drill = commands.add_parser("drill", help="replay a scenario through a real Prometheus and Alertmanager")
-    drill.add_argument("--scenario", help="which scenario (see --list)")
+    drill.add_argument("--scenario", choices=list(DRILLS), metavar="SCENARIO", help=", ".join(DRILLS))
     drill.add_argument("--list", action="store_true", help="list the scenarios")
     drill.add_argument("--report", type=Path, metavar="FILE", help="also write the report to FILE")
     drill.add_argument("--json", action="store_true", help="report as JSON instead of Markdown")
@@ -174,10 +177,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _drill(args: argparse.Namespace) -> int:
-    from oomguard.drill.scenarios import SCENARIOS
-
     if args.list:
-        for scenario in SCENARIOS.values():
+        for scenario in DRILLS.values():
             print(f"{scenario.name}: {scenario.summary}")
         return 0
     if args.check:
@@ -189,8 +190,8 @@ def _drill(args: argparse.Namespace) -> int:
             "\n".join(problems) if problems else f"{args.check}: every rule of the bundle is loaded and has its inputs"
         )
         return 1 if problems else 0
-    if args.scenario not in SCENARIOS:
-        print(f"choose a scenario with --scenario: {', '.join(SCENARIOS)} (or --list, or --check URL)", file=sys.stderr)
+    if args.scenario not in DRILLS:
+        print(f"choose a scenario with --scenario: {', '.join(DRILLS)} (or --list, or --check URL)", file=sys.stderr)
         return 2
     from oomguard.drill.run import run
 
@@ -198,7 +199,7 @@ def _drill(args: argparse.Namespace) -> int:
     logging.basicConfig(level="ERROR", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="oomguard-drill-") as scratch:
         report = run(
-            SCENARIOS[args.scenario], args.workdir or Path(scratch), time_scale=args.time_scale,
+            DRILLS[args.scenario], args.workdir or Path(scratch), time_scale=args.time_scale,
             alertmanager_config=args.alertmanager_config,
         )  # fmt: skip
     text = report.json() if args.json else report.markdown()
@@ -228,51 +229,11 @@ def _generate(args: argparse.Namespace) -> int:
 def serve(config: Any) -> int:
     from aiohttp import web
 
-    from oomguard.config import TargetConfig
-    from oomguard.sources.nvml import NvmlSource
+    from oomguard.runtime import Runtime
     from oomguard.web import make_app
 
-    simulation = None
-    if config.simulation.scenario:
-        from oomguard.simulate.runner import Simulation
-        from oomguard.simulate.scenarios import SCENARIOS
-
-        if config.simulation.scenario not in SCENARIOS:
-            print(
-                f"unknown scenario {config.simulation.scenario!r}; choose one of: {', '.join(SCENARIOS)}",
-                file=sys.stderr,
-            )
-            return 1
-        log_path = Path(tempfile.gettempdir()) / f"oomguard-sim-{os.getpid()}.log"
-        simulation = Simulation(
-            config.simulation.scenario,
-            gpus=config.simulation.gpus,
-            time_scale=config.simulation.time_scale,
-            log_path=log_path,
-        )
-        sim_target = TargetConfig(name="sim-vllm", url=simulation.url, gpus=(0,), logs=(str(log_path),))
-        config = config.model_copy(update={"targets": (*config.targets, sim_target)})
-        log.info("simulation %r: engine at %s, its log in %s", simulation.scenario.name, simulation.url, log_path)
-
-    def nvml_factory() -> NvmlSource | None:
-        if not config.nvml.enabled:
-            return None
-        if simulation is not None:
-            return NvmlSource(simulation.nvml, per_process=config.nvml.per_process)
-        import pynvml
-
-        return NvmlSource(pynvml, per_process=config.nvml.per_process)
-
-    app = make_app(config, nvml_factory)
-    if simulation is not None:
-
-        async def run_simulation(_: web.Application) -> AsyncIterator[None]:
-            await simulation.start()
-            yield
-            await simulation.stop()
-
-        app.cleanup_ctx.insert(0, run_simulation)
+    runtime = Runtime(config)
     host, port = parse_listen_address(config.web.listen_address)
-    log.info("oomguard %s listening on %s:%d, %d target(s)", __version__, host, port, len(config.targets))
-    web.run_app(app, host=host, port=port, print=None, access_log=None)
+    log.info("oomguard %s listening on %s:%d, %d target(s)", __version__, host, port, len(runtime.config.targets))
+    web.run_app(make_app(runtime), host=host, port=port, print=None, access_log=None)
     return 0

@@ -16,9 +16,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from oomguard.engines import ENGINE_NAMES
+from oomguard.events.catalogue import check_patterns
+from oomguard.simulate.scenarios import SCENARIOS as SIMULATIONS
 from oomguard.trend.analysis import TrendSettings
 
 DEFAULT_PORT = 9847
+_TREND = TrendSettings()  # the analysis' defaults, written once there
 DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
 
 
@@ -64,9 +67,7 @@ class PatternConfig(_Strict):
 
     @model_validator(mode="after")
     def _compiles(self) -> PatternConfig:
-        from oomguard.events.detector import load_catalogue
-
-        load_catalogue([self.model_dump()])  # raises ValueError naming the pattern
+        check_patterns([self.model_dump()])  # raises ValueError naming the pattern
         return self
 
 
@@ -147,29 +148,42 @@ class ScrapeConfig(_Strict):
 
 
 class SimulationConfig(_Strict):
-    scenario: str | None = Field(None, description="Run on a built-in simulation: leak, overcommit, steady.")
+    scenario: str | None = Field(None, description="Run on a built-in simulation (`oomguard serve --help` lists them).")
     gpus: int = Field(1, ge=1, le=64, description="Number of simulated GPUs.")
     time_scale: float = Field(
         1.0, gt=0, description="Speed of the simulated clock (10 = ten simulated seconds per second)."
     )
 
+    @field_validator("scenario")
+    @classmethod
+    def _known_scenario(cls, value: str | None) -> str | None:
+        if value is not None and value not in SIMULATIONS:
+            close = difflib.get_close_matches(value, list(SIMULATIONS), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"unknown scenario {value!r}; {hint}choose one of: {', '.join(SIMULATIONS)}")
+        return value
+
 
 class TrendConfig(_Strict):
-    """Thresholds of the trend analysis; their meaning is in docs/trend.md."""
+    """Thresholds of the trend analysis; their defaults are TrendSettings' and their meaning is in docs/trend.md."""
 
     enabled: bool = Field(True, description="Sample memory in the background and export trends.")
-    interval_seconds: float = Field(2.0, gt=0, description="Sample interval, independent of scrapes.")
-    short_window_seconds: float = Field(120.0, gt=0)
-    long_window_seconds: float = Field(1800.0, gt=0, description="History kept per series (bounded memory).")
-    tolerance_ratio: float = Field(0.02, gt=0, lt=1)
-    climb_min_seconds: float = Field(300.0, gt=0)
-    climb_min_rise_ratio: float = Field(0.03, gt=0, lt=1)
-    climb_min_slope_ratio_per_minute: float = Field(0.0006, gt=0)
-    spike_rise_ratio: float = Field(0.15, gt=0, lt=1)
-    spike_level_ratio: float = Field(0.90, gt=0, le=1)
-    saturated_ratio: float = Field(0.97, gt=0, le=1)
-    sawtooth_span_ratio: float = Field(0.04, gt=0, lt=1)
-    restart_drop_ratio: float = Field(0.5, gt=0, le=1)
+    interval_seconds: float = Field(
+        _TREND.interval_seconds, gt=0, description="Sample interval, independent of scrapes."
+    )
+    short_window_seconds: float = Field(_TREND.short_window_seconds, gt=0)
+    long_window_seconds: float = Field(
+        _TREND.long_window_seconds, gt=0, description="History kept per series (bounded memory)."
+    )
+    tolerance_ratio: float = Field(_TREND.tolerance_ratio, gt=0, lt=1)
+    climb_min_seconds: float = Field(_TREND.climb_min_seconds, gt=0)
+    climb_min_rise_ratio: float = Field(_TREND.climb_min_rise_ratio, gt=0, lt=1)
+    climb_min_slope_ratio_per_minute: float = Field(_TREND.climb_min_slope_ratio_per_minute, gt=0)
+    spike_rise_ratio: float = Field(_TREND.spike_rise_ratio, gt=0, lt=1)
+    spike_level_ratio: float = Field(_TREND.spike_level_ratio, gt=0, le=1)
+    saturated_ratio: float = Field(_TREND.saturated_ratio, gt=0, le=1)
+    sawtooth_span_ratio: float = Field(_TREND.sawtooth_span_ratio, gt=0, lt=1)
+    restart_drop_ratio: float = Field(_TREND.restart_drop_ratio, gt=0, le=1)
 
     @model_validator(mode="after")
     def _windows(self) -> TrendConfig:
@@ -230,13 +244,18 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port_text)
 
 
+def _keys(model: type[BaseModel]) -> dict[str, Any]:
+    """The keys a model reads (a field's alias where it has one, as in YAML `for:`) -> its field."""
+    return {field.alias or name: field for name, field in model.model_fields.items()}
+
+
 def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """The keys valid at `loc`, to suggest the closest one for a typo."""
+    """The keys valid at `loc` under the root `model`, to suggest the closest one for a typo."""
     current: Any = model
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
-        field = current.model_fields.get(part) if isinstance(current, type) else None
+        field = _keys(current).get(part) if isinstance(current, type) else None
         if field is None:
             return []
         annotation = field.annotation
@@ -244,7 +263,7 @@ def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
         current = next((a for a in (annotation, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
         if current is None:
             return []
-    return list(current.model_fields) if isinstance(current, type) else []
+    return list(_keys(current)) if isinstance(current, type) else []
 
 
 def _format_location(loc: tuple[Any, ...]) -> str:
@@ -254,13 +273,16 @@ def _format_location(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def explain(error: ValidationError, source: str) -> str:
-    lines = [f"{source}: the configuration is not valid:"]
+def explain(
+    error: ValidationError, source: str, model: type[BaseModel] | None = None, what: str = "configuration"
+) -> str:
+    """One line per error of `model` (default: the exporter's Config), naming the key and the fix."""
+    lines = [f"{source}: the {what} is not valid:"]
     for item in error.errors():
         loc = tuple(item["loc"])
         where = _format_location(loc)
         if item["type"] == "extra_forbidden":
-            known = _known_keys(Config, loc)
+            known = _known_keys(model or Config, loc)
             close = difflib.get_close_matches(str(loc[-1]), known, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
             lines.append(f"  {where}: unknown key; {hint}")

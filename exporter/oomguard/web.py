@@ -1,61 +1,33 @@
-"""The HTTP face: /metrics, /-/healthy, /-/ready and a landing page."""
+"""The HTTP face: /metrics, /-/healthy, /-/ready and a landing page. It routes, and starts and stops the runtime."""
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import html
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
-import aiohttp
 from aiohttp import web
 
 from oomguard import __version__
-from oomguard.collector import Collection
-from oomguard.config import Config
-from oomguard.metrics import render
-from oomguard.sources.nvml import NvmlSource
-from oomguard.trend.sampler import Sampler
+from oomguard.collection import Collection
+from oomguard.exposition import render
+from oomguard.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-COLLECTION = web.AppKey("collection", Collection)
-CONFIG = web.AppKey("config", Config)
+RUNTIME = web.AppKey("runtime", Runtime)
 # The classic text format: every Prometheus 2.x understands it (all our names are plain ASCII).
 EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def make_app(config: Config, nvml_factory: Callable[[], NvmlSource | None]) -> web.Application:
+def make_app(runtime: Runtime) -> web.Application:
     app = web.Application()
-    app[CONFIG] = config
+    app[RUNTIME] = runtime
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        # One client session for every target, for the life of the app.
-        async with aiohttp.ClientSession(
-            headers={"User-Agent": f"oomguard/{__version__}", "Accept": "text/plain"},
-            connector=aiohttp.TCPConnector(limit=64, limit_per_host=4),
-        ) as session:
-            collection = app[COLLECTION] = Collection(config, nvml_factory(), session)
-            # What exists at start lives as long as the app: keep it out of the garbage collector's
-            # full passes, which otherwise stall a scrape for tens of milliseconds now and then.
-            gc.collect()
-            gc.freeze()
-            # A first collection at start, so /-/ready means "has data" and the
-            # first real scrape finds NVML initialised and targets' states known.
-            background = [asyncio.ensure_future(collection.snapshot())]
-            if collection.tracker is not None:
-                background.append(
-                    asyncio.ensure_future(Sampler(collection.tracker, collection.trend_observations).run())
-                )
-            background.append(asyncio.ensure_future(collection.follow_events()))
-            if collection.xid is not None:
-                collection.xid.start()
-            yield
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
-            await asyncio.to_thread(collection.close)
+        await runtime.start()
+        yield
+        await runtime.stop()
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/", landing)
@@ -65,8 +37,14 @@ def make_app(config: Config, nvml_factory: Callable[[], NvmlSource | None]) -> w
     return app
 
 
+def _collection(request: web.Request) -> Collection:
+    collection = request.app[RUNTIME].collection
+    assert collection is not None, "routes are served only after the runtime started"
+    return collection
+
+
 async def metrics(request: web.Request) -> web.Response:
-    snapshot = await request.app[COLLECTION].snapshot()
+    snapshot = await _collection(request).snapshot()
     return web.Response(body=render(snapshot), headers={"Content-Type": EXPOSITION_CONTENT_TYPE})
 
 
@@ -75,20 +53,20 @@ async def healthy(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    if request.app[COLLECTION].last is None:
+    if _collection(request).last is None:
         return web.Response(status=503, text="not ready: first collection still running\n")
     return web.Response(text="OK\n")
 
 
 async def landing(request: web.Request) -> web.Response:
-    config = request.app[CONFIG]
-    last = request.app[COLLECTION].last
+    runtime = request.app[RUNTIME]
+    last = _collection(request).last
     states = {t.name: t.state for t in last.targets} if last else {}
     rows = (
         "".join(
             f"<tr><td>{html.escape(t.label)}</td><td>{html.escape(t.engine)}</td>"
             f"<td>{html.escape(t.url)}</td><td>{html.escape(states.get(t.label, 'not scraped yet'))}</td></tr>"
-            for t in config.targets
+            for t in runtime.config.targets
         )
         or '<tr><td colspan="4">no targets configured</td></tr>'
     )

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import re
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,14 +22,16 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.config import BundleConfig, load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
-from oomguard.config import Config, load_config
+from oomguard.config import load_config
 from oomguard.drill.scenarios import MEMORY_ALERTS, DrillScenario
-from oomguard.drill.services import Alertmanager, Prometheus, ServiceError, free_port
+from oomguard.drill.services import Alertmanager, Prometheus, ServiceError
 from oomguard.drill.webhook import WebhookReceiver
-from oomguard.simulate.runner import Simulation
-from oomguard.sources.nvml import NvmlSource
+from oomguard.events.kinds import LOG_OOM_KINDS, kind_matcher
+from oomguard.ports import free_port
+from oomguard.runtime import Runtime
+from oomguard.trend.analysis import TrendSettings
 from oomguard.web import make_app
 
 log = logging.getLogger(__name__)
@@ -120,15 +123,6 @@ def drill_alertmanager_config(path: Path, webhook_port: int) -> dict[str, Any]:
     return config
 
 
-def _trend_settings(scale: float) -> dict[str, float]:
-    """The trend thresholds of the defaults, in the drill's compressed time."""
-    return {
-        "interval_seconds": max(0.1, 2.0 / scale), "short_window_seconds": max(2.0, 120 / scale),
-        "long_window_seconds": max(30.0, 1800 / scale), "climb_min_seconds": max(3.0, 300 / scale),
-        "climb_min_slope_ratio_per_minute": 0.0006 * scale,
-    }  # fmt: skip
-
-
 @dataclass
 class Chain:
     """The running chain: exporter -> Prometheus (generated rules) -> Alertmanager (routing) -> webhook."""
@@ -142,14 +136,13 @@ class Chain:
 @contextlib.asynccontextmanager
 async def alerting_chain(
     workdir: Path,
-    exporter_config: Config,
-    nvml_factory: Callable[[], NvmlSource | None],
+    runtime: Runtime,
     *,
     bundle_overrides: dict[str, Any],
     alertmanager_config: Path | None = None,
     scrape_interval: str = "1s",
 ) -> AsyncIterator[Chain]:
-    """Starts the chain around an exporter configuration, stops everything on the way out."""
+    """Starts the chain around an exporter's runtime, stops everything on the way out."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "bundle.yaml").write_text(yaml.safe_dump(bundle_overrides))
     bundle = load_bundle_config(workdir / "bundle.yaml")
@@ -163,7 +156,7 @@ async def alerting_chain(
     await web.TCPSite(webhook_runner, "127.0.0.1", webhook_port).start()
     routing = drill_alertmanager_config(alertmanager_config or DEFAULT_ALERTMANAGER_CONFIG, webhook_port)
     am = Alertmanager(workdir / "alertmanager", routing)
-    exporter = web.AppRunner(make_app(exporter_config, nvml_factory), access_log=None)
+    exporter = web.AppRunner(make_app(runtime), access_log=None)
     prometheus: Prometheus | None = None
     try:
         await asyncio.to_thread(am.start)
@@ -176,7 +169,7 @@ async def alerting_chain(
             scrape_interval=scrape_interval,
         )  # fmt: skip
         await asyncio.to_thread(prometheus.start)
-        yield Chain(prometheus, am, webhook, bundle["prefix"])
+        yield Chain(prometheus, am, webhook, bundle.prefix)
     finally:
         if prometheus is not None:
             prometheus.stop()
@@ -192,23 +185,21 @@ async def run_drill(
     time_scale: float = DEFAULT_TIME_SCALE,
     alertmanager_config: Path | None = None,
 ) -> DrillReport:
-    sim = Simulation(scenario.simulation, time_scale=time_scale, log_path=workdir / "engine.log")
+    trend = dataclasses.asdict(TrendSettings().time_scaled(time_scale))
     config = load_config(None, {
-        "state_dir": str(workdir / "state"), "trend": _trend_settings(time_scale),
+        "state_dir": str(workdir / "state"), "trend": trend,
+        "simulation": {"scenario": scenario.simulation, "time_scale": time_scale},
         "events": {"kernel_log": False, "quiet_seconds": 1, "rearm_seconds": max(1.0, 60 / time_scale)},
-        "targets": [{"name": "sim-vllm", "url": sim.url, "gpus": [0], "logs": [str(workdir / "engine.log")]}],
     })  # fmt: skip
+    runtime = Runtime(config, start_simulation=False, simulation_log=workdir / "engine.log")
+    assert runtime.simulation is not None
     overrides = {"time_scale": time_scale, **scenario.bundle}
     try:
         async with alerting_chain(
-            workdir,
-            config,
-            lambda: NvmlSource(sim.nvml),
-            bundle_overrides=overrides,
-            alertmanager_config=alertmanager_config,
+            workdir, runtime, bundle_overrides=overrides, alertmanager_config=alertmanager_config
         ) as chain:
             # The engine starts once Prometheus scrapes: the exporter sees its whole load, as in production.
-            await sim.start()
+            await runtime.simulation.start()
             started = time.time()
             await asyncio.sleep(scenario.minutes * 60 / time_scale)
             await asyncio.sleep(3)  # the last notifications in flight (group_wait 1s, evaluation 1s)
@@ -216,7 +207,7 @@ async def run_drill(
                 _report, scenario, chain.prometheus, chain.webhook, chain.prefix, started, time.time(), time_scale
             )
     finally:
-        await sim.stop()
+        await runtime.simulation.stop()
 
 
 def _first_time(prometheus: Prometheus, expr: str, start: float, end: float) -> float | None:
@@ -230,7 +221,7 @@ def _report(
 ) -> DrillReport:  # fmt: skip
     sel = '{job="oomguard"}'
     oom_values = prometheus.query_range(
-        'oomguard_target_last_event_timestamp_seconds{job="oomguard",kind=~"cuda_oom|startup_memory"}', start, end, 0.5
+        f'oomguard_target_last_event_timestamp_seconds{{job="oomguard",{kind_matcher(LOG_OOM_KINDS)}}}', start, end, 0.5
     )
     oom_times = sorted({float(v) for s in oom_values for _, v in s["values"]})
     restart_values = prometheus.query_range(f"oomguard_target_last_restart_timestamp_seconds{sel}", start, end, 0.5)
@@ -299,7 +290,7 @@ def _report(
     )  # fmt: skip
 
 
-def check_deployment(prometheus_url: str, bundle: dict[str, Any]) -> list[str]:
+def check_deployment(prometheus_url: str, bundle: BundleConfig) -> list[str]:
     """Against a running Prometheus: are the bundle's rules loaded, and do their inputs exist?"""
     problems: list[str] = []
 
@@ -320,14 +311,14 @@ def check_deployment(prometheus_url: str, bundle: dict[str, Any]) -> list[str]:
         )
     inputs = sorted({m for r in ours for m in re.findall(r"\b(oomguard_\w+|up)\{", r["expr"])})
     for metric in inputs:
-        query = urllib.parse.quote(f"count({metric}{{{bundle['selector']}}})")
+        query = urllib.parse.quote(f"count({metric}{{{bundle.selector}}})")
         try:
             found = get(f"query?query={query}")["result"]
         except (OSError, ValueError, KeyError) as exc:
             problems.append(f"cannot query {metric}: {exc}")
             continue
         if not found:
-            problems.append(f"no series {metric}{{{bundle['selector']}}}: the alerts that read it can never fire")
+            problems.append(f"no series {metric}{{{bundle.selector}}}: the alerts that read it can never fire")
     return problems
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -19,15 +18,11 @@ from typing import Any
 
 import yaml
 
+from oomguard.ports import free_port
+
 
 class ServiceError(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def find_binary(*names: str, package: str) -> str:

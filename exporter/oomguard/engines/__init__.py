@@ -1,13 +1,12 @@
-"""Inference engines, one module each; `ENGINES` maps the config's `engine:` to its reader.
+"""The engine registry: the config's `engine:` -> its plugin (one package each under engines/).
 
-To add an engine (SGLang, TGI, llama.cpp): write a module with a class following
-`engines.base.Engine` and register it here.
+To add an engine, write `engines/<name>/` (see docs/architecture.md) and add its plugin here.
 """
 
-from oomguard.engines.base import Engine, EngineReading, ModelReading
-from oomguard.engines.vllm import Vllm
+from oomguard.engines import vllm
+from oomguard.engines.base import EnginePlugin, EngineReader, FamilyRow
 
-ENGINES: dict[str, type[Engine]] = {Vllm.name: Vllm}
+ENGINES: dict[str, EnginePlugin] = {plugin.name: plugin for plugin in (vllm.PLUGIN,)}
 ENGINE_NAMES = tuple(ENGINES)
 
-__all__ = ["ENGINES", "ENGINE_NAMES", "Engine", "EngineReading", "ModelReading"]
+__all__ = ["ENGINES", "ENGINE_NAMES", "EnginePlugin", "EngineReader", "FamilyRow"]

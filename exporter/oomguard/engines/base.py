@@ -1,47 +1,63 @@
-"""What every engine reader produces: the engine's own view of memory and load."""
+"""What an engine plugin is: a reader of its /metrics, its log lines, its simulator, its table of families.
+
+An engine lives in one package, `engines/<name>/`, whose `PLUGIN` is listed in
+`engines/__init__.py`. Nothing else in oomguard names an engine.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from importlib import resources
+from typing import Any, ClassVar, Protocol
 
+import yaml
+
+from oomguard.model import EngineReading
 from oomguard.promtext import Sample
 
 
-@dataclass(frozen=True, slots=True)
-class ModelReading:
-    """One served model, summed or averaged over the engine's data-parallel ranks."""
+class EngineReader(Protocol):
+    """Turns the families extracted from one /metrics body into the engine's reading."""
 
-    model_name: str
-    kv_cache_usage_ratio: float | None = None
-    requests_waiting: float | None = None
-    requests_running: float | None = None
-    preemptions_total: float | None = None
-    prefix_cache_queries_total: float | None = None
-    prefix_cache_hits_total: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EngineReading:
-    models: tuple[ModelReading, ...]
-    # The share of each GPU's total memory the engine is configured to take.
-    memory_utilization_ratio: float | None = None
-    kv_cache_blocks: float | None = None
-    kv_cache_block_size_tokens: float | None = None
-    kv_cache_memory_bytes: float | None = None
-    process_start_time_seconds: float | None = None
-
-
-class Engine(Protocol):
-    name: ClassVar[str]
     metrics_path: ClassVar[str]
     health_path: ClassVar[str]
-    families: ClassVar[frozenset[str]]
+    families: ClassVar[frozenset[str]]  # the only families extracted from the body
 
     def read(self, samples: dict[str, list[Sample]]) -> EngineReading:
         """Interpret the extracted families; raise ExpositionError when the body is not this engine's."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyRow:
+    """One row of the "Engine families read" table of docs/metrics.md."""
+
+    metrics: str  # the oomguard metric(s), as written in the table
+    families: str  # the engine's families they come from
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePlugin:
+    name: str  # the config's `engine:`
+    title: str  # as people write it: "vLLM"
+    reader: type[EngineReader]
+    package: str  # the plugin's package, where its patterns.yaml lives
+    # Lines of a traceback after the engine's own prefix (vLLM: "(EngineCore pid=N) ERROR ... ] "):
+    # they keep an open incident open. A regex matched at the start of a line, or "" for none.
+    log_line_prefix: str
+    simulator: str | None  # module run as `python -m` to simulate the engine, None when there is none
+    families_table: tuple[FamilyRow, ...]
+    aggregation_note: str  # how the engine's rank labels are aggregated away
+
+    def log_patterns(self) -> list[dict[str, Any]]:
+        """The engine's own log patterns (entries of kind and regex), from its patterns.yaml."""
+        text = resources.files(self.package).joinpath("patterns.yaml").read_text("utf-8")
+        return list(yaml.safe_load(text) or [])
+
+    def line_prefix(self) -> re.Pattern[str]:
+        return re.compile(self.log_line_prefix)
 
 
 def total(samples: Iterable[Sample]) -> float | None:

@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
+from oomguard.config import TargetConfig
+from oomguard.engines import ENGINES
+from oomguard.ports import free_port
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 from oomguard.simulate.scenarios import SCENARIOS
 from oomguard.sources.processes import start_time
@@ -25,15 +27,25 @@ log = logging.getLogger(__name__)
 IDLE_GPU_BYTES = 512 * 1024**2  # what an idle GPU shows: contexts of monitoring tools
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+SIMULATED_TARGET = "sim-vllm"
 
 
 class Simulation:
-    def __init__(self, scenario: str, *, gpus: int = 1, time_scale: float = 1.0, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        scenario: str,
+        *,
+        gpus: int = 1,
+        time_scale: float = 1.0,
+        log_path: Path | None = None,
+        engine: str = "vllm",
+    ) -> None:
         self.scenario = SCENARIOS[scenario]
+        simulator = ENGINES[engine].simulator
+        if simulator is None:
+            raise ValueError(f"engine {engine!r} has no simulator")
+        self.engine = engine
+        self.simulator = simulator
         self.time_scale = time_scale
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -63,6 +75,11 @@ class Simulation:
         gpu.processes = [FakeProcess(child.pid, engine_bytes)]
         gpu.utilization_percent = 0 if t < self.scenario.load_seconds else 85
 
+    def target(self) -> TargetConfig:
+        """The simulated engine as a target: its URL, the GPU it runs on, its log."""
+        logs = (str(self.log_path),) if self.log_path else ()
+        return TargetConfig(name=SIMULATED_TARGET, url=self.url, engine=self.engine, gpus=(0,), logs=logs)
+
     async def start(self) -> None:
         self._task = asyncio.ensure_future(self._supervise())
 
@@ -74,7 +91,7 @@ class Simulation:
                 self._child = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
-                    "oomguard.simulate.engine_server",
+                    self.simulator,
                     "--scenario",
                     self.scenario.name,
                     "--port",

@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from oomguard.snapshot import GpuProcess, GpuReading, NvmlReading
+from oomguard.model import GpuProcess, GpuReading, NvmlReading
 
 log = logging.getLogger(__name__)
 

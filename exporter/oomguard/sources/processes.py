@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import psutil
 
-from oomguard.snapshot import ProcessTree
+from oomguard.model import ProcessTree
 
 log = logging.getLogger(__name__)
 

@@ -18,15 +18,13 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from oomguard.config import TargetConfig
-from oomguard.engines import ENGINES, EngineReading
+from oomguard.engines import ENGINES
+from oomguard.model import ERROR_KINDS, EngineReading, ProcessTree, TargetReading
 from oomguard.promtext import ExpositionError, FamilyExtractor
-from oomguard.snapshot import ERROR_KINDS, ProcessTree, TargetReading
 from oomguard.sources.processes import ProcessFinder
 from oomguard.sources.restarts import RestartTracker
 
 log = logging.getLogger(__name__)
-
-_extractors: dict[str, FamilyExtractor] = {}
 
 
 class ScrapeError(Exception):
@@ -34,12 +32,6 @@ class ScrapeError(Exception):
         assert kind in ERROR_KINDS, kind
         super().__init__(message)
         self.kind = kind
-
-
-def _extractor(engine: str) -> FamilyExtractor:
-    if engine not in _extractors:
-        _extractors[engine] = FamilyExtractor(ENGINES[engine].families)
-    return _extractors[engine]
 
 
 class TargetScraper:
@@ -53,7 +45,9 @@ class TargetScraper:
     ) -> None:
         self.config = config
         self.name = config.label
-        self.engine = ENGINES[config.engine]()
+        self.engine = ENGINES[config.engine].reader()
+        # Only the families the engine's reader needs are extracted from a body (docs/performance.md).
+        self.extractor = FamilyExtractor(self.engine.families)
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self.port = urlsplit(config.url).port or (443 if config.url.startswith("https") else 80)
@@ -154,7 +148,7 @@ class TargetScraper:
                 "parse", f"{url} sent a body that is not UTF-8 text ({exc.reason} at byte {exc.start})"
             ) from None
         try:
-            return self.engine.read(_extractor(self.config.engine).extract(text))
+            return self.engine.read(self.extractor.extract(text))
         except ExpositionError as exc:
             raise ScrapeError("parse", f"{url}: {exc}") from None
 

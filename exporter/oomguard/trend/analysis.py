@@ -14,9 +14,10 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-STATES = ("steady", "sawtooth", "climbing", "spike", "saturated")
+from oomguard.model import Trend
+
 # Kendall's tau a rise must reach to count as a climb (1: every later bucket is higher).
 CONSISTENT = 0.6
 # Share of the climb's span its rise must be spread over (a step up is not a leak).
@@ -41,29 +42,18 @@ class TrendSettings:
     # A fall this large within one interval is a restart (memory freed at once), not churn: history restarts.
     restart_drop_ratio: float = 0.5
 
-
-@dataclass(frozen=True, slots=True)
-class Trend:
-    state: str
-    level_ratio: float
-    slope_short: float | None  # share of capacity per second
-    slope_long: float | None
-    climb_seconds: float
-    seconds_to_full: float | None  # only while climbing or spiking
-    history_seconds: float
-
-    def seconds_to(self, ratio: float) -> float | None:
-        """Seconds until the level reaches `ratio` at the current pace (0 when already there)."""
-        if self.seconds_to_full is None:
-            return None
-        if self.level_ratio >= ratio:
-            return 0.0
-        slope = self._pace()
-        return (ratio - self.level_ratio) / slope if slope else None
-
-    def _pace(self) -> float | None:
-        slope = self.slope_short if self.state == "spike" else self.slope_long
-        return slope if slope and slope > 0 else None
+    def time_scaled(self, scale: float) -> TrendSettings:
+        """The same analysis on a clock `scale` times faster (the drill's): times divided, the slope
+        threshold multiplied. The floors keep a window several samples wide and a sample on the
+        exporter's own clock (a real process's fixed costs do not shrink with the scenario)."""
+        return replace(
+            self,
+            interval_seconds=max(0.1, self.interval_seconds / scale),
+            short_window_seconds=max(2.0, self.short_window_seconds / scale),
+            long_window_seconds=max(30.0, self.long_window_seconds / scale),
+            climb_min_seconds=max(3.0, self.climb_min_seconds / scale),
+            climb_min_slope_ratio_per_minute=self.climb_min_slope_ratio_per_minute * scale,
+        )
 
 
 def theil_sen(points: list[tuple[float, float]]) -> float | None:

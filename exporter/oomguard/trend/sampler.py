@@ -12,38 +12,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import psutil
 
-from oomguard.snapshot import NvmlReading, ProcessTree
-from oomguard.trend.analysis import Series, Trend, TrendSettings
+from oomguard.join import join, up_gpus
+from oomguard.model import NvmlReading, Observation, ProcessTree, TrendKey, TrendReading
+from oomguard.trend.analysis import Series, TrendSettings
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Key:
-    """Which memory a series follows: ("gpu", "0", "gpu") or ("target", "llama", "gpu"|"host")."""
-
-    kind: str
-    name: str
-    memory: str
-
-
-@dataclass(frozen=True, slots=True)
-class Observation:
-    used_bytes: float
-    capacity_bytes: float
-
-
-@dataclass(frozen=True, slots=True)
-class TrendReading:
-    trend: Trend
-    capacity_bytes: float
-
-
-Observe = Callable[[], Awaitable[dict[Key, Observation]]]
+Observe = Callable[[], Awaitable[dict[TrendKey, Observation]]]
 
 
 class TrendTracker:
@@ -51,13 +30,13 @@ class TrendTracker:
 
     def __init__(self, settings: TrendSettings) -> None:
         self.settings = settings
-        self._series: dict[Key, Series] = {}
-        self._capacity: dict[Key, float] = {}
-        self.latest: dict[Key, TrendReading] = {}
+        self._series: dict[TrendKey, Series] = {}
+        self._capacity: dict[TrendKey, float] = {}
+        self.latest: dict[TrendKey, TrendReading] = {}
         self.samples_total = 0
         self.errors_total = 0
 
-    def record(self, t: float, observations: dict[Key, Observation]) -> None:
+    def record(self, t: float, observations: dict[TrendKey, Observation]) -> None:
         for key, obs in observations.items():
             if obs.capacity_bytes <= 0:
                 continue
@@ -123,22 +102,18 @@ class Sampler:
 
 def observations(
     nvml: NvmlReading | None, targets: list[tuple[str, tuple[int, ...], ProcessTree | None]]
-) -> dict[Key, Observation]:
-    """What one tick sees: GPUs, and per target its GPUs' memory and its processes' RSS."""
-    out: dict[Key, Observation] = {}
-    gpus = {g.index: g for g in (nvml.gpus if nvml else ()) if g.up and g.total_bytes and g.used_bytes is not None}
+) -> dict[TrendKey, Observation]:
+    """What one tick sees: GPUs, and per target its GPUs' memory (join.py) and its processes' RSS."""
+    out: dict[TrendKey, Observation] = {}
+    gpus = up_gpus(nvml.gpus) if nvml else {}
     for index, gpu in gpus.items():
-        out[Key("gpu", str(index), "gpu")] = Observation(gpu.used_bytes or 0.0, gpu.total_bytes or 0.0)
+        if gpu.measured:
+            out[TrendKey("gpu", str(index), "gpu")] = Observation(gpu.used_bytes or 0.0, gpu.total_bytes or 0.0)
     host_total = float(psutil.virtual_memory().total)
     for name, configured, process in targets:
-        mine = configured or tuple(
-            i for i, g in gpus.items() if process and any(p.pid in process.pids for p in g.processes or ())
-        )
-        measured = [gpus[i] for i in mine if i in gpus]
-        if measured:
-            out[Key("target", name, "gpu")] = Observation(
-                sum(g.used_bytes or 0.0 for g in measured), sum(g.total_bytes or 0.0 for g in measured)
-            )
+        memory = join(configured, process, gpus)
+        if memory.used_bytes is not None and memory.total_bytes:
+            out[TrendKey("target", name, "gpu")] = Observation(memory.used_bytes, memory.total_bytes)
         if process is not None:
-            out[Key("target", name, "host")] = Observation(process.resident_bytes, host_total)
+            out[TrendKey("target", name, "host")] = Observation(process.resident_bytes, host_total)
     return out

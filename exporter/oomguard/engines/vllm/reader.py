@@ -1,4 +1,4 @@
-"""vLLM: V0 and V1 metric names (see docs/metrics.md, "Engine families read")."""
+"""vLLM's /metrics: V0 and V1 metric names (see docs/metrics.md, "Engine families read")."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import ClassVar
 
-from oomguard.engines.base import EngineReading, ModelReading, mean, total
+from oomguard.engines.base import mean, total
+from oomguard.model import EngineReading, ModelReading
 from oomguard.promtext import ExpositionError, Sample, finite
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -32,8 +33,7 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-class Vllm:
-    name: ClassVar[str] = "vllm"
+class VllmReader:
     metrics_path: ClassVar[str] = "/metrics"
     health_path: ClassVar[str] = "/health"
     families: ClassVar[frozenset[str]] = frozenset(

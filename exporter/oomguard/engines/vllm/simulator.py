@@ -1,4 +1,4 @@
-"""A simulated vLLM server, run as its own process: `python -m oomguard.simulate.engine_server`.
+"""A simulated vLLM server, run as its own process: `python -m oomguard.engines.vllm.simulator`.
 
 Like the real one it refuses connections while it "loads its model", then serves
 /health and a vLLM 0.32-format /metrics, and when its scenario runs the GPU out of

@@ -1,0 +1,99 @@
+"""One collection = one snapshot of every source, gathered concurrently, off the event loop.
+
+Concurrent scrapes share the collection in flight instead of starting their own: ten
+Prometheis scraping at once cost one round of NVML calls and one request per target.
+Each source runs through the registry, timed and isolated: a failing or hung source
+yields `success=0` for that source, and the scrape goes on with the others. What the
+background services keep (trends, event counts, XIDs) is read as it stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from oomguard.events.runner import EventRunner
+from oomguard.events.xid import XidWatcher
+from oomguard.join import join_targets
+from oomguard.model import NvmlReading, Snapshot, TargetReading
+from oomguard.sources.nvml_reader import NvmlReader
+from oomguard.sources.process_lookup import ProcessLookup
+from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.targets import TargetScraper
+from oomguard.trend.sampler import TrendTracker
+
+
+class Collection:
+    def __init__(
+        self,
+        *,
+        registry: SourceRegistry,
+        session: aiohttp.ClientSession,
+        nvml: NvmlReader | None,
+        scrapers: list[TargetScraper],
+        processes: ProcessLookup,
+        tracker: TrendTracker | None = None,
+        events: EventRunner | None = None,
+        xid: XidWatcher | None = None,
+    ) -> None:
+        self.registry = registry
+        self.session = session
+        self.nvml = nvml
+        self.scrapers = scrapers
+        self.processes = processes
+        self.tracker = tracker
+        self.events = events
+        self.xid = xid
+        self._in_flight: asyncio.Future[Snapshot] | None = None
+        self.last: Snapshot | None = None
+
+    async def snapshot(self) -> Snapshot:
+        if self._in_flight is None:
+            self._in_flight = asyncio.ensure_future(self._collect())
+            self._in_flight.add_done_callback(self._clear_in_flight)
+        # shield: one scraper giving up must not cancel the collection the others wait on.
+        return await asyncio.shield(self._in_flight)
+
+    def _clear_in_flight(self, _: asyncio.Future[Snapshot]) -> None:
+        self._in_flight = None
+
+    async def _collect(self) -> Snapshot:
+        nvml, targets = await asyncio.gather(
+            self.registry.run("nvml", self.nvml.read(), ok=lambda r: r.up) if self.nvml else _none(),
+            self.registry.run("targets", self._scrape_targets()),
+        )
+        targets = tuple(targets or ())
+        tracker, events, xid = self.tracker, self.events, self.xid
+        snapshot = Snapshot(
+            nvml=nvml,
+            targets=targets,
+            sources=self.registry.results(),
+            collected_at=time.time(),
+            memory=join_targets(nvml, targets),
+            trends=dict(tracker.latest) if tracker else {},
+            trend_samples_total=tracker.samples_total if tracker else None,
+            trend_errors_total=tracker.errors_total if tracker else 0,
+            events={name: c.copy() for name, c in events.counts.items()} if events else {},
+            event_sources=tuple(events.health()) if events else (),
+            event_state_write_errors=events.state_write_errors if events and events.has_state else None,
+            xid=dict(xid.counts) if xid else {},
+            xid_last=dict(xid.last) if xid else {},
+            xid_read_errors=xid.read_errors if xid else None,
+        )
+        self.last = snapshot
+        return snapshot
+
+    async def _scrape_targets(self) -> list[TargetReading]:
+        # The process lookup runs in a thread while the requests are out, not after them.
+        lookup = asyncio.ensure_future(self.processes.get()) if self.processes.ports else None
+        try:
+            return list(await asyncio.gather(*(s.scrape(self.session, lookup) for s in self.scrapers)))
+        finally:
+            if lookup is not None and not lookup.done():
+                lookup.cancel()
+
+
+async def _none() -> NvmlReading | None:
+    return None

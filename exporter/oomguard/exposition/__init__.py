@@ -1,0 +1,45 @@
+"""The exposition: every metric oomguard exports, declared once, rendered fresh from each snapshot.
+
+One module per section of docs/metrics.md declares its metrics and adds their samples;
+`METRICS` is their concatenation, in the order they are written and documented
+(`oomguard docs` generates docs/metrics.md from it, so a metric cannot ship undocumented).
+"""
+
+from __future__ import annotations
+
+from oomguard.exposition import engine, events, gpu, health, joined, trend
+from oomguard.exposition.encoder import Exposition
+from oomguard.exposition.spec import MetricSpec
+from oomguard.model import Snapshot
+
+METRICS: tuple[MetricSpec, ...] = (
+    *gpu.METRICS,
+    *engine.METRICS,
+    *joined.METRICS,
+    *trend.METRICS,
+    *events.METRICS,
+    *health.METRICS,
+)
+_DECLARED = frozenset(METRICS)
+
+
+def families(snapshot: Snapshot) -> Exposition:
+    out = Exposition(METRICS, _DECLARED)
+    health.add_exporter(out, snapshot)
+    if snapshot.nvml is not None and "nvml" in snapshot.sources:
+        gpu.add(out, snapshot.nvml)
+    for target in snapshot.targets:
+        health.add_target(out, target)
+        engine.add(out, target)
+        joined.add(out, target, snapshot.memory.get(target.name))
+    trend.add(out, snapshot)
+    events.add(out, snapshot)
+    return out
+
+
+def render(snapshot: Snapshot) -> bytes:
+    """The text exposition of one snapshot."""
+    return families(snapshot).render()
+
+
+__all__ = ["METRICS", "Exposition", "MetricSpec", "families", "render"]

@@ -1,0 +1,115 @@
+"""Engine families: what the engine says of itself on its /metrics, per target and served model."""
+
+from __future__ import annotations
+
+from oomguard.exposition.encoder import Exposition
+from oomguard.exposition.spec import metric
+from oomguard.model import TargetReading
+
+SECTION = "Engine (per target)"
+TARGET_INFO = metric(SECTION, "target_info", "info", "", "target engine url", "A configured engine target.")
+ENGINE_KV_CACHE_USAGE_RATIO = metric(
+    SECTION,
+    "engine_kv_cache_usage_ratio",
+    "gauge",
+    "ratio",
+    "target model_name",
+    "Share of the engine's KV cache blocks in use, 0-1 (vLLM `kv_cache_usage_perc`, or `gpu_cache_usage_perc` before 0.9), averaged over data-parallel engines.",
+)
+ENGINE_REQUESTS_WAITING = metric(
+    SECTION,
+    "engine_requests_waiting",
+    "gauge",
+    "requests",
+    "target model_name",
+    "Requests queued, not yet scheduled; a queue that stays up means concurrency is over-provisioned.",
+)
+ENGINE_REQUESTS_RUNNING = metric(
+    SECTION, "engine_requests_running", "gauge", "requests", "target model_name", "Requests in the running batch."
+)
+ENGINE_PREEMPTIONS = metric(
+    SECTION,
+    "engine_preemptions",
+    "counter",
+    "",
+    "target model_name",
+    "Requests preempted because the KV cache was full (the engine's own counter, summed over engines).",
+)
+ENGINE_PREFIX_CACHE_QUERIES_TOKENS = metric(
+    SECTION,
+    "engine_prefix_cache_queries_tokens",
+    "counter",
+    "tokens",
+    "target model_name",
+    "Tokens looked up in the prefix cache.",
+)
+ENGINE_PREFIX_CACHE_HITS_TOKENS = metric(
+    SECTION,
+    "engine_prefix_cache_hits_tokens",
+    "counter",
+    "tokens",
+    "target model_name",
+    "Tokens found in the prefix cache.",
+)
+ENGINE_GPU_MEMORY_UTILIZATION_RATIO = metric(
+    SECTION,
+    "engine_gpu_memory_utilization_ratio",
+    "gauge",
+    "ratio",
+    "target",
+    "The engine's configured share of each GPU's memory (vLLM `gpu_memory_utilization`).",
+)
+ENGINE_KV_CACHE_BLOCKS = metric(
+    SECTION,
+    "engine_kv_cache_blocks",
+    "gauge",
+    "blocks",
+    "target",
+    "KV cache blocks the engine allocated at start (vLLM `num_gpu_blocks`).",
+)
+ENGINE_KV_CACHE_BLOCK_SIZE_TOKENS = metric(
+    SECTION, "engine_kv_cache_block_size_tokens", "gauge", "tokens", "target", "Tokens per KV cache block."
+)
+ENGINE_KV_CACHE_MEMORY_BYTES = metric(
+    SECTION,
+    "engine_kv_cache_memory_bytes",
+    "gauge",
+    "bytes",
+    "target",
+    "Memory the engine reserved for its KV cache (recent vLLM only).",
+)
+ENGINE_PROCESS_START_TIME_SECONDS = metric(
+    SECTION,
+    "engine_process_start_time_seconds",
+    "gauge",
+    "seconds",
+    "target",
+    "Start time of the engine's API server process, Unix time; a change is a restart.",
+)
+METRICS = (
+    TARGET_INFO, ENGINE_KV_CACHE_USAGE_RATIO, ENGINE_REQUESTS_WAITING, ENGINE_REQUESTS_RUNNING, ENGINE_PREEMPTIONS,
+    ENGINE_PREFIX_CACHE_QUERIES_TOKENS, ENGINE_PREFIX_CACHE_HITS_TOKENS, ENGINE_GPU_MEMORY_UTILIZATION_RATIO,
+    ENGINE_KV_CACHE_BLOCKS, ENGINE_KV_CACHE_BLOCK_SIZE_TOKENS, ENGINE_KV_CACHE_MEMORY_BYTES,
+    ENGINE_PROCESS_START_TIME_SECONDS,
+)  # fmt: skip
+
+
+def add(out: Exposition, target: TargetReading) -> None:
+    t = target.name
+    out.add(TARGET_INFO, (t, target.engine, target.url), 1.0)
+    reading = target.engine_reading
+    if reading is None:
+        return
+    for model in reading.models:
+        labels = (t, model.model_name)
+        out.add(ENGINE_KV_CACHE_USAGE_RATIO, labels, model.kv_cache_usage_ratio)
+        out.add(ENGINE_REQUESTS_WAITING, labels, model.requests_waiting)
+        out.add(ENGINE_REQUESTS_RUNNING, labels, model.requests_running)
+        out.add(ENGINE_PREEMPTIONS, labels, model.preemptions_total)
+        out.add(ENGINE_PREFIX_CACHE_QUERIES_TOKENS, labels, model.prefix_cache_queries_total)
+        out.add(ENGINE_PREFIX_CACHE_HITS_TOKENS, labels, model.prefix_cache_hits_total)
+    out.add(ENGINE_GPU_MEMORY_UTILIZATION_RATIO, (t,), reading.memory_utilization_ratio)
+    out.add(ENGINE_KV_CACHE_BLOCKS, (t,), reading.kv_cache_blocks)
+    out.add(ENGINE_KV_CACHE_BLOCK_SIZE_TOKENS, (t,), reading.kv_cache_block_size_tokens)
+    out.add(ENGINE_KV_CACHE_MEMORY_BYTES, (t,), reading.kv_cache_memory_bytes)
+    out.add(ENGINE_PROCESS_START_TIME_SECONDS, (t,), reading.process_start_time_seconds)

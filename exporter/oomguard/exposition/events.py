@@ -1,0 +1,179 @@
+"""Event families: OOMs and deaths by kind, restarts and startup time, kernel OOM kills, XIDs, and the
+health of the sources they are read from (docs/events.md)."""
+
+from __future__ import annotations
+
+from oomguard.events.kinds import XID
+from oomguard.exposition.encoder import Exposition
+from oomguard.exposition.spec import metric
+from oomguard.model import HOST, Counts, Snapshot
+
+SECTION = "Events: OOMs, restarts, kernel OOM kills, XIDs (see docs/events.md)"
+TARGET_EVENTS = metric(
+    SECTION,
+    "target_events",
+    "counter",
+    "",
+    "target kind",
+    "Events of the target by kind: cuda_oom, startup_memory, engine_death (from its logs, one per incident however many lines), cgroup_oom_kill (its cgroup's memory.events). Zero from the start for every kind its sources can see.",
+)
+TARGET_LAST_EVENT_TIMESTAMP_SECONDS = metric(
+    SECTION,
+    "target_last_event_timestamp_seconds",
+    "gauge",
+    "seconds",
+    "target kind",
+    "When the last event of the kind was seen, Unix time: `time() - x < window` catches the first event of a new series, which increase() misses.",
+)
+TARGET_RESTARTS = metric(
+    SECTION,
+    "target_restarts",
+    "counter",
+    "",
+    "target",
+    "New lives of the engine: a new process start time or pid, or a return to up after down or loading with neither known.",
+)
+TARGET_LAST_RESTART_TIMESTAMP_SECONDS = metric(
+    SECTION,
+    "target_last_restart_timestamp_seconds",
+    "gauge",
+    "seconds",
+    "target",
+    "When the engine last restarted (its new process start), Unix time.",
+)
+TARGET_STARTUP_SECONDS = metric(
+    SECTION,
+    "target_startup_seconds",
+    "gauge",
+    "seconds",
+    "target",
+    "The last start watched: from the process start (to a clock tick, local targets) or from the first scrape that saw it not up, to the first /health 200. Compare with the probe's initial delay.",
+)
+HOST_EVENTS = metric(
+    SECTION, "host_events", "counter", "", "kind", "Host events by kind: kernel_oom_kill (from the kernel log)."
+)
+HOST_LAST_EVENT_TIMESTAMP_SECONDS = metric(
+    SECTION,
+    "host_last_event_timestamp_seconds",
+    "gauge",
+    "seconds",
+    "kind",
+    "When the last host event of the kind was seen, Unix time.",
+)
+GPU_EVENTS = metric(
+    SECTION,
+    "gpu_events",
+    "counter",
+    "",
+    "gpu kind xid",
+    "GPU events from NVML: kind xid, by XID code (31 page fault, 43 GPU stopped, 48 double-bit ECC, 79 fell off the bus).",
+)
+GPU_LAST_EVENT_TIMESTAMP_SECONDS = metric(
+    SECTION,
+    "gpu_last_event_timestamp_seconds",
+    "gauge",
+    "seconds",
+    "gpu kind",
+    "When the GPU's last XID was seen, Unix time.",
+)
+EVENT_SOURCE_LINES_READ = metric(
+    SECTION,
+    "event_source_lines_read",
+    "counter",
+    "",
+    "target source",
+    "Lines read from an event source (file:GLOB, journald:UNIT, k8s:NS/POD/CONTAINER, kernel:PATH); target is empty for the host.",
+)
+EVENT_SOURCE_BYTES_BEHIND = metric(
+    SECTION,
+    "event_source_bytes_behind",
+    "gauge",
+    "bytes",
+    "target source",
+    "Bytes written to the source's files and not read yet.",
+)
+EVENT_SOURCE_READ_ERRORS = metric(
+    SECTION,
+    "event_source_read_errors",
+    "counter",
+    "",
+    "target source",
+    "Failed reads of the source (vanished file, permission, journalctl error): rising means events may be missed.",
+)
+EVENT_SOURCE_READ_BYTES = metric(
+    SECTION, "event_source_read_bytes", "counter", "bytes", "target source", "Bytes read from an event source."
+)
+EVENT_SOURCE_LINES_TRUNCATED = metric(
+    SECTION,
+    "event_source_lines_truncated",
+    "counter",
+    "",
+    "target source",
+    "Lines longer than the reader's limit, of which only the head was read: a pattern past the cut is missed.",
+)
+EVENT_SOURCE_LINES_MALFORMED = metric(
+    SECTION,
+    "event_source_lines_malformed",
+    "counter",
+    "",
+    "target source",
+    "Lines not in the source's format (a Kubernetes log line without its CRI header), read as they are.",
+)
+EVENT_STATE_WRITE_ERRORS = metric(
+    SECTION,
+    "event_state_write_errors",
+    "counter",
+    "",
+    "",
+    "Failed writes of the event state file in state_dir: rising means a restart of the exporter will recount events.",
+)
+GPU_EVENT_READ_ERRORS = metric(
+    SECTION,
+    "gpu_event_read_errors",
+    "counter",
+    "",
+    "",
+    "Failed waits for NVML's XID events (other than its timeout): rising means XIDs may be missed.",
+)
+METRICS = (
+    TARGET_EVENTS, TARGET_LAST_EVENT_TIMESTAMP_SECONDS, TARGET_RESTARTS, TARGET_LAST_RESTART_TIMESTAMP_SECONDS,
+    TARGET_STARTUP_SECONDS, HOST_EVENTS, HOST_LAST_EVENT_TIMESTAMP_SECONDS, GPU_EVENTS,
+    GPU_LAST_EVENT_TIMESTAMP_SECONDS, EVENT_SOURCE_LINES_READ, EVENT_SOURCE_BYTES_BEHIND, EVENT_SOURCE_READ_ERRORS,
+    EVENT_SOURCE_READ_BYTES, EVENT_SOURCE_LINES_TRUNCATED, EVENT_SOURCE_LINES_MALFORMED, EVENT_STATE_WRITE_ERRORS,
+    GPU_EVENT_READ_ERRORS,
+)  # fmt: skip
+
+
+def add(out: Exposition, snapshot: Snapshot) -> None:
+    kinds_of: dict[str, set[str]] = {}  # target -> the kinds its sources can see
+    for health in snapshot.event_sources:
+        kinds_of.setdefault(health.target, set()).update(health.kinds)
+        labels = (health.target, health.source)
+        out.add(EVENT_SOURCE_LINES_READ, labels, float(health.lines_read))
+        out.add(EVENT_SOURCE_BYTES_BEHIND, labels, float(health.bytes_behind))
+        out.add(EVENT_SOURCE_READ_ERRORS, labels, float(health.read_errors))
+        out.add(EVENT_SOURCE_READ_BYTES, labels, float(health.bytes_read))
+        out.add(EVENT_SOURCE_LINES_TRUNCATED, labels, float(health.lines_truncated))
+        out.add(EVENT_SOURCE_LINES_MALFORMED, labels, float(health.lines_malformed))
+    for target in snapshot.targets:
+        counts = snapshot.events.get(target.name, Counts())
+        # Zeros from the start for every kind its sources can see: increase() then sees the first event.
+        for kind in sorted(kinds_of.get(target.name, set()) | counts.total.keys()):
+            out.add(TARGET_EVENTS, (target.name, kind), float(counts.total.get(kind, 0)))
+            out.add(TARGET_LAST_EVENT_TIMESTAMP_SECONDS, (target.name, kind), counts.last.get(kind))
+        out.add(TARGET_RESTARTS, (target.name,), float(target.restarts_total))
+        out.add(TARGET_LAST_RESTART_TIMESTAMP_SECONDS, (target.name,), target.last_restart_at)
+        out.add(TARGET_STARTUP_SECONDS, (target.name,), target.startup_seconds)
+    if HOST in kinds_of:
+        host = snapshot.events.get(HOST, Counts())
+        for kind in sorted(kinds_of[HOST] | host.total.keys()):
+            out.add(HOST_EVENTS, (kind,), float(host.total.get(kind, 0)))
+            out.add(HOST_LAST_EVENT_TIMESTAMP_SECONDS, (kind,), host.last.get(kind))
+    for (gpu, xid), n in sorted(snapshot.xid.items()):
+        out.add(GPU_EVENTS, (str(gpu), XID, str(xid)), float(n))
+    for gpu, at in sorted(snapshot.xid_last.items()):
+        out.add(GPU_LAST_EVENT_TIMESTAMP_SECONDS, (str(gpu), XID), at)
+    if snapshot.xid_read_errors is not None:
+        out.add(GPU_EVENT_READ_ERRORS, (), float(snapshot.xid_read_errors))
+    if snapshot.event_state_write_errors is not None:
+        out.add(EVENT_STATE_WRITE_ERRORS, (), float(snapshot.event_state_write_errors))

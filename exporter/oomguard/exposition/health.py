@@ -1,0 +1,110 @@
+"""Health of the monitor: which oomguard, how each source fared, and each target's scrape."""
+
+from __future__ import annotations
+
+import platform
+
+from oomguard import __version__
+from oomguard.exposition.encoder import Exposition
+from oomguard.exposition.spec import metric
+from oomguard.model import ERROR_KINDS, TARGET_STATES, Snapshot, TargetReading
+
+SECTION = "Exporter health"
+BUILD_INFO = metric(SECTION, "build_info", "info", "", "version python_version", "The running oomguard.")
+SOURCE_SUCCESS = metric(
+    SECTION,
+    "source_success",
+    "gauge",
+    "",
+    "source",
+    "1 when the source (nvml, targets, processes, events: those in use) completed in time in its last run.",
+)
+SOURCE_DURATION_SECONDS = metric(
+    SECTION,
+    "source_duration_seconds",
+    "gauge",
+    "seconds",
+    "source",
+    "How long the source took in its last run.",
+)
+NVML_UP = metric(
+    SECTION,
+    "nvml_up",
+    "gauge",
+    "",
+    "",
+    "1 when the NVML library is loaded and answering; 0 on a host without an NVIDIA driver.",
+)
+TARGET_UP = metric(
+    SECTION,
+    "target_up",
+    "gauge",
+    "",
+    "target",
+    "1 when the target's /metrics was read and understood in the last collection.",
+)
+TARGET_STATE = metric(
+    SECTION,
+    "target_state",
+    "gauge",
+    "",
+    "target state",
+    "1 for the target's current state: up (health 200), loading (never healthy since first seen, or refusing since its process restarted), down (was up, now refuses or fails).",
+)
+TARGET_SCRAPE_DURATION_SECONDS = metric(
+    SECTION,
+    "target_scrape_duration_seconds",
+    "gauge",
+    "seconds",
+    "target",
+    "Time to read the target's /metrics and /health.",
+)
+TARGET_SCRAPE_ERRORS = metric(
+    SECTION,
+    "target_scrape_errors",
+    "counter",
+    "",
+    "target kind",
+    "Failed reads of a target by kind: " + ", ".join(ERROR_KINDS) + ".",
+)
+TARGET_HEALTH_STATUS_CODE = metric(
+    SECTION,
+    "target_health_status_code",
+    "gauge",
+    "",
+    "target",
+    "HTTP status of the target's /health (absent when it did not answer).",
+)
+TARGET_HEALTH_LATENCY_SECONDS = metric(
+    SECTION,
+    "target_health_latency_seconds",
+    "gauge",
+    "seconds",
+    "target",
+    "Time for /health to answer (absent when it did not answer).",
+)
+METRICS = (
+    BUILD_INFO, SOURCE_SUCCESS, SOURCE_DURATION_SECONDS, NVML_UP, TARGET_UP, TARGET_STATE,
+    TARGET_SCRAPE_DURATION_SECONDS, TARGET_SCRAPE_ERRORS, TARGET_HEALTH_STATUS_CODE, TARGET_HEALTH_LATENCY_SECONDS,
+)  # fmt: skip
+
+
+def add_exporter(out: Exposition, snapshot: Snapshot) -> None:
+    out.add(BUILD_INFO, (__version__, platform.python_version()), 1.0)
+    for name, result in sorted(snapshot.sources.items()):
+        out.add(SOURCE_SUCCESS, (name,), 1.0 if result.success else 0.0)
+        out.add(SOURCE_DURATION_SECONDS, (name,), result.duration_seconds)
+    if "nvml" in snapshot.sources:
+        out.add(NVML_UP, (), 1.0 if snapshot.nvml is not None and snapshot.nvml.up else 0.0)
+
+
+def add_target(out: Exposition, target: TargetReading) -> None:
+    t = target.name
+    out.add(TARGET_UP, (t,), 1.0 if target.up else 0.0)
+    for state in TARGET_STATES:
+        out.add(TARGET_STATE, (t, state), 1.0 if target.state == state else 0.0)
+    out.add(TARGET_SCRAPE_DURATION_SECONDS, (t,), target.scrape_duration_seconds)
+    for kind in ERROR_KINDS:
+        out.add(TARGET_SCRAPE_ERRORS, (t, kind), float(target.errors_total.get(kind, 0)))
+    out.add(TARGET_HEALTH_STATUS_CODE, (t,), target.health_status)
+    out.add(TARGET_HEALTH_LATENCY_SECONDS, (t,), target.health_latency_seconds)

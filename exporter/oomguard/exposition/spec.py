@@ -1,0 +1,39 @@
+"""How a metric is declared: name, type, unit, labels, meaning, section of docs/metrics.md.
+
+A spec object is also the key the families modules add samples under: `out.add(GPU_UP, ...)`
+is found by grep and checked by the type checker, where a string key was neither.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+# eq=False: specs are compared and hashed by identity, which is what a key needs and costs nothing.
+@dataclass(frozen=True, eq=False, slots=True)
+class MetricSpec:
+    name: str  # with the oomguard_ prefix, without _total
+    kind: str  # gauge | counter | info
+    unit: str
+    labels: tuple[str, ...]
+    help: str
+    section: str
+    # Computed once: the text format's header, the sample name, the labels in sorted order.
+    header: str = field(init=False, repr=False)
+    sample_name: str = field(init=False, repr=False)
+    label_order: tuple[tuple[int, str], ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        sample_name = self.name + "_total" if self.kind == "counter" else self.name
+        # # HELP and # TYPE as the text format writes them (counters named with _total, info as gauge).
+        kind = "counter" if self.kind == "counter" else "gauge"
+        help_text = self.help.replace("\\", r"\\").replace("\n", r"\n")
+        object.__setattr__(self, "sample_name", sample_name)
+        object.__setattr__(self, "header", f"# HELP {sample_name} {help_text}\n# TYPE {sample_name} {kind}\n")
+        # prometheus_client sorts labels in the text format; the golden test holds us to it.
+        object.__setattr__(self, "label_order", tuple(sorted(enumerate(self.labels), key=lambda item: item[1])))
+
+
+def metric(section: str, name: str, kind: str, unit: str, labels: str, help_text: str) -> MetricSpec:
+    """A spec; `name` without the oomguard_ prefix, `labels` space-separated."""
+    return MetricSpec(f"oomguard_{name}", kind, unit, tuple(labels.split()) if labels else (), help_text, section)

@@ -1,0 +1,245 @@
+"""The data model: every reading the sources produce, and the snapshot the exposition reads.
+
+Plain frozen data, no behaviour beyond arithmetic on its own fields. This module imports
+nothing of oomguard's (no orchestration, no web, no configuration): every other layer
+may import it, and it can be built by hand in a test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# -- fixed vocabularies (label values) -------------------------------------------------------
+TARGET_STATES = ("up", "loading", "down")
+ERROR_KINDS = ("timeout", "refused", "http_status", "too_large", "parse", "other")
+TREND_STATES = ("steady", "sawtooth", "climbing", "spike", "saturated")
+HOST = ""  # the `target` of host-wide event sources (the kernel log)
+
+
+# -- GPUs (NVML) -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    name: str
+    used_bytes: float | None  # None: NVML could not say (e.g. no permission, some vGPUs)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    index: int
+    up: bool
+    uuid: str = ""
+    name: str = ""
+    pci_bus_id: str = ""
+    total_bytes: float | None = None
+    used_bytes: float | None = None
+    free_bytes: float | None = None
+    reserved_bytes: float | None = None
+    utilization_ratio: float | None = None
+    # None when the per-process query failed: an empty tuple means "no processes".
+    processes: tuple[GpuProcess, ...] | None = None
+    error: str = ""
+
+    @property
+    def measured(self) -> bool:
+        """Up, with both used and total known: a GPU whose memory can be judged."""
+        return self.up and bool(self.total_bytes) and self.used_bytes is not None
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlReading:
+    up: bool
+    driver_version: str = ""
+    gpus: tuple[GpuReading, ...] = ()
+    error: str = ""
+
+
+# -- the engine's own view (its /metrics) ----------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ModelReading:
+    """One served model, summed or averaged over the engine's data-parallel ranks."""
+
+    model_name: str
+    kv_cache_usage_ratio: float | None = None
+    requests_waiting: float | None = None
+    requests_running: float | None = None
+    preemptions_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReading:
+    models: tuple[ModelReading, ...]
+    # The share of each GPU's total memory the engine is configured to take.
+    memory_utilization_ratio: float | None = None
+    kv_cache_blocks: float | None = None
+    kv_cache_block_size_tokens: float | None = None
+    kv_cache_memory_bytes: float | None = None
+    process_start_time_seconds: float | None = None
+
+
+# -- the engine's processes on this host -----------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ProcessTree:
+    """The engine's processes on this host: the listener and its children."""
+
+    root_pid: int
+    pids: frozenset[int]
+    resident_bytes: float
+    start_time_seconds: float
+    cmdline: tuple[str, ...] = ()
+
+
+# -- one target ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TargetReading:
+    name: str
+    engine: str
+    url: str
+    gpus: tuple[int, ...]  # configured; empty: found from the engine's processes
+    up: bool
+    state: str  # one of TARGET_STATES
+    scrape_duration_seconds: float
+    health_status: int | None = None  # HTTP status of /health; None when no answer
+    health_latency_seconds: float | None = None
+    engine_reading: EngineReading | None = None
+    error_kind: str = ""
+    error: str = ""
+    process: ProcessTree | None = None
+    errors_total: dict[str, int] = field(default_factory=dict)
+    restarts_total: int = 0
+    last_restart_at: float | None = None
+    startup_seconds: float | None = None  # the last start we watched, launch to first /health 200
+
+
+@dataclass(frozen=True, slots=True)
+class TargetMemory:
+    """A target joined with its GPUs (see join.py): computed once, read by the exposition and the trend."""
+
+    gpus: tuple[int, ...]  # the target's GPUs that NVML answers for
+    used_bytes: float | None  # all processes on those GPUs; None when none is measured
+    total_bytes: float | None
+    own_bytes: float | None  # the target's own processes (local targets whose pids NVML lists)
+    budget_bytes: float | None  # gpu_memory_utilization x total
+    over_budget_bytes: float | None  # own (else used) minus budget
+
+
+# -- trends ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Trend:
+    state: str  # one of TREND_STATES
+    level_ratio: float
+    slope_short: float | None  # share of capacity per second
+    slope_long: float | None
+    climb_seconds: float
+    seconds_to_full: float | None  # only while climbing or spiking
+    history_seconds: float
+
+    def seconds_to(self, ratio: float) -> float | None:
+        """Seconds until the level reaches `ratio` at the current pace (0 when already there)."""
+        if self.seconds_to_full is None:
+            return None
+        if self.level_ratio >= ratio:
+            return 0.0
+        slope = self._pace()
+        return (ratio - self.level_ratio) / slope if slope else None
+
+    def _pace(self) -> float | None:
+        slope = self.slope_short if self.state == "spike" else self.slope_long
+        return slope if slope and slope > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class TrendKey:
+    """Which memory a series follows: ("gpu", "0", "gpu") or ("target", "llama", "gpu"|"host")."""
+
+    kind: str
+    name: str
+    memory: str
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    used_bytes: float
+    capacity_bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class TrendReading:
+    trend: Trend
+    capacity_bytes: float
+
+
+# -- events ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: str
+    timestamp: float  # when its first line was read (logs carry no reliable clock)
+    count: int = 1
+
+
+@dataclass
+class Counts:
+    """Events of one target by kind, and when each kind last happened."""
+
+    total: dict[str, int] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)
+
+    def add(self, kind: str, n: int, at: float) -> None:
+        self.total[kind] = self.total.get(kind, 0) + n
+        self.last[kind] = max(self.last.get(kind, 0.0), at)
+
+    def copy(self) -> Counts:
+        return Counts(dict(self.total), dict(self.last))
+
+
+@dataclass
+class ReadStats:
+    """What an event source's reader has done so far; the counters only grow."""
+
+    lines_read: int = 0
+    bytes_read: int = 0
+    bytes_behind: int = 0  # bytes written to the source and not read yet, after the last poll
+    read_errors: int = 0  # failed reads (vanished file, permission, journalctl error)
+    lines_truncated: int = 0  # lines longer than the reader's limit, cut
+    lines_malformed: int = 0  # lines not in the source's format (a CRI line without its header)
+    last_error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EventSourceHealth:
+    target: str  # HOST for host-wide sources
+    source: str  # e.g. "file:/var/log/vllm/*.log"
+    kinds: tuple[str, ...]  # the event kinds this source can report: exported as zeros from the start
+    lines_read: int = 0
+    bytes_read: int = 0
+    bytes_behind: int = 0
+    read_errors: int = 0
+    lines_truncated: int = 0
+    lines_malformed: int = 0
+
+
+# -- one collection --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SourceResult:
+    success: bool
+    duration_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nvml: NvmlReading | None  # None when the NVML collector is turned off
+    targets: tuple[TargetReading, ...]
+    sources: dict[str, SourceResult]
+    collected_at: float
+    memory: dict[str, TargetMemory] = field(default_factory=dict)  # target name -> its GPUs joined
+    trends: dict[TrendKey, TrendReading] = field(default_factory=dict)
+    trend_samples_total: int | None = None  # None: trend sampling is off
+    trend_errors_total: int = 0
+    events: dict[str, Counts] = field(default_factory=dict)  # target (HOST for the host) -> counts
+    event_sources: tuple[EventSourceHealth, ...] = ()
+    event_state_write_errors: int | None = None  # None: no state_dir
+    xid: dict[tuple[int, int], int] = field(default_factory=dict)  # (gpu, xid code) -> count
+    xid_last: dict[int, float] = field(default_factory=dict)
+    xid_read_errors: int | None = None  # None: XID events are off

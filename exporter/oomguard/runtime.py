@@ -1,0 +1,157 @@
+"""The composition root: everything oomguard runs, built from one configuration.
+
+`serve`, `serve --simulate` and the drill all build a `Runtime`; the web layer only
+calls `start` and `stop` and reads `collection`. Who owns what:
+
+- the event loop: the collection (scrapes of the targets, coalesced), the trend
+  sampler's loop, the event poller's loop, the simulation's supervisor;
+- the NVML thread (sources/nvml_reader.py): every NVML read, one at a time;
+- worker threads (asyncio.to_thread): the process lookup, the trend analysis, each
+  poll of the event sources, the event state file;
+- the XID thread (events/xid.py): waits for NVML's XID events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+
+from oomguard import __version__
+from oomguard.collection import Collection
+from oomguard.config import Config
+from oomguard.events.runner import EventRunner
+from oomguard.events.xid import XidWatcher
+from oomguard.simulate.runner import Simulation
+from oomguard.sources.nvml import NvmlSource
+from oomguard.sources.nvml_reader import NvmlReader
+from oomguard.sources.process_lookup import ProcessLookup
+from oomguard.sources.processes import ProcessFinder
+from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.targets import TargetScraper
+from oomguard.trend.observe import TrendObserver
+from oomguard.trend.sampler import Sampler, TrendTracker
+
+log = logging.getLogger(__name__)
+
+_REAL_NVML = object()  # default of nvml_lib: pynvml, or the simulation's fake GPUs
+
+
+class Runtime:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        nvml_lib: ModuleType | Any | None = _REAL_NVML,
+        start_simulation: bool = True,
+        simulation_log: Path | None = None,
+    ) -> None:
+        """`nvml_lib`: pynvml or a stand-in with its API; None for no GPUs. `start_simulation=False`
+        leaves the simulated engine to be started by the caller (the drill starts it once Prometheus scrapes)."""
+        self.simulation: Simulation | None = None
+        if config.simulation.scenario:
+            sim = config.simulation
+            log_path = simulation_log or Path(tempfile.gettempdir()) / f"oomguard-sim-{os.getpid()}.log"
+            self.simulation = Simulation(sim.scenario, gpus=sim.gpus, time_scale=sim.time_scale, log_path=log_path)
+            config = config.model_copy(update={"targets": (*config.targets, self.simulation.target())})
+            log.info("simulation %r: engine at %s, its log in %s", sim.scenario, self.simulation.url, log_path)
+        self.config = config
+        self._nvml_lib = nvml_lib
+        self._start_simulation = start_simulation
+        self.registry = SourceRegistry()
+        self.collection: Collection | None = None  # set by start()
+        self._session: aiohttp.ClientSession | None = None
+        self._nvml: NvmlReader | None = None
+        self._events: EventRunner | None = None
+        self._xid: XidWatcher | None = None
+        self._tasks: list[asyncio.Future[Any]] = []
+
+    def _lib(self) -> ModuleType | Any | None:
+        if not self.config.nvml.enabled:
+            return None
+        if self._nvml_lib is not _REAL_NVML:
+            return self._nvml_lib
+        if self.simulation is not None:
+            return self.simulation.nvml
+        import pynvml
+
+        return pynvml
+
+    async def start(self) -> None:
+        config = self.config
+        if self.simulation is not None and self._start_simulation:
+            await self.simulation.start()
+        # One client session for every target, for the life of the runtime.
+        self._session = aiohttp.ClientSession(
+            headers={"User-Agent": f"oomguard/{__version__}", "Accept": "text/plain"},
+            connector=aiohttp.TCPConnector(limit=64, limit_per_host=4),
+        )
+        lib = self._lib()
+        nvml = self._nvml = (
+            NvmlReader(NvmlSource(lib, per_process=config.nvml.per_process), config.nvml.timeout_seconds)
+            if lib is not None
+            else None
+        )
+        finder = ProcessFinder()
+        scrapers = [
+            TargetScraper(
+                t, timeout=config.target_timeout(t), max_body_bytes=config.scrape.max_body_bytes, finder=finder
+            )
+            for t in config.targets
+        ]
+        processes = ProcessLookup(finder, [s.port for s in scrapers if s.finder is not None], self.registry)
+        tracker = TrendTracker(config.trend.settings()) if config.trend.enabled else None
+        # Reads the saved state file: not on the event loop.
+        events = self._events = await asyncio.to_thread(EventRunner, config)
+        xid = self._xid = XidWatcher(lib) if lib is not None and config.events.xid else None
+        self.collection = collection = Collection(
+            registry=self.registry, session=self._session, nvml=nvml, scrapers=scrapers, processes=processes,
+            tracker=tracker, events=events, xid=xid,
+        )  # fmt: skip
+        # What exists at start lives as long as the runtime: keep it out of the garbage collector's
+        # full passes, which otherwise stall a scrape for tens of milliseconds now and then.
+        gc.collect()
+        gc.freeze()
+        # A first collection at start, so /-/ready means "has data" and the first real
+        # scrape finds NVML initialised and the targets' states known.
+        self._tasks.append(asyncio.ensure_future(collection.snapshot()))
+        if tracker is not None:
+            sampler = Sampler(tracker, TrendObserver(nvml, processes, scrapers).observe)
+            self._tasks.append(asyncio.ensure_future(sampler.run()))
+        if events.sources:
+            self._tasks.append(asyncio.ensure_future(self._follow_events(events)))
+        if xid is not None:
+            xid.start()
+
+    async def _follow_events(self, events: EventRunner) -> None:
+        """The background loop reading logs, journals, cgroups and the kernel log."""
+        interval = self.config.events.poll_interval_seconds
+        while True:
+            await asyncio.to_thread(self.registry.run_blocking, "events", events.poll)
+            await asyncio.sleep(interval)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await asyncio.to_thread(self._close_blocking)
+        if self._session is not None:
+            await self._session.close()
+        if self.simulation is not None:
+            await self.simulation.stop()
+
+    def _close_blocking(self) -> None:
+        if self._events is not None:
+            self._events.close()
+        if self._xid is not None:
+            self._xid.stop()
+        if self._nvml is not None:
+            self._nvml.close()

@@ -1,0 +1,42 @@
+"""NVML reads off the event loop: one thread of its own, a timeout, and no reads stacked behind a hung one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from oomguard.model import NvmlReading
+from oomguard.sources.nvml import NvmlSource
+
+log = logging.getLogger(__name__)
+
+
+class NvmlReader:
+    name = "nvml"
+
+    def __init__(self, source: NvmlSource, timeout_seconds: float) -> None:
+        self.source = source
+        self.timeout_seconds = timeout_seconds
+        # One thread for NVML: a hung driver call blocks only this thread, and a
+        # second read is not stacked behind it (see read).
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
+        self._future: Future[NvmlReading] | None = None
+
+    async def read(self) -> NvmlReading:
+        """The current reading; raises TimeoutError after timeout_seconds."""
+        if self._future is None or self._future.done():
+            self._future = self._thread.submit(self.source.read)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self._future), self.timeout_seconds)
+        except TimeoutError:
+            # The read goes on in its thread; the next caller waits on it rather than starting another.
+            log.warning(
+                "NVML read took longer than %gs (nvml.timeout_seconds): GPU metrics left out of this scrape",
+                self.timeout_seconds,
+            )
+            raise
+
+    def close(self) -> None:
+        self._thread.submit(self.source.close)
+        self._thread.shutdown(wait=False, cancel_futures=True)
