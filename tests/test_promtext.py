@@ -6,7 +6,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import VLLM_BODIES, vllm_body
 
-from oomguard.engines.vllm import Vllm
+from oomguard.engines.vllm.reader import VllmReader
 from oomguard.promtext import ExpositionError, FamilyExtractor
 
 
@@ -22,9 +22,9 @@ def _reference(body: str, names: frozenset[str]) -> dict[str, list[tuple[dict[st
 @pytest.mark.parametrize("body_file", sorted(p.name for p in VLLM_BODIES.glob("*.txt")))
 def test_extract_matches_full_parser(body_file: str) -> None:
     body = vllm_body(body_file)
-    extracted = FamilyExtractor(Vllm.families).extract(body)
+    extracted = FamilyExtractor(VllmReader.families).extract(body)
     got = {name: [(s.labels, s.value) for s in samples] for name, samples in extracted.items()}
-    assert got == _reference(body, Vllm.families)
+    assert got == _reference(body, VllmReader.families)
     assert got, "the fixture must contain some of the families"
 
 

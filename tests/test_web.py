@@ -13,8 +13,8 @@ from support import promtool_check_metrics, samples, value
 from targets_zoo import Zoo
 
 from oomguard.config import load_config
+from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-from oomguard.sources.nvml import NvmlSource
 from oomguard.web import make_app
 
 
@@ -38,7 +38,7 @@ def app_for(zoo: Zoo, kinds: list[str], lib: FakeNvml | None = None, gpus: tuple
         }
     )
     lib = lib or FakeNvml([FakeGpu(0, used_bytes=74 * GIB, processes=[FakeProcess(4242, 73 * GIB)])])
-    return make_app(config, lambda: NvmlSource(lib))
+    return make_app(Runtime(config, nvml_lib=lib))
 
 
 async def test_metrics_joins_gpu_and_engine(aiohttp_client, zoo: Zoo, promtool: str) -> None:

@@ -8,12 +8,9 @@ memory alert must arrive before the first OOM.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import REPO
 
 from oomguard.cli import main
@@ -73,16 +70,17 @@ async def test_check_against_a_running_prometheus(tmp_path: Path) -> None:
     from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
     from oomguard.config import load_config
     from oomguard.drill.run import check_deployment
-    from oomguard.drill.services import Prometheus, free_port
+    from oomguard.drill.services import Prometheus
+    from oomguard.ports import free_port
+    from oomguard.runtime import Runtime
     from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
-    from oomguard.sources.nvml import NvmlSource
     from oomguard.web import make_app
 
     bundle = load_bundle_config()
     for name, text in render(bundle).items():
         (tmp_path / name).write_text(text)
     config = load_config(None, {"events": {"kernel_log": False}, "targets": []})
-    runner = web.AppRunner(make_app(config, lambda: NvmlSource(FakeNvml([FakeGpu(0)]))))
+    runner = web.AppRunner(make_app(Runtime(config, nvml_lib=FakeNvml([FakeGpu(0)]))))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()

@@ -12,9 +12,9 @@ from targets_zoo import Zoo
 
 from oomguard.config import load_config
 from oomguard.docs import metrics_markdown
-from oomguard.metrics import METRICS
+from oomguard.exposition import METRICS
+from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-from oomguard.sources.nvml import NvmlSource
 from oomguard.web import make_app
 
 GOLDEN = FIXTURES.parent / "golden" / "exposition.prom"
@@ -35,7 +35,7 @@ async def test_golden_exposition(aiohttp_server, aiohttp_client, promtool: str, 
     zoo = Zoo()
     server = await aiohttp_server(zoo.app())
     base = f"http://127.0.0.1:{server.port}"
-    # Trends depend on how many background samples ran: tests/trends/test_trend_metrics.py covers them.
+    # Trends depend on how many background samples ran: tests/trend/test_trend_metrics.py covers them.
     config = load_config(
         None,
         {
@@ -68,7 +68,7 @@ async def test_golden_exposition(aiohttp_server, aiohttp_client, promtool: str, 
             FakeGpu(2, lost=True),
         ]
     )
-    client = await aiohttp_client(make_app(config, lambda: NvmlSource(lib)))
+    client = await aiohttp_client(make_app(Runtime(config, nvml_lib=lib)))
     text = await (await client.get("/metrics")).text()
 
     assert promtool_check_metrics(promtool, text.encode()) == ""

@@ -7,16 +7,31 @@ and requires the same bytes; promtool then lints the result.
 
 from __future__ import annotations
 
+import dataclasses
+
 from prometheus_client.exposition import generate_latest
 from support import promtool_check_metrics
 
-from oomguard.collector import Snapshot, SourceResult
-from oomguard.engines.base import EngineReading, ModelReading
-from oomguard.events.runner import HOST, Counts, SourceHealth
-from oomguard.metrics import METRICS, families, render
-from oomguard.snapshot import GpuProcess, GpuReading, NvmlReading, ProcessTree, TargetReading
-from oomguard.trend.analysis import Trend
-from oomguard.trend.sampler import Key, TrendReading
+from oomguard.events.kinds import HOST_EVENT_KINDS, LOG_EVENT_KINDS
+from oomguard.exposition import METRICS, families, render
+from oomguard.join import join_targets
+from oomguard.model import (
+    HOST,
+    Counts,
+    EngineReading,
+    EventSourceHealth,
+    GpuProcess,
+    GpuReading,
+    ModelReading,
+    NvmlReading,
+    ProcessTree,
+    Snapshot,
+    SourceResult,
+    TargetReading,
+    Trend,
+    TrendKey,
+    TrendReading,
+)
 
 GIB = 2**30
 AWKWARD = 'a "quoted" back\\slash\nnew line, ünïcode'
@@ -26,7 +41,7 @@ def busy_snapshot() -> Snapshot:
     """Every section of the exposition filled, with label values that need escaping."""
     trend = Trend("climbing", 0.93, 1e-4, 5e-5, 600.0, 70.0, 1800.0)
     model = ModelReading(AWKWARD, 0.97, 12.0, 3.0, 41.0, 1000.0, 250.0)
-    return Snapshot(
+    snapshot = Snapshot(
         nvml=NvmlReading(
             up=True,
             driver_version="550.54.15",
@@ -70,17 +85,24 @@ def busy_snapshot() -> Snapshot:
         sources={"nvml": SourceResult(True, 0.004), "targets": SourceResult(False, 1.0)},
         collected_at=1.7e9,
         trends={
-            Key("gpu", "0", "gpu"): TrendReading(trend, 140.0 * GIB),
-            Key("target", "vllm-0", "gpu"): TrendReading(trend, 140.0 * GIB),
-            Key("target", "vllm-0", "host"): TrendReading(trend, 64.0 * GIB),
+            TrendKey("gpu", "0", "gpu"): TrendReading(trend, 140.0 * GIB),
+            TrendKey("target", "vllm-0", "gpu"): TrendReading(trend, 140.0 * GIB),
+            TrendKey("target", "vllm-0", "host"): TrendReading(trend, 64.0 * GIB),
         },
         trend_samples_total=900,
         trend_errors_total=1,
         events={"vllm-0": Counts({"cuda_oom": 4}, {"cuda_oom": 1.7e9 + 3000}), HOST: Counts({"kernel_oom_kill": 1})},
-        event_sources=(SourceHealth("vllm-0", "log:/var/log/vllm.log", 10, 0, 0), SourceHealth(HOST, "kmsg", 3, 0, 1)),
+        event_sources=(
+            EventSourceHealth("vllm-0", "file:/var/log/vllm.log", LOG_EVENT_KINDS, 10, 2048, 0, 0, 1, 0),
+            EventSourceHealth(HOST, "kernel:/dev/kmsg", HOST_EVENT_KINDS, 3, 300, 0, 1),
+        ),
+        event_state_write_errors=0,
         xid={(0, 79): 1},
         xid_last={0: 1.7e9 + 10},
+        xid_read_errors=0,
     )
+    # The join is part of a collection: done here as the collection does it.
+    return dataclasses.replace(snapshot, memory=join_targets(snapshot.nvml, snapshot.targets))
 
 
 class _Collector:

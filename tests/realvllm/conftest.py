@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
-import pytest
-
 # harness.py sits beside this file; found this way under any pytest import mode.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
+import pytest
 
 
 @pytest.fixture(scope="session")

@@ -7,16 +7,11 @@ Alertmanager with the example routing, a webhook receiver.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pytest
 from support import REPO
 
 from oomguard.config import load_config

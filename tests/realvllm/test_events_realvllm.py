@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pytest
 from support import value
 
 from oomguard.config import load_config
+from oomguard.runtime import Runtime
 from oomguard.web import make_app
 
 pytestmark = pytest.mark.realvllm
@@ -36,7 +32,7 @@ async def test_startup_memory_failure_is_one_event(tiny_model: Path, tmp_path: P
     # The exporter starts first and takes the end of the (empty) log as its start: every line
     # vLLM writes afterwards must be read, and the failure in them counted once.
     log_path.touch()
-    client = await aiohttp_client(make_app(config, lambda: None))
+    client = await aiohttp_client(make_app(Runtime(config, nvml_lib=None)))
     await asyncio.sleep(0.5)
     with server:
         code = await asyncio.to_thread(server.wait_exit, 240)

@@ -6,24 +6,19 @@ Two server starts (~25-35 s each on 2 cores) cover the whole life of a target.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 
 import aiohttp
+import harness
 import psutil
 import pynvml
 import pytest
 from aiohttp import web
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import samples, value
 
 from oomguard.config import load_config
-from oomguard.sources.nvml import NvmlSource
+from oomguard.runtime import Runtime
 from oomguard.web import make_app
 
 pytestmark = pytest.mark.realvllm
@@ -122,7 +117,7 @@ async def test_exporter_follows_a_real_vllm(tiny_model: Path, tmp_path: Path, ai
         },
     )
     # The real pynvml: on a machine without a driver this is the "no GPU" path, as in production.
-    client = await aiohttp_client(make_app(config, lambda: NvmlSource(pynvml)))
+    client = await aiohttp_client(make_app(Runtime(config, nvml_lib=pynvml)))
     server.start()
     try:
         # 1. While the model loads the port refuses: the target reads "loading", never "down".

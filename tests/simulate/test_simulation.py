@@ -13,7 +13,7 @@ import psutil
 import pytest
 from support import value
 
-from oomguard.simulate.runner import free_port
+from oomguard.ports import free_port
 from oomguard.simulate.scenarios import SCENARIOS
 
 

@@ -10,13 +10,12 @@ import sys
 import time
 from collections.abc import Iterator
 
-import aiohttp
 import psutil
 import pytest
 
-from oomguard.collector import Collection
-from oomguard.config import load_config
+from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.processes import ProcessFinder
+from oomguard.sources.registry import SourceRegistry
 
 # An "engine": listens on a port (unless LISTEN=0, as while a model loads) and has a worker child.
 ENGINE = """
@@ -99,44 +98,41 @@ def test_restart_is_seen_by_command_line_while_the_new_process_loads(engine: Eng
     assert not finder.restarted(engine.port)
 
 
-def local_config(port: int):
-    return load_config(
-        None,
-        {
-            "trend": {"enabled": False},
-            "events": {"kernel_log": False, "xid": False},
-            "targets": [{"name": "here", "url": f"http://127.0.0.1:{port}", "local_process": "yes"}],
-        },
-    )
-
-
 async def test_sampler_reuses_a_lookup_that_found_every_engine_but_not_one_that_missed() -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))  # bound, not listening yet: an engine loading its model
     port = listener.getsockname()[1]
-    async with aiohttp.ClientSession() as session:
-        collection = Collection(local_config(port), None, session)
-        try:
-            lookups = []
-            real = collection.finder.find_all
-            collection.finder.find_all = lambda ports: lookups.append(ports) or real(ports)  # type: ignore[method-assign]
-            assert await collection.local_processes(max_age=60) == {port: None}
-            listener.listen()
-            found = await collection.local_processes(max_age=60)  # a miss is not reused
-            assert found[port] is not None and found[port].root_pid == os.getpid()
-            assert await collection.local_processes(max_age=60) is found  # a hit is
-            assert len(lookups) == 2
-        finally:
-            collection.close()
-            listener.close()
+    registry = SourceRegistry()
+    lookup = ProcessLookup(ProcessFinder(), [port], registry)
+    try:
+        lookups = []
+        real = lookup.finder.find_all
+        lookup.finder.find_all = lambda ports: lookups.append(ports) or real(ports)  # type: ignore[method-assign]
+        assert await lookup.get(max_age=60) == {port: None}
+        listener.listen()
+        found = await lookup.get(max_age=60)  # a miss is not reused
+        assert found[port] is not None and found[port].root_pid == os.getpid()
+        assert await lookup.get(max_age=60) is found  # a hit is
+        assert len(lookups) == 2
+        assert registry.results()["processes"].success  # every lookup is recorded as a source's run
+    finally:
+        listener.close()
 
 
 async def test_scrape_looks_again_so_a_killed_engine_is_not_reported(engine: Engine) -> None:
-    async with aiohttp.ClientSession() as session:
-        collection = Collection(local_config(engine.port), None, session)
-        try:
-            assert (await collection.local_processes(max_age=60))[engine.port] is not None
-            engine.stop()
-            assert await collection.local_processes() == {engine.port: None}  # max_age 0: as a scrape asks
-        finally:
-            collection.close()
+    lookup = ProcessLookup(ProcessFinder(), [engine.port], SourceRegistry())
+    assert (await lookup.get(max_age=60))[engine.port] is not None
+    engine.stop()
+    assert await lookup.get() == {engine.port: None}  # max_age 0: as a scrape asks
+
+
+async def test_a_failed_lookup_is_recorded_and_yields_no_processes() -> None:
+    registry = SourceRegistry()
+    finder = ProcessFinder()
+
+    def broken(ports: list[int]) -> dict:
+        raise PermissionError("no /proc here")
+
+    finder.find_all = broken  # type: ignore[method-assign]
+    assert await ProcessLookup(finder, [1], registry).get() == {}
+    assert not registry.results()["processes"].success

@@ -1,22 +1,20 @@
 """Replay traces through the real sampler at accelerated time, and measure lead times.
 
-python tests/trends/replay.py     # prints the lead-time table of docs/trend.md
+python tests/trend/replay.py     # prints the lead-time table of docs/trend.md
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from traces import INTERVAL, TRACES_DIR, Trace, library, read
 
+from oomguard.model import Observation, TrendKey
 from oomguard.trend.analysis import TrendSettings
-from oomguard.trend.sampler import Key, Observation, Sampler, TrendTracker
+from oomguard.trend.sampler import Sampler, TrendTracker
 
-GPU = Key("gpu", "0", "gpu")
+GPU = TrendKey("gpu", "0", "gpu")
 TOTAL = 80 * 1024**3
 THRESHOLD, THRESHOLD_FOR = 0.90, 120.0  # the plain alert: above 90 % for 2 minutes
 
@@ -70,7 +68,7 @@ def replay(trace: Trace, settings: TrendSettings | None = None) -> Replay:
     first: dict[str, float] = {}
     position = iter(trace.values)
 
-    async def observe() -> dict[Key, Observation]:
+    async def observe() -> dict[TrendKey, Observation]:
         if states or tracker.samples_total:  # the previous sample's result
             note(tracker)
         return {GPU: Observation(next(position) * TOTAL, TOTAL)}

@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import promtool_check_metrics, samples, value
 
-from oomguard.collector import Snapshot, SourceResult
 from oomguard.config import load_config
-from oomguard.engines import EngineReading
-from oomguard.metrics import render
+from oomguard.exposition import render
+from oomguard.model import EngineReading, Snapshot, SourceResult, TargetReading, Trend, TrendKey, TrendReading
+from oomguard.runtime import Runtime
 from oomguard.simulate.runner import Simulation
-from oomguard.snapshot import TargetReading
-from oomguard.sources.nvml import NvmlSource
-from oomguard.trend.analysis import Trend
-from oomguard.trend.sampler import Key, TrendReading
 from oomguard.web import make_app
 
 GIB = 1024**3
@@ -35,9 +27,9 @@ def test_trend_gauges_from_a_known_trend(promtool: str) -> None:
     snapshot = Snapshot(
         nvml=None, targets=(target,), sources={"targets": SourceResult(True, 0.01)}, collected_at=0.0,
         trends={
-            Key("gpu", "0", "gpu"): TrendReading(climbing, 80 * GIB),
-            Key("target", "llama", "gpu"): TrendReading(climbing, 80 * GIB),
-            Key("target", "llama", "host"): TrendReading(steady, 64 * GIB),
+            TrendKey("gpu", "0", "gpu"): TrendReading(climbing, 80 * GIB),
+            TrendKey("target", "llama", "gpu"): TrendReading(climbing, 80 * GIB),
+            TrendKey("target", "llama", "host"): TrendReading(steady, 64 * GIB),
         },
         trend_samples_total=42, trend_errors_total=1,
     )  # fmt: skip
@@ -70,7 +62,7 @@ async def test_sampler_flags_the_simulated_leak(aiohttp_client) -> None:
     config = load_config(None, {"trend": trend, "targets": [{"name": "sim", "url": sim.url, "gpus": [0]}]})
     await sim.start()
     try:
-        client = await aiohttp_client(make_app(config, lambda: NvmlSource(sim.nvml)))
+        client = await aiohttp_client(make_app(Runtime(config, nvml_lib=sim.nvml)))
         for _ in range(200):
             text = await (await client.get("/metrics")).text()
             found = samples(text)

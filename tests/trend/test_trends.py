@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import replay as replaying
 import traces as library_module
-
-from oomguard.trend.analysis import STATES
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import REPO
+
+from oomguard.model import TREND_STATES as STATES
 
 ALARMS = {"climbing", "spike"}
 
@@ -27,7 +22,7 @@ def replays() -> dict[str, replaying.Replay]:
 def test_committed_traces_match_their_generator(tmp_path: Path) -> None:
     for trace in library_module.library():
         committed = library_module.TRACES_DIR / f"{trace.name}.csv"
-        assert committed.exists(), f"{committed.name} missing: run python tests/trends/traces.py"
+        assert committed.exists(), f"{committed.name} missing: run python tests/trend/traces.py"
         assert committed.read_text() == library_module.write(trace, tmp_path).read_text(), committed.name
     names = {f"{t.name}.csv" for t in library_module.library()}
     assert {p.name for p in library_module.TRACES_DIR.glob("*.csv")} == names
@@ -81,4 +76,4 @@ def test_expected_states_appear_in_time(replays: dict[str, replaying.Replay]) ->
 def test_lead_time_table_in_docs_is_current(replays: dict[str, replaying.Replay]) -> None:
     doc = (REPO / "docs" / "trend.md").read_text()
     table = replaying.table(list(replays.values()))
-    assert table in doc, "docs/trend.md: lead-time table is stale; regenerate with python tests/trends/replay.py"
+    assert table in doc, "docs/trend.md: lead-time table is stale; regenerate with python tests/trend/replay.py"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from support import vllm_body
 
-from oomguard.engines.vllm import Vllm
+from oomguard.engines.vllm.reader import VllmReader
 from oomguard.promtext import ExpositionError, FamilyExtractor
 
 
 def read(name: str):
-    return Vllm().read(FamilyExtractor(Vllm.families).extract(vllm_body(name)))
+    return VllmReader().read(FamilyExtractor(VllmReader.families).extract(vllm_body(name)))
 
 
 def test_vllm_032_under_load() -> None:
@@ -72,4 +72,4 @@ def test_data_parallel_engines_are_aggregated() -> None:
 @pytest.mark.parametrize("body", ["", "hello world\n", "# HELP foo bar\nfoo 1\n", '{"error": "not found"}'])
 def test_a_body_that_is_not_vllm_is_refused_with_a_reason(body: str) -> None:
     with pytest.raises(ExpositionError, match="no vLLM families"):
-        Vllm().read(FamilyExtractor(Vllm.families).extract(body))
+        VllmReader().read(FamilyExtractor(VllmReader.families).extract(body))
