@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--print-defaults", action="store_true", help="print the full default bundle configuration")
 
     drill = commands.add_parser("drill", help="replay a scenario through a real Prometheus and Alertmanager")
-    drill.add_argument("--scenario", choices=list(DRILLS), metavar="SCENARIO", help=", ".join(DRILLS))
+    drill.add_argument("--scenario", metavar="SCENARIO", help=", ".join(DRILLS) + " (see --list)")
     drill.add_argument("--list", action="store_true", help="list the scenarios")
     drill.add_argument("--report", type=Path, metavar="FILE", help="also write the report to FILE")
     drill.add_argument("--json", action="store_true", help="report as JSON instead of Markdown")

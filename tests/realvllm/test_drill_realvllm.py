@@ -16,8 +16,8 @@ from support import REPO
 
 from oomguard.config import load_config
 from oomguard.drill.run import alerting_chain
+from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml
-from oomguard.sources.nvml import NvmlSource
 
 pytestmark = pytest.mark.realvllm
 # 20x, scraped every 5 s: under this load vLLM's own /metrics can take seconds to answer, and a
@@ -37,8 +37,7 @@ async def test_queue_alert_fires_under_real_load_and_resolves(tiny_model: Path, 
     try:
         async with alerting_chain(
             tmp_path,
-            config,
-            lambda: NvmlSource(gpus),
+            Runtime(config, nvml_lib=gpus),
             bundle_overrides={"time_scale": SCALE},
             alertmanager_config=routing,
             scrape_interval="5s",

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+from oomguard.sources import processes
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.processes import ProcessFinder
 from oomguard.sources.registry import SourceRegistry
@@ -75,6 +76,42 @@ def test_known_listener_is_not_searched_again(engine: Engine, monkeypatch: pytes
     assert scans == []  # the socket scan reads all of /proc/net/tcp*: only for an unknown listener
     assert again is not None and first is not None and again.root_pid == first.root_pid
     assert again.start_time_seconds == first.start_time_seconds  # stable, or restarts would be miscounted
+
+
+def test_a_known_family_is_read_pid_by_pid_without_listing_proc(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing every process on the host is what a busy host cannot afford on each scrape (a
+    loaded 2-core machine took seconds): once the engine's family is known it is re-read by pid."""
+    finder = ProcessFinder()
+    first = finder.find_all([engine.port])[engine.port]
+    listings = []
+    real = processes._children_by_parent
+    monkeypatch.setattr(processes, "_children_by_parent", lambda: listings.append(1) or real())
+    again = finder.find_all([engine.port])[engine.port]
+    assert listings == []
+    assert again is not None and first is not None and again.pids == first.pids
+    # A member whose start tick changed (it exited and its pid was reused): /proc is listed again.
+    root, listed_at, ticks = finder._family[engine.port]
+    finder._family[engine.port] = (root, listed_at, {**ticks, engine.worker_pid: ticks[engine.worker_pid] - 1})
+    after = finder.find_all([engine.port])[engine.port]
+    assert listings == [1]
+    assert after is not None and after.pids == first.pids
+
+
+def test_a_known_family_is_listed_again_after_the_rescan_interval(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker started after the first look is found within FAMILY_RESCAN_SECONDS."""
+    finder = ProcessFinder()
+    finder.find_all([engine.port])
+    listings = []
+    real = processes._children_by_parent
+    monkeypatch.setattr(processes, "_children_by_parent", lambda: listings.append(1) or real())
+    now = time.monotonic()
+    monkeypatch.setattr(processes.time, "monotonic", lambda: now + processes.FAMILY_RESCAN_SECONDS + 1)
+    assert finder.find_all([engine.port])[engine.port] is not None
+    assert listings == [1]
 
 
 def test_gone_listener_is_searched_again_and_not_found(engine: Engine) -> None:

@@ -4,6 +4,12 @@ An engine such as vLLM runs several processes (API server, engine core, workers)
 the API server listens, the others are its children. Their summed RSS is the
 host-memory view (CPU deployments OOM too), and their pids tie NVML's
 per-process GPU memory to the target. Blocking (/proc reads): runs in a thread.
+
+Cost: listing every process on the host (the parent-to-children map) is done only for an
+engine not seen yet, one whose family changed (a member exited, a pid was reused), and
+every FAMILY_RESCAN_SECONDS; otherwise the known family is re-read pid by pid. On a
+2-core host saturated by vLLM, the full listing on every scrape took seconds. A worker
+started later than the first look is found within FAMILY_RESCAN_SECONDS.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ from oomguard.model import ProcessTree
 
 log = logging.getLogger(__name__)
 
+# A known engine's process family is re-read pid by pid; the whole of /proc is listed again only when
+# its listener or a member changed, or this long after the last listing (to find workers started since).
+FAMILY_RESCAN_SECONDS = 30.0
+
 
 class ProcessFinder:
     def __init__(self) -> None:
@@ -26,27 +36,32 @@ class ProcessFinder:
         # listing sockets (net_connections) reads all of /proc/net/tcp*: ~10 ms a call.
         self._listener_by_port: dict[int, tuple[int, int]] = {}
         self._last_listener: dict[int, ProcessTree] = {}
+        # port -> (root pid, monotonic time of the /proc listing, {pid: start tick} of the root and its descendants)
+        self._family: dict[int, tuple[int, float, dict[int, int]]] = {}
 
     def find_all(self, ports: Iterable[int]) -> dict[int, ProcessTree | None]:
         """Each port's listening process and its descendants (None where nothing listens).
 
-        One pass over /proc serves every port: the socket scan (only for ports whose
-        listener is not known) and the parent-to-children map are each built once.
+        A known engine whose processes are all still there (same pids, same start ticks) is read
+        pid by pid: a handful of /proc reads. Only a new or changed family (and each one every
+        FAMILY_RESCAN_SECONDS) costs the pass over every process on the host, done once for all ports.
         """
         listeners = {port: self._cached_listener(port) for port in ports}
         unknown = {port for port, pid in listeners.items() if pid is None}
         if unknown:
             listeners.update(self._scan_listeners(unknown))
-        children = _children_by_parent() if any(listeners.values()) else {}
+        known = {port: self._known_family(port, pid) for port, pid in listeners.items() if pid is not None}
+        children = _children_by_parent() if any(family is None for family in known.values()) else {}
         trees: dict[int, ProcessTree | None] = {}
         for port, pid in listeners.items():
             trees[port] = None
             if pid is None:
                 continue
             try:
-                trees[port] = self._tree(pid, port, children)
+                trees[port] = self._tree(pid, port, children, known.get(port))
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 self._listener_by_port.pop(port, None)
+                self._family.pop(port, None)
             except psutil.AccessDenied:
                 log.warning("cannot read process %d (listening on port %d): run as its user or as root", pid, port)
         return trees
@@ -97,11 +112,20 @@ class ProcessFinder:
                     self._listener_by_port[port] = (conn.pid, ticks)
         return found
 
-    def _tree(self, pid: int, port: int, children: dict[int, list[int]]) -> ProcessTree:
+    def _known_family(self, port: int, root: int) -> list[int] | None:
+        """The descendants of `root` from the last listing of /proc, if none of them changed since."""
+        family = self._family.get(port)
+        if family is None or family[0] != root or time.monotonic() - family[1] > FAMILY_RESCAN_SECONDS:
+            return None
+        if any(_start_ticks(pid) != ticks for pid, ticks in family[2].items()):
+            return None  # a member exited (or its pid was reused): list /proc again
+        return [pid for pid in family[2] if pid != root]
+
+    def _tree(self, pid: int, port: int, children: dict[int, list[int]], known: list[int] | None = None) -> ProcessTree:
         root = psutil.Process(pid)
         rss = float(root.memory_info().rss)
         pids = {pid}
-        stack = list(children.get(pid, ()))
+        stack = list(known if known is not None else children.get(pid, ()))
         while stack:
             child = stack.pop()
             if child in pids:
@@ -111,7 +135,11 @@ class ProcessFinder:
             except OSError:
                 continue  # a worker that exited between the listing and the read
             pids.add(child)
-            stack.extend(children.get(child, ()))
+            if known is None:
+                stack.extend(children.get(child, ()))
+        if known is None:
+            ticks = {p: _start_ticks(p) for p in pids}
+            self._family[port] = (pid, time.monotonic(), {p: t for p, t in ticks.items() if t is not None})
         try:
             cmdline = tuple(root.cmdline())
         except psutil.AccessDenied:
