@@ -16,7 +16,7 @@ import aiohttp
 
 from oomguard.events.runner import EventRunner
 from oomguard.events.xid import XidWatcher
-from oomguard.join import join_targets
+from oomguard.join import join_gpus, join_targets
 from oomguard.model import NvmlReading, Snapshot, TargetReading
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
@@ -65,13 +65,15 @@ class Collection:
             self.registry.run("targets", self._scrape_targets()),
         )
         targets = tuple(targets or ())
+        memory = join_targets(nvml, targets)
         tracker, events, xid = self.tracker, self.events, self.xid
         snapshot = Snapshot(
             nvml=nvml,
             targets=targets,
             sources=self.registry.results(),
             collected_at=time.time(),
-            memory=join_targets(nvml, targets),
+            memory=memory,
+            gpu_memory=join_gpus(nvml, targets, memory),
             trends=dict(tracker.latest) if tracker else {},
             trend_samples_total=tracker.samples_total if tracker else None,
             trend_errors_total=tracker.errors_total if tracker else 0,

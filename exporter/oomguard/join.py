@@ -1,14 +1,21 @@
-"""The join of a target with its GPUs: which GPUs, how full, its own share, its budget.
+"""The joins: each target with its GPUs, and each GPU with the engines that reserve it.
 
 Computed once per snapshot (and per trend tick) here, and nowhere else: the exposition
 and the trend sampler read the same figures.
+
+An engine such as vLLM reserves its memory at start: its processes hold
+gpu_memory_utilization x total of every GPU it runs on, idle or busy. What can still
+grow on such a GPU, and run it out of memory, is the use beyond the reservations: the
+engines' own beyond theirs (activations, late CUDA graphs, NCCL buffers, a leak) and
+every other process. `GpuMemory.headroom_used_ratio` judges that against the headroom
+the reservations leave; docs/runbooks.md works the numbers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from oomguard.model import GpuReading, NvmlReading, ProcessTree, TargetMemory, TargetReading
+from oomguard.model import GpuMemory, GpuReading, NvmlReading, ProcessTree, TargetMemory, TargetReading
 
 
 def target_gpus(configured: tuple[int, ...], process: ProcessTree | None, gpus: Mapping[int, GpuReading]) -> list[int]:
@@ -20,31 +27,67 @@ def target_gpus(configured: tuple[int, ...], process: ProcessTree | None, gpus: 
     return sorted(i for i, g in gpus.items() if any(p.pid in process.pids for p in g.processes or ()))
 
 
+def _own_by_gpu(process: ProcessTree | None, measured: list[GpuReading]) -> dict[int, float] | None:
+    """The target's own processes' use on each of its GPUs; None when NVML's list cannot tell."""
+    if process is None or any(g.processes is None for g in measured):
+        return None
+    own = {g.index: 0.0 for g in measured}
+    matched = False
+    for g in measured:
+        for p in g.processes or ():
+            if p.pid in process.pids:
+                own[g.index] += p.used_bytes or 0.0
+                matched = True
+    # No match at all: the exporter sees other pids than NVML (a container without the
+    # host PID namespace), so "0 bytes" would be a lie.
+    return own if matched else None
+
+
 def join(
     configured: tuple[int, ...],
     process: ProcessTree | None,
     gpus: Mapping[int, GpuReading],
     memory_utilization_ratio: float | None = None,
 ) -> TargetMemory:
-    """`gpus`: the GPUs that are up, by index."""
+    """`gpus`: the GPUs that are up, by index. The target is judged by its worst GPU."""
     mine = tuple(target_gpus(configured, process, gpus))
     measured = [gpus[i] for i in mine if gpus[i].measured]
     if not measured:
         return TargetMemory(mine, None, None, None, None, None)
-    total = sum(g.total_bytes or 0.0 for g in measured)
-    used = sum(g.used_bytes or 0.0 for g in measured)
-    own: float | None = None
-    if process is not None and all(g.processes is not None for g in measured):
-        mine_procs = [p for g in measured for p in g.processes or () if p.pid in process.pids]
-        # No match at all: the exporter sees other pids than NVML (a container without the
-        # host PID namespace), so "0 bytes" would be a lie; fall back to the whole GPUs.
-        if mine_procs:
-            own = sum(p.used_bytes or 0.0 for p in mine_procs)
+    worst = max(measured, key=lambda g: (g.used_bytes or 0.0) / (g.total_bytes or 1.0))
+    own_by_gpu = _own_by_gpu(process, measured)
+    own = sum(own_by_gpu.values()) if own_by_gpu is not None else None
     budget = over = None
     if memory_utilization_ratio is not None:
-        budget = memory_utilization_ratio * total
-        over = (own if own is not None else used) - budget
-    return TargetMemory(mine, used, total, own, budget, over)
+        budget = memory_utilization_ratio * (worst.total_bytes or 0.0)
+        over = max(
+            (own_by_gpu[g.index] if own_by_gpu is not None else g.used_bytes or 0.0)
+            - memory_utilization_ratio * (g.total_bytes or 0.0)
+            for g in measured
+        )
+    return TargetMemory(mine, worst.used_bytes, worst.total_bytes, own, budget, over, own_by_gpu)
+
+
+def join_gpu(gpu: GpuReading, engines: list[tuple[float, dict[int, float] | None]]) -> GpuMemory | None:
+    """One GPU with the engines that reserve it: (reservation ratio, own use by GPU or None) each."""
+    if not engines or not gpu.measured:
+        return None
+    total, used = gpu.total_bytes or 0.0, gpu.used_bytes or 0.0
+    reserved = sum(ratio * total for ratio, _ in engines)
+    engine_used = over = other = None
+    if all(own is not None for _, own in engines):
+        owns = [(ratio, own[gpu.index]) for ratio, own in engines if own is not None]
+        engine_used = sum(mine for _, mine in owns)
+        over = sum(max(0.0, mine - ratio * total) for ratio, mine in owns)
+        other = max(0.0, used - engine_used)
+        unreserved = over + other
+    else:
+        # Whose bytes are whose is unknown: everything above the reservations may grow.
+        unreserved = max(0.0, used - reserved)
+    headroom = total - reserved
+    # Reservations that take the whole GPU: anything else in use is already too much.
+    ratio = unreserved / headroom if headroom > 0 else float(unreserved > 0)
+    return GpuMemory(gpu.index, total, used, reserved, engine_used, over, other, unreserved, ratio)
 
 
 def up_gpus(gpus: tuple[GpuReading, ...]) -> dict[int, GpuReading]:
@@ -58,3 +101,24 @@ def join_targets(nvml: NvmlReading | None, targets: Iterable[TargetReading]) -> 
         t.name: join(t.gpus, t.process, gpus, t.engine_reading.memory_utilization_ratio if t.engine_reading else None)
         for t in targets
     }
+
+
+def join_gpus(
+    nvml: NvmlReading | None, targets: Iterable[TargetReading], memory: Mapping[str, TargetMemory]
+) -> dict[int, GpuMemory]:
+    """Every GPU on which an awake engine with a known gpu_memory_utilization runs, with its engines."""
+    if nvml is None:
+        return {}
+    engines_on: dict[int, list[tuple[float, dict[int, float] | None]]] = {}
+    for t in targets:
+        ratio = t.engine_reading.reservation_ratio if t.engine_reading else None
+        joined = memory.get(t.name)
+        if ratio is None or joined is None:
+            continue
+        for index in joined.gpus:
+            engines_on.setdefault(index, []).append((ratio, joined.own_by_gpu))
+    out = {}
+    for gpu in nvml.gpus:
+        if gpu.up and (joined_gpu := join_gpu(gpu, engines_on.get(gpu.index, []))) is not None:
+            out[gpu.index] = joined_gpu
+    return out

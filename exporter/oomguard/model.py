@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 TARGET_STATES = ("up", "loading", "down")
 ERROR_KINDS = ("timeout", "refused", "http_status", "too_large", "parse", "other")
 TREND_STATES = ("steady", "sawtooth", "climbing", "spike", "saturated")
+# vLLM's sleep mode: level 1 offloads the weights, level 2 discards them; both free the KV cache.
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 HOST = ""  # the `target` of host-wide event sources (the kernel log)
 
 
@@ -77,6 +79,17 @@ class EngineReading:
     kv_cache_block_size_tokens: float | None = None
     kv_cache_memory_bytes: float | None = None
     process_start_time_seconds: float | None = None
+    sleep_state: str | None = None  # one of SLEEP_STATES; None: the engine does not say
+
+    @property
+    def asleep(self) -> bool:
+        """In sleep mode: its memory is released, so its reservation does not hold."""
+        return self.sleep_state is not None and self.sleep_state != "awake"
+
+    @property
+    def reservation_ratio(self) -> float | None:
+        """The share of each of its GPUs the engine holds from its start: None when unknown or asleep."""
+        return None if self.asleep else self.memory_utilization_ratio
 
 
 # -- the engine's processes on this host -----------------------------------------------------
@@ -115,14 +128,35 @@ class TargetReading:
 
 @dataclass(frozen=True, slots=True)
 class TargetMemory:
-    """A target joined with its GPUs (see join.py): computed once, read by the exposition and the trend."""
+    """A target joined with its GPUs (join.py): computed once, read by the exposition and the trend.
+
+    A target on several GPUs (tensor parallel) is judged by its worst GPU: CUDA runs out of
+    memory on one device, and an average of 99 % and 90 % hides the one about to fail.
+    """
 
     gpus: tuple[int, ...]  # the target's GPUs that NVML answers for
-    used_bytes: float | None  # all processes on those GPUs; None when none is measured
-    total_bytes: float | None
-    own_bytes: float | None  # the target's own processes (local targets whose pids NVML lists)
-    budget_bytes: float | None  # gpu_memory_utilization x total
-    over_budget_bytes: float | None  # own (else used) minus budget
+    used_bytes: float | None  # all processes on its worst GPU (highest used/total); None when none is measured
+    total_bytes: float | None  # that GPU's total
+    own_bytes: float | None  # the target's own processes on all its GPUs (local targets whose pids NVML lists)
+    budget_bytes: float | None  # gpu_memory_utilization x the worst GPU's total
+    over_budget_bytes: float | None  # the largest, over its GPUs, of own (else used) minus budget
+    own_by_gpu: dict[int, float] | None = None  # its own processes' use per GPU, where attributable
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemory:
+    """A GPU joined with the engines that reserve it (join.py); only for a GPU with a known reservation."""
+
+    index: int
+    total_bytes: float
+    used_bytes: float
+    reserved_bytes: float  # the awake engines' gpu_memory_utilization x total, summed
+    # Where every engine on it is attributable (its processes are in NVML's list), else None:
+    engine_used_bytes: float | None  # the engines' own processes
+    over_reservation_bytes: float | None  # the engines' own use beyond their reservations
+    other_used_bytes: float | None  # everything else: other processes, driver contexts
+    unreserved_used_bytes: float  # what can still grow: over reservation + other, else used - reserved
+    headroom_used_ratio: float  # unreserved used / (total - reserved); above 1: the reservation cannot be honoured
 
 
 # -- trends ----------------------------------------------------------------------------------
@@ -234,6 +268,7 @@ class Snapshot:
     sources: dict[str, SourceResult]
     collected_at: float
     memory: dict[str, TargetMemory] = field(default_factory=dict)  # target name -> its GPUs joined
+    gpu_memory: dict[int, GpuMemory] = field(default_factory=dict)  # GPU index -> its engines joined
     trends: dict[TrendKey, TrendReading] = field(default_factory=dict)
     trend_samples_total: int | None = None  # None: trend sampling is off
     trend_errors_total: int = 0

@@ -123,7 +123,7 @@ class Runtime:
         # scrape finds NVML initialised and the targets' states known.
         self._tasks.append(asyncio.ensure_future(collection.snapshot()))
         if tracker is not None:
-            sampler = Sampler(tracker, TrendObserver(nvml, processes, scrapers).observe)
+            sampler = Sampler(tracker, TrendObserver(nvml, processes, scrapers, tracker).observe)
             self._tasks.append(asyncio.ensure_future(sampler.run()))
         if events.sources:
             self._tasks.append(asyncio.ensure_future(self._follow_events(events)))

@@ -32,6 +32,8 @@ def families(snapshot: Snapshot) -> Exposition:
         health.add_target(out, target)
         engine.add(out, target)
         joined.add(out, target, snapshot.memory.get(target.name))
+    for _, gpu_memory in sorted(snapshot.gpu_memory.items()):
+        joined.add_gpu(out, gpu_memory)
     trend.add(out, snapshot)
     events.add(out, snapshot)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from oomguard.exposition.encoder import Exposition
 from oomguard.exposition.spec import metric
-from oomguard.model import TargetReading
+from oomguard.model import SLEEP_STATES, TargetReading
 
 SECTION = "Engine (per target)"
 TARGET_INFO = metric(SECTION, "target_info", "info", "", "target engine url", "A configured engine target.")
@@ -86,11 +86,19 @@ ENGINE_PROCESS_START_TIME_SECONDS = metric(
     "target",
     "Start time of the engine's API server process, Unix time; a change is a restart.",
 )
+ENGINE_SLEEP_STATE = metric(
+    SECTION,
+    "engine_sleep_state",
+    "gauge",
+    "",
+    "target state",
+    "1 for the engine's sleep state (vLLM sleep mode: awake, weights_offloaded, discard_all), 0 for the others. A sleeping engine has released its memory: memory near zero is then no fault, and its reservation does not count.",
+)
 METRICS = (
     TARGET_INFO, ENGINE_KV_CACHE_USAGE_RATIO, ENGINE_REQUESTS_WAITING, ENGINE_REQUESTS_RUNNING, ENGINE_PREEMPTIONS,
     ENGINE_PREFIX_CACHE_QUERIES_TOKENS, ENGINE_PREFIX_CACHE_HITS_TOKENS, ENGINE_GPU_MEMORY_UTILIZATION_RATIO,
     ENGINE_KV_CACHE_BLOCKS, ENGINE_KV_CACHE_BLOCK_SIZE_TOKENS, ENGINE_KV_CACHE_MEMORY_BYTES,
-    ENGINE_PROCESS_START_TIME_SECONDS,
+    ENGINE_PROCESS_START_TIME_SECONDS, ENGINE_SLEEP_STATE,
 )  # fmt: skip
 
 
@@ -113,3 +121,6 @@ def add(out: Exposition, target: TargetReading) -> None:
     out.add(ENGINE_KV_CACHE_BLOCK_SIZE_TOKENS, (t,), reading.kv_cache_block_size_tokens)
     out.add(ENGINE_KV_CACHE_MEMORY_BYTES, (t,), reading.kv_cache_memory_bytes)
     out.add(ENGINE_PROCESS_START_TIME_SECONDS, (t,), reading.process_start_time_seconds)
+    if reading.sleep_state is not None:
+        for state in SLEEP_STATES:
+            out.add(ENGINE_SLEEP_STATE, (t, state), 1.0 if reading.sleep_state == state else 0.0)

@@ -1,10 +1,10 @@
-"""Joined families: a target with the GPUs it runs on (the join itself is in join.py)."""
+"""Joined families: a target with the GPUs it runs on, a GPU with the engines that reserve it (join.py)."""
 
 from __future__ import annotations
 
 from oomguard.exposition.encoder import Exposition
 from oomguard.exposition.spec import metric
-from oomguard.model import TargetMemory, TargetReading
+from oomguard.model import GpuMemory, TargetMemory, TargetReading
 
 SECTION = "Joined: GPU x engine"
 TARGET_GPU_INFO = metric(
@@ -21,13 +21,13 @@ TARGET_GPU_MEMORY_USED_BYTES = metric(
     "gauge",
     "bytes",
     "target",
-    "Memory used on the target's GPUs, all processes together.",
+    "Memory used on the target's worst GPU (highest used/total), all processes together: with tensor parallelism CUDA runs out on one device, so one GPU is judged, not the sum.",
 )
 TARGET_GPU_MEMORY_TOTAL_BYTES = metric(
-    SECTION, "target_gpu_memory_total_bytes", "gauge", "bytes", "target", "Total memory of the target's GPUs."
+    SECTION, "target_gpu_memory_total_bytes", "gauge", "bytes", "target", "Total memory of the target's worst GPU."
 )
 TARGET_GPU_MEMORY_USED_RATIO = metric(
-    SECTION, "target_gpu_memory_used_ratio", "gauge", "ratio", "target", "Used / total over the target's GPUs, 0-1."
+    SECTION, "target_gpu_memory_used_ratio", "gauge", "ratio", "target", "Used / total of the target's worst GPU, 0-1."
 )
 TARGET_PROCESS_GPU_MEMORY_BYTES = metric(
     SECTION,
@@ -35,7 +35,7 @@ TARGET_PROCESS_GPU_MEMORY_BYTES = metric(
     "gauge",
     "bytes",
     "target",
-    "GPU memory used by the target's own processes (local targets, from NVML's per-process list).",
+    "GPU memory used by the target's own processes on all its GPUs (local targets, from NVML's per-process list).",
 )
 TARGET_MEMORY_BUDGET_BYTES = metric(
     SECTION,
@@ -43,7 +43,7 @@ TARGET_MEMORY_BUDGET_BYTES = metric(
     "gauge",
     "bytes",
     "target",
-    "The engine's memory budget: gpu_memory_utilization x total memory of its GPUs.",
+    "The engine's memory budget on its worst GPU: gpu_memory_utilization x that GPU's total (the budget holds per GPU).",
 )
 TARGET_MEMORY_OVER_BUDGET_BYTES = metric(
     SECTION,
@@ -51,7 +51,7 @@ TARGET_MEMORY_OVER_BUDGET_BYTES = metric(
     "gauge",
     "bytes",
     "target",
-    "Memory in use minus the budget (the target's processes where known, else the whole GPUs). Above 0 is memory the KV cache cannot explain: activations, another process, a leak.",
+    "Memory in use minus the budget, on the GPU where it is largest (the target's processes where known, else the whole GPU). Above 0 is memory the KV cache cannot explain: activations, another process, a leak.",
 )
 TARGET_RESIDENT_MEMORY_BYTES = metric(
     SECTION,
@@ -61,10 +61,60 @@ TARGET_RESIDENT_MEMORY_BYTES = metric(
     "target",
     "Host RSS of the target's processes (the listener and its children), for CPU deployments and host-memory leaks.",
 )
+GPU_MEMORY_ENGINE_RESERVED_BYTES = metric(
+    SECTION,
+    "gpu_memory_engine_reserved_bytes",
+    "gauge",
+    "bytes",
+    "gpu",
+    "Memory the engines on this GPU reserve from their start (gpu_memory_utilization x total, summed over the awake engines that say it). Only on a GPU with such an engine.",
+)
+GPU_MEMORY_ENGINE_USED_BYTES = metric(
+    SECTION,
+    "gpu_memory_engine_used_bytes",
+    "gauge",
+    "bytes",
+    "gpu",
+    "Memory the engines' own processes use on this GPU (NVML's per-process list); only where every engine on it is a local one whose pids NVML lists.",
+)
+GPU_MEMORY_ENGINE_OVER_RESERVATION_BYTES = metric(
+    SECTION,
+    "gpu_memory_engine_over_reservation_bytes",
+    "gauge",
+    "bytes",
+    "gpu",
+    "The engines' own use beyond their reservations, summed over engines (activations, late CUDA graphs, NCCL buffers, a leak); where attributable.",
+)
+GPU_MEMORY_OTHER_USED_BYTES = metric(
+    SECTION,
+    "gpu_memory_other_used_bytes",
+    "gauge",
+    "bytes",
+    "gpu",
+    "Memory used on this GPU by anything but its engines (other processes, driver contexts); where attributable.",
+)
+GPU_MEMORY_UNRESERVED_USED_BYTES = metric(
+    SECTION,
+    "gpu_memory_unreserved_used_bytes",
+    "gauge",
+    "bytes",
+    "gpu",
+    "What can still grow on a GPU with a reservation: the engines' use beyond it plus every other use; where that cannot be attributed, used minus reserved.",
+)
+GPU_MEMORY_HEADROOM_USED_RATIO = metric(
+    SECTION,
+    "gpu_memory_headroom_used_ratio",
+    "gauge",
+    "ratio",
+    "gpu",
+    "Unreserved use / (total - reserved): the share of the headroom the reservations leave that is in use, what the memory alerts judge on a reserved GPU. Above 1: the reservation cannot be honoured.",
+)
 METRICS = (
     TARGET_GPU_INFO, TARGET_GPU_MEMORY_USED_BYTES, TARGET_GPU_MEMORY_TOTAL_BYTES, TARGET_GPU_MEMORY_USED_RATIO,
     TARGET_PROCESS_GPU_MEMORY_BYTES, TARGET_MEMORY_BUDGET_BYTES, TARGET_MEMORY_OVER_BUDGET_BYTES,
-    TARGET_RESIDENT_MEMORY_BYTES,
+    TARGET_RESIDENT_MEMORY_BYTES, GPU_MEMORY_ENGINE_RESERVED_BYTES, GPU_MEMORY_ENGINE_USED_BYTES,
+    GPU_MEMORY_ENGINE_OVER_RESERVATION_BYTES, GPU_MEMORY_OTHER_USED_BYTES, GPU_MEMORY_UNRESERVED_USED_BYTES,
+    GPU_MEMORY_HEADROOM_USED_RATIO,
 )  # fmt: skip
 
 
@@ -84,3 +134,13 @@ def add(out: Exposition, target: TargetReading, memory: TargetMemory | None) -> 
     out.add(TARGET_PROCESS_GPU_MEMORY_BYTES, (t,), memory.own_bytes)
     out.add(TARGET_MEMORY_BUDGET_BYTES, (t,), memory.budget_bytes)
     out.add(TARGET_MEMORY_OVER_BUDGET_BYTES, (t,), memory.over_budget_bytes)
+
+
+def add_gpu(out: Exposition, gpu: GpuMemory) -> None:
+    g = (str(gpu.index),)
+    out.add(GPU_MEMORY_ENGINE_RESERVED_BYTES, g, gpu.reserved_bytes)
+    out.add(GPU_MEMORY_ENGINE_USED_BYTES, g, gpu.engine_used_bytes)
+    out.add(GPU_MEMORY_ENGINE_OVER_RESERVATION_BYTES, g, gpu.over_reservation_bytes)
+    out.add(GPU_MEMORY_OTHER_USED_BYTES, g, gpu.other_used_bytes)
+    out.add(GPU_MEMORY_UNRESERVED_USED_BYTES, g, gpu.unreserved_used_bytes)
+    out.add(GPU_MEMORY_HEADROOM_USED_RATIO, g, gpu.headroom_used_ratio)

@@ -56,6 +56,7 @@ class TargetScraper:
         self.ever_up = False
         self.restarts = RestartTracker()
         self.state = "loading"
+        self.asleep = False  # in the engine's sleep mode, as its last reading said
         self._last_error = ""
 
     async def scrape(
@@ -73,6 +74,8 @@ class TargetScraper:
             error_kind, error = exc.kind, str(exc)
             self.errors_total[exc.kind] += 1
         health_status, health_latency = await health_task
+        if reading is not None:
+            self.asleep = reading.asleep
         process = (await processes).get(self.port) if self.finder and processes is not None else None
         healthy = health_status == 200 or (health_status == 404 and reading is not None)
         self.state = await self._next_state(healthy, health_status)

@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import asyncio
 
+from oomguard.join import target_gpus, up_gpus
 from oomguard.model import NvmlReading, Observation, TrendKey
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.targets import TargetScraper
-from oomguard.trend.sampler import observations
+from oomguard.trend.sampler import TrendTracker, observations
 
 # A tick this soon after a scrape reuses the scrape's lookup of the engines' processes.
 PROCESS_LOOKUP_MAX_AGE = 1.0
 
 
 class TrendObserver:
-    def __init__(self, nvml: NvmlReader | None, processes: ProcessLookup, scrapers: list[TargetScraper]) -> None:
+    """A sleeping engine (vLLM's sleep mode) has released its memory: its own series are not
+    sampled while it sleeps, and on waking its series and its GPUs' start afresh, so that the
+    drop and the jump back are not taken for a restart and a spike."""
+
+    def __init__(
+        self, nvml: NvmlReader | None, processes: ProcessLookup, scrapers: list[TargetScraper], tracker: TrendTracker
+    ) -> None:
         self.nvml = nvml
         self.processes = processes
         self.scrapers = scrapers
+        self.tracker = tracker
+        self._asleep: set[str] = set()
 
     async def observe(self) -> dict[TrendKey, Observation]:
         """GPUs, and each target's GPUs and local processes."""
@@ -30,4 +39,17 @@ class TrendObserver:
                 nvml = None  # the GPU series miss this tick; the sampler goes on
         trees = await self.processes.get(max_age=PROCESS_LOOKUP_MAX_AGE)
         targets = [(s.name, s.config.gpus, trees.get(s.port) if s.finder else None) for s in self.scrapers]
-        return await asyncio.to_thread(observations, nvml, targets)
+        asleep = {s.name for s in self.scrapers if s.asleep}
+        woke, self._asleep = self._asleep - asleep, asleep
+        if woke:
+            gpus = up_gpus(nvml.gpus) if nvml else {}
+            keys = {TrendKey("target", name, memory) for name in woke for memory in ("gpu", "host")}
+            keys |= {
+                TrendKey("gpu", str(index), "gpu")
+                for name, configured, process in targets
+                if name in woke
+                for index in target_gpus(configured, process, gpus)
+            }
+            self.tracker.forget(keys)
+        awake = [t for t in targets if t[0] not in asleep]
+        return await asyncio.to_thread(observations, nvml, awake)

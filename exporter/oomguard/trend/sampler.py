@@ -36,6 +36,12 @@ class TrendTracker:
         self.samples_total = 0
         self.errors_total = 0
 
+    def forget(self, keys: set[TrendKey]) -> None:
+        """Start these series afresh: what came before says nothing of what comes now (an engine woke up)."""
+        for key in keys:
+            self._series.pop(key, None)
+            self.latest.pop(key, None)
+
     def record(self, t: float, observations: dict[TrendKey, Observation]) -> None:
         for key, obs in observations.items():
             if obs.capacity_bytes <= 0:

@@ -73,3 +73,39 @@ def test_data_parallel_engines_are_aggregated() -> None:
 def test_a_body_that_is_not_vllm_is_refused_with_a_reason(body: str) -> None:
     with pytest.raises(ExpositionError, match="no vLLM families"):
         VllmReader().read(FamilyExtractor(VllmReader.families).extract(body))
+
+
+def test_sleep_state_on_a_real_body_is_awake() -> None:
+    reading = read("vllm-0.32.0-cpu-idle.txt")
+    assert reading.sleep_state == "awake" and not reading.asleep
+    assert reading.reservation_ratio == reading.memory_utilization_ratio
+    assert read("vllm-v0-two-models.txt").sleep_state is None  # versions before sleep mode say nothing
+
+
+def _with_sleep(states: dict[str, str]) -> str:
+    """The real idle body with its sleep state replaced: one current state per data-parallel engine."""
+    lines = [line for line in vllm_body("vllm-0.32.0-cpu-idle.txt").splitlines() if "engine_sleep_state{" not in line]
+    for engine, current in states.items():
+        for state in ("awake", "weights_offloaded", "discard_all"):
+            value = "1.0" if state == current else "0.0"
+            lines.append(
+                f'vllm:engine_sleep_state{{engine="{engine}",model_name="tiny",sleep_state="{state}"}} {value}'
+            )
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("states", "expected"),
+    [
+        ({"0": "weights_offloaded"}, "weights_offloaded"),
+        ({"0": "discard_all"}, "discard_all"),
+        ({"0": "awake", "1": "weights_offloaded"}, "weights_offloaded"),  # one rank asleep: not awake
+        ({"0": "weights_offloaded", "1": "discard_all"}, "discard_all"),  # the deepest sleep
+    ],
+)
+def test_a_sleeping_engine_reserves_nothing(states: dict[str, str], expected: str) -> None:
+    body = _with_sleep(states)
+    reading = VllmReader().read(FamilyExtractor(VllmReader.families).extract(body))
+    assert reading.sleep_state == expected
+    assert reading.asleep and reading.reservation_ratio is None
+    assert reading.memory_utilization_ratio == 0.92  # the configuration is still known

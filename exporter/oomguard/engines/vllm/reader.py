@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 from oomguard.engines.base import mean, total
-from oomguard.model import EngineReading, ModelReading
+from oomguard.model import SLEEP_STATES, EngineReading, ModelReading
 from oomguard.promtext import ExpositionError, Sample, finite
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -21,6 +21,7 @@ PREFIX_QUERIES_OLD = "vllm:gpu_prefix_cache_queries_total"  # 0.7.3 - 0.8.5
 PREFIX_HITS_OLD = "vllm:gpu_prefix_cache_hits_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 START_TIME = "process_start_time_seconds"
+SLEEP_STATE = "vllm:engine_sleep_state"  # 0.11+: 1 on the current one of awake, weights_offloaded, discard_all
 
 
 def _number(text: str | None) -> float | None:
@@ -49,6 +50,7 @@ class VllmReader:
             PREFIX_HITS_OLD,
             CACHE_CONFIG,
             START_TIME,
+            SLEEP_STATE,
         }
     )
 
@@ -96,4 +98,14 @@ class VllmReader:
             kv_cache_block_size_tokens=config_value("block_size", max),
             kv_cache_memory_bytes=config_value("kv_cache_memory_bytes", sum),
             process_start_time_seconds=finite(start[0].value) if start else None,
+            sleep_state=_sleep_state(samples.get(SLEEP_STATE, [])),
         )
+
+
+def _sleep_state(samples: list[Sample]) -> str | None:
+    """Awake only when every engine (data-parallel rank) is; else the deepest sleep among them."""
+    current = {s.labels.get("engine", ""): s.labels.get("sleep_state") for s in samples if s.value == 1}
+    states = [state for state in current.values() if state in SLEEP_STATES]
+    if not states:
+        return None
+    return max(states, key=SLEEP_STATES.index)

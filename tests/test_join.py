@@ -1,0 +1,127 @@
+"""The joins, on the setups that matter: reserving engines at 0.90 and 0.95, the incident, tensor
+parallelism with one GPU climbing, remote engines, sleep mode, reservations that cannot hold."""
+
+from __future__ import annotations
+
+import pytest
+
+from oomguard.join import join_gpus, join_targets
+from oomguard.model import (
+    EngineReading,
+    GpuProcess,
+    GpuReading,
+    NvmlReading,
+    ProcessTree,
+    TargetReading,
+)
+
+GIB = 2.0**30
+TOTAL = 80 * GIB
+IDLE = 0.5 * GIB  # what an idle GPU shows: contexts of monitoring tools, another pid
+ENGINE, WORKER_0, WORKER_1, OTHER = 1000, 1001, 1002, 4242
+
+
+def gpu(index: int, *procs: tuple[int, float]) -> GpuReading:
+    used = sum(b for _, b in procs)
+    return GpuReading(
+        index, True, total_bytes=TOTAL, used_bytes=used, processes=tuple(GpuProcess(p, "", b) for p, b in procs)
+    )
+
+
+def vllm(
+    gpus: tuple[int, ...] = (0,), utilization: float = 0.90, local: bool = True, sleep: str | None = None
+) -> TargetReading:
+    process = ProcessTree(ENGINE, frozenset({ENGINE, WORKER_0, WORKER_1}), 2 * GIB, 0.0) if local else None
+    reading = EngineReading((), memory_utilization_ratio=utilization, sleep_state=sleep)
+    return TargetReading("vllm", "vllm", "http://127.0.0.1:8000", gpus, True, "up", 0.01, 200, 0.001, reading,
+                         process=process)  # fmt: skip
+
+
+def joined(nvml_gpus: list[GpuReading], *targets: TargetReading):
+    nvml = NvmlReading(True, gpus=tuple(nvml_gpus))
+    memory = join_targets(nvml, targets)
+    return memory, join_gpus(nvml, targets, memory)
+
+
+def test_a_healthy_vllm_at_090_uses_six_percent_of_its_headroom() -> None:
+    # NVML at 90.6 %: the engine holds its reservation, the idle GPU's 0.5 GiB is someone else's.
+    _, gpus = joined([gpu(0, (WORKER_0, 0.90 * TOTAL), (OTHER, IDLE))], vllm())
+    g = gpus[0]
+    assert g.used_bytes / g.total_bytes == pytest.approx(0.906, abs=1e-3)
+    assert g.reserved_bytes == pytest.approx(72 * GIB)
+    assert (g.engine_used_bytes, g.over_reservation_bytes, g.other_used_bytes) == (72 * GIB, 0.0, IDLE)
+    assert g.unreserved_used_bytes == IDLE
+    assert g.headroom_used_ratio == pytest.approx(IDLE / (8 * GIB))  # 0.0625
+
+
+def test_a_healthy_vllm_at_095_too() -> None:
+    _, gpus = joined([gpu(0, (WORKER_0, 0.947 * TOTAL), (OTHER, IDLE))], vllm(utilization=0.95))
+    g = gpus[0]
+    assert g.used_bytes / g.total_bytes == pytest.approx(0.953, abs=1e-3)
+    assert g.over_reservation_bytes == 0.0  # a little under its reservation is not beyond it
+    assert g.headroom_used_ratio == pytest.approx(IDLE / (4 * GIB))  # 0.125
+
+
+def test_the_incident_memory_beyond_the_reservation_eats_the_headroom() -> None:
+    # 98 % of the GPU: 7.9 GiB of the engine's use beyond its 72 GiB, plus the idle 0.5 GiB.
+    own = 0.98 * TOTAL - IDLE
+    memory, gpus = joined([gpu(0, (WORKER_0, own), (OTHER, IDLE))], vllm())
+    assert gpus[0].over_reservation_bytes == pytest.approx(own - 72 * GIB)
+    assert gpus[0].headroom_used_ratio == pytest.approx(0.8)
+    assert memory["vllm"].over_budget_bytes == pytest.approx(own - 72 * GIB)
+
+
+def test_a_remote_engine_whose_pids_are_unknown_is_judged_above_its_reservation() -> None:
+    _, gpus = joined([gpu(0, (77, 0.90 * TOTAL), (OTHER, IDLE))], vllm(local=False))
+    g = gpus[0]
+    assert (g.engine_used_bytes, g.over_reservation_bytes, g.other_used_bytes) == (None, None, None)
+    assert g.unreserved_used_bytes == pytest.approx(IDLE)
+    assert g.headroom_used_ratio == pytest.approx(0.0625)
+
+
+def test_tensor_parallel_is_judged_by_its_worst_gpu() -> None:
+    skewed = 0.99 * TOTAL - IDLE
+    memory, gpus = joined(
+        [gpu(0, (WORKER_0, 0.90 * TOTAL), (OTHER, IDLE)), gpu(1, (WORKER_1, skewed), (OTHER, IDLE))],
+        vllm(gpus=(0, 1)),
+    )
+    target = memory["vllm"]
+    assert target.used_bytes / target.total_bytes == pytest.approx(0.99)  # not the average, 94.8 %
+    assert target.budget_bytes == pytest.approx(72 * GIB)  # the budget holds per GPU
+    assert target.over_budget_bytes == pytest.approx(skewed - 72 * GIB)
+    assert target.own_bytes == pytest.approx(0.90 * TOTAL + skewed)  # inventory: both GPUs
+    assert gpus[0].headroom_used_ratio == pytest.approx(0.0625)
+    assert gpus[1].headroom_used_ratio == pytest.approx(0.9)
+
+
+def test_a_sleeping_engine_reserves_nothing() -> None:
+    _, gpus = joined([gpu(0, (WORKER_0, 1 * GIB), (OTHER, IDLE))], vllm(sleep="weights_offloaded"))
+    assert gpus == {}  # no known reservation: the plain thresholds apply to this GPU
+
+
+def test_a_gpu_without_an_engine_has_no_reservation() -> None:
+    _, gpus = joined([gpu(0, (WORKER_0, 0.90 * TOTAL)), gpu(1, (OTHER, 0.5 * TOTAL))], vllm(gpus=(0,)))
+    assert set(gpus) == {0}
+
+
+def test_an_engine_whose_utilization_is_unknown_reserves_nothing() -> None:
+    _, gpus = joined([gpu(0, (WORKER_0, 0.90 * TOTAL))], vllm(utilization=None))  # type: ignore[arg-type]
+    assert gpus == {}
+
+
+def test_other_use_while_the_engine_fills_its_reservation_is_beyond_the_headroom() -> None:
+    # Loading: the engine holds 40 GiB of its 72, another process 20 GiB: once the engine has its
+    # reservation the GPU needs 92 GiB. Above 1: the reservation cannot be honoured.
+    _, gpus = joined([gpu(0, (WORKER_0, 40 * GIB), (OTHER, 20 * GIB))], vllm())
+    assert gpus[0].headroom_used_ratio == pytest.approx(20 / 8)
+
+
+def test_reservations_that_take_the_whole_gpu() -> None:
+    a = vllm(utilization=0.6)
+    b_process = ProcessTree(2000, frozenset({2000}), GIB, 0.0)
+    b = TargetReading("other", "vllm", "http://127.0.0.1:8001", (0,), True, "up", 0.01,
+                      engine_reading=EngineReading((), memory_utilization_ratio=0.5), process=b_process)  # fmt: skip
+    # b still loading (35 % of its 50 %): the two reservations already exceed the GPU.
+    _, gpus = joined([gpu(0, (WORKER_0, 0.6 * TOTAL), (2000, 0.35 * TOTAL), (OTHER, IDLE))], a, b)
+    assert gpus[0].reserved_bytes == pytest.approx(1.1 * TOTAL)
+    assert gpus[0].headroom_used_ratio == 1.0  # no headroom at all, and something else is in use

@@ -1,0 +1,56 @@
+"""One tick of the sampler (trend/observe.py): what it observes, and vLLM's sleep mode.
+
+A sleeping engine has released its memory: its own series are not sampled while it sleeps,
+and when it wakes its series and its GPUs' start afresh, so the jump back is not a spike.
+"""
+
+from __future__ import annotations
+
+from oomguard.config import TargetConfig
+from oomguard.model import Observation, TrendKey
+from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml
+from oomguard.sources.nvml import NvmlSource
+from oomguard.sources.nvml_reader import NvmlReader
+from oomguard.sources.process_lookup import ProcessLookup
+from oomguard.sources.processes import ProcessFinder
+from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.targets import TargetScraper
+from oomguard.trend.analysis import TrendSettings
+from oomguard.trend.observe import TrendObserver
+from oomguard.trend.sampler import TrendTracker
+
+GPU0 = TrendKey("gpu", "0", "gpu")
+GPU1 = TrendKey("gpu", "1", "gpu")
+TARGET = TrendKey("target", "llama", "gpu")
+
+
+async def test_sleep_skips_the_engines_series_and_waking_starts_them_afresh() -> None:
+    nvml = NvmlReader(NvmlSource(FakeNvml([FakeGpu(0, used_bytes=72 * GIB), FakeGpu(1, used_bytes=GIB)])), 3.0)
+    scraper = TargetScraper(
+        TargetConfig(name="llama", url="http://127.0.0.1:8000", gpus=(0,), local_process="no"),
+        timeout=1.0,
+        max_body_bytes=1024,
+    )
+    tracker = TrendTracker(TrendSettings())
+    observer = TrendObserver(nvml, ProcessLookup(ProcessFinder(), [], SourceRegistry()), [scraper], tracker)
+    try:
+        awake = await observer.observe()
+        assert set(awake) == {GPU0, GPU1, TARGET}
+        for t in range(0, 400, 2):
+            tracker.record(float(t), awake)
+        assert {GPU0, GPU1, TARGET} <= set(tracker.latest)
+
+        scraper.asleep = True  # as its last /metrics said: vllm:engine_sleep_state weights_offloaded
+        asleep = await observer.observe()
+        assert set(asleep) == {GPU0, GPU1}  # the GPUs go on (others may use them meanwhile), the engine not
+        assert TARGET in tracker.latest  # nothing forgotten on falling asleep
+
+        scraper.asleep = False
+        woke = await observer.observe()
+        assert set(woke) == {GPU0, GPU1, TARGET}
+        # Its series and its GPU's start afresh; the other GPU's history is kept.
+        assert GPU0 not in tracker.latest and TARGET not in tracker.latest
+        assert GPU1 in tracker.latest
+        assert woke[GPU0] == Observation(72 * GIB, 80 * GIB)
+    finally:
+        nvml.close()
