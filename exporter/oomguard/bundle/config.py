@@ -65,6 +65,13 @@ class ThresholdAlert(_Sustained):
     threshold: Ratio
 
 
+class GpuMemoryAlert(ThresholdAlert):
+    """`threshold` judges used/total on a GPU without a known reservation, `headroom_threshold` the share of the
+    headroom left by the engines' reservation that is in use, on a GPU with one."""
+
+    headroom_threshold: Ratio
+
+
 class OverBudgetAlert(_Sustained):
     margin_ratio: float = Field(ge=0, lt=1)
 
@@ -99,8 +106,8 @@ class EventSourceErrorsAlert(_Sustained):
 class Alerts(_Strict):
     """One field per alert (its key in defaults.yaml), each with the keys that alert reads."""
 
-    gpu_memory_high: ThresholdAlert
-    gpu_memory_critical: ThresholdAlert
+    gpu_memory_high: GpuMemoryAlert
+    gpu_memory_critical: GpuMemoryAlert
     over_budget: OverBudgetAlert
     memory_climbing: _Sustained
     memory_climbing_predicted: ClimbingPredictedAlert

@@ -23,6 +23,18 @@ MG = '{job=~"$job",instance=~"$instance",gpu=~"$gpu"}'
 OOM_KINDS = kind_matcher(TARGET_OOM_KINDS)
 
 
+def _judged(config: BundleConfig, alert: str) -> str:
+    """GPUs past a memory alert's threshold, judged as the alert judges them (its `basis`, without its `for:`):
+    the headroom the engines' reservation leaves where one is known, used/total elsewhere."""
+    a = getattr(config.alerts, alert)
+    on = ", ".join([*config.group_labels, "gpu"])
+    return (
+        f"(oomguard_gpu_memory_headroom_used_ratio{M} > {a.headroom_threshold})"
+        f" or (oomguard_gpu_memory_used_ratio{M} > {a.threshold}"
+        f" unless on({on}) oomguard_gpu_memory_headroom_used_ratio{M})"
+    )
+
+
 def _uid(name: str) -> str:
     # Stable across runs and machines, as the mixins do: derived from the file name.
     return hashlib.md5(name.encode()).hexdigest()[:24]  # an identifier, not security
@@ -95,6 +107,15 @@ def _timeseries(title: str, description: str, targets: list[dict[str, Any]], uni
         },
         **extra,
     }
+
+
+def _headroom_steps(config: BundleConfig) -> dict[str, Any]:
+    a = config.alerts
+    return _thresholds(
+        ("green", None),
+        ("orange", a.gpu_memory_high.headroom_threshold),
+        ("red", a.gpu_memory_critical.headroom_threshold),
+    )
 
 
 def _stat(title: str, description: str, expr: str, unit: str, thresholds: dict[str, Any]) -> dict[str, Any]:
@@ -251,12 +272,13 @@ def overview(config: BundleConfig) -> dict[str, Any]:
     a = config.alerts
     high, critical = a.gpu_memory_high.threshold, a.gpu_memory_critical.threshold
     ratio_steps = _thresholds(("green", None), ("orange", high), ("red", critical))
+    headroom_steps = _headroom_steps(config)
     layout = _Layout()
     layout.add(
         _stat(
-            "GPUs above " + f"{high:.0%}",
-            "GPUs whose memory is above the warning threshold now: the postmortem's first signal.",
-            f"count(oomguard_gpu_memory_used_ratio{M} > {high}) or vector(0)",
+            "GPUs at the warning level",
+            f"GPUs past the memory warning now, judged as OomGuardGpuMemoryHigh judges them: more than {a.gpu_memory_high.headroom_threshold:.0%} of the headroom an engine's reservation leaves in use, or, with no reservation known, more than {high:.0%} of the GPU. The postmortem's first signal; a healthy vLLM sitting at its reservation (90-95 %) is not counted.",
+            f"count({_judged(config, 'gpu_memory_high')}) or vector(0)",
             "none",
             _thresholds(("green", None), ("orange", 1)),
         ),
@@ -304,6 +326,7 @@ def overview(config: BundleConfig) -> dict[str, Any]:
             instant=True,
             fmt="table",
         ),
+        _target(f"oomguard_gpu_memory_headroom_used_ratio{M}", ref="headroom_used", instant=True, fmt="table"),
         _target(
             'oomguard_gpu_memory_trend_state{job=~"$job",instance=~"$instance"} == 1',
             ref="trend",
@@ -316,7 +339,7 @@ def overview(config: BundleConfig) -> dict[str, Any]:
         {
             "type": "table",
             "title": "GPUs, worst first",
-            "description": "Every GPU: memory used (sorted, worst first), headroom, trend state and time to full while climbing.",
+            "description": "Every GPU: memory used (sorted, worst first), headroom, the share of the headroom an engine's reservation leaves that is in use (only on reserved GPUs: what the memory alerts judge there), trend state and time to full while climbing.",
             "targets": gpu_table_targets,
             "fieldConfig": {
                 "defaults": {"unit": "percentunit", "thresholds": ratio_steps},
@@ -324,6 +347,13 @@ def overview(config: BundleConfig) -> dict[str, Any]:
                     {
                         "matcher": {"id": "byName", "options": "Value #headroom"},
                         "properties": [{"id": "unit", "value": "bytes"}],
+                    },
+                    {
+                        "matcher": {"id": "byName", "options": "Value #headroom_used"},
+                        "properties": [
+                            {"id": "thresholds", "value": headroom_steps},
+                            {"id": "custom.cellOptions", "value": {"type": "color-background"}},
+                        ],
                     },
                     {
                         "matcher": {"id": "byName", "options": "Value #to_full"},
@@ -420,7 +450,7 @@ def target(config: BundleConfig) -> dict[str, Any]:
     layout.add(
         _timeseries(
             "GPU memory used",
-            f"Used memory of each GPU as a share of its total, with the {high:.0%} and {critical:.0%} lines: page here, before the OOM.",
+            f"Used memory of each GPU as a share of its total, with the {high:.0%} and {critical:.0%} lines: the memory alerts' judgement on a GPU with no known engine reservation. A GPU an engine reserves (vLLM: gpu_memory_utilization x total, from its start) sits at its reservation, idle or busy: judge it on the headroom panel.",
             [_target(f"oomguard_gpu_memory_used_ratio{MG}", "GPU {{gpu}}")],
             "percentunit",
             thresholds=_thresholds(("green", None), ("orange", high), ("red", critical)),
@@ -431,8 +461,64 @@ def target(config: BundleConfig) -> dict[str, Any]:
     )
     layout.add(
         _timeseries(
-            "GPU memory: used, reserved, total",
-            "Bytes used, reserved by the driver, and total, per GPU.",
+            "Headroom used beyond the reservation",
+            f"On a GPU an engine reserves: the memory outside the reservation (the engines' use beyond it, and every other process) as a share of the headroom the reservation leaves (total - reserved). The memory alerts judge this there: warning above {a.gpu_memory_high.headroom_threshold:.0%}, page above {a.gpu_memory_critical.headroom_threshold:.0%}; above 100 % the reservation cannot be honoured.",
+            [_target(f"oomguard_gpu_memory_headroom_used_ratio{MG}", "GPU {{gpu}}")],
+            "percentunit",
+            thresholds=_headroom_steps(config),
+        ),
+        12,
+        8,
+    )
+    stacked = {"id": "custom.stacking", "value": {"mode": "normal", "group": "used"}}
+    line = [
+        {"id": "custom.stacking", "value": {"mode": "none", "group": "lines"}},
+        {"id": "custom.fillOpacity", "value": 0},
+        {"id": "custom.lineWidth", "value": 2},
+    ]
+
+    def color(name: str) -> dict[str, Any]:
+        return {"id": "color", "value": {"mode": "fixed", "fixedColor": name}}
+
+    layout.add(
+        _timeseries(
+            "GPU $gpu: the engines' reservation, use within and beyond it",
+            "One panel per GPU (on a GPU no engine reserves, only the total shows). Stacked: the use within the reservation (used - unreserved used: the engines' preallocated weights and KV pool, flat whether the KV cache is empty or full) and the use beyond it (what can still grow: activations, other processes, a leak), adding up to NVML's used. Lines: the reservation and the total. Memory runs out when the orange part fills the gap between the reservation and the total.",
+            [
+                _target(
+                    f"oomguard_gpu_memory_used_bytes{MG} - oomguard_gpu_memory_unreserved_used_bytes{MG}",
+                    "within the reservation",
+                    "A",
+                ),
+                _target(f"oomguard_gpu_memory_unreserved_used_bytes{MG}", "beyond the reservation", "B"),
+                _target(f"oomguard_gpu_memory_engine_reserved_bytes{MG}", "reservation", "C"),
+                _target(f"oomguard_gpu_memory_total_bytes{MG}", "total", "D"),
+            ],
+            "bytes",
+            overrides=[
+                {"matcher": {"id": "byFrameRefID", "options": "A"}, "properties": [stacked, color("green")]},
+                {"matcher": {"id": "byFrameRefID", "options": "B"}, "properties": [stacked, color("orange")]},
+                {
+                    "matcher": {"id": "byFrameRefID", "options": "C"},
+                    "properties": [
+                        *line,
+                        color("blue"),
+                        {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                    ],
+                },
+                {"matcher": {"id": "byFrameRefID", "options": "D"}, "properties": [*line, color("red")]},
+            ],
+            repeat="gpu",
+            repeatDirection="h",
+            maxPerRow=4,
+        ),
+        24,
+        8,
+    )
+    layout.add(
+        _timeseries(
+            "GPU memory: used, reserved by the driver, total",
+            "Bytes used, reserved by the driver (NVML's reserved memory, not an engine's reservation), and total, per GPU.",
             [
                 _target(f"oomguard_gpu_memory_used_bytes{MG}", "used GPU {{gpu}}", "A"),
                 _target(f"oomguard_gpu_memory_reserved_bytes{MG}", "reserved GPU {{gpu}}", "B"),

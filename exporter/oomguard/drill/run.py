@@ -310,7 +310,17 @@ def check_deployment(prometheus_url: str, bundle: BundleConfig) -> list[str]:
             f"rule {name} is not loaded: add the generated rules/ files to rule_files (or the PrometheusRule)"
         )
     inputs = sorted({m for r in ours for m in re.findall(r"\b(oomguard_\w+|up)\{", r["expr"])})
-    for metric in inputs:
+    # Exported only on a GPU where an awake engine with a known gpu_memory_utilization runs: absent on a host
+    # without one, where the memory alerts judge used/total instead. Their absence is not a fault.
+    conditional = {
+        "oomguard_gpu_memory_engine_reserved_bytes",
+        "oomguard_gpu_memory_engine_used_bytes",
+        "oomguard_gpu_memory_engine_over_reservation_bytes",
+        "oomguard_gpu_memory_other_used_bytes",
+        "oomguard_gpu_memory_unreserved_used_bytes",
+        "oomguard_gpu_memory_headroom_used_ratio",
+    }
+    for metric in (m for m in inputs if m not in conditional):
         query = urllib.parse.quote(f"count({metric}{{{bundle.selector}}})")
         try:
             found = get(f"query?query={query}")["result"]
