@@ -29,11 +29,13 @@ class ConfigError(Exception):
     """A configuration that cannot run; the message names the key and the fix."""
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """Unknown keys refused, values frozen: the base of every configuration model (the bundle's too)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class WebConfig(_Strict):
+class WebConfig(StrictModel):
     listen_address: str = Field(
         DEFAULT_LISTEN_ADDRESS, description="HOST:PORT to serve on; ':PORT' means all addresses."
     )
@@ -45,7 +47,7 @@ class WebConfig(_Strict):
         return value
 
 
-class NvmlConfig(_Strict):
+class NvmlConfig(StrictModel):
     enabled: bool = Field(True, description="Read GPU memory through NVML.")
     timeout_seconds: float = Field(
         3.0, gt=0, description="Longest wait for one NVML read before the scrape goes on without it."
@@ -55,13 +57,13 @@ class NvmlConfig(_Strict):
     )
 
 
-class PodLogsConfig(_Strict):
+class PodLogsConfig(StrictModel):
     namespace: str = Field(description="Namespace of the pod.")
     pod: str = Field(description="Pod name, or a glob for a Deployment's pods (`vllm-*`).")
     container: str = Field(description="Container name.")
 
 
-class PatternConfig(_Strict):
+class PatternConfig(StrictModel):
     kind: str = Field(description="cuda_oom, startup_memory, engine_death, or startup (a new life: ends an incident).")
     regex: str = Field(description="Python regular expression, searched anywhere in a line.")
 
@@ -71,7 +73,7 @@ class PatternConfig(_Strict):
         return self
 
 
-class TargetConfig(_Strict):
+class TargetConfig(StrictModel):
     url: str = Field(description="Base URL of the engine; /metrics and /health are appended.")
     name: str | None = Field(None, description="The `target` label; defaults to host:port of url.")
     engine: str = Field("vllm", description="Which engine serves at url.")
@@ -142,12 +144,12 @@ class TargetConfig(_Strict):
             return False
 
 
-class ScrapeConfig(_Strict):
+class ScrapeConfig(StrictModel):
     timeout_seconds: float = Field(3.0, gt=0, description="Default per-target timeout.")
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0, description="Largest /metrics body read from a target.")
 
 
-class SimulationConfig(_Strict):
+class SimulationConfig(StrictModel):
     scenario: str | None = Field(None, description="Run on a built-in simulation (`oomguard serve --help` lists them).")
     gpus: int = Field(1, ge=1, le=64, description="Number of simulated GPUs.")
     time_scale: float = Field(
@@ -164,7 +166,7 @@ class SimulationConfig(_Strict):
         return value
 
 
-class TrendConfig(_Strict):
+class TrendConfig(StrictModel):
     """Thresholds of the trend analysis; their defaults are TrendSettings' and their meaning is in docs/trend.md."""
 
     enabled: bool = Field(True, description="Sample memory in the background and export trends.")
@@ -198,7 +200,7 @@ class TrendConfig(_Strict):
         return TrendSettings(**self.model_dump(exclude={"enabled"}))
 
 
-class EventsConfig(_Strict):
+class EventsConfig(StrictModel):
     from_start: bool = Field(False, description="On first start read logs from their beginning, not their end.")
     quiet_seconds: float = Field(5.0, gt=0, description="An incident ends after this long without a traceback line.")
     rearm_seconds: float = Field(
@@ -212,7 +214,7 @@ class EventsConfig(_Strict):
     xid: bool = Field(True, description="Count GPU XID errors from NVML events (a background thread).")
 
 
-class Config(_Strict):
+class Config(StrictModel):
     state_dir: str | None = Field(
         None, description="Directory for read positions and event counts; without it a restart starts afresh."
     )

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BeforeValidator, Field, ValidationError, field_validator
 
-from oomguard.config import ConfigError, _Strict, explain
+from oomguard.config import ConfigError, StrictModel, explain
 
 Severity = Literal["critical", "warning", "info"]
 SEVERITIES: tuple[str, ...] = get_args(Severity)
@@ -45,7 +45,7 @@ Ratio = Annotated[float, Field(gt=0, le=1)]
 LabelValue = Annotated[str, BeforeValidator(_label_value)]
 
 
-class _Alert(_Strict):
+class _Alert(StrictModel):
     severity: Severity
 
 
@@ -103,7 +103,7 @@ class EventSourceErrorsAlert(_Sustained):
     window: Duration
 
 
-class Alerts(_Strict):
+class Alerts(StrictModel):
     """One field per alert (its key in defaults.yaml), each with the keys that alert reads."""
 
     gpu_memory_high: GpuMemoryAlert
@@ -130,13 +130,13 @@ class Alerts(_Strict):
     xid_error: _Recent
 
 
-class PrometheusRuleConfig(_Strict):
+class PrometheusRuleConfig(StrictModel):
     name: str = Field(min_length=1)
     namespace: str = Field(min_length=1)
     labels: dict[str, LabelValue]  # Kubernetes labels: free-form
 
 
-class BundleConfig(_Strict):
+class BundleConfig(StrictModel):
     prefix: str
     selector: str
     extra_labels: dict[str, LabelValue]  # free-form: any label name
