@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.config import load_config
+from oomguard.config import Config, load_config
 from oomguard.events.runner import EventRunner
 
 N = 40
@@ -167,13 +167,12 @@ def test_unwritable_state_dir_is_reported_not_fatal(tmp_path: Path) -> None:
     assert r.counts["vllm"].total == {"cuda_oom": 1} and r.state_write_errors >= 1 and r.has_state
 
 
-def test_kubernetes_pod_logs(tmp_path: Path) -> None:
-    """CRI files under the pods directory, a partial record joined, the kubelet's rotation followed."""
-    container = tmp_path / "pods" / "inference_vllm-7d9f_0a1b2c" / "vllm"
+def pod_logs_config(tmp_path: Path, pod_dir: str) -> tuple[Config, Path, Path]:
+    """One container's CRI logs under a pods directory: (the configuration, its 0.log, the container dir)."""
+    container = tmp_path / "pods" / pod_dir / "vllm"
     container.mkdir(parents=True)
     log = container / "0.log"
     log.touch()
-    clock = Clock()
     config = load_config(
         None,
         {
@@ -185,7 +184,13 @@ def test_kubernetes_pod_logs(tmp_path: Path) -> None:
             ],
         },
     )  # fmt: skip
-    r = EventRunner(config, clock=clock)
+    return config, log, container
+
+
+def test_kubernetes_pod_logs(tmp_path: Path) -> None:
+    """CRI files under the pods directory, a partial record joined, the kubelet's rotation followed."""
+    config, log, container = pod_logs_config(tmp_path, "inference_vllm-7d9f_0a1b2c")
+    r = EventRunner(config, clock=Clock())
     r.poll()
     stamp = "2026-12-02T12:00:00.000000000Z"
     lines = [line.format(i=1) for line in OOM]
@@ -201,22 +206,8 @@ def test_kubernetes_pod_logs(tmp_path: Path) -> None:
 
 def test_a_partial_record_held_when_the_exporter_stops_is_not_lost(tmp_path: Path) -> None:
     """The saved position is past a partial CRI record: it is read into the detector on close, not dropped."""
-    container = tmp_path / "pods" / "inference_vllm-0_1" / "vllm"
-    container.mkdir(parents=True)
-    log = container / "0.log"
-    log.touch()
+    config, log, _ = pod_logs_config(tmp_path, "inference_vllm-0_1")
     clock = Clock()
-    config = load_config(
-        None,
-        {
-            "state_dir": str(tmp_path / "state"),
-            "events": {"kernel_log": False, "quiet_seconds": 5, "k8s_pods_dir": str(tmp_path / "pods")},
-            "targets": [
-                {"name": "vllm", "url": "http://10.0.0.1:8000",
-                 "k8s_pod_logs": {"namespace": "inference", "pod": "vllm-*", "container": "vllm"}},
-            ],
-        },
-    )  # fmt: skip
     r = EventRunner(config, clock=clock)
     r.poll()
     stamp = "2026-12-02T12:00:00.000000000Z"
