@@ -114,6 +114,13 @@ def _parser() -> argparse.ArgumentParser:
         help="instead of a scenario: check that a running Prometheus has the bundle's rules and their inputs",
     )
 
+    diagnose = commands.add_parser(
+        "diagnose", help="the postmortem's diagnostic order: a verdict, its evidence and the settings to change"
+    )
+    from oomguard.diagnose.command import add_arguments as diagnose_arguments
+
+    diagnose_arguments(diagnose)
+
     docs = commands.add_parser("docs", help="print docs/metrics.md, generated from the metric table")
     docs.add_argument("--output", type=Path, help="write to this file instead of stdout")
     return parser
@@ -151,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         return _generate(args)
     if args.command == "drill":
         return _drill(args)
+    if args.command == "diagnose":
+        from oomguard.diagnose.command import run as diagnose
+
+        return diagnose(args)
     if args.command == "check-config":
         try:
             config = load_config(args.file)

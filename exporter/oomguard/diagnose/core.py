@@ -1,0 +1,150 @@
+"""One diagnosis per target (or per GPU where no engine is known), from what `query` read."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from oomguard.diagnose.evidence import Facts, Item, evidence, gather
+from oomguard.diagnose.query import Data, fetch_exporter, fetch_prometheus
+from oomguard.diagnose.recommend import Recommendation, recommend
+from oomguard.diagnose.verdict import INSUFFICIENT, confidence_label, decide
+
+
+@dataclass
+class Diagnosis:
+    target: str | None
+    instance: str | None
+    gpus: list[str]
+    verdict: str
+    confidence: float
+    summary: str
+    evidence: list[Item]
+    recommendations: list[Recommendation]
+    criteria: dict[str, bool] = field(default_factory=dict)
+    facts: Facts | None = None  # the figures behind it, for the report's timeline and plots
+    probe_delay: float | None = None
+    probe_source: str = ""
+
+    @property
+    def finding(self) -> bool:
+        return self.verdict not in ("healthy", INSUFFICIENT)
+
+    def json(self) -> dict:
+        return {
+            "target": self.target,
+            "instance": self.instance,
+            "gpus": self.gpus,
+            "verdict": self.verdict,
+            "confidence": self.confidence,
+            "confidence_label": confidence_label(self.confidence),
+            "summary": self.summary,
+            "criteria": self.criteria,
+            "evidence": [item.json() for item in self.evidence],
+            "recommendations": [r.json() for r in self.recommendations],
+            "probe_delay_seconds": self.probe_delay,
+            "probe_delay_source": self.probe_source,
+        }
+
+
+def default_probe_delay() -> tuple[float, str]:
+    from oomguard.bundle.config import load_bundle_config
+
+    delay = load_bundle_config().alerts.startup_slower_than_probe.probe_initial_delay_seconds
+    return float(delay), "the bundle's startup_slower_than_probe.probe_initial_delay_seconds"
+
+
+def _subjects(data: Data) -> list[tuple[str | None, str | None, list[str]]]:
+    """(instance, target, gpus) for each target; (instance, None, [gpu]) for each GPU of an instance without one."""
+    instances = sorted({s.labels.get("instance") for s in data.series}, key=lambda i: i or "")
+    subjects: list[tuple[str | None, str | None, list[str]]] = []
+    for instance in instances:
+        mine = [s for s in data.series if s.labels.get("instance") == instance]
+        gpus = sorted({s.labels["gpu"] for s in mine if "gpu" in s.labels and s.name.startswith("oomguard_gpu_")})
+        targets = sorted({s.labels["target"] for s in mine if "target" in s.labels})
+        for target in targets:
+            own = sorted(
+                {
+                    s.labels["gpu"]
+                    for s in mine
+                    if s.name == "oomguard_target_gpu_info" and s.labels.get("target") == target
+                }
+            )
+            subjects.append((instance, target, own or gpus))
+        if not targets:
+            subjects.extend((instance, None, [gpu]) for gpu in gpus)
+    return subjects
+
+
+def diagnose_data(
+    data: Data,
+    *,
+    target: str | None = None,
+    probe_delay: float | None = None,
+    probe_source: str | None = None,
+    max_num_seqs: int | None = None,
+) -> list[Diagnosis]:
+    if probe_delay is None:
+        probe_delay, probe_source = default_probe_delay()
+    probe_source = probe_source or "--probe-delay"
+    subjects = [s for s in _subjects(data) if target is None or s[1] == target]
+    if not subjects:
+        where = f"target {target!r}" if target else "any target or GPU"
+        summary = (
+            f"no oomguard series for {where} in {data.source}: check --target/--instance, "
+            "the window (--at, --window), and that Prometheus scrapes oomguard"
+        )
+        return [Diagnosis(target, None, [], INSUFFICIENT, 0.0, summary, [], [])]
+    out = []
+    for instance, name, gpus in subjects:
+        facts = gather(data, instance, name, gpus)
+        verdict = decide(facts, probe_delay)
+        items = evidence(facts, probe_delay, probe_source)
+        recs = recommend(facts, verdict, probe_delay=probe_delay, probe_source=probe_source,
+                         max_num_seqs_now=max_num_seqs)  # fmt: skip
+        out.append(Diagnosis(name, instance, gpus, verdict.name, verdict.confidence, verdict.summary, items, recs,
+                             verdict.criteria, facts, probe_delay, probe_source))  # fmt: skip
+    return out
+
+
+def diagnose_prometheus(
+    url: str,
+    *,
+    at: float | None = None,
+    window: float = 3600.0,
+    target: str | None = None,
+    instance: str | None = None,
+    probe_delay: float | None = None,
+    probe_source: str | None = None,
+    max_num_seqs: int | None = None,
+    timeout: float = 10.0,
+) -> list[Diagnosis]:
+    """The diagnoses over the `window` seconds ending at `at` (default now); raises DiagnoseError."""
+    end = time.time() if at is None else at
+    data = fetch_prometheus(url, start=end - window, end=end, instance=instance, timeout=timeout)
+    return diagnose_data(
+        data, target=target, probe_delay=probe_delay, probe_source=probe_source, max_num_seqs=max_num_seqs
+    )
+
+
+def diagnose_exporter(
+    url: str,
+    *,
+    target: str | None = None,
+    probe_delay: float | None = None,
+    probe_source: str | None = None,
+    max_num_seqs: int | None = None,
+    timeout: float = 10.0,
+) -> list[Diagnosis]:
+    """The diagnoses from one reading of one exporter's /metrics (no history: lower confidence)."""
+    data = fetch_exporter(url, timeout=timeout)
+    return diagnose_data(
+        data, target=target, probe_delay=probe_delay, probe_source=probe_source, max_num_seqs=max_num_seqs
+    )
+
+
+def exit_status(diagnoses: list[Diagnosis]) -> int:
+    """1 when anything was found, else 2 when something could not be judged, else 0."""
+    if any(d.finding for d in diagnoses):
+        return 1
+    return 2 if any(d.verdict == INSUFFICIENT for d in diagnoses) else 0

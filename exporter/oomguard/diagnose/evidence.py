@@ -1,0 +1,451 @@
+"""The facts of one target (or one GPU), and the evidence items in the postmortem's order.
+
+1. the memory trend; 2. the engine log for OOMs; 3. the concurrency and memory configuration;
+4. the probe timing against the startup time. Facts are plain figures the verdict and the
+recommendations read; evidence items are what the report prints, each with its figure and time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from oomguard.diagnose.query import Data, Series
+from oomguard.events import kinds
+
+QUESTIONS = {
+    1: "memory trend",
+    2: "engine log: OOMs",
+    3: "concurrency and memory configuration",
+    4: "probe timing vs startup",
+}
+OOM_KINDS = (kinds.CUDA_OOM, kinds.CGROUP_OOM_KILL)
+KV_SATURATED = 0.95  # KV cache use at or above this is saturation (the bundle's kv_cache_saturated threshold)
+WAITING_BACKLOG = 5  # a queue this deep while the cache is full: concurrency is over-provisioned
+TOP = 0.95  # memory at the top of the GPU
+FOREIGN_GROWTH = 0.05  # another process grew by this share of the GPU...
+WITHIN_RESERVATION = 0.02  # ...while the engine stayed within its reservation but this share
+CLIMB_MIN_RISE = 0.03  # docs/trend.md's climb_min_rise_ratio
+CLIMB_MAX_FALLBACK = 0.02  # docs/trend.md's tolerance_ratio
+CLIMB_MIN_SECONDS = 600.0
+RESTART_DROP = 0.3  # a fall of this share of the GPU between two points is a process exiting
+
+
+Points = list[tuple[float, float]]
+
+
+@dataclass
+class Item:
+    step: int  # 1-4, the postmortem's question
+    finding: str
+    value: float | None = None
+    unit: str = ""
+    at: float | None = None  # unix time the figure refers to
+
+    def json(self) -> dict:
+        return {
+            "step": self.step,
+            "question": QUESTIONS[self.step],
+            "finding": self.finding,
+            "value": None if self.value is None or not math.isfinite(self.value) else round(self.value, 6),
+            "unit": self.unit,
+            "at": self.at,
+        }
+
+
+@dataclass
+class Facts:
+    target: str | None
+    instance: str | None
+    gpus: list[str]
+    history: bool
+    start: float
+    end: float
+    # 1. memory
+    memory: Points = field(default_factory=list)  # worst GPU's used/total
+    per_gpu: dict[str, Points] = field(default_factory=dict)
+    total_bytes: float | None = None
+    reserved_ratio: float | None = None  # the engines' reservation / total on the worst GPU
+    unreserved_peak_ratio: float | None = None  # peak use beyond the reservation / total
+    headroom_used_peak: float | None = None
+    other_growth_ratio: float | None = None  # other processes' growth / total
+    other_peak_ratio: float | None = None
+    engine_over_reservation_peak_ratio: float | None = None
+    over_budget_peak_bytes: float | None = None
+    trend_states: dict[str, float] = field(default_factory=dict)  # state -> first time seen (1)
+    climb: tuple[float, float, float] | None = None  # (rise ratio, seconds, start time) of a climb that never fell
+    # 2. events
+    events: dict[str, list[float]] = field(default_factory=dict)  # kind -> times
+    event_counts: dict[str, float] = field(default_factory=dict)
+    restarts: list[float] = field(default_factory=list)
+    restart_count: float = 0.0
+    # 3. engine
+    kv: Points = field(default_factory=list)
+    waiting: Points = field(default_factory=list)
+    running: Points = field(default_factory=list)
+    preemptions: float = 0.0
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: float | None = None
+    # 4. startup
+    startup_seconds: float | None = None
+    up_fraction: float | None = None
+    ever_up: bool | None = None
+    states: Points = field(default_factory=list)  # 1 up, 0 loading/down
+
+    # Derived figures the verdict and recommendations share.
+    @property
+    def has_memory(self) -> bool:
+        return bool(self.memory)
+
+    @property
+    def has_engine(self) -> bool:
+        return bool(self.kv or self.waiting or self.running)
+
+    @property
+    def peak(self) -> tuple[float, float] | None:
+        return max(self.memory, key=lambda p: p[1]) if self.memory else None
+
+    @property
+    def kv_peak(self) -> float | None:
+        return max((v for _, v in self.kv), default=None)
+
+    @property
+    def waiting_peak(self) -> float | None:
+        return max((v for _, v in self.waiting), default=None)
+
+    @property
+    def kv_saturated(self) -> bool:
+        return (self.kv_peak or 0.0) >= KV_SATURATED
+
+    @property
+    def backlog(self) -> bool:
+        return (self.waiting_peak or 0.0) >= WAITING_BACKLOG or self.preemptions > 0
+
+    @property
+    def ooms(self) -> float:
+        return sum(self.event_counts.get(k, 0.0) for k in OOM_KINDS)
+
+    @property
+    def oom_times(self) -> list[float]:
+        return sorted(t for k in OOM_KINDS for t in self.events.get(k, []))
+
+    @property
+    def running_at_saturation(self) -> float | None:
+        """Median running requests while the KV cache was saturated (else at the KV cache's peak)."""
+        running = dict(self.running)
+        if not running or not self.kv:
+            return None
+        saturated = [running[t] for t, v in self.kv if v >= KV_SATURATED and t in running]
+        if saturated:
+            return statistics.median(saturated)
+        t_peak = max(self.kv, key=lambda p: p[1])[0]
+        return running.get(t_peak)
+
+    @property
+    def kv_at_saturation(self) -> float | None:
+        values = [v for _, v in self.kv if v >= KV_SATURATED]
+        return statistics.median(values) if values else self.kv_peak
+
+    @property
+    def memory_top(self) -> bool:
+        """Memory at the top: past the reservation's headroom, or near full where no engine reserves."""
+        if self.headroom_used_peak is not None and self.headroom_used_peak >= 1.0:
+            return True
+        peak = self.peak
+        return peak is not None and peak[1] >= TOP
+
+    @property
+    def foreign_growth(self) -> bool:
+        return (self.other_growth_ratio or 0.0) >= FOREIGN_GROWTH and (
+            self.engine_over_reservation_peak_ratio or 0.0
+        ) <= WITHIN_RESERVATION
+
+    @property
+    def climbing(self) -> bool:
+        return "climbing" in self.trend_states or self.climb is not None
+
+
+# ---- series arithmetic -------------------------------------------------------------------------
+
+
+def merge(series: list[Series], how: str = "max") -> Points:
+    """One point per timestamp over several series (max, sum or mean)."""
+    by_time: dict[float, list[float]] = {}
+    for s in series:
+        for t, v in s.points:
+            if not math.isnan(v):
+                by_time.setdefault(t, []).append(v)
+    reduce = {"max": max, "sum": sum, "mean": statistics.fmean}[how]
+    return [(t, float(reduce(vs))) for t, vs in sorted(by_time.items())]
+
+
+def increases(points: Points, start: float, include_first: bool = False) -> tuple[float, list[float]]:
+    """A counter's increase and the times it rose; a fall is a reset (the exporter restarted)."""
+    total, times = 0.0, []
+    previous = None
+    for t, v in points:
+        if previous is None:
+            if include_first and v > 0:
+                total += v
+                times.append(t)
+        else:
+            delta = v - previous if v >= previous else v
+            if delta > 0:
+                total += delta
+                times.append(t)
+        previous = v
+    return total, times
+
+
+def _lives(memory: Points) -> list[Points]:
+    """The series cut at each restart (a fall of 30 % of the GPU between two points)."""
+    lives, begin = [], 0
+    for i in range(1, len(memory)):
+        if memory[i - 1][1] - memory[i][1] >= RESTART_DROP:
+            lives.append(memory[begin:i])
+            begin = i
+    lives.append(memory[begin:])
+    return lives
+
+
+def _climb(memory: Points) -> tuple[float, float, float] | None:
+    """The largest climb of one life: >= 3 % over >= 10 min, never falling back more than 2 %."""
+    found = []
+    for life in _lives(memory):
+        if len(life) < 8:
+            continue
+        # Skip the loading ramp: the climb starts where the life first reaches its serving level.
+        top = max(v for _, v in life)
+        start = next(i for i, (_, v) in enumerate(life) if v >= 0.5 * top)
+        climb = _climb_of(life[start + 1 :])
+        if climb:
+            found.append(climb)
+    return max(found, default=None)
+
+
+def _climb_of(life: Points) -> tuple[float, float, float] | None:
+    if len(life) < 8 or life[-1][0] - life[0][0] < CLIMB_MIN_SECONDS:
+        return None
+    values = [v for _, v in life]
+    edge = max(3, len(values) // 10)
+    rise = statistics.median(values[-edge:]) - statistics.median(values[:edge])
+    running_max, fallback = values[0], 0.0
+    for v in values:
+        running_max = max(running_max, v)
+        fallback = max(fallback, running_max - v)
+    half = values[len(values) // 2 :]
+    if rise >= CLIMB_MIN_RISE and fallback <= CLIMB_MAX_FALLBACK and half[-1] - half[0] >= CLIMB_MIN_RISE / 2:
+        return rise, life[-1][0] - life[0][0], life[0][0]
+    return None
+
+
+def _first_time(points: Points, test) -> float | None:
+    return next((t for t, v in points if test(v)), None)
+
+
+def _ratio(points: Points, total: float | None) -> Points:
+    return [(t, v / total) for t, v in points] if total else []
+
+
+# ---- gathering ---------------------------------------------------------------------------------
+
+
+def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]) -> Facts:
+    """The facts of one target (its GPUs) or, with `target` None, of one GPU."""
+    facts = Facts(target, instance, gpus, data.history, data.start, data.end)
+    where = {"instance": instance} if instance is not None else {}
+
+    def gpu_series(name: str, gpu: str) -> list[Series]:
+        return data.select(name, gpu=gpu, **where)
+
+    # 1. memory, per GPU then the worst GPU's
+    worst_gpu, worst_peak = None, -1.0
+    for gpu in gpus:
+        ratio = merge(gpu_series("oomguard_gpu_memory_used_ratio", gpu))
+        if not ratio:
+            used = dict(merge(gpu_series("oomguard_gpu_memory_used_bytes", gpu)))
+            total = dict(merge(gpu_series("oomguard_gpu_memory_total_bytes", gpu)))
+            ratio = [(t, used[t] / total[t]) for t in sorted(used) if total.get(t)]
+        if ratio:
+            facts.per_gpu[gpu] = ratio
+            peak = max(v for _, v in ratio)
+            if peak > worst_peak:
+                worst_gpu, worst_peak = gpu, peak
+    if facts.per_gpu:
+        facts.memory = merge([Series("", {}, pts) for pts in facts.per_gpu.values()])
+    if worst_gpu is not None:
+        totals = [v for _, v in merge(gpu_series("oomguard_gpu_memory_total_bytes", worst_gpu))]
+        facts.total_bytes = totals[-1] if totals else None
+        total = facts.total_bytes
+        reserved = [v for _, v in merge(gpu_series("oomguard_gpu_memory_engine_reserved_bytes", worst_gpu))]
+        if reserved and total:
+            facts.reserved_ratio = max(reserved) / total
+        unreserved = merge(gpu_series("oomguard_gpu_memory_unreserved_used_bytes", worst_gpu))
+        if unreserved and total:
+            facts.unreserved_peak_ratio = max(v for _, v in unreserved) / total
+        headroom = merge(gpu_series("oomguard_gpu_memory_headroom_used_ratio", worst_gpu))
+        if headroom:
+            facts.headroom_used_peak = max(v for _, v in headroom)
+        other = _ratio(merge(gpu_series("oomguard_gpu_memory_other_used_bytes", worst_gpu)), total)
+        if other:
+            peak_i = max(range(len(other)), key=lambda i: other[i][1])
+            facts.other_peak_ratio = other[peak_i][1]
+            facts.other_growth_ratio = other[peak_i][1] - min(v for _, v in other[: peak_i + 1])
+        over = _ratio(merge(gpu_series("oomguard_gpu_memory_engine_over_reservation_bytes", worst_gpu)), total)
+        if over:
+            facts.engine_over_reservation_peak_ratio = max(v for _, v in over)
+    trend = [s for g in gpus for s in gpu_series("oomguard_gpu_memory_trend_state", g)]
+    if target is not None:
+        trend += data.select("oomguard_target_memory_trend_state", target=target, memory="gpu", **where)
+    for s in trend:
+        first = _first_time(s.points, lambda v: v >= 1)
+        state = s.labels.get("state", "")
+        if first is not None and (state not in facts.trend_states or first < facts.trend_states[state]):
+            facts.trend_states[state] = first
+    if data.history:
+        facts.climb = _climb(facts.memory)
+
+    if target is None:
+        return facts
+    on = {"target": target, **where}
+    over_budget = merge(data.select("oomguard_target_memory_over_budget_bytes", **on))
+    if over_budget:
+        facts.over_budget_peak_bytes = max(v for _, v in over_budget)
+
+    # 2. events from the engine's log and the kernel, restarts
+    for kind in kinds.TARGET_EVENT_KINDS:
+        counter = merge(data.select("oomguard_target_events_total", kind=kind, **on), "sum")
+        count, times = increases(counter, data.start, include_first=not data.history)
+        last = merge(data.select("oomguard_target_last_event_timestamp_seconds", kind=kind, **on))
+        last_at = max((v for _, v in last), default=0.0)
+        if data.history and count == 0 and data.start <= last_at <= data.end:
+            # The counter's first increment is invisible to a difference; the timestamp is not.
+            count, times = 1.0, [last_at]
+        if times and last_at and data.start <= last_at <= data.end and last_at < times[-1]:
+            times[-1] = last_at  # the exact time of the last one
+        if counter or last:
+            facts.event_counts[kind] = count
+            facts.events[kind] = times
+    restarts = merge(data.select("oomguard_target_restarts_total", **on), "sum")
+    facts.restart_count, facts.restarts = increases(restarts, data.start, include_first=not data.history)
+
+    # 3. the engine's concurrency and configuration
+    facts.kv = merge(data.select("oomguard_engine_kv_cache_usage_ratio", **on), "mean")
+    facts.waiting = merge(data.select("oomguard_engine_requests_waiting", **on), "sum")
+    facts.running = merge(data.select("oomguard_engine_requests_running", **on), "sum")
+    preempt = merge(data.select("oomguard_engine_preemptions_total", **on), "sum")
+    facts.preemptions = increases(preempt, data.start, include_first=not data.history)[0]
+    util = [v for _, v in merge(data.select("oomguard_engine_gpu_memory_utilization_ratio", **on))]
+    facts.gpu_memory_utilization = util[-1] if util else None
+    kv_bytes = [v for _, v in merge(data.select("oomguard_engine_kv_cache_memory_bytes", **on))]
+    facts.kv_cache_memory_bytes = kv_bytes[-1] if kv_bytes else None
+    if facts.reserved_ratio is None and facts.gpu_memory_utilization is not None:
+        facts.reserved_ratio = facts.gpu_memory_utilization
+
+    # 4. startup and state
+    startup = [v for _, v in merge(data.select("oomguard_target_startup_seconds", **on))]
+    facts.startup_seconds = max(startup) if startup else None
+    up = merge(data.select("oomguard_target_state", state="up", **on))
+    if up:
+        facts.states = up
+        facts.up_fraction = sum(v for _, v in up) / len(up)
+        facts.ever_up = any(v >= 1 for _, v in up)
+    return facts
+
+
+# ---- evidence, in the postmortem's order -------------------------------------------------------
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
+    items: list[Item] = []
+    # 1. memory trend
+    if facts.memory:
+        t_peak, peak = facts.peak  # type: ignore[misc]
+        first_v = facts.memory[0][1]
+        word = "peak" if facts.history else "now"
+        items.append(Item(1, f"GPU memory {word} {_pct(peak)} of the worst GPU (from {_pct(first_v)})", peak,
+                          "ratio", t_peak))  # fmt: skip
+        if facts.reserved_ratio is not None:
+            beyond = facts.unreserved_peak_ratio
+            text = f"the engines reserve {_pct(facts.reserved_ratio)} of the GPU"
+            if beyond is not None:
+                text += f"; peak use beyond the reservation {_pct(beyond)} of the GPU"
+            if facts.headroom_used_peak is not None:
+                text += f", {_pct(facts.headroom_used_peak)} of the headroom it leaves"
+            items.append(Item(1, text, beyond, "ratio", t_peak))
+        if facts.other_growth_ratio is not None and facts.other_growth_ratio >= 0.01:
+            items.append(Item(1, f"other processes on the GPU grew by {_pct(facts.other_growth_ratio)} of it "
+                                 f"(to {_pct(facts.other_peak_ratio or 0)}); the engine's own use beyond its "
+                                 f"reservation peaked at {_pct(facts.engine_over_reservation_peak_ratio or 0)}",
+                              facts.other_growth_ratio, "ratio"))  # fmt: skip
+        if not facts.history:
+            now = ", ".join(sorted(facts.trend_states)) or "unknown"
+            items.append(Item(1, f"the exporter's trend state now: {now}"))
+        for state in ("spike", "climbing", "saturated"):
+            if facts.history and state in facts.trend_states:
+                items.append(Item(1, f"the exporter's trend state was {state}", None, "", facts.trend_states[state]))
+        if facts.climb:
+            rise, seconds, since = facts.climb
+            items.append(Item(1, f"memory rose {_pct(rise)} over {seconds / 60:.0f} min and never fell back "
+                                 f"more than {_pct(CLIMB_MAX_FALLBACK)}", rise, "ratio", since))  # fmt: skip
+        if not facts.history:
+            items.append(Item(1, "one reading, no history (--exporter): the trend is the exporter's own state"))
+    else:
+        items.append(Item(1, "no GPU memory series for this target: is NVML enabled and the GPU known?"))
+    # 2. OOMs
+    if facts.target is not None:
+        if facts.event_counts:
+            for kind in kinds.TARGET_EVENT_KINDS:
+                if kind in facts.event_counts:
+                    times = facts.events.get(kind, [])
+                    count = facts.event_counts[kind]
+                    items.append(Item(2, f"{kind}: {count:g} event(s)" + (" in the window" if facts.history else
+                                                                          " since the exporter started"),
+                                      count, "events", times[0] if times else None))  # fmt: skip
+        else:
+            items.append(Item(2, "no event series: the target has no log source configured, OOMs are not seen"))
+        items.append(Item(2, f"restarts: {facts.restart_count:g}", facts.restart_count, "restarts",
+                          facts.restarts[0] if facts.restarts else None))  # fmt: skip
+    # 3. concurrency and configuration
+    if facts.has_engine:
+        kv_peak = facts.kv_peak
+        if kv_peak is not None:
+            t = max(facts.kv, key=lambda p: p[1])[0]
+            word = "peaked at" if facts.history else "now"
+            items.append(Item(3, f"KV cache use {word} {_pct(kv_peak)}", kv_peak, "ratio", t))
+        if facts.waiting:
+            t, w = max(facts.waiting, key=lambda p: p[1])
+            items.append(Item(3, f"waiting requests {'peaked at' if facts.history else 'now'} {w:g}", w, "requests", t))
+        if facts.running:
+            n = facts.running_at_saturation
+            text = (f"running requests at saturation: {n:g}" if facts.kv_saturated and n is not None
+                    else f"running requests peaked at {max(v for _, v in facts.running):g}")  # fmt: skip
+            items.append(Item(3, text, n if facts.kv_saturated else max(v for _, v in facts.running), "requests"))
+        items.append(Item(3, f"preemptions: {facts.preemptions:g}", facts.preemptions, "preemptions"))
+    elif facts.target is not None:
+        items.append(Item(3, "no engine series (KV cache, queue): the engine's /metrics was not read"))
+    if facts.gpu_memory_utilization is not None:
+        items.append(Item(3, f"gpu_memory_utilization {facts.gpu_memory_utilization:g}",
+                          facts.gpu_memory_utilization, "ratio"))  # fmt: skip
+    # 4. probe vs startup
+    if facts.target is not None:
+        if facts.startup_seconds is not None:
+            slower = facts.startup_seconds > probe_delay
+            items.append(Item(4, f"measured startup {facts.startup_seconds:.0f}s "
+                                 f"{'>' if slower else '<='} probe delay {probe_delay:g}s ({probe_source})",
+                              facts.startup_seconds, "seconds"))  # fmt: skip
+        else:
+            items.append(Item(4, f"no startup measured; probe delay {probe_delay:g}s ({probe_source})"))
+        if facts.up_fraction is not None:
+            state = (
+                f"up {_pct(facts.up_fraction)} of the window"
+                if facts.history
+                else f"state now: {'up' if facts.ever_up else 'not up'}"
+            )
+            items.append(Item(4, state, facts.up_fraction, "ratio"))
+    return items

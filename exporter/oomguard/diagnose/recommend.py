@@ -1,0 +1,153 @@
+"""The settings to change, with numbers: the formulas of docs/diagnose.md, and nothing else.
+
+gpu_memory_utilization and max_num_seqs are lowered together, never one alone (the postmortem):
+a smaller reservation shrinks the KV cache pool, and the same concurrency then preempts or runs out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from oomguard.diagnose.evidence import Facts
+from oomguard.diagnose.verdict import Verdict
+
+HEADROOM = 0.15  # the postmortem's 15-20 % headroom: the least...
+HEADROOM_CAUTIOUS = 0.20  # ...and the cautious end
+BEYOND_MARGIN = 0.05  # headroom must hold the peak use beyond the reservation plus this share of the GPU
+KV_TARGET = 0.80  # KV cache use to aim for at saturation: a fifth of the cache left, no preemptions
+PROBE_MARGIN = 1.5  # probe grace >= measured startup x this
+START_MARGIN = 0.05  # free memory to leave at start beside what others hold
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    setting: str
+    current: float | str | None  # None: unknown (with the reason in `why`)
+    suggested: float | str | None
+    unit: str
+    why: str
+    formula: str = ""
+
+    def json(self) -> dict:
+        return {k: getattr(self, k) for k in ("setting", "current", "suggested", "unit", "why", "formula")}
+
+
+def _floor(x: float, step: float = 0.01) -> float:
+    """Round down to `step`, forgiving float noise (0.85 stays 0.85)."""
+    return round(math.floor(round(x / step, 6)) * step, 10)
+
+
+def gpu_memory_utilization(current: float, beyond_peak: float) -> tuple[float, float, float]:
+    """(suggested at 15 % headroom, cautious at 20 %, headroom kept): 1 - max(h, beyond + 5 %), never above now."""
+    headroom = max(HEADROOM, beyond_peak + BEYOND_MARGIN)
+    cautious = max(HEADROOM_CAUTIOUS, beyond_peak + BEYOND_MARGIN)
+    return _floor(min(current, 1 - headroom)), _floor(min(current, 1 - cautious)), headroom
+
+
+def kv_pool_factor(current: float, suggested: float, total_bytes: float | None, pool_bytes: float | None) -> float:
+    """How much of the KV cache pool is left after lowering gpu_memory_utilization from current to suggested.
+
+    Exact where the engine exports its pool (the weights do not shrink: the whole cut comes off the pool),
+    else suggested / current, an upper bound.
+    """
+    if pool_bytes and total_bytes:
+        return max(0.0, pool_bytes - (current - suggested) * total_bytes) / pool_bytes
+    return suggested / current
+
+
+def max_num_seqs(running: float, kv_use: float, factor: float, current: int | None = None) -> int:
+    """floor(running at saturation x min(1, 0.80 / KV use there) x pool factor), never above the current value."""
+    value = max(1, math.floor(round(running * min(1.0, KV_TARGET / kv_use) * factor, 6)))
+    return min(value, current) if current else value
+
+
+def probe_grace(startup_seconds: float) -> int:
+    """Measured startup x 1.5, rounded up to 10 s."""
+    return int(math.ceil(round(startup_seconds * PROBE_MARGIN / 10, 6)) * 10)
+
+
+def recommend(
+    facts: Facts, verdict: Verdict, *, probe_delay: float, probe_source: str, max_num_seqs_now: int | None = None
+) -> list[Recommendation]:
+    out: list[Recommendation] = []
+    seqs_current: float | str | None = max_num_seqs_now
+    seqs_unknown = "" if max_num_seqs_now else " (current value unknown: it is in the engine's command line or " \
+        "pod spec, not in its metrics; pass --max-num-seqs)"  # fmt: skip
+    util_now = facts.gpu_memory_utilization or facts.reserved_ratio
+    peak = facts.peak[1] if facts.peak else None
+
+    if verdict.name in ("memory_overcommit", "foreign_process") and util_now and peak is not None:
+        beyond = facts.unreserved_peak_ratio if facts.unreserved_peak_ratio is not None else max(0.0, peak - util_now)
+        suggested, cautious, headroom = gpu_memory_utilization(util_now, beyond)
+        out.append(Recommendation(
+            "gpu_memory_utilization", util_now, suggested, "ratio",
+            f"peak use beyond the reservation was {100 * beyond:.1f} % of the GPU; {100 * headroom:.0f} % headroom "
+            f"holds it with {100 * BEYOND_MARGIN:.0f} % to spare ({cautious:g} for 20 %)"
+            + ("; move the other process off this GPU first" if verdict.name == "foreign_process" else ""),
+            "1 - max(0.15, beyond_peak + 0.05), never above the current value",
+        ))  # fmt: skip
+        running = facts.running_at_saturation if facts.kv_saturated else None
+        kv_use = facts.kv_at_saturation if facts.kv_saturated else facts.kv_peak
+        if running is None and facts.running and facts.kv:
+            t_peak = max(facts.kv, key=lambda p: p[1])[0]
+            running = dict(facts.running).get(t_peak)
+        if running and kv_use:
+            factor = kv_pool_factor(util_now, suggested, facts.total_bytes, facts.kv_cache_memory_bytes)
+            value = max_num_seqs(running, kv_use, factor, max_num_seqs_now)
+            out.append(Recommendation(
+                "max_num_seqs", seqs_current, value, "sequences",
+                f"{running:g} requests ran with the KV cache {100 * kv_use:.0f} % full; aim at "
+                f"{100 * KV_TARGET:.0f} % in a pool {100 * factor:.0f} % of today's once gpu_memory_utilization is "
+                f"{suggested:g}; lower it together with gpu_memory_utilization, never one alone" + seqs_unknown,
+                "floor(running_at_saturation x min(1, 0.80 / kv_use_at_saturation) x pool_factor)",
+            ))  # fmt: skip
+        else:
+            out.append(Recommendation("max_num_seqs", seqs_current, None, "sequences",
+                                      "no engine series to size it from: lower it in proportion to "
+                                      "gpu_memory_utilization, never one alone" + seqs_unknown))  # fmt: skip
+
+    if verdict.name == "memory_leak":
+        pace = ""
+        if facts.climb:
+            rise, seconds, _ = facts.climb
+            pace = f"memory climbs {100 * rise / seconds * 60:.2f} % of the GPU per minute; "
+        out.append(Recommendation(
+            "the leak", None, None, "",
+            pace + "no setting fixes a leak, and lowering gpu_memory_utilization only delays it: find what holds "
+            "memory (streams or connections never released, a malformed request leaving blocks unreclaimed, a "
+            "version's known leak); meanwhile restart the engine before it reaches the top",
+        ))  # fmt: skip
+
+    if verdict.name == "startup_memory":
+        held = facts.other_peak_ratio
+        if held is None and facts.memory:
+            held = min(v for _, v in facts.memory)  # what the GPU holds while the engine holds nothing
+        if held is not None:
+            suggested = _floor(min(util_now or 1.0, 1 - held - START_MARGIN))
+            out.append(Recommendation(
+                "gpu_memory_utilization", util_now, suggested, "ratio",
+                f"{100 * held:.1f} % of the GPU is held by others when the engine starts; the reservation must fit "
+                "in the rest with 5 % to spare (or free the GPU, or lower max_model_len); lower max_num_seqs with "
+                "it" + seqs_unknown + ("" if util_now else "; the current value is unknown: the engine never "
+                                       "answered, so its configuration was never read"),
+                "1 - held_by_others - 0.05, never above the current value",
+            ))  # fmt: skip
+
+    if facts.startup_seconds is not None and (facts.restart_count or verdict.name == "probe_kill"):
+        grace = probe_grace(facts.startup_seconds)
+        if grace > probe_delay:
+            out.append(Recommendation(
+                "probe initial delay (or startup probe budget)", probe_delay, grace, "seconds",
+                f"the engine took {facts.startup_seconds:.0f}s to start; a probe that judges it before then kills "
+                f"it while it loads: a restart storm (current value from {probe_source})",
+                "ceil10(startup_seconds x 1.5)",
+            ))  # fmt: skip
+    if verdict.name == "probe_kill" and not any(r.unit == "seconds" for r in out):
+        out.append(Recommendation(
+            "liveness probe", None, None, "",
+            "the engine starts within the probe's grace, yet dies with no OOM while serving: a liveness probe "
+            "(timeoutSeconds, failureThreshold) or a watchdog that a busy engine fails; give /health a longer "
+            "timeout under load, and check the orchestrator's events for who killed it",
+        ))  # fmt: skip
+    return out

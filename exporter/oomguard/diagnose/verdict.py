@@ -1,0 +1,118 @@
+"""Choose a verdict from the facts, with a confidence: the share of the verdict's criteria the evidence meets.
+
+The rules, first match wins (docs/diagnose.md explains each):
+insufficient_data -> startup_memory -> (memory in trouble: foreign_process -> memory_overcommit -> memory_leak)
+-> probe_kill -> healthy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oomguard.diagnose.evidence import Facts
+from oomguard.events import kinds
+
+INSUFFICIENT = "insufficient_data"
+HEALTHY = "healthy"
+VERDICTS = (
+    "memory_overcommit",
+    "memory_leak",
+    "foreign_process",
+    "probe_kill",
+    "startup_memory",
+    HEALTHY,
+    INSUFFICIENT,
+)
+NO_HISTORY_FACTOR = 0.7  # one reading of one exporter: the trend is its word, not ours
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    confidence: float
+    summary: str
+    criteria: dict[str, bool]  # what was checked, and whether the evidence met it
+
+    @property
+    def finding(self) -> bool:
+        return self.name not in (HEALTHY, INSUFFICIENT)
+
+
+def confidence_label(confidence: float) -> str:
+    return "high" if confidence >= 0.75 else "medium" if confidence >= 0.5 else "low"
+
+
+def _make(name: str, summary: str, facts: Facts, criteria: dict[str, bool]) -> Verdict:
+    confidence = sum(criteria.values()) / len(criteria)
+    if not facts.history:
+        confidence *= NO_HISTORY_FACTOR
+    return Verdict(name, round(confidence, 2), summary, criteria)
+
+
+def decide(facts: Facts, probe_delay: float) -> Verdict:
+    what = f"target {facts.target}" if facts.target is not None else f"GPU {','.join(facts.gpus)}"
+    if not facts.has_memory and not facts.has_engine and not facts.event_counts and not facts.restart_count:
+        return Verdict(INSUFFICIENT, 0.0, f"{what}: none of oomguard's memory, engine or event series in the "
+                       "window; check --instance/--target, the window, and that oomguard is scraped", {})  # fmt: skip
+
+    startup_memory = facts.event_counts.get(kinds.STARTUP_MEMORY, 0.0)
+    cuda_oom = facts.event_counts.get(kinds.CUDA_OOM, 0.0)
+    never_up = facts.ever_up is False
+    if startup_memory and (never_up or not cuda_oom):
+        return _make("startup_memory", f"{what} cannot allocate its memory at start ({startup_memory:g} "
+                     "startup_memory event(s)) and " + ("never came up" if never_up else "rarely stays up") +
+                     ": lower gpu_memory_utilization (or max_model_len), or free the GPU",
+                     facts, {"startup_memory events": True, "never up": never_up, "no CUDA OOM while serving":
+                             not cuda_oom})  # fmt: skip
+
+    ooms = facts.ooms
+    trouble = ooms > 0 or facts.memory_top or facts.climbing or bool({"spike", "saturated"} & set(facts.trend_states))
+    if trouble and facts.has_memory:
+        if facts.foreign_growth:
+            return _make("foreign_process", f"{what}: another process on the GPU grew by "
+                         f"{100 * (facts.other_growth_ratio or 0):.1f} % of it while the engine stayed within its "
+                         "reservation", facts, {
+                             "other processes grew": True, "engine within its reservation": True,
+                             "memory at the top or OOM": facts.memory_top or ooms > 0,
+                             "KV cache not saturated": not facts.kv_saturated})  # fmt: skip
+        if facts.kv_saturated and facts.backlog:
+            return _make("memory_overcommit", f"{what}: over-provisioned concurrency: the KV cache was full, "
+                         "requests waited and were preempted, memory went to the top"
+                         + (f", {ooms:g} OOM(s)" if ooms else ""), facts, {
+                             "KV cache saturated": True, "requests waiting or preempted": True,
+                             "memory at the top": facts.memory_top or "spike" in facts.trend_states
+                             or "saturated" in facts.trend_states,
+                             "OOM": ooms > 0})  # fmt: skip
+        if facts.climbing:
+            return _make("memory_leak", f"{what}: memory climbs and does not fall back, with no matching rise "
+                         "in KV cache use or concurrency" + (f"; {ooms:g} OOM(s)" if ooms else ""), facts, {
+                             "memory climbs": True, "KV cache not saturated": not facts.kv_saturated,
+                             "no request backlog": not facts.backlog,
+                             "climb confirmed by the exporter's trend and by the history":
+                                 "climbing" in facts.trend_states and (facts.climb is not None or not facts.history),
+                             "OOM or over budget": ooms > 0 or (facts.over_budget_peak_bytes or 0) > 0})  # fmt: skip
+        if ooms or facts.memory_top:
+            # Memory ran out with neither a climb nor a full cache: a spike straight to the top.
+            return _make("memory_overcommit", f"{what}: memory went straight to the top"
+                         + (f" and ran out ({ooms:g} OOM(s))" if ooms else "")
+                         + " without a climb: over-provisioning, though the engine's queue does not show it",
+                         facts, {"memory at the top": facts.memory_top, "OOM": ooms > 0,
+                                 "KV cache saturated": facts.kv_saturated,
+                                 "requests waiting or preempted": facts.backlog})  # fmt: skip
+
+    restarts = facts.restart_count
+    if restarts >= 2 and ooms == 0 and not startup_memory:
+        slow = facts.startup_seconds is not None and facts.startup_seconds > probe_delay
+        return _make("probe_kill", f"{what}: {restarts:g} restarts with no OOM; " + (
+            f"its startup ({facts.startup_seconds:.0f}s) is longer than the probe's grace ({probe_delay:g}s)"
+            if slow else "a probe or watchdog kills the engine (check the liveness probe)"), facts, {
+                "restarts": True, "no OOM": True, "startup longer than the probe's grace": slow,
+                "memory normal": not facts.memory_top,
+                "no engine_death in the log": not facts.event_counts.get(kinds.ENGINE_DEATH)})  # fmt: skip
+
+    if not facts.has_memory:
+        return Verdict(INSUFFICIENT, 0.0, f"{what}: no GPU memory series in the window, so the first question "
+                       "(the memory trend) cannot be answered; check that NVML is enabled", {})  # fmt: skip
+    return _make(HEALTHY, f"{what}: memory within its headroom, no OOM, no restart storm", facts, {
+        "no OOM": ooms == 0, "no climb or spike": not trouble,
+        "KV cache not saturated": not facts.kv_saturated, "fewer than 2 restarts": restarts < 2})  # fmt: skip

@@ -1,0 +1,61 @@
+"""`--exporter`: one live oomguard on its simulation, read once, no history."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from oomguard.cli import main
+from oomguard.ports import free_port
+
+
+@pytest.fixture(scope="module")
+def exporter() -> str:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oomguard", "serve", "--simulate", "steady", "--simulate.time-scale", "30",
+         "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/metrics", timeout=2) as response:
+                    if b'oomguard_target_state{state="up",target="sim-vllm"} 1.0' in response.read():
+                        break
+            except OSError:
+                pass
+            time.sleep(0.3)
+        else:
+            pytest.fail("the simulated exporter did not come up")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+
+
+def test_one_reading_of_a_steady_exporter(exporter, capsys) -> None:
+    status = main(["diagnose", "--exporter", exporter, "--json"])
+    body = json.loads(capsys.readouterr().out)
+    (d,) = body["diagnoses"]
+    assert status == 0
+    assert (d["target"], d["verdict"]) == ("sim-vllm", "healthy")
+    # No history: it says so and is less sure.
+    assert d["confidence"] <= 0.7
+    assert any("no history" in item["finding"] for item in d["evidence"])
+    assert any("trend state now" in item["finding"] for item in d["evidence"])
+    assert body["source"].startswith("exporter ")
+
+
+def test_unknown_target_on_the_exporter(exporter, capsys) -> None:
+    status = main(["diagnose", "--exporter", exporter, "--target", "nope"])
+    assert status == 2
+    assert "INSUFFICIENT_DATA" in capsys.readouterr().out
