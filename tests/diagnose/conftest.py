@@ -18,6 +18,7 @@ from oomguard.drill.services import Prometheus
 class Backfilled:
     url: str
     at: float  # the end of the histories: pass as --at
+    compressed_at: float  # the end of the histories compressed by TIME_SCALE (instances NAME-x30)
 
 
 @pytest.fixture(scope="session")
@@ -26,14 +27,17 @@ def backfilled(promtool: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     # Blocks younger than ~2 h may not be loaded at once: the histories end 3 h ago.
     end = float(int(time.time() - 3 * 3600))
     source = work / "histories.om"
-    source.write_text(histories.openmetrics(histories.all_histories(), end - histories.SPAN))
+    # Two hours before the others: no window of theirs sees them, even through Prometheus' 5-minute lookback.
+    compressed_end = end - 2 * 3600
+    compressed = (compressed_end - histories.SPAN / histories.TIME_SCALE, histories.TIME_SCALE)
+    source.write_text(histories.openmetrics(histories.all_histories(), end - histories.SPAN, compressed))
     subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(work / "data")],
                    check=True, capture_output=True, timeout=120)  # fmt: skip
     # It scrapes nothing of ours: a closed port, once an hour.
     prometheus = Prometheus(work, ["127.0.0.1:9"], scrape_interval="1h", evaluation_interval="1h")
     prometheus.start()
     try:
-        yield Backfilled(prometheus.url, end)
+        yield Backfilled(prometheus.url, end, compressed_end)
     finally:
         prometheus.stop()
 

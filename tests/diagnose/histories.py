@@ -2,6 +2,10 @@
 
 Each scenario is one `instance` (its name) with one target `vllm` on GPU 0 of 80 GiB, sampled every
 15 s over one hour: what a Prometheus scraping that exporter would hold.
+
+Compressed (`time_scale` > 1), a history is what a drill's Prometheus would hold of the same scenario run that
+many times faster than life: instance `NAME-xSCALE`, its timestamps divided by the scale from its start, and so
+are the times the exporter measures on its own (real) clock: the startup, the last event's timestamp.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ STEP = 15.0
 SPAN = 3600.0
 STATES = ("steady", "sawtooth", "climbing", "spike", "saturated")
 LOG_KINDS = ("cuda_oom", "startup_memory", "engine_death")
+TIME_SCALE = 30.0  # the drill's clock: the histories are also backfilled this many times faster
 
 
 def _jitter(t: float, scale: float) -> float:
@@ -222,14 +227,24 @@ def all_histories() -> list[History]:
 # ---- rendering ---------------------------------------------------------------------------------
 
 
-def samples(h: History, start: float) -> dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]]:
-    """Every series of one history: (name, labels) -> [(unix time, value)]."""
+def instance(name: str, time_scale: float = 1.0) -> str:
+    """The instance label of a history, compressed or not."""
+    return name if time_scale == 1 else f"{name}-x{time_scale:g}"
+
+
+def samples(
+    h: History, start: float, time_scale: float = 1.0
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]]:
+    """Every series of one history: (name, labels) -> [(unix time, value)], on a clock `time_scale` times faster."""
     out: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]] = {}
-    base = {"instance": h.name, "job": "oomguard"}
+    base = {"instance": instance(h.name, time_scale), "job": "oomguard"}
+
+    def real(t: float) -> float:
+        return start + t / time_scale
 
     def add(name: str, t: float, value: float, **labels: str) -> None:
         key = (name, tuple(sorted((base | labels).items())))
-        out.setdefault(key, []).append((start + t, value))
+        out.setdefault(key, []).append((real(t), value))
 
     n = int(SPAN / STEP)
     for i in range(n + 1):
@@ -273,19 +288,22 @@ def samples(h: History, start: float) -> dict[tuple[str, tuple[tuple[str, str], 
             times = [x for x in h.events.get(kind, []) if x <= t]
             add("oomguard_target_events_total", t, float(len(times)), target="vllm", kind=kind)
             if times:
-                add("oomguard_target_last_event_timestamp_seconds", t, start + times[-1], target="vllm", kind=kind)
+                add("oomguard_target_last_event_timestamp_seconds", t, real(times[-1]), target="vllm", kind=kind)
         add("oomguard_target_restarts_total", t, float(sum(1 for x in h.restarts if x <= t)), target="vllm")
         measured = [v for since, v in h.startup_seconds if since <= t]
         if measured:
-            add("oomguard_target_startup_seconds", t, measured[-1], target="vllm")
+            add("oomguard_target_startup_seconds", t, measured[-1] / time_scale, target="vllm")
     return out
 
 
-def openmetrics(histories: list[History], start: float) -> str:
+def openmetrics(histories: list[History], start: float, compressed: tuple[float, float] | None = None) -> str:
+    """The histories from `start`; with `compressed` (start, time_scale), each also compressed, from that start."""
     lines = []
     merged: dict = {}
     for h in histories:
         merged.update(samples(h, start))
+        if compressed is not None:
+            merged.update(samples(h, *compressed))
     for name in sorted({k[0] for k in merged}):
         for key in sorted(k for k in merged if k[0] == name):
             labels = ",".join(f'{k}="{v}"' for k, v in key[1])

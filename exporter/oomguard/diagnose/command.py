@@ -9,6 +9,7 @@ import time
 from datetime import datetime
 
 from oomguard.diagnose import report
+from oomguard.diagnose.clock import Clock
 from oomguard.diagnose.core import default_probe_delay, diagnose_data, exit_status
 from oomguard.diagnose.query import DiagnoseError, fetch_exporter, fetch_prometheus
 
@@ -63,16 +64,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default the bundle's startup_slower_than_probe.probe_initial_delay_seconds",
     )
     parser.add_argument("--max-num-seqs", type=int, metavar="N", help="the engine's max_num_seqs, if known")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="for a drill's compressed clock: X simulated seconds per real second (default 1); durations are "
+        "judged and reported in simulated time, --probe-delay is in simulated seconds, --at and --window are not",
+    )
     parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="per request (default 10)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        clock = Clock(args.time_scale)
         if args.prometheus:
             end = parse_time(args.at)
             window = parse_duration(args.window)
             data = fetch_prometheus(args.prometheus, start=end - window, end=end, instance=args.instance,
-                                    timeout=args.timeout)  # fmt: skip
+                                    timeout=args.timeout, time_scale=clock.scale)  # fmt: skip
         else:
             data = fetch_exporter(args.exporter, timeout=args.timeout)
     except DiagnoseError as exc:
@@ -83,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         probe_delay, probe_source = default_probe_delay()
     diagnoses = diagnose_data(data, target=args.target, probe_delay=probe_delay, probe_source=probe_source,
-                              max_num_seqs=args.max_num_seqs)  # fmt: skip
+                              max_num_seqs=args.max_num_seqs, time_scale=clock.scale)  # fmt: skip
     if args.json:
         sys.stdout.write(report.to_json(diagnoses, source=data.source, start=data.start, end=data.end))
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from oomguard.diagnose.clock import Clock
 from oomguard.diagnose.evidence import Facts, Item, evidence, gather
 from oomguard.diagnose.query import Data, fetch_exporter, fetch_prometheus
 from oomguard.diagnose.recommend import Recommendation, recommend
@@ -23,8 +24,9 @@ class Diagnosis:
     recommendations: list[Recommendation]
     criteria: dict[str, bool] = field(default_factory=dict)
     facts: Facts | None = None  # the figures behind it, for the report's timeline and plots
-    probe_delay: float | None = None
+    probe_delay: float | None = None  # simulated seconds, like every duration here
     probe_source: str = ""
+    time_scale: float = 1.0  # the clock read: simulated seconds per real second (a drill's; 1 outside one)
 
     @property
     def finding(self) -> bool:
@@ -44,6 +46,7 @@ class Diagnosis:
             "recommendations": [r.json() for r in self.recommendations],
             "probe_delay_seconds": self.probe_delay,
             "probe_delay_source": self.probe_source,
+            "time_scale": self.time_scale,
         }
 
 
@@ -83,7 +86,11 @@ def diagnose_data(
     probe_delay: float | None = None,
     probe_source: str | None = None,
     max_num_seqs: int | None = None,
+    time_scale: float = 1.0,
 ) -> list[Diagnosis]:
+    """One diagnosis per target of `data`. `time_scale`: the clock it was recorded on, simulated seconds per real
+    second (a drill's compressed clock; 1 outside a drill); `probe_delay` is in simulated seconds."""
+    clock = Clock(time_scale)
     if probe_delay is None:
         probe_delay, probe_source = default_probe_delay()
     probe_source = probe_source or "--probe-delay"
@@ -94,16 +101,16 @@ def diagnose_data(
             f"no oomguard series for {where} in {data.source}: check --target/--instance, "
             "the window (--at, --window), and that Prometheus scrapes oomguard"
         )
-        return [Diagnosis(target, None, [], INSUFFICIENT, 0.0, summary, [], [])]
+        return [Diagnosis(target, None, [], INSUFFICIENT, 0.0, summary, [], [], time_scale=clock.scale)]
     out = []
     for instance, name, gpus in subjects:
-        facts = gather(data, instance, name, gpus)
+        facts = gather(data, instance, name, gpus, clock)
         verdict = decide(facts, probe_delay)
         items = evidence(facts, probe_delay, probe_source)
         recs = recommend(facts, verdict, probe_delay=probe_delay, probe_source=probe_source,
                          max_num_seqs_now=max_num_seqs)  # fmt: skip
         out.append(Diagnosis(name, instance, gpus, verdict.name, verdict.confidence, verdict.summary, items, recs,
-                             verdict.criteria, facts, probe_delay, probe_source))  # fmt: skip
+                             verdict.criteria, facts, probe_delay, probe_source, clock.scale))  # fmt: skip
     return out
 
 
@@ -118,13 +125,19 @@ def diagnose_prometheus(
     probe_source: str | None = None,
     max_num_seqs: int | None = None,
     timeout: float = 10.0,
+    time_scale: float = 1.0,
 ) -> list[Diagnosis]:
-    """The diagnoses over the `window` seconds ending at `at` (default now); raises DiagnoseError."""
+    """The diagnoses over the `window` seconds ending at `at` (default now); raises DiagnoseError.
+
+    `at` and `window` are on Prometheus' clock (Unix seconds, real seconds); `time_scale` is a drill's compressed
+    clock (simulated seconds per real second), and `probe_delay` is in simulated seconds.
+    """
+    clock = Clock(time_scale)
     end = time.time() if at is None else at
-    data = fetch_prometheus(url, start=end - window, end=end, instance=instance, timeout=timeout)
-    return diagnose_data(
-        data, target=target, probe_delay=probe_delay, probe_source=probe_source, max_num_seqs=max_num_seqs
-    )
+    data = fetch_prometheus(url, start=end - window, end=end, instance=instance, timeout=timeout,
+                            time_scale=clock.scale)  # fmt: skip
+    return diagnose_data(data, target=target, probe_delay=probe_delay, probe_source=probe_source,
+                         max_num_seqs=max_num_seqs, time_scale=clock.scale)  # fmt: skip
 
 
 def diagnose_exporter(
@@ -135,12 +148,15 @@ def diagnose_exporter(
     probe_source: str | None = None,
     max_num_seqs: int | None = None,
     timeout: float = 10.0,
+    time_scale: float = 1.0,
 ) -> list[Diagnosis]:
-    """The diagnoses from one reading of one exporter's /metrics (no history: lower confidence)."""
+    """The diagnoses from one reading of one exporter's /metrics (no history: lower confidence).
+
+    `time_scale`: the exporter's simulation runs that many times faster than life (its startup is read x it)."""
+    clock = Clock(time_scale)
     data = fetch_exporter(url, timeout=timeout)
-    return diagnose_data(
-        data, target=target, probe_delay=probe_delay, probe_source=probe_source, max_num_seqs=max_num_seqs
-    )
+    return diagnose_data(data, target=target, probe_delay=probe_delay, probe_source=probe_source,
+                         max_num_seqs=max_num_seqs, time_scale=clock.scale)  # fmt: skip
 
 
 def exit_status(diagnoses: list[Diagnosis]) -> int:

@@ -3,6 +3,9 @@
 1. the memory trend; 2. the engine log for OOMs; 3. the concurrency and memory configuration;
 4. the probe timing against the startup time. Facts are plain figures the verdict and the
 recommendations read; evidence items are what the report prints, each with its figure and time.
+
+Times are Unix seconds as Prometheus stamped them; durations in `Facts` are seconds of the scenario's clock
+(`Clock.simulated`: the same on a real history), and thresholds in seconds are judged on real time (`Clock.real`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from oomguard.diagnose.clock import REAL, Clock
 from oomguard.diagnose.query import Data, Series
 from oomguard.events import kinds
 
@@ -28,7 +32,7 @@ FOREIGN_GROWTH = 0.05  # another process grew by this share of the GPU...
 WITHIN_RESERVATION = 0.02  # ...while the engine stayed within its reservation but this share
 CLIMB_MIN_RISE = 0.03  # docs/trend.md's climb_min_rise_ratio
 CLIMB_MAX_FALLBACK = 0.02  # docs/trend.md's tolerance_ratio
-CLIMB_MIN_SECONDS = 600.0
+CLIMB_MIN_SECONDS = 600.0  # simulated seconds: judged as Clock.real(CLIMB_MIN_SECONDS)
 RESTART_DROP = 0.3  # a fall of this share of the GPU between two points is a process exiting
 
 
@@ -74,7 +78,8 @@ class Facts:
     engine_over_reservation_peak_ratio: float | None = None
     over_budget_peak_bytes: float | None = None
     trend_states: dict[str, float] = field(default_factory=dict)  # state -> first time seen (1)
-    climb: tuple[float, float, float] | None = None  # (rise ratio, seconds, start time) of a climb that never fell
+    # (rise ratio, simulated seconds, start time) of a climb that never fell
+    climb: tuple[float, float, float] | None = None
     # 2. events
     events: dict[str, list[float]] = field(default_factory=dict)  # kind -> times
     event_counts: dict[str, float] = field(default_factory=dict)
@@ -88,10 +93,11 @@ class Facts:
     gpu_memory_utilization: float | None = None
     kv_cache_memory_bytes: float | None = None
     # 4. startup
-    startup_seconds: float | None = None
+    startup_seconds: float | None = None  # simulated seconds (the exporter measures it on the real clock)
     up_fraction: float | None = None
     ever_up: bool | None = None
     states: Points = field(default_factory=list)  # 1 up, 0 loading/down
+    clock: Clock = REAL  # the clock the history was recorded on (a drill's is compressed)
 
     # Derived figures the verdict and recommendations share.
     @property
@@ -209,8 +215,10 @@ def _lives(memory: Points) -> list[Points]:
     return lives
 
 
-def _climb(memory: Points) -> tuple[float, float, float] | None:
-    """The largest climb of one life: >= 3 % over >= 10 min, never falling back more than 2 %."""
+def _climb(memory: Points, clock: Clock = REAL) -> tuple[float, float, float] | None:
+    """The largest climb of one life: >= 3 % over >= 10 (simulated) min, never falling back more than 2 %.
+
+    Returns (rise, its length in simulated seconds, its start time)."""
     found = []
     for life in _lives(memory):
         if len(life) < 8:
@@ -218,14 +226,16 @@ def _climb(memory: Points) -> tuple[float, float, float] | None:
         # Skip the loading ramp: the climb starts where the life first reaches its serving level.
         top = max(v for _, v in life)
         start = next(i for i, (_, v) in enumerate(life) if v >= 0.5 * top)
-        climb = _climb_of(life[start + 1 :])
+        climb = _climb_of(life[start + 1 :], clock.real(CLIMB_MIN_SECONDS))
         if climb:
-            found.append(climb)
+            rise, seconds, since = climb
+            found.append((rise, clock.simulated(seconds), since))
     return max(found, default=None)
 
 
-def _climb_of(life: Points) -> tuple[float, float, float] | None:
-    if len(life) < 8 or life[-1][0] - life[0][0] < CLIMB_MIN_SECONDS:
+def _climb_of(life: Points, min_seconds: float = CLIMB_MIN_SECONDS) -> tuple[float, float, float] | None:
+    """(rise, real seconds, start time) of a climb over `min_seconds` (real) or more, or None."""
+    if len(life) < 8 or life[-1][0] - life[0][0] < min_seconds:
         return None
     values = [v for _, v in life]
     edge = max(3, len(values) // 10)
@@ -251,9 +261,9 @@ def _ratio(points: Points, total: float | None) -> Points:
 # ---- gathering ---------------------------------------------------------------------------------
 
 
-def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]) -> Facts:
-    """The facts of one target (its GPUs) or, with `target` None, of one GPU."""
-    facts = Facts(target, instance, gpus, data.history, data.start, data.end)
+def gather(data: Data, instance: str | None, target: str | None, gpus: list[str], clock: Clock = REAL) -> Facts:
+    """The facts of one target (its GPUs) or, with `target` None, of one GPU, read on `clock`."""
+    facts = Facts(target, instance, gpus, data.history, data.start, data.end, clock=clock)
     where = {"instance": instance} if instance is not None else {}
 
     def gpu_series(name: str, gpu: str) -> list[Series]:
@@ -304,7 +314,7 @@ def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]
         if first is not None and (state not in facts.trend_states or first < facts.trend_states[state]):
             facts.trend_states[state] = first
     if data.history:
-        facts.climb = _climb(facts.memory)
+        facts.climb = _climb(facts.memory, clock)
 
     if target is None:
         return facts
@@ -345,7 +355,7 @@ def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]
 
     # 4. startup and state
     startup = [v for _, v in merge(data.select("oomguard_target_startup_seconds", **on))]
-    facts.startup_seconds = max(startup) if startup else None
+    facts.startup_seconds = clock.simulated(max(startup)) if startup else None
     up = merge(data.select("oomguard_target_state", state="up", **on))
     if up:
         facts.states = up
@@ -436,7 +446,10 @@ def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
     if facts.target is not None:
         if facts.startup_seconds is not None:
             slower = facts.startup_seconds > probe_delay
-            items.append(Item(4, f"measured startup {facts.startup_seconds:.0f}s "
+            clock = facts.clock
+            real = (f" ({clock.real(facts.startup_seconds):.1f}s real at {clock.scale:g}x)"
+                    if clock.compressed else "")  # fmt: skip
+            items.append(Item(4, f"measured startup {facts.startup_seconds:.0f}s{real} "
                                  f"{'>' if slower else '<='} probe delay {probe_delay:g}s ({probe_source})",
                               facts.startup_seconds, "seconds"))  # fmt: skip
         else:

@@ -110,10 +110,26 @@ def _selector(instance: str | None) -> str:
     return "{" + ",".join(matchers) + "}"
 
 
-def fetch_prometheus(url: str, *, start: float, end: float, instance: str | None = None, timeout: float = 10.0) -> Data:
-    """One query_range for every raw series over [start, end]."""
+def query_step(start: float, end: float, time_scale: float = 1.0) -> float:
+    """The query's step in real seconds: (end - start) / MAX_POINTS rounded up to whole seconds of the scenario's
+    clock, at least one (on a drill's clock `time_scale` times faster, one simulated second is 1 / time_scale),
+    and to whole milliseconds, Prometheus' resolution."""
+    simulated = max(1.0, math.ceil(round((end - start) * time_scale / MAX_POINTS, 9)))
+    return math.ceil(round(simulated / time_scale * 1000, 6)) / 1000
+
+
+def fetch_prometheus(
+    url: str,
+    *,
+    start: float,
+    end: float,
+    instance: str | None = None,
+    timeout: float = 10.0,
+    time_scale: float = 1.0,
+) -> Data:
+    """One query_range for every raw series over [start, end] (Unix seconds, as Prometheus stores them)."""
     base = url.rstrip("/")
-    step = max(1.0, math.ceil((end - start) / MAX_POINTS))
+    step = query_step(start, end, time_scale)
     params = urllib.parse.urlencode(
         {"query": _selector(instance), "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
     )

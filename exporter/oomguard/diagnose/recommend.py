@@ -110,7 +110,7 @@ def recommend(
     if verdict.name == "memory_leak":
         pace = ""
         if facts.climb:
-            rise, seconds, _ = facts.climb
+            rise, seconds, _ = facts.climb  # simulated seconds: the pace per minute of the scenario's clock
             pace = f"memory climbs {100 * rise / seconds * 60:.2f} % of the GPU per minute; "
         out.append(Recommendation(
             "the leak", None, None, "",

@@ -51,8 +51,13 @@ def text(diagnoses: list[Diagnosis], source: str = "") -> str:
                 lines.append(f"       {r.why}")
         lines.append("")
     if source:
-        lines.append(f"(read from {source})")
+        lines.append(f"(read from {source}{_scale_note(diagnoses)})")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _scale_note(diagnoses: list[Diagnosis]) -> str:
+    scales = sorted({d.time_scale for d in diagnoses if d.time_scale != 1})
+    return "".join(f"; durations in simulated time, clock {s:g}x faster than life" for s in scales)
 
 
 def to_json(diagnoses: list[Diagnosis], *, source: str = "", start: float | None = None,
@@ -98,8 +103,13 @@ def timeline(facts: Facts) -> tuple[float, list[tuple[float, str]]]:
     return zero, sorted(events)
 
 
-def _rel(t: float, zero: float) -> str:
-    minutes = (t - zero) / 60
+def _minutes(t: float, zero: float, facts: Facts) -> float:
+    """Minutes of the scenario's clock from T+0 (simulated minutes on a drill's compressed clock)."""
+    return facts.clock.simulated(t - zero) / 60
+
+
+def _rel(t: float, zero: float, facts: Facts) -> str:
+    minutes = _minutes(t, zero, facts)
     return f"T{'+' if minutes >= 0 else '-'}{abs(minutes):.0f}"
 
 
@@ -115,8 +125,11 @@ def plot_png(facts: Facts, title: str = "") -> bytes:
 
     zero, _ = timeline(facts)
 
+    def minutes(times):
+        return [_minutes(t, zero, facts) for t in times]
+
     def x(points):
-        return [(t - zero) / 60 for t, _ in points], [v for _, v in points]
+        return minutes(t for t, _ in points), [v for _, v in points]
 
     fig = Figure(figsize=PLOT_SIZE, dpi=PLOT_DPI)
     memory_ax, kv_ax, queue_ax = fig.subplots(3, 1, sharex=True, height_ratios=[2, 1, 1])
@@ -135,18 +148,19 @@ def plot_png(facts: Facts, title: str = "") -> bytes:
     if facts.running:
         queue_ax.plot(*x(facts.running), color="tab:gray", linewidth=0.8, label="running")
     queue_ax.set_ylabel("requests")
-    queue_ax.set_xlabel("minutes from the first OOM" if facts.oom_times else "minutes from the window's start")
+    unit = f"simulated minutes ({facts.clock.scale:g}x)" if facts.clock.compressed else "minutes"
+    queue_ax.set_xlabel(f"{unit} from the first OOM" if facts.oom_times else f"{unit} from the window's start")
     for ax in (memory_ax, kv_ax, queue_ax):
         for t in facts.oom_times:
-            ax.axvline((t - zero) / 60, color="red", alpha=0.5, linewidth=1)
+            ax.axvline(_minutes(t, zero, facts), color="red", alpha=0.5, linewidth=1)
         for t in facts.restarts:
-            ax.axvline((t - zero) / 60, color="black", alpha=0.3, linestyle="--", linewidth=1)
+            ax.axvline(_minutes(t, zero, facts), color="black", alpha=0.3, linestyle="--", linewidth=1)
         ax.grid(alpha=0.3)
     if facts.oom_times:
-        memory_ax.plot([(t - zero) / 60 for t in facts.oom_times], [1.02] * len(facts.oom_times), "rX",
+        memory_ax.plot(minutes(facts.oom_times), [1.02] * len(facts.oom_times), "rX",
                        markersize=9, label="OOM")  # fmt: skip
     if facts.restarts:
-        memory_ax.plot([(t - zero) / 60 for t in facts.restarts], [0.03] * len(facts.restarts), "k^",
+        memory_ax.plot(minutes(facts.restarts), [0.03] * len(facts.restarts), "k^",
                        markersize=7, label="restart")  # fmt: skip
     for ax in (memory_ax, kv_ax, queue_ax):
         if ax.get_legend_handles_labels()[0]:
@@ -167,8 +181,11 @@ def _sections(d: Diagnosis) -> list[tuple[str, list[str], list[list[str]] | None
     out.append(("What happened", [d.summary], None))
     if d.facts is not None and d.facts.history:
         zero, events = timeline(d.facts)
-        rows = [["time", "UTC", "what"]] + [[_rel(t, zero), _when(t), what] for t, what in events]
+        rows = [["time", "UTC", "what"]] + [[_rel(t, zero, d.facts), _when(t), what] for t, what in events]
         note = "T+0 is the first OOM." if d.facts.oom_times else "No OOM: T+0 is the window's start."
+        if d.facts.clock.compressed:
+            note += (f" Times T+N in simulated minutes: the history ran on a clock {d.facts.clock.scale:g}x faster "
+                     "than life (a drill); the UTC column is the real time.")  # fmt: skip
         out.append(("Timeline", [note], rows if events else None))
     out.append(("Root cause", [f"Verdict: **{d.verdict}**, confidence {d.confidence:.2f} "
                                f"({confidence_label(d.confidence)})."],
@@ -195,7 +212,7 @@ def markdown(diagnoses: list[Diagnosis], images: dict[int, str], source: str = "
     """`images`: index of a diagnosis -> the PNG's file name beside the report."""
     lines = ["# Incident report: oomguard diagnose", ""]
     if source:
-        lines += [f"Read from {source}.", ""]
+        lines += [f"Read from {source}{_scale_note(diagnoses)}.", ""]
     for n, d in enumerate(diagnoses):
         lines += [f"## {_title(d)}: {d.verdict}", ""]
         for heading, paragraphs, rows in _sections(d):
@@ -219,7 +236,7 @@ def html_report(diagnoses: list[Diagnosis], pngs: dict[int, bytes], source: str 
              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}</style></head><body>",
              "<h1>Incident report: oomguard diagnose</h1>"]  # fmt: skip
     if source:
-        parts.append(f"<p>Read from {esc(source)}.</p>")
+        parts.append(f"<p>Read from {esc(source + _scale_note(diagnoses))}.</p>")
     for n, d in enumerate(diagnoses):
         parts.append(f"<h2>{esc(_title(d))}: {esc(d.verdict)}</h2>")
         for heading, paragraphs, rows in _sections(d):
