@@ -129,6 +129,39 @@ def test_stopping_the_exporter_stops_the_simulated_engine() -> None:
     ]
 
 
+def test_tp_skew_serves_two_gpus_and_judges_the_engine_by_its_worst() -> None:
+    """`serve --simulate tp-skew` with one GPU configured: two GPUs, both at 90.6 %, then GPU 1 alone climbs;
+    the target's figure follows GPU 1, and only GPU 1's headroom fills."""
+    scale = 240.0
+    scenario = SCENARIOS["tp-skew"]
+    exporter = Exporter("tp-skew", scale)
+    try:
+        exporter.wait_listening()
+        deadline = time.time() + (scenario.oom_at or 0.0) / scale + 8
+        seen_steady = seen_skew = False
+        while time.time() < deadline and not seen_skew:
+            text = exporter.get()
+            if state(text) == "up":
+                gpu0, gpu1 = (value(text, "oomguard_gpu_memory_used_ratio", gpu=g) for g in ("0", "1"))
+                assert 0.905 < gpu0 < 0.907, gpu0
+                worst = value(text, "oomguard_target_gpu_memory_used_bytes", target="sim-vllm")
+                assert worst == value(text, "oomguard_gpu_memory_used_bytes", gpu="0" if gpu0 > gpu1 else "1")
+                headroom = [value(text, "oomguard_gpu_memory_headroom_used_ratio", gpu=g) for g in ("0", "1")]
+                if gpu1 < 0.907:
+                    seen_steady = True
+                    assert max(headroom) < 0.1, headroom
+                elif gpu1 > 0.95:
+                    seen_skew = True
+                    assert headroom[0] < 0.1 < 0.5 < headroom[1], headroom
+            time.sleep(0.2)
+        assert seen_steady and seen_skew
+        for gpu in ("0", "1"):
+            assert value(text, "oomguard_target_gpu_info", target="sim-vllm", gpu=gpu) == 1.0
+    finally:
+        log = exporter.stop()
+    assert exporter.proc.returncode == 0, log
+
+
 def test_unknown_scenario_is_refused() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "oomguard", "serve", "--simulate", "meltdown", "--web.listen-address", "127.0.0.1:0"],
@@ -138,4 +171,7 @@ def test_unknown_scenario_is_refused() -> None:
         env={**os.environ},
     )
     assert result.returncode == 1
-    assert "unknown scenario 'meltdown'; choose one of: steady, leak, overcommit, probe-kill, loading" in result.stderr
+    assert (
+        "unknown scenario 'meltdown'; choose one of: steady, leak, overcommit, probe-kill, loading, "
+        "default-steady, tight-steady, tp-skew" in result.stderr
+    )

@@ -17,12 +17,22 @@ MEMORY_ALERTS = (
     "GpuMemoryHigh", "GpuMemoryCritical", "GpuMemoryClimbing", "TargetMemoryClimbing",
     "GpuMemoryClimbingPredicted", "GpuMemoryExhaustedSoon", "TargetMemoryOverBudget",
 )  # fmt: skip
+# The engine's life: none of them may reach anyone on a healthy server.
+ENGINE_ALERTS = (
+    "OomEvent", "RestartStorm", "RestartsWithoutOom", "StartupSlowerThanProbe", "TargetDown", "TargetLoadingTooLong",
+    "QueueBacklog", "KvCacheSaturated",
+)  # fmt: skip
 
 
 # The orchestrator's probe delay in these drills: 3 minutes (the incident's engine needs 4 to load).
 # Generous, because a real process also spends a second or two importing, which a 30x drill
 # multiplies into simulated minutes.
 PROBE = {"alerts": {"startup_slower_than_probe": {"probe_initial_delay_seconds": 180}}}
+# A healthy deployment's probe waits well beyond its startup, and the scenarios that are not about the probe say so:
+# the drill's fixed costs grow with the time scale. Prometheus scrapes first some 5 s after the engine is launched,
+# and the startup is measured to the first scrape that finds it up: 25 s of model load read as 150 to 180 simulated
+# seconds at 30x, 300 at 60x (the steady scenarios run an hour, and their test runs them at 60x).
+HEALTHY_PROBE = {"alerts": {"startup_slower_than_probe": {"probe_initial_delay_seconds": 600}}}
 
 
 @dataclass(frozen=True)
@@ -48,11 +58,11 @@ SCENARIOS: dict[str, DrillScenario] = {
             "probe delay (3 minutes).",
             simulation="overcommit",
             minutes=36,
+            # GpuMemoryHigh and GpuMemoryCritical are not expected: the engine reserves 0.90, so they judge the
+            # headroom above it (95 % and 97.5 % used), and this spike stays above those for less than their
+            # `for:` (5m, 2m) before the OOM. The trend's ExhaustedSoon pages first, minutes ahead (docs/drill.md).
             expected={
-                # Fires; its critical twins inhibit it while they fire (deploy/alertmanager).
-                "GpuMemoryHigh": TICKET_OR_INHIBITED,
                 "GpuMemoryExhaustedSoon": PAGER,
-                "GpuMemoryCritical": PAGER,
                 "OomEvent": PAGER,
                 "RestartStorm": PAGER,
                 "StartupSlowerThanProbe": TICKET,
@@ -109,6 +119,53 @@ SCENARIOS: dict[str, DrillScenario] = {
                 "TargetDown",
                 "QueueBacklog",
             ),
+        ),
+        DrillScenario(
+            name="default-steady",
+            summary="vLLM at its default gpu_memory_utilization 0.90 on a healthy server for an hour: NVML shows "
+            "90.6 % all along, which is the reservation, not a risk. Nothing may page, nothing may be ticketed; "
+            "the only finding is the thin headroom of the configuration (info).",
+            simulation="default-steady",
+            minutes=60,
+            expected={"LowHeadroomConfig": NOT_DELIVERED},
+            quiet=(*MEMORY_ALERTS, *ENGINE_ALERTS),
+            bundle=HEALTHY_PROBE,
+        ),
+        DrillScenario(
+            name="tight-steady",
+            summary="The same at gpu_memory_utilization 0.95: NVML shows 95.6 % for an hour, above the old "
+            "critical threshold, and nothing may page or be ticketed; the thin headroom is the only finding.",
+            simulation="tight-steady",
+            minutes=60,
+            expected={"LowHeadroomConfig": NOT_DELIVERED},
+            quiet=(*MEMORY_ALERTS, *ENGINE_ALERTS),
+            bundle=HEALTHY_PROBE,
+        ),
+        DrillScenario(
+            name="tp-skew",
+            summary="A tensor-parallel engine (TP=2) at 0.90: both GPUs at 90.6 % for 5 minutes, then GPU 1 "
+            "alone climbs beyond the reservation at 0.4 % of the GPU per minute, to CUDA OOM at 99.4 % 22.2 minutes "
+            "later; GPU 0 stays at 90.6 %. The engine is judged by its worst GPU: a page must come before the OOM.",
+            simulation="tp-skew",
+            minutes=30,
+            # GPU 1's headroom (10 % of the GPU) fills 4 % a minute. The trend sees the climb first
+            # (ExhaustedSoon, ~15 minutes ahead), then its rank holds 5 % of the GPU beyond its budget
+            # (OverBudget, ~7), then 75 % of the headroom is in use, 97.5 % of the GPU, for 2m (Critical, ~1.7).
+            # High (half the headroom for 5m) and the climb warning fire under one of those pages on the same
+            # GPU, which inhibits them. The target's climb has no page to silence it. GPU 0 stays at 90.6 %.
+            expected={
+                "GpuMemoryExhaustedSoon": PAGER,
+                "TargetMemoryOverBudget": PAGER,
+                "GpuMemoryCritical": PAGER,
+                "GpuMemoryHigh": TICKET_OR_INHIBITED,
+                "GpuMemoryClimbing": TICKET_OR_INHIBITED,
+                "TargetMemoryClimbing": TICKET,
+                "OomEvent": PAGER,
+                "LowHeadroomConfig": NOT_DELIVERED,
+            },
+            quiet=tuple(a for a in ENGINE_ALERTS if a != "OomEvent"),  # one OOM: no loop, no backlog
+            memory_alert_before_oom=True,
+            bundle=HEALTHY_PROBE,
         ),
         DrillScenario(
             name="long-loading",

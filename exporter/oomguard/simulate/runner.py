@@ -1,5 +1,10 @@
 """Runs a scenario: the simulated engine as a real child process, and the GPUs it uses.
 
+The engine spans the scenario's GPUs (0 .. gpus - 1): each shows the engine's share of it
+for the time, plus what an idle GPU shows, and lists the engine's pid with its bytes
+(the simulated engine is one process; a real vLLM lists one worker per GPU, all children
+of the listener, which the exporter matches alike). Further GPUs stay idle.
+
 The runner plays the orchestrator too: when the engine dies (simulated CUDA OOM)
 it relaunches it after the scenario's back-off, so restart loops look as they do
 in production. The fake NVML reads the same scenario clock as the child.
@@ -18,13 +23,11 @@ from pathlib import Path
 from oomguard.config import TargetConfig
 from oomguard.engines import ENGINES
 from oomguard.ports import free_port
-from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-from oomguard.simulate.scenarios import SCENARIOS
+from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from oomguard.simulate.scenarios import GPU_TOTAL_BYTES, IDLE_GPU_BYTES, SCENARIOS
 from oomguard.sources.processes import start_time
 
 log = logging.getLogger(__name__)
-
-IDLE_GPU_BYTES = 512 * 1024**2  # what an idle GPU shows: contexts of monitoring tools
 
 
 SIMULATED_TARGET = "sim-vllm"
@@ -50,9 +53,13 @@ class Simulation:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.gpu_total = 80 * GIB
+        self.gpu_total = GPU_TOTAL_BYTES
+        # `gpus` (the configuration's) is the number of fake GPUs; the scenario's engine may need more.
         self.nvml = FakeNvml(
-            [FakeGpu(i, total_bytes=self.gpu_total, used_bytes=IDLE_GPU_BYTES) for i in range(gpus)],
+            [
+                FakeGpu(i, total_bytes=self.gpu_total, used_bytes=IDLE_GPU_BYTES)
+                for i in range(max(gpus, self.scenario.gpus))
+            ],
             before_call=self._refresh_on_count,
         )
         self.restarts = 0
@@ -64,21 +71,34 @@ class Simulation:
         # nvmlDeviceGetCount opens every read of the NVML source: bring the GPUs up to date.
         if call != "nvmlDeviceGetCount":
             return
-        gpu = self.nvml.gpus[0]
         child = self._child
         if child is None or child.returncode is not None:
-            gpu.used_bytes, gpu.processes, gpu.utilization_percent = IDLE_GPU_BYTES, [], 0
+            self.show(None)
             return
         t = (time.time() - (start_time(child.pid) or self._launched_at)) * self.time_scale
-        engine_bytes = int(self.scenario.gpu_used_ratio(t, self.restarts) * self.gpu_total)
-        gpu.used_bytes = IDLE_GPU_BYTES + engine_bytes
-        gpu.processes = [FakeProcess(child.pid, engine_bytes)]
-        gpu.utilization_percent = 0 if t < self.scenario.load_seconds else 85
+        self.show(t, pid=child.pid, life=self.restarts)
+
+    def show(self, t: float | None, *, pid: int = 0, life: int = 0) -> None:
+        """Sets the fake GPUs as NVML shows them `t` simulated seconds after the engine's launch (in its
+        life number `life`), the engine being process `pid`; `t` None: no engine runs, every GPU idle."""
+        for gpu in self.nvml.gpus:
+            if t is None or gpu.index >= self.scenario.gpus:
+                gpu.used_bytes, gpu.processes, gpu.utilization_percent = IDLE_GPU_BYTES, [], 0
+                continue
+            engine_bytes = int(self.scenario.gpu_used_ratio(t, life, gpu.index) * self.gpu_total)
+            gpu.used_bytes = IDLE_GPU_BYTES + engine_bytes
+            gpu.processes = [FakeProcess(pid, engine_bytes)]
+            gpu.utilization_percent = 0 if t < self.scenario.load_seconds else 85
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """The GPUs the simulated engine runs on."""
+        return tuple(range(self.scenario.gpus))
 
     def target(self) -> TargetConfig:
-        """The simulated engine as a target: its URL, the GPU it runs on, its log."""
+        """The simulated engine as a target: its URL, the GPUs it runs on, its log."""
         logs = (str(self.log_path),) if self.log_path else ()
-        return TargetConfig(name=SIMULATED_TARGET, url=self.url, engine=self.engine, gpus=(0,), logs=logs)
+        return TargetConfig(name=SIMULATED_TARGET, url=self.url, engine=self.engine, gpus=self.gpus, logs=logs)
 
     async def start(self) -> None:
         self._task = asyncio.ensure_future(self._supervise())

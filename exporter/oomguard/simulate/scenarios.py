@@ -1,16 +1,24 @@
 """Built-in scenarios: how GPU memory and the engine's queue move over a simulated life.
 
 Every figure is a pure function of `t`, the simulated seconds since the engine
-process was launched, so the simulated GPU (fake NVML, in the exporter) and the
+process was launched, so the simulated GPUs (fake NVML, in the exporter) and the
 simulated engine (its own process, serving /metrics) agree without talking.
+
+An engine spans GPUs 0 .. `gpus` - 1, one tensor-parallel rank on each, and its memory is
+given per GPU. vLLM reserves its memory at start: its KV cache pool fills
+gpu_memory_utilization x total of every GPU it runs on, idle or busy (the `*-steady`
+scenarios and `tp-skew`); what still moves is the little beyond it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 GIB = 1024**3
+GPU_TOTAL_BYTES = 80 * GIB  # each simulated GPU: an H100 80GB
+IDLE_GPU_BYTES = 512 * 1024**2  # what an idle GPU shows besides the engine: contexts of monitoring tools
 
 
 def _noise(t: float, scale: float) -> float:
@@ -43,8 +51,16 @@ class Scenario:
     restart_delay: float = 5.0  # the orchestrator's back-off before relaunching
     # A probe or watchdog that kills the engine this long after it starts serving (no OOM, no log).
     kill_after_serving: float | None = None
-    serving_used_ratio: float = 0.88  # GPU memory right after load
-    climb_ratio_per_second: float = 0.0  # growth past load: a leak or unbounded growth
+    # The GPUs the engine spans: 0 .. gpus - 1, one tensor-parallel rank each (vLLM's tensor_parallel_size).
+    gpus: int = 1
+    serving_used_ratio: float = 0.88  # share of each GPU the engine holds right after load
+    workspace_ratio: float = 0.004  # kernels' workspace that comes and goes with the batch (half its swing)
+    noise_ratio: float = 0.001
+    climb_ratio_per_second: float = 0.0  # growth past load, on every GPU: a leak or unbounded growth
+    # Growth on one GPU alone (activations, NCCL buffers, a leak on one rank), from this long after load on.
+    skew_gpu: int | None = None
+    skew_after: float = 0.0
+    skew_ratio_per_second: float = 0.0
     spike_ratio: float = 0.0  # extra use from overcommitted concurrency...
     spike_after: float = 0.0  # ...starting this long after load...
     spike_seconds: float = 1.0  # ...reaching its peak over this long
@@ -60,8 +76,13 @@ class Scenario:
             return self.retry_spike_after, self.retry_spike_seconds or self.spike_seconds
         return self.spike_after, self.spike_seconds
 
-    def gpu_used_ratio(self, t: float, life: int = 0) -> float:
-        """Share of the GPU the engine's processes hold, t simulated seconds after launch."""
+    @property
+    def oom_gpu(self) -> int:
+        """The GPU CUDA runs out of memory on: the one that grows alone, else the first."""
+        return self.skew_gpu if self.skew_gpu is not None else 0
+
+    def gpu_used_ratio(self, t: float, life: int = 0, gpu: int = 0) -> float:
+        """Share of GPU `gpu` (0 .. gpus - 1) the engine's processes hold, t simulated seconds after launch."""
         if t < self.load_seconds:
             # weights first, then the KV cache pool at the end of the load
             weights = 0.2 * t / self.load_seconds
@@ -71,8 +92,10 @@ class Scenario:
         spike_after, spike_seconds = self._spike(life)
         if self.spike_ratio and serving > spike_after:
             ratio += self.spike_ratio * min(1.0, (serving - spike_after) / spike_seconds)
-        # kernels' workspace comes and goes with the batch
-        ratio += 0.004 * (1 + math.sin(serving / 7.0)) + _noise(t, 0.001)
+        if gpu == self.skew_gpu and serving > self.skew_after:
+            ratio += self.skew_ratio_per_second * (serving - self.skew_after)
+        # kernels' workspace comes and goes with the batch; each GPU's jitter is its own
+        ratio += self.workspace_ratio * (1 + math.sin(serving / 7.0)) + _noise(t + 1000.0 * gpu, self.noise_ratio)
         return min(ratio, 0.999)
 
     def engine(self, t: float, life: int = 0) -> EngineFigures:
@@ -123,6 +146,70 @@ def _overcommit() -> Scenario:
     )
 
 
+# A reserved engine holds its reservation less this, on average (0.001 under it, the workspace's mean back up).
+_RESERVED_SLACK = 0.0007
+
+
+def _reserved(name: str, summary: str, utilization: float, **fields: Any) -> Scenario:
+    """vLLM's own way: from the end of the load its processes hold gpu_memory_utilization x total of each of
+    its GPUs (the KV cache pool takes what the weights and the profiled activations leave), idle or busy;
+    the KV cache churns inside the pool, unseen by NVML. What moves is a sliver of workspace within it."""
+    return Scenario(
+        name=name,
+        summary=summary,
+        gpu_memory_utilization=utilization,
+        serving_used_ratio=utilization - 0.001,
+        workspace_ratio=0.0003,
+        noise_ratio=0.0002,
+        **fields,
+    )
+
+
+def nvml_used_ratio(engine_ratio: float) -> float:
+    """What NVML shows for a GPU whose engine holds `engine_ratio`: plus the idle GPU's own use."""
+    return engine_ratio + IDLE_GPU_BYTES / GPU_TOTAL_BYTES
+
+
+def _pct(ratio: float) -> str:
+    return f"{ratio * 100:.1f} %"
+
+
+def _steady(name: str, utilization: float) -> Scenario:
+    shown = nvml_used_ratio(utilization - _RESERVED_SLACK)
+    return _reserved(
+        name,
+        f"vLLM at gpu_memory_utilization {utilization:.2f} on a healthy server: its processes hold {utilization:.2f} "
+        f"of the GPU from the end of the load, so NVML shows {_pct(shown)} (with the idle GPU's own use), steady "
+        "for hours while the KV cache churns inside the reservation; never out of memory.",
+        utilization,
+    )
+
+
+def _tp_skew() -> Scenario:
+    # 0.4 % of the GPU per minute: the headroom at 0.90 is 10 % of the GPU, so the use beyond the reservation
+    # fills 4 % of it a minute, and a level alert held a few minutes (the bundle's: 75 % of the headroom, i.e.
+    # 97.5 % used, for 2m) still comes minutes before the OOM; at 1 %/min the 2 minutes past 97.5 % reach 99.5 %.
+    utilization, load, steady_seconds, rate, dies_at = 0.9, 25.0, 300.0, 0.004 / 60, 0.988
+    start = utilization - _RESERVED_SLACK
+    climb_seconds = (dies_at - start) / rate
+    return _reserved(
+        "tp-skew",
+        f"A tensor-parallel engine (TP=2) at gpu_memory_utilization {utilization}: GPUs 0 and 1 both at "
+        f"{_pct(nvml_used_ratio(start))} for {steady_seconds / 60:.0f} minutes; then GPU 1 alone climbs beyond the "
+        f"reservation (activations, NCCL buffers, a leak on one rank) at {rate * 60 * 100:g} % of the GPU per "
+        f"minute to {_pct(nvml_used_ratio(dies_at))}, and CUDA runs out of memory on it {climb_seconds / 60:.1f} "
+        f"minutes into the climb ({(load + steady_seconds + climb_seconds) / 60:.1f} minutes after launch); GPU 0 "
+        f"stays at {_pct(nvml_used_ratio(start))}. The orchestrator relaunches the engine.",
+        utilization,
+        load_seconds=load,
+        gpus=2,
+        skew_gpu=1,
+        skew_after=steady_seconds,
+        skew_ratio_per_second=rate,
+        oom_at=load + steady_seconds + climb_seconds,
+    )
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -158,5 +245,8 @@ SCENARIOS: dict[str, Scenario] = {
             gpu_memory_utilization=0.9,
             load_seconds=7200.0,
         ),
+        _steady("default-steady", 0.90),
+        _steady("tight-steady", 0.95),
+        _tp_skew(),
     )
 }

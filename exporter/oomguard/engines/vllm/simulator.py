@@ -17,7 +17,7 @@ import time
 
 from aiohttp import web
 
-from oomguard.simulate.scenarios import GIB, SCENARIOS, Scenario
+from oomguard.simulate.scenarios import GIB, IDLE_GPU_BYTES, SCENARIOS, Scenario
 from oomguard.sources.processes import start_time
 
 
@@ -70,8 +70,28 @@ OOM_TRACEBACK = """(EngineCore pid={pid}) ERROR EngineCore encountered a fatal e
 (EngineCore pid={pid})     engine_core.run_busy_loop()
 (EngineCore pid={pid})   File "vllm/v1/worker/gpu_model_runner.py", line 2210, in execute_model
 (EngineCore pid={pid})     hidden_states = self.model(input_ids, positions)
-(EngineCore pid={pid}) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of {total:.2f} GiB of which 312.00 MiB is free. Process {pid} has {used:.2f} GiB memory in use.
+(EngineCore pid={pid}) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {gpu} has a total capacity of {total:.2f} GiB of which {free:.2f} MiB is free. Process {pid} has {used:.2f} GiB memory in use.
 """
+
+# Tensor parallel: the rank whose allocation fails writes the traceback, then the engine core dies with it.
+TP_OOM_TRACEBACK = """(Worker_TP{gpu} pid={pid}) ERROR WorkerProc hit an exception.
+(Worker_TP{gpu} pid={pid}) Traceback (most recent call last):
+(Worker_TP{gpu} pid={pid})   File "vllm/v1/executor/multiproc_executor.py", line 666, in worker_busy_loop
+(Worker_TP{gpu} pid={pid})     output = func(*args, **kwargs)
+(Worker_TP{gpu} pid={pid})   File "vllm/v1/worker/gpu_model_runner.py", line 2210, in execute_model
+(Worker_TP{gpu} pid={pid})     hidden_states = self.model(input_ids, positions)
+(Worker_TP{gpu} pid={pid}) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {gpu} has a total capacity of {total:.2f} GiB of which {free:.2f} MiB is free. Process {pid} has {used:.2f} GiB memory in use.
+(EngineCore_DP0 pid={pid}) ERROR EngineCore encountered a fatal error.
+"""
+
+
+def oom_traceback(scenario: Scenario, *, life: int, pid: int, total_bytes: int) -> str:
+    """What the engine writes as it dies of CUDA OOM: the figures of its GPU that runs out, at its death."""
+    gpu = scenario.oom_gpu
+    used = scenario.gpu_used_ratio(scenario.death_at(life) or 0.0, life, gpu) * total_bytes
+    free = max(0, total_bytes - IDLE_GPU_BYTES - used)
+    template = TP_OOM_TRACEBACK if scenario.gpus > 1 else OOM_TRACEBACK
+    return template.format(pid=pid, gpu=gpu, total=total_bytes / GIB, free=free / 1024**2, used=used / GIB)
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -111,9 +131,8 @@ async def serve(args: argparse.Namespace) -> int:
         if death_at is None:
             await asyncio.Event().wait()
         await asyncio.sleep(max(0.0, death_at - now()) / args.time_scale)
-        total = args.gpu_total_bytes / GIB
         print(
-            OOM_TRACEBACK.format(pid=os.getpid(), total=total, used=total * 0.98),
+            oom_traceback(scenario, life=args.life, pid=os.getpid(), total_bytes=args.gpu_total_bytes),
             file=sys.stderr,
             end="",
             flush=True,
