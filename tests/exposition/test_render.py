@@ -14,7 +14,7 @@ from support import promtool_check_metrics
 
 from oomguard.events.kinds import HOST_EVENT_KINDS, LOG_EVENT_KINDS
 from oomguard.exposition import METRICS, families, render
-from oomguard.join import join_targets
+from oomguard.join import join_gpus, join_targets
 from oomguard.model import (
     HOST,
     Counts,
@@ -73,7 +73,7 @@ def busy_snapshot() -> Snapshot:
                 scrape_duration_seconds=0.0213,
                 health_status=200,
                 health_latency_seconds=0.0011,
-                engine_reading=EngineReading((model,), 0.9, 2048.0, 16.0, 120.0 * GIB, 1.7e9),
+                engine_reading=EngineReading((model,), 0.9, 2048.0, 16.0, 120.0 * GIB, 1.7e9, "awake"),
                 process=ProcessTree(4242, frozenset({4242, 4250}), 3.5 * GIB, 1.7e9 + 0.25),
                 errors_total={"timeout": 2, "refused": 0},
                 restarts_total=3,
@@ -101,8 +101,10 @@ def busy_snapshot() -> Snapshot:
         xid_last={0: 1.7e9 + 10},
         xid_read_errors=0,
     )
-    # The join is part of a collection: done here as the collection does it.
-    return dataclasses.replace(snapshot, memory=join_targets(snapshot.nvml, snapshot.targets))
+    # The joins are part of a collection: done here as the collection does them.
+    memory = join_targets(snapshot.nvml, snapshot.targets)
+    gpu_memory = join_gpus(snapshot.nvml, snapshot.targets, memory)
+    return dataclasses.replace(snapshot, memory=memory, gpu_memory=gpu_memory)
 
 
 class _Collector:
