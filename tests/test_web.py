@@ -159,7 +159,11 @@ async def test_local_target_is_joined_with_its_own_gpu_processes(aiohttp_client,
         (70 - 0.92 * 80) * GIB
     )
     rss = value(text, "oomguard_target_resident_memory_bytes", target="good")
-    assert rss == pytest.approx(psutil.Process().memory_info().rss, rel=0.2)
+    # The engine is this process and its children: the test session may hold some (a Prometheus of a
+    # session fixture), and the exporter rightly counts them as the engine's workers.
+    me = psutil.Process()
+    family = sum(p.memory_info().rss for p in (me, *me.children(recursive=True)) if p.is_running())
+    assert rss == pytest.approx(family, rel=0.2)
 
 
 async def test_gpus_are_found_from_processes_when_not_configured(aiohttp_client, zoo: Zoo) -> None:
