@@ -6,7 +6,6 @@ An engine lives in one package, `engines/<name>/`, whose `PLUGIN` is listed in
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
@@ -55,9 +54,6 @@ class EnginePlugin:
         """The engine's own log patterns (entries of kind and regex), from its patterns.yaml."""
         text = resources.files(self.package).joinpath("patterns.yaml").read_text("utf-8")
         return list(yaml.safe_load(text) or [])
-
-    def line_prefix(self) -> re.Pattern[str]:
-        return re.compile(self.log_line_prefix)
 
 
 def total(samples: Iterable[Sample]) -> float | None:

@@ -28,7 +28,6 @@ TARGET_OOM_KINDS = (*LOG_OOM_KINDS, CGROUP_OOM_KILL)
 # Every kind a target can have.
 TARGET_EVENT_KINDS = (*LOG_EVENT_KINDS, CGROUP_OOM_KILL)
 HOST_EVENT_KINDS = (KERNEL_OOM_KILL,)
-GPU_EVENT_KINDS = (XID,)
 
 
 def kind_regex(kinds: Iterable[str]) -> str:
