@@ -88,7 +88,7 @@ def test_precedence_flag_over_environment_over_file(tmp_path: Path, monkeypatch:
     from oomguard import cli
 
     seen = {}
-    monkeypatch.setattr(cli, "serve", lambda config: seen.setdefault("config", config) and 0)
+    monkeypatch.setattr(cli, "serve", lambda config, web_config_file=None: seen.setdefault("config", config) and 0)
     path = write(tmp_path, "web:\n  listen_address: ':1111'\nnvml:\n  enabled: true\n")
     monkeypatch.setenv("OOMGUARD_WEB_LISTEN_ADDRESS", ":2222")
     monkeypatch.setenv("OOMGUARD_COLLECTOR_NVML", "false")

@@ -25,6 +25,7 @@ log = logging.getLogger("oomguard")
 _ENVIRONMENT = {
     "config": ("OOMGUARD_CONFIG", None),
     "listen_address": ("OOMGUARD_WEB_LISTEN_ADDRESS", "web.listen_address"),
+    "web_config_file": ("OOMGUARD_WEB_CONFIG_FILE", None),
     "simulate": ("OOMGUARD_SIMULATE", "simulation.scenario"),
     "simulate_gpus": ("OOMGUARD_SIMULATE_GPUS", "simulation.gpus"),
     "simulate_time_scale": ("OOMGUARD_SIMULATE_TIME_SCALE", "simulation.time_scale"),
@@ -47,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
         dest="listen_address",
         metavar="HOST:PORT",
         help="address to serve on [$OOMGUARD_WEB_LISTEN_ADDRESS] (default :9847)",
+    )
+    serve.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        help="TLS, client certificates, basic auth and headers, in the Prometheus exporter toolkit's "
+        "format; re-read when it changes (docs/security.md) [$OOMGUARD_WEB_CONFIG_FILE]",
     )
     serve.add_argument(
         "--simulate",
@@ -184,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    return serve(config)
+    return serve(config, Path(args.web_config_file) if args.web_config_file else None)
 
 
 def _drill(args: argparse.Namespace) -> int:
@@ -237,14 +245,25 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve(config: Any) -> int:
+def serve(config: Any, web_config_file: Path | None = None) -> int:
     from aiohttp import web
 
     from oomguard.runtime import Runtime
     from oomguard.web import make_app
+    from oomguard.web_config import WebConfigState, load_web_config
+    from oomguard.web_config.server import run
 
+    web_config = None
+    if web_config_file is not None:
+        try:
+            web_config = WebConfigState(load_web_config(web_config_file))
+        except ConfigError as exc:  # a bad file at start stops here; on reload the last good one stays
+            print(exc, file=sys.stderr)
+            return 1
     runtime = Runtime(config)
     host, port = parse_listen_address(config.web.listen_address)
     log.info("oomguard %s listening on %s:%d, %d target(s)", __version__, host, port, len(runtime.config.targets))
-    web.run_app(make_app(runtime), host=host, port=port, print=None, access_log=None)
-    return 0
+    if web_config is None:
+        web.run_app(make_app(runtime), host=host, port=port, print=None, access_log=None)
+        return 0
+    return run(make_app(runtime, web_config), host, port, web_config)

@@ -1,28 +1,43 @@
-"""The HTTP face: /metrics, /-/healthy, /-/ready and a landing page. It routes, and starts and stops the runtime."""
+"""The HTTP face: /metrics, /-/healthy, /-/ready and a landing page. It routes, and starts and stops the runtime.
+
+With a web configuration (--web.config.file) every path, health checks included, is behind
+its basic auth, and every response carries its headers, as in the exporter toolkit.
+"""
 
 from __future__ import annotations
 
 import html
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
 from oomguard import __version__
 from oomguard.collection import Collection
 from oomguard.exposition import render
+from oomguard.exposition.health import render_web_config
 from oomguard.runtime import Runtime
+from oomguard.web_config import WebConfigState
 
 log = logging.getLogger(__name__)
 
 RUNTIME = web.AppKey("runtime", Runtime)
+WEB_CONFIG = web.AppKey("web_config", WebConfigState)
 # The classic text format: every Prometheus 2.x understands it (all our names are plain ASCII).
 EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def make_app(runtime: Runtime) -> web.Application:
-    app = web.Application()
+def make_app(runtime: Runtime, web_config: WebConfigState | None = None) -> web.Application:
+    app = web.Application(middlewares=[_guard(web_config)] if web_config else [])
     app[RUNTIME] = runtime
+    if web_config is not None:
+        app[WEB_CONFIG] = web_config
+
+        async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
+            # A signal, not the middleware: 401s and 404s get the headers too.
+            response.headers.update(web_config.current.headers)
+
+        app.on_response_prepare.append(add_headers)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await runtime.start()
@@ -37,6 +52,20 @@ def make_app(runtime: Runtime) -> web.Application:
     return app
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _guard(web_config: WebConfigState) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        auth = web_config.current.auth  # read per request: a reload applies to the next one
+        if auth is not None and not await auth.check(request.headers.get("Authorization")):
+            raise web.HTTPUnauthorized(headers={"WWW-Authenticate": "Basic"}, text="Unauthorized\n")
+        return await handler(request)
+
+    return guard
+
+
 def _collection(request: web.Request) -> Collection:
     collection = request.app[RUNTIME].collection
     assert collection is not None, "routes are served only after the runtime started"
@@ -45,7 +74,11 @@ def _collection(request: web.Request) -> Collection:
 
 async def metrics(request: web.Request) -> web.Response:
     snapshot = await _collection(request).snapshot()
-    return web.Response(body=render(snapshot), headers={"Content-Type": EXPOSITION_CONTENT_TYPE})
+    body = render(snapshot)
+    web_config = request.app.get(WEB_CONFIG)
+    if web_config is not None:
+        body += render_web_config(web_config.last_reload_successful, web_config.last_success_timestamp)
+    return web.Response(body=body, headers={"Content-Type": EXPOSITION_CONTENT_TYPE})
 
 
 async def healthy(request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ from support import promtool_check_metrics
 
 from oomguard.events.kinds import HOST_EVENT_KINDS, LOG_EVENT_KINDS
 from oomguard.exposition import METRICS, families, render
+from oomguard.exposition.health import WEB_CONFIG_METRICS
 from oomguard.join import join_gpus, join_targets
 from oomguard.model import (
     HOST,
@@ -128,4 +129,6 @@ def test_busy_snapshot_fills_most_metrics() -> None:
     # Guards the test above against a snapshot that leaves sections out (the host had no event yet).
     text = render(busy_snapshot()).decode()
     missing = [m.name for m in METRICS if f"# TYPE {m.name}" not in text]
-    assert missing == ["oomguard_host_last_event_timestamp_seconds"], missing
+    # The web configuration's metrics are the web layer's, appended after the snapshot's (tests/web_config).
+    web_config = [m.name for m in WEB_CONFIG_METRICS]
+    assert missing == ["oomguard_host_last_event_timestamp_seconds", *web_config], missing

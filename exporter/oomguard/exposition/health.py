@@ -83,9 +83,29 @@ TARGET_HEALTH_LATENCY_SECONDS = metric(
     "target",
     "Time for /health to answer (absent when it did not answer).",
 )
+WEB_CONFIG_LAST_RELOAD_SUCCESSFUL = metric(
+    SECTION,
+    "web_config_last_reload_successful",
+    "gauge",
+    "",
+    "",
+    "1 when the last read of --web.config.file (and the files it names) succeeded; 0 while a bad change is refused and the last good configuration serves. Only with --web.config.file.",
+)
+WEB_CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS = metric(
+    SECTION,
+    "web_config_last_reload_success_timestamp_seconds",
+    "gauge",
+    "seconds",
+    "",
+    "When the web configuration in force was read (Unix time). Only with --web.config.file.",
+)
+# Last in the section, and the section last of all: the web layer appends them after the snapshot's render.
+WEB_CONFIG_METRICS = (WEB_CONFIG_LAST_RELOAD_SUCCESSFUL, WEB_CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS)
+_WEB_CONFIG_DECLARED = frozenset(WEB_CONFIG_METRICS)
 METRICS = (
     BUILD_INFO, SOURCE_SUCCESS, SOURCE_DURATION_SECONDS, NVML_UP, TARGET_UP, TARGET_STATE,
     TARGET_SCRAPE_DURATION_SECONDS, TARGET_SCRAPE_ERRORS, TARGET_HEALTH_STATUS_CODE, TARGET_HEALTH_LATENCY_SECONDS,
+    *WEB_CONFIG_METRICS,
 )  # fmt: skip
 
 
@@ -108,3 +128,11 @@ def add_target(out: Exposition, target: TargetReading) -> None:
         out.add(TARGET_SCRAPE_ERRORS, (t, kind), float(target.errors_total.get(kind, 0)))
     out.add(TARGET_HEALTH_STATUS_CODE, (t,), target.health_status)
     out.add(TARGET_HEALTH_LATENCY_SECONDS, (t,), target.health_latency_seconds)
+
+
+def render_web_config(successful: bool, success_timestamp: float) -> bytes:
+    """The web configuration's state, which is the web layer's and not in a snapshot."""
+    out = Exposition(WEB_CONFIG_METRICS, _WEB_CONFIG_DECLARED)
+    out.add(WEB_CONFIG_LAST_RELOAD_SUCCESSFUL, (), 1.0 if successful else 0.0)
+    out.add(WEB_CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS, (), success_timestamp)
+    return out.render()
