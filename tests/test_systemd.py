@@ -75,4 +75,4 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     exposure = re.search(r"Overall exposure level for \S+: ([\d.]+)", security.stdout)
     if exposure is None:
         pytest.skip(f"systemd-analyze security --offline is not supported here: {security.stderr.strip()[:200]}")
-    assert float(exposure.group(1)) <= 2.5, security.stdout  # systemd calls below 3 "OK"; ours was 1.8
+    assert float(exposure.group(1)) <= 2.5, security.stdout  # systemd calls below 3 "OK"; ours was 1.7
