@@ -41,7 +41,11 @@ class WebSettings:
     def describe(self) -> str:
         tls = self.model.tls_server_config
         parts = [tls_.describe(tls) if tls is not None and tls.enabled else "plain HTTP (no TLS)"]
-        parts.append(f"basic auth for {len(self.auth)} user(s)" if self.auth else "no basic auth")
+        if self.auth:
+            clear = " (over plain HTTP: passwords cross the network in clear text)" if self.ssl_context is None else ""
+            parts.append(f"basic auth for {len(self.auth)} user(s){clear}")
+        else:
+            parts.append("no basic auth")
         if self.headers:
             parts.append("headers: " + ", ".join(self.headers))
         return "; ".join(parts)
