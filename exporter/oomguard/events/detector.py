@@ -18,6 +18,8 @@ counted, matching lines are taken as the same death until the engine starts agai
 
 from __future__ import annotations
 
+import logging
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,8 @@ from typing import Any
 from oomguard.events.catalogue import Pattern
 from oomguard.events.kinds import LOG_EVENT_KINDS, STARTUP
 from oomguard.model import Event
+
+log = logging.getLogger(__name__)
 
 # Python's own traceback lines, after the engine's line prefix: they keep an open incident open
 # (a traceback flushed slowly is still one), where other chatter does not.
@@ -113,9 +117,30 @@ class IncidentDetector:
         }
 
     def restore(self, state: dict[str, Any] | None) -> None:
+        """Resume what `state()` saved; a saved state this cannot read is dropped whole, with a warning (an
+        incident it held may go uncounted, as after a start without state), never raised."""
         if not state:
             return
-        if state.get("open"):
-            started, last, kinds = state["open"]
-            self.open = Incident(float(started), float(last), list(kinds))
-        self.dead_until_startup = state.get("dead_until_startup")
+        try:
+            incident = None
+            if state.get("open"):
+                started, last, kinds = state["open"]
+                incident = Incident(_time(started), _time(last), [k for k in kinds if k in LOG_EVENT_KINDS])
+                if not incident.kinds:
+                    raise ValueError(f"no event kind in {str(kinds)[:80]}")
+            dead = state.get("dead_until_startup")
+            dead = None if dead is None else _time(dead)
+        except (TypeError, ValueError, AttributeError) as exc:
+            log.warning("saved incident state ignored (%s): this incident, if any, is not counted", exc)
+            return
+        self.open, self.dead_until_startup = incident, dead
+
+
+def _time(value: Any) -> float:
+    """A saved time: a finite number (a NaN would keep an incident open, or the detector unarmed, for ever)."""
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    except OverflowError:  # an integer too large for a float
+        pass
+    raise ValueError(f"not a time: {str(value)[:40]}")
