@@ -77,6 +77,18 @@ def test_missing_file(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.yaml")
 
 
+def test_a_file_not_in_utf8_is_refused_with_the_byte_and_the_fix(tmp_path: Path) -> None:
+    """Bug found by tests/fuzz: a file saved as Latin-1 ended in a raw UnicodeDecodeError traceback."""
+    path = tmp_path / "oomguard.yaml"
+    path.write_bytes("targets:\n  - url: http://café:8000\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == (
+        f"{path}: the configuration file is not UTF-8 text: byte 28 (line 2) is 0xe9 (invalid continuation byte); "
+        "save it as UTF-8"
+    )
+
+
 def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", str(REPO / "deploy" / "oomguard.yaml")]) == 0
     assert "valid; 2 target(s): llama-70b, qwen-7b" in capsys.readouterr().out

@@ -294,15 +294,29 @@ def explain(
     return "\n".join(lines)
 
 
+def read_text(path: Path, what: str) -> str:
+    """The text of a configuration file: a ConfigError naming the file and the fix when it cannot be read,
+    or is not UTF-8 (an editor that saved it as Latin-1 or UTF-16)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path}: the {what} is not UTF-8 text: byte {exc.start} (line {line}) is "
+            f"0x{data[exc.start : exc.start + 1].hex()} ({exc.reason}); save it as UTF-8"
+        ) from None
+
+
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
     """Read `path` (if any), apply `overrides` (dotted keys), validate everything."""
     raw: dict[str, Any] = {}
     source = str(path) if path else "configuration"
     if path is not None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read the configuration file: {exc.strerror}") from None
+        text = read_text(path, "configuration file")
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BeforeValidator, Field, ValidationError, field_validator
 
-from oomguard.config import ConfigError, StrictModel, explain
+from oomguard.config import ConfigError, StrictModel, explain, read_text
 
 Severity = Literal["critical", "warning", "info"]
 SEVERITIES: tuple[str, ...] = get_args(Severity)
@@ -199,10 +199,9 @@ def load_bundle_config(path: Path | None = None) -> BundleConfig:
     source = "bundle defaults"
     if path is not None:
         source = str(path)
+        text = read_text(path, "bundle configuration")
         try:
-            override = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read the bundle configuration: {exc.strerror}") from None
+            override = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from None
         if not isinstance(override, dict):
