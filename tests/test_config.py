@@ -115,6 +115,14 @@ def test_precedence_flag_over_environment_over_file(tmp_path: Path, monkeypatch:
     assert seen.pop("config").web.listen_address == ":1111"
 
 
+def test_an_override_under_a_key_the_file_leaves_empty_is_refused_with_the_key(tmp_path: Path) -> None:
+    """Bug found by tests/fuzz: `web:` left empty in the file (its keys commented out) with --web.listen-address
+    or $OOMGUARD_WEB_LISTEN_ADDRESS set ended in a raw TypeError traceback."""
+    for text in ("web:\n", "web: 9847\n"):
+        with pytest.raises(ConfigError, match=r"web: Input should be a valid dictionary"):
+            load_config(write(tmp_path, text), {"web.listen_address": ":1234"})
+
+
 def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("OOMGUARD_WEB_LISTEN_ADDRESS", "nowhere")
     assert main(["serve"]) == 1

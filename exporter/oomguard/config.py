@@ -331,7 +331,10 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
         *parents, leaf = dotted.split(".")
         for key in parents:
             node = node.setdefault(key, {})
-        node[leaf] = value
+            if not isinstance(node, dict):
+                break  # the file's `web:` is empty or not a mapping: refused below, naming the key
+        else:
+            node[leaf] = value
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
