@@ -123,6 +123,15 @@ def test_an_override_under_a_key_the_file_leaves_empty_is_refused_with_the_key(t
             load_config(write(tmp_path, text), {"web.listen_address": ":1234"})
 
 
+@pytest.mark.parametrize("regex", ["a{4294967296}", "(" * 2000 + ")" * 2000])
+def test_a_pattern_too_large_to_compile_is_refused_with_its_key(tmp_path: Path, regex: str) -> None:
+    """Bug found by tests/fuzz: a regex whose repeat count overflows, or nested too deep, ended in a raw
+    OverflowError or RecursionError traceback instead of a configuration error."""
+    text = f"events:\n  patterns:\n    - kind: cuda_oom\n      regex: '{regex}'\n"
+    with pytest.raises(ConfigError, match=r"events\.patterns\[0\]: pattern .* is not a valid regular expression"):
+        load_config(write(tmp_path, text))
+
+
 def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("OOMGUARD_WEB_LISTEN_ADDRESS", "nowhere")
     assert main(["serve"]) == 1

@@ -33,7 +33,7 @@ def _compile(entry: Mapping[str, Any]) -> Pattern:
         raise ValueError(f"pattern {regex!r}: kind {kind!r} is not one of {', '.join(PATTERN_KINDS)}")
     try:
         return Pattern(kind, re.compile(regex))  # type: ignore[arg-type]
-    except (re.error, TypeError) as exc:
+    except (re.error, TypeError, OverflowError, RecursionError) as exc:  # a{4294967296}; ((((... 1000 deep
         raise ValueError(f"pattern {regex!r} ({kind}) is not a valid regular expression: {exc}") from None
 
 
