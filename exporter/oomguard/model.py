@@ -211,6 +211,7 @@ class Event:
     kind: str
     timestamp: float  # when its first line was read (logs carry no reliable clock)
     count: int = 1
+    pid: int | None = None  # a `startup` line's process, where it names one: two lines of one start are one life
 
 
 @dataclass

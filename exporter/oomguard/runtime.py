@@ -126,15 +126,20 @@ class Runtime:
             sampler = Sampler(tracker, TrendObserver(nvml, processes, scrapers, tracker).observe)
             self._tasks.append(asyncio.ensure_future(sampler.run()))
         if events.sources:
-            self._tasks.append(asyncio.ensure_future(self._follow_events(events)))
+            self._tasks.append(asyncio.ensure_future(self._follow_events(events, scrapers)))
         if xid is not None:
             xid.start()
 
-    async def _follow_events(self, events: EventRunner) -> None:
-        """The background loop reading logs, journals, cgroups and the kernel log."""
+    async def _follow_events(self, events: EventRunner, scrapers: list[TargetScraper]) -> None:
+        """The background loop reading logs, journals, cgroups and the kernel log; the engines' starts read there
+        go to their targets' restart trackers (a life that never serves is seen nowhere else)."""
         interval = self.config.events.poll_interval_seconds
+        by_name = {s.name: s for s in scrapers}
         while True:
             await asyncio.to_thread(self.registry.run_blocking, "events", events.poll)
+            for target, at, pid in events.take_starts():
+                if (scraper := by_name.get(target)) is not None:
+                    scraper.restarts.log_start(at, pid)
             await asyncio.sleep(interval)
 
     async def stop(self) -> None:

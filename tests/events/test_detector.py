@@ -58,6 +58,17 @@ def test_a_startup_line_closes_the_incident_at_once() -> None:
     assert feed(d, [*OOM_TRACEBACK, STARTUP], now=1.0) == ["cuda_oom"]
 
 
+def test_startup_lines_are_handed_over_with_their_pid_not_counted() -> None:
+    """Each start read goes to the restart tracker (take_starts), with the pid the line names, once."""
+    d = detector()
+    uvicorn = "(APIServer pid=80) INFO:     Started server process [80]"
+    assert feed(d, [STARTUP, "noise", uvicorn, "INFO vLLM API server version 0.9.2"], now=5.0) == []
+    assert [(e.kind, e.timestamp, e.pid) for e in d.take_starts()] == [
+        ("startup", 5.0, 80), ("startup", 5.0, 80), ("startup", 5.0, None)
+    ]  # fmt: skip
+    assert d.take_starts() == []
+
+
 def test_a_traceback_flushed_in_pieces_counts_once() -> None:
     d = detector(quiet_seconds=5)
     for i, line in enumerate(OOM_TRACEBACK):  # one line every 2 s: never quiet for 5 s

@@ -43,3 +43,75 @@ def test_without_identity_a_return_to_up_is_a_restart() -> None:
     r.observe(110.0, "down", None, None)
     r.observe(130.0, "up", None, None)
     assert r.restarts_total == 1 and r.startup_seconds == 20.0
+
+
+# Lives seen in the engine's log: its startup lines (RestartTracker.log_start).
+
+
+def test_starts_that_never_serve_are_restarts() -> None:
+    """A crash loop at start (the KV cache does not fit): each life logs its start and dies loading."""
+    r = RestartTracker()
+    r.observe(100.0, "loading", None, None)
+    r.log_start(101.0, pid=20)  # the first life: not a restart
+    for i, at in enumerate((131.0, 161.0, 191.0), start=1):
+        r.observe(at - 1, "loading", None, None)
+        r.log_start(at, pid=20 + i)
+    assert r.restarts_total == 3 and r.last_restart_at == 191.0
+    assert r.startup_seconds is None  # none came up
+
+
+def test_a_life_announced_then_up_is_counted_once() -> None:
+    r = RestartTracker()
+    r.log_start(51.0, pid=10)
+    r.observe(100.0, "up", 50.0, 10)
+    r.log_start(150.0, pid=11)  # a new life's line, read before it comes up
+    r.observe(160.0, "loading", None, None)
+    r.observe(180.0, "up", 149.0, 11)  # the process started before its line was read: the same life
+    assert r.restarts_total == 1 and r.last_restart_at == 150.0 and r.startup_seconds == 31.0
+
+
+def test_an_unread_line_makes_the_next_one_ambiguous_and_the_process_decides() -> None:
+    """The exporter saw the first life up but never read its line: a line soon after may be that life's own
+    (ANNOUNCE_WINDOW), so it is not counted; the new process, once up, is."""
+    r = RestartTracker()
+    r.observe(100.0, "up", 50.0, 10)
+    r.log_start(150.0, pid=11)
+    assert r.restarts_total == 0
+    r.observe(180.0, "up", 149.0, 11)
+    assert r.restarts_total == 1 and r.last_restart_at == 149.0
+
+
+def test_a_life_up_before_its_line_is_read_is_counted_once() -> None:
+    r = RestartTracker()
+    r.observe(100.0, "up", 50.0, 10)
+    r.observe(200.0, "up", 190.0, 11)  # a fast load: up before the event poller read its startup line
+    r.log_start(201.0, pid=11)
+    assert r.restarts_total == 1 and r.last_restart_at == 190.0
+
+
+def test_two_startup_lines_of_one_process_are_one_life() -> None:
+    """vLLM logs its version at start and uvicorn "Started server process [N]" after the load: same pid."""
+    r = RestartTracker()
+    r.log_start(10.0, pid=7)
+    r.log_start(40.0, pid=7)
+    r.observe(41.0, "up", 8.0, 7)
+    r.log_start(60.0, pid=9)
+    r.log_start(90.0, pid=9)
+    assert r.restarts_total == 1
+
+
+def test_the_first_line_read_long_after_the_life_came_up_is_a_new_life() -> None:
+    """The exporter started while the engine ran (its startup line never read): a line hours later is a restart."""
+    r = RestartTracker()
+    r.observe(10_000.0, "up", 100.0, 10)
+    r.log_start(10_100.0, pid=11)
+    assert r.restarts_total == 1
+
+
+def test_a_process_younger_than_the_announced_line_is_yet_another_life() -> None:
+    r = RestartTracker()
+    r.log_start(51.0, pid=10)
+    r.observe(100.0, "up", 50.0, 10)
+    r.log_start(150.0, pid=11)  # killed while loading...
+    r.observe(300.0, "up", 250.0, 12)  # ...and the next life came up before its own line was read
+    assert r.restarts_total == 2

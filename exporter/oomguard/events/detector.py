@@ -37,6 +37,9 @@ PYTHON_TRACEBACK = (
     r"|[\w.]+(?:Error|Exception|Exit)\b)"
 )
 
+# The process a startup line names: vLLM's "(APIServer pid=N)" prefix, uvicorn's "Started server process [N]".
+STARTUP_PID = re.compile(r"(?:\bpid=|process \[)(\d+)")
+
 
 def traceback_line(line_prefix: str = "") -> re.Pattern[str]:
     """Lines that continue a traceback: the engine's prefix (a regex, "" for none), then Python's traceback."""
@@ -70,6 +73,7 @@ class IncidentDetector:
         self.rearm_seconds = rearm_seconds
         self.open: Incident | None = None
         self.dead_until_startup: float | None = None  # last matching line of a death already counted
+        self.starts: list[tuple[float, int | None]] = []  # (when, pid) of each `startup` line read: take_starts
         # One combined scan first: most lines match nothing, and one search beats a dozen.
         self._any = re.compile("|".join(f"(?:{p.regex.pattern})" for p in patterns)) if patterns else None
 
@@ -82,6 +86,8 @@ class IncidentDetector:
         if STARTUP in kinds:
             events = self.close()
             self.dead_until_startup = None
+            pid = STARTUP_PID.search(line)
+            self.starts.append((now, int(pid.group(1)) if pid else None))
             return events
         if self.dead_until_startup is not None:
             self.dead_until_startup = now  # more of the death already counted
@@ -101,6 +107,12 @@ class IncidentDetector:
             self.dead_until_startup = last
             return events
         return []
+
+    def take_starts(self) -> list[Event]:
+        """The engine's starts read since the last call, as `startup` events: not counted as events, they tell the
+        target's restart tracker of lives that never serve (a start that fails, a probe that kills the load)."""
+        starts, self.starts = self.starts, []
+        return [Event(STARTUP, at, pid=pid) for at, pid in starts]
 
     def close(self) -> list[Event]:
         incident, self.open = self.open, None

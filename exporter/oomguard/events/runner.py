@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.config import Config
+from oomguard.events.kinds import STARTUP
 from oomguard.events.registry import COUNTS, SavedState, build_sources
 from oomguard.events.source import INCIDENTS, POSITIONS, EventSource
 from oomguard.model import Counts, Event, EventSourceHealth
@@ -48,6 +49,7 @@ class EventRunner:
         self.state_write_errors = 0
         self._failures = [0] * len(self.sources)  # polls that raised (a bug): counted as read errors
         self._states = [source.state() for source in self.sources]  # as last saved or seen
+        self.starts: list[tuple[str, float, int | None]] = []  # (target, when, pid) of each start read: take_starts
 
     # -- one poll: blocking (file reads, journalctl), run in a worker thread ---------------
     def poll(self) -> None:
@@ -68,8 +70,16 @@ class EventRunner:
 
     def _count(self, source: EventSource, events: list[Event]) -> None:
         for event in events:
+            if event.kind == STARTUP:  # a new life, for the restart tracker: not an event to count
+                self.starts.append((source.target, event.timestamp, event.pid))
+                continue
             self.counts.setdefault(source.target, Counts()).add(event.kind, event.count, event.timestamp)
             log.warning("event: %s %s x%d", source.target or "host", event.kind, event.count)
+
+    def take_starts(self) -> list[tuple[str, float, int | None]]:
+        """(target, when, pid or None) of each engine start read in the logs since the last call."""
+        starts, self.starts = self.starts, []
+        return starts
 
     def health(self) -> list[EventSourceHealth]:
         return [

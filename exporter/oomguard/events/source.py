@@ -106,7 +106,7 @@ class LogSource:
         lines = self.reader.poll()
         self._report(self, self.reader.stats.last_error)
         events = [event for line in lines for event in self.detector.feed(line, now)]
-        return events + self.detector.tick(now)
+        return events + self.detector.tick(now) + self.detector.take_starts()
 
     def health(self) -> EventSourceHealth:
         return source_health(self, self.reader.stats)

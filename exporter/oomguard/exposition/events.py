@@ -31,7 +31,7 @@ TARGET_RESTARTS = metric(
     "counter",
     "",
     "target",
-    "New lives of the engine: a new process start time or pid, or a return to up after down or loading with neither known.",
+    "New lives of the engine: a new process start time or pid, or a return to up after down or loading with neither known; or a startup line in its log, for lives that never serve.",
 )
 TARGET_LAST_RESTART_TIMESTAMP_SECONDS = metric(
     SECTION,

@@ -6,6 +6,11 @@ to "up" after a spell of "down" or "loading". Counted once per new life, however
 was noticed. The startup time is measured from the process start (to a clock tick)
 to the first /health 200; where the start is not known, from the first scrape that
 saw the target not up (a lower bound).
+
+A life that never serves (a start that cannot allocate its memory, a probe that kills
+the load) is seen only in the engine's log: its `startup` line (`log_start`). A life
+announced there is the same life as the process that later comes up if that process
+started before the line was read; two startup lines naming one pid are one life.
 """
 
 from __future__ import annotations
@@ -13,6 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 START_TOLERANCE = 1.0  # seconds: psutil-style start times are only good to about a second
+# A startup line read this long after the start of a life seen up before it is that life's own line: engines
+# print theirs within seconds of the process start (vLLM, SGLang), or after the load (uvicorn), read up to a
+# poll later. Later than this, it is a new life's.
+ANNOUNCE_WINDOW = 900.0
 
 
 @dataclass
@@ -22,6 +31,34 @@ class RestartTracker:
     startup_seconds: float | None = None
     _life: tuple[float | None, int | None] | None = None  # (start time, pid) of the current life
     _not_up_since: float | None = None
+    # The current life as its log told it: when its startup line was read, and the pid that line names.
+    _announced_at: float | None = None
+    _log_pid: int | None = None
+    _from_log: bool = False  # known only from its startup line: not seen up yet
+
+    def log_start(self, at: float, pid: int | None = None) -> None:
+        """A startup line of the engine, read at `at`, naming process `pid` (None when it names none)."""
+        if pid is not None and pid == self._log_pid:
+            return  # another line of the same start
+        if self._life is None:
+            self._adopt_log_life(at, pid)  # the first life seen: not a restart
+            return
+        start = self._life[0]
+        if (
+            self._announced_at is None
+            and not self._from_log
+            and (start is None or -START_TOLERANCE <= at - start <= ANNOUNCE_WINDOW)
+        ):
+            # The line of the life already seen up, read after it came up.
+            self._announced_at, self._log_pid = at, pid
+            return
+        self.restarts_total += 1
+        self.last_restart_at = at
+        self._adopt_log_life(at, pid)
+
+    def _adopt_log_life(self, at: float, pid: int | None) -> None:
+        self._life = (at, None)
+        self._announced_at, self._log_pid, self._from_log = at, pid, True
 
     def observe(self, now: float, state: str, start_time: float | None, pid: int | None) -> None:
         if state != "up":
@@ -36,10 +73,20 @@ class RestartTracker:
             self._life = life
             if first_seen_loading:
                 self._record_startup(now, start_time)
+        elif self._from_log:
+            announced = self._announced_at if self._announced_at is not None else now
+            if start_time is not None and start_time > announced + START_TOLERANCE:
+                # A process younger than the announced life's line: yet another life.
+                self.restarts_total += 1
+                self.last_restart_at = start_time
+            self._life = life
+            self._from_log = False
+            self._record_startup(now, start_time)
         elif (known and self._differs(life)) or (not known and was_down):
             self.restarts_total += 1
             self.last_restart_at = start_time if start_time is not None else now
             self._life = life
+            self._announced_at = self._log_pid = None
             self._record_startup(now, start_time)
         self._not_up_since = None
 
