@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 
 SIMULATED_TARGET = "sim-vllm"
+# The foreign process of a scenario that shares its GPU: a pid no process on this host has (pid_max is at most
+# 2^22), so the exporter counts its bytes as another process's, as it would a stranger's.
+FOREIGN_PID = 4_194_304 + 7
 
 
 class Simulation:
@@ -65,29 +68,38 @@ class Simulation:
         self.restarts = 0
         self._child: asyncio.subprocess.Process | None = None
         self._launched_at = 0.0
+        self._first_launched_at: float | None = None
         self._task: asyncio.Task[None] | None = None
 
     def _refresh_on_count(self, call: str) -> None:
         # nvmlDeviceGetCount opens every read of the NVML source: bring the GPUs up to date.
         if call != "nvmlDeviceGetCount":
             return
+        first = self._first_launched_at
+        foreign = self.scenario.foreign_ratio((time.time() - first) * self.time_scale) if first is not None else 0.0
         child = self._child
         if child is None or child.returncode is not None:
-            self.show(None)
+            self.show(None, foreign=foreign)
             return
         t = (time.time() - (start_time(child.pid) or self._launched_at)) * self.time_scale
-        self.show(t, pid=child.pid, life=self.restarts)
+        self.show(t, pid=child.pid, life=self.restarts, foreign=foreign)
 
-    def show(self, t: float | None, *, pid: int = 0, life: int = 0) -> None:
+    def show(self, t: float | None, *, pid: int = 0, life: int = 0, foreign: float = 0.0) -> None:
         """Sets the fake GPUs as NVML shows them `t` simulated seconds after the engine's launch (in its
-        life number `life`), the engine being process `pid`; `t` None: no engine runs, every GPU idle."""
+        life number `life`), the engine being process `pid`; `t` None: no engine runs, every GPU idle but for
+        the foreign process, which holds `foreign` of GPU 0."""
         for gpu in self.nvml.gpus:
+            processes, used = [], IDLE_GPU_BYTES
+            if gpu.index == 0 and foreign > 0:
+                foreign_bytes = int(foreign * self.gpu_total)
+                processes.append(FakeProcess(FOREIGN_PID, foreign_bytes))
+                used += foreign_bytes
             if t is None or gpu.index >= self.scenario.gpus:
-                gpu.used_bytes, gpu.processes, gpu.utilization_percent = IDLE_GPU_BYTES, [], 0
+                gpu.used_bytes, gpu.processes, gpu.utilization_percent = used, processes, 0
                 continue
             engine_bytes = int(self.scenario.gpu_used_ratio(t, life, gpu.index) * self.gpu_total)
-            gpu.used_bytes = IDLE_GPU_BYTES + engine_bytes
-            gpu.processes = [FakeProcess(pid, engine_bytes)]
+            gpu.used_bytes = used + engine_bytes
+            gpu.processes = [FakeProcess(pid, engine_bytes), *processes]
             gpu.utilization_percent = 0 if t < self.scenario.load_seconds else 85
 
     @property
@@ -108,6 +120,9 @@ class Simulation:
             stderr = self.log_path.open("ab") if self.log_path else asyncio.subprocess.DEVNULL
             try:
                 self._launched_at = time.time()
+                if self._first_launched_at is None:
+                    self._first_launched_at = self._launched_at
+                foreign = self.scenario.foreign_ratio((self._launched_at - self._first_launched_at) * self.time_scale)
                 self._child = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
@@ -122,7 +137,7 @@ class Simulation:
                     str(self.gpu_total),
                     # The life number goes in the environment: the command line must stay the same
                     # across restarts, as an orchestrator's does (restarts are recognised by it).
-                    env={**os.environ, "OOMGUARD_SIM_LIFE": str(self.restarts)},
+                    env={**os.environ, "OOMGUARD_SIM_LIFE": str(self.restarts), "OOMGUARD_SIM_FOREIGN": str(foreign)},
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=stderr,
                 )

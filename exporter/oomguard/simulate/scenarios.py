@@ -66,6 +66,24 @@ class Scenario:
     spike_seconds: float = 1.0  # ...reaching its peak over this long
     retry_spike_seconds: float | None = None
     overloaded: bool = False  # queue and preemptions grow after spike_after
+    # From this life on (0 = the first) the engine cannot allocate its KV cache at start: it loads its weights,
+    # logs vLLM's startup memory error and exits, and never serves (None: every life starts).
+    startup_fails_from_life: int | None = None
+    # Another process on GPU 0 (a notebook, a training job sharing the GPU): from this long after the first
+    # launch it grows at this pace up to its cap, and keeps what it holds across the engine's restarts.
+    foreign_after: float | None = None
+    foreign_ratio_per_second: float = 0.0
+    foreign_max_ratio: float = 0.0
+
+    def starts(self, life: int) -> bool:
+        """Whether life number `life` gets through its load and serves."""
+        return self.startup_fails_from_life is None or life < self.startup_fails_from_life
+
+    def foreign_ratio(self, since_first_launch: float) -> float:
+        """Share of GPU 0 the foreign process holds, simulated seconds after the engine's first launch."""
+        if self.foreign_after is None or since_first_launch < self.foreign_after:
+            return 0.0
+        return min(self.foreign_max_ratio, self.foreign_ratio_per_second * (since_first_launch - self.foreign_after))
 
     def death_at(self, life: int) -> float | None:
         """Simulated seconds after launch at which life number `life` (0 = first) dies of OOM."""
@@ -83,10 +101,10 @@ class Scenario:
 
     def gpu_used_ratio(self, t: float, life: int = 0, gpu: int = 0) -> float:
         """Share of GPU `gpu` (0 .. gpus - 1) the engine's processes hold, t simulated seconds after launch."""
-        if t < self.load_seconds:
-            # weights first, then the KV cache pool at the end of the load
-            weights = 0.2 * t / self.load_seconds
-            return weights if t < self.load_seconds * 0.8 else self.serving_used_ratio * 0.97
+        if t < self.load_seconds or not self.starts(life):
+            # weights first, then the KV cache pool at the end of the load (which a failing start cannot allocate)
+            weights = 0.2 * min(t, self.load_seconds * 0.8) / self.load_seconds
+            return weights if t < self.load_seconds * 0.8 or not self.starts(life) else self.serving_used_ratio * 0.97
         serving = t - self.load_seconds
         ratio = self.serving_used_ratio + self.climb_ratio_per_second * serving
         spike_after, spike_seconds = self._spike(life)
@@ -210,6 +228,33 @@ def _tp_skew() -> Scenario:
     )
 
 
+def _foreign_process() -> Scenario:
+    # The engine reserves 0.80 and stays within it; the foreign process fills the 20 % headroom at 1 % of the GPU a
+    # minute (5 % of the headroom), 5 minutes after load, until CUDA runs out of memory with the GPU at 99.5 %: the
+    # level alerts (half the headroom for 5m, three quarters for 2m) have time to fire first. Then it grows into
+    # what the engine freed, to 30 % of the GPU: what is left is less than the 80 % a relaunch asks for.
+    utilization, load, steady_seconds, rate, full, cap = 0.8, 25.0, 300.0, 0.01 / 60, 0.995, 0.30
+    engine = utilization - _RESERVED_SLACK
+    grows = full - nvml_used_ratio(engine)
+    return _reserved(
+        "foreign-process",
+        f"vLLM at gpu_memory_utilization {utilization} on a GPU it shares: it holds its {_pct(utilization)} and "
+        f"never more, while another process on the GPU (a notebook, a training job) grows at "
+        f"{rate * 60 * 100:g} % of the GPU per minute from {steady_seconds / 60:.0f} minutes after load; with the GPU "
+        f"at {_pct(full)} the engine's next allocation fails (CUDA OOM, {grows / rate / 60:.1f} minutes into the "
+        "growth). The other process grows into the memory the engine freed, to {_pct(cap)}, so every relaunch fails "
+        "at start: the free memory is less than the engine's reservation.",
+        utilization,
+        load_seconds=load,
+        foreign_after=load + steady_seconds,
+        foreign_ratio_per_second=rate,
+        foreign_max_ratio=cap,
+        oom_at=load + steady_seconds + grows / rate,
+        startup_fails_from_life=1,
+        restart_delay=30.0,
+    )
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -248,5 +293,16 @@ SCENARIOS: dict[str, Scenario] = {
         _steady("default-steady", 0.90),
         _steady("tight-steady", 0.95),
         _tp_skew(),
+        _foreign_process(),
+        Scenario(
+            name="startup-oom",
+            summary="vLLM at gpu_memory_utilization 0.9 with a max_model_len its KV cache cannot hold: each start "
+            "loads the weights for a minute, then cannot allocate the KV cache one request of the longest length "
+            "needs, logs it and exits; relaunched 20 s later, it never serves.",
+            gpu_memory_utilization=0.9,
+            load_seconds=60.0,
+            startup_fails_from_life=0,
+            restart_delay=20.0,
+        ),
     )
 }

@@ -85,11 +85,41 @@ TP_OOM_TRACEBACK = """(Worker_TP{gpu} pid={pid}) ERROR WorkerProc hit an excepti
 """
 
 
+# A start that cannot allocate its KV cache (vLLM 0.32's wording): too long a max_model_len for what is left...
+MAX_LEN_TRACEBACK = """(EngineCore pid={pid}) ERROR EngineCore failed to start.
+(EngineCore pid={pid}) Traceback (most recent call last):
+(EngineCore pid={pid})   File "vllm/v1/core/kv_cache_utils.py", line 686, in check_enough_kv_cache_memory
+(EngineCore pid={pid}) ValueError: To serve at least one request with the model's max seq len (32768), (4.00 GiB KV cache is needed, which is larger than the available KV cache memory (1.50 GiB). Based on the available memory, the estimated maximum model length is 12288. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.
+(APIServer pid={pid}) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{'EngineCore': 1}}
+"""
+# ...or less free memory than the reservation, because another process holds it.
+FREE_MEMORY_TRACEBACK = """(EngineCore pid={pid}) ERROR EngineCore failed to start.
+(EngineCore pid={pid}) Traceback (most recent call last):
+(EngineCore pid={pid})   File "vllm/v1/worker/gpu_worker.py", line 190, in init_device
+(EngineCore pid={pid}) ValueError: Free memory on device ({free:.2f}/{total:.2f} GiB) on startup is less than desired GPU memory utilization ({utilization}, {wanted:.2f} GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.
+(APIServer pid={pid}) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{'EngineCore': 1}}
+"""
+
+
+def startup_traceback(scenario: Scenario, *, pid: int, total_bytes: int, foreign: float = 0.0) -> str:
+    """What the engine writes when it cannot allocate its memory at start (`foreign`: the share of the GPU another
+    process holds meanwhile)."""
+    if scenario.foreign_after is None:
+        return MAX_LEN_TRACEBACK.format(pid=pid)
+    free = total_bytes * (1 - foreign) - IDLE_GPU_BYTES
+    wanted = scenario.gpu_memory_utilization * total_bytes
+    return FREE_MEMORY_TRACEBACK.format(pid=pid, free=free / GIB, total=total_bytes / GIB,
+                                        utilization=scenario.gpu_memory_utilization, wanted=wanted / GIB)  # fmt: skip
+
+
 def oom_traceback(scenario: Scenario, *, life: int, pid: int, total_bytes: int) -> str:
     """What the engine writes as it dies of CUDA OOM: the figures of its GPU that runs out, at its death."""
     gpu = scenario.oom_gpu
-    used = scenario.gpu_used_ratio(scenario.death_at(life) or 0.0, life, gpu) * total_bytes
-    free = max(0, total_bytes - IDLE_GPU_BYTES - used)
+    death = scenario.death_at(life) or 0.0
+    used = scenario.gpu_used_ratio(death, life, gpu) * total_bytes
+    # The first life's clock is the foreign process's (both from the first launch); later ones never serve.
+    foreign = scenario.foreign_ratio(death) * total_bytes if gpu == 0 and life == 0 else 0.0
+    free = max(0, total_bytes - IDLE_GPU_BYTES - used - foreign)
     template = TP_OOM_TRACEBACK if scenario.gpus > 1 else OOM_TRACEBACK
     return template.format(pid=pid, gpu=gpu, total=total_bytes / GIB, free=free / 1024**2, used=used / GIB)
 
@@ -109,6 +139,12 @@ async def serve(args: argparse.Namespace) -> int:
         f"(APIServer pid={os.getpid()}) INFO vLLM server version 0.32.0 (simulated by oomguard), serving model {args.model}",
         file=sys.stderr, flush=True,
     )  # fmt: skip
+    if not scenario.starts(args.life):
+        # The weights load (80 % of the load time), then the KV cache cannot be allocated: exit, never listen.
+        await asyncio.sleep(scenario.load_seconds * 0.8 / args.time_scale)
+        print(startup_traceback(scenario, pid=os.getpid(), total_bytes=args.gpu_total_bytes, foreign=args.foreign),
+              file=sys.stderr, end="", flush=True)  # fmt: skip
+        return 1
     await asyncio.sleep(scenario.load_seconds / args.time_scale)
 
     async def metrics(_: web.Request) -> web.Response:
@@ -154,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         help="how many times the engine was restarted before [$OOMGUARD_SIM_LIFE]",
     )  # fmt: skip
     parser.add_argument("--gpu-total-bytes", type=int, default=80 * GIB)
+    parser.add_argument(
+        "--foreign", type=float, default=float(os.environ.get("OOMGUARD_SIM_FOREIGN", "0")),
+        help="share of GPU 0 another process holds at this launch [$OOMGUARD_SIM_FOREIGN]",
+    )  # fmt: skip
     return asyncio.run(serve(parser.parse_args(argv)))
 
 
