@@ -1,6 +1,6 @@
 """The whole exposition for a fixed simulated state, diffed against a golden file and linted by promtool.
 
-Rewrite the golden file after an intended change with: pytest tests/test_golden.py --update-golden
+Rewrite the golden file after an intended change with: pytest tests/exposition/test_golden.py --update-golden
 """
 
 from __future__ import annotations
