@@ -132,6 +132,14 @@ def test_a_pattern_too_large_to_compile_is_refused_with_its_key(tmp_path: Path, 
         load_config(write(tmp_path, text))
 
 
+def test_yaml_nested_too_deep_is_refused_with_the_file(tmp_path: Path) -> None:
+    """Bug found by tests/fuzz: a document nested ~500 levels deep ([[[[...) ended in a raw RecursionError
+    traceback from the YAML parser."""
+    path = write(tmp_path, "targets: " + "[" * 1000 + "]" * 1000 + "\n")
+    with pytest.raises(ConfigError, match=r"oomguard\.yaml: not valid YAML: nested hundreds of levels deep"):
+        load_config(path)
+
+
 def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("OOMGUARD_WEB_LISTEN_ADDRESS", "nowhere")
     assert main(["serve"]) == 1

@@ -311,16 +311,23 @@ def read_text(path: Path, what: str) -> str:
         ) from None
 
 
+def read_yaml(path: Path, what: str) -> Any:
+    """The YAML document of a configuration file; a ConfigError naming the file when it is not YAML."""
+    text = read_text(path, what)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except RecursionError:  # PyYAML's parser recurses once per level: [[[[... 500 deep
+        raise ConfigError(f"{path}: not valid YAML: nested hundreds of levels deep") from None
+
+
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
     """Read `path` (if any), apply `overrides` (dotted keys), validate everything."""
     raw: dict[str, Any] = {}
     source = str(path) if path else "configuration"
     if path is not None:
-        text = read_text(path, "configuration file")
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        loaded = read_yaml(path, "configuration file")
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BeforeValidator, Field, ValidationError, field_validator
 
-from oomguard.config import ConfigError, StrictModel, explain, read_text
+from oomguard.config import ConfigError, StrictModel, explain, read_yaml
 
 Severity = Literal["critical", "warning", "info"]
 SEVERITIES: tuple[str, ...] = get_args(Severity)
@@ -199,11 +199,7 @@ def load_bundle_config(path: Path | None = None) -> BundleConfig:
     source = "bundle defaults"
     if path is not None:
         source = str(path)
-        text = read_text(path, "bundle configuration")
-        try:
-            override = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        override = read_yaml(path, "bundle configuration") or {}
         if not isinstance(override, dict):
             raise ConfigError(f"{path}: the top level must be a mapping (keys such as alerts:, selector:)")
         raw = _merge(raw, override)
