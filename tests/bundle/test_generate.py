@@ -61,7 +61,7 @@ def test_record_names_follow_level_metric_operation(default: dict[str, str]) -> 
 def test_prometheus_rule_resource_holds_every_rule(default: dict[str, str]) -> None:
     resource = yaml.safe_load(default[PROMETHEUS_RULE_FILE])
     assert resource["apiVersion"] == "monitoring.coreos.com/v1" and resource["kind"] == "PrometheusRule"
-    assert resource["metadata"]["labels"] == {"role": "alert-rules"}
+    assert resource["metadata"]["labels"] == {"role": "alert-rules", "release": "kube-prometheus-stack"}
     in_resource = [r for g in resource["spec"]["groups"] for r in g["rules"]]
     assert in_resource == rules(default[RECORDS_FILE]) + rules(default[ALERTS_FILE])
 
@@ -181,7 +181,11 @@ def test_label_maps_are_free_form(tmp_path: Path) -> None:
     config = load_bundle_config(path)
     assert config.extra_labels == {"team": "inference", "any_label_at_all": "x", "tier": "1"}
     # Merged over the shipped labels, as every mapping is.
-    assert config.prometheus_rule.labels == {"role": "alert-rules", "app.kubernetes.io/part-of": "oomguard"}
+    assert config.prometheus_rule.labels == {
+        "role": "alert-rules",
+        "release": "kube-prometheus-stack",
+        "app.kubernetes.io/part-of": "oomguard",
+    }
     alerts = rules(render(config)[ALERTS_FILE])
     assert all(a["labels"]["tier"] == "1" and a["labels"]["any_label_at_all"] == "x" for a in alerts)
 

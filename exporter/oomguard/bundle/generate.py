@@ -15,6 +15,9 @@ from oomguard.events import kinds
 ALERTS_FILE = "oomguard-alerts.yaml"
 RECORDS_FILE = "oomguard-records.yaml"
 PROMETHEUS_RULE_FILE = "oomguard-prometheusrule.yaml"
+# The kustomize base (docs/kubernetes.md) and its copy of the PrometheusRule.
+KUBERNETES_DIR = Path("deploy") / "kubernetes"
+KUBERNETES_PROMETHEUS_RULE_FILE = "prometheusrule.yaml"
 
 
 def _environment(config: BundleConfig) -> jinja2.Environment:
@@ -81,9 +84,20 @@ def render(config: BundleConfig) -> dict[str, str]:
 
 
 def write(config: BundleConfig, output: Path) -> list[Path]:
-    """Rules into OUTPUT/rules/, dashboards into OUTPUT/dashboards/."""
+    """Rules into OUTPUT/rules/, dashboards into OUTPUT/dashboards/, and the copies the Kubernetes manifests load.
+
+    kustomize reads no file outside its own folder, so deploy/kubernetes/ holds the PrometheusRule and the
+    dashboards' JSON itself: the same text as rules/ and dashboards/, written here so that they cannot drift.
+    """
+    rules, boards = render(config), dashboards.render(config)
+    outputs = (
+        (Path("rules"), rules),
+        (Path("dashboards"), boards),
+        (KUBERNETES_DIR, {KUBERNETES_PROMETHEUS_RULE_FILE: rules[PROMETHEUS_RULE_FILE]}),
+        (KUBERNETES_DIR / "dashboards", boards),
+    )
     written = []
-    for folder, files in (("rules", render(config)), ("dashboards", dashboards.render(config))):
+    for folder, files in outputs:
         (output / folder).mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             path = output / folder / name
