@@ -34,3 +34,8 @@ def promtool_check_metrics(promtool: str, exposition: bytes) -> str:
     result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=30)
     output = (result.stdout + result.stderr).decode()
     return output + ("" if result.returncode == 0 else f"\n(exit {result.returncode})")
+
+
+def fixture_body(engine: str, name: str) -> str:
+    """A /metrics body reproduced from an engine's source (tests/fixtures/<engine>/, each cites its source)."""
+    return (FIXTURES / engine / name).read_text(encoding="utf-8")

@@ -15,6 +15,8 @@ ERROR_KINDS = ("timeout", "refused", "http_status", "too_large", "parse", "other
 TREND_STATES = ("steady", "sawtooth", "climbing", "spike", "saturated")
 # vLLM's sleep mode: level 1 offloads the weights, level 2 discards them; both free the KV cache.
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+# The parts of an engine's GPU memory it can tell apart (oomguard_engine_memory_bytes{component}).
+MEMORY_COMPONENTS = ("weights", "kv_cache", "cuda_graphs")
 HOST = ""  # the `target` of host-wide event sources (the kernel log)
 
 
@@ -80,6 +82,8 @@ class EngineReading:
     kv_cache_memory_bytes: float | None = None
     process_start_time_seconds: float | None = None
     sleep_state: str | None = None  # one of SLEEP_STATES; None: the engine does not say
+    # (component, bytes) on each of its GPUs, components from MEMORY_COMPONENTS; empty: the engine does not say.
+    memory_bytes: tuple[tuple[str, float], ...] = ()
 
     @property
     def asleep(self) -> bool:

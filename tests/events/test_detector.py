@@ -130,7 +130,7 @@ def test_the_catalogue_is_the_generic_patterns_plus_the_engines() -> None:
     assert {p.kind for p in generic} == {"cuda_oom"}  # the allocator's own words only
     assert {"startup_memory", "engine_death", "startup"} <= {p.kind for p in vllm}
     with pytest.raises(ValueError, match="unknown engine"):
-        load_catalogue("tgi")
+        load_catalogue("no-such-engine")
 
 
 def test_engine_lines_count_only_with_the_engines_patterns() -> None:

@@ -74,7 +74,9 @@ def busy_snapshot() -> Snapshot:
                 scrape_duration_seconds=0.0213,
                 health_status=200,
                 health_latency_seconds=0.0011,
-                engine_reading=EngineReading((model,), 0.9, 2048.0, 16.0, 120.0 * GIB, 1.7e9, "awake"),
+                engine_reading=EngineReading(
+                    (model,), 0.9, 2048.0, 16.0, 120.0 * GIB, 1.7e9, "awake", (("weights", 15.0 * GIB),)
+                ),
                 process=ProcessTree(4242, frozenset({4242, 4250}), 3.5 * GIB, 1.7e9 + 0.25),
                 errors_total={"timeout": 2, "refused": 0},
                 restarts_total=3,

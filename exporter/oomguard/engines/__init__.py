@@ -3,10 +3,16 @@
 To add an engine, write `engines/<name>/` (see docs/architecture.md) and add its plugin here.
 """
 
-from oomguard.engines import vllm
+from oomguard.engines import sglang, vllm
 from oomguard.engines.base import EnginePlugin, EngineReader, FamilyRow
 
-ENGINES: dict[str, EnginePlugin] = {plugin.name: plugin for plugin in (vllm.PLUGIN,)}
+ENGINES: dict[str, EnginePlugin] = {
+    plugin.name: plugin
+    for plugin in (
+        vllm.PLUGIN,
+        sglang.PLUGIN,
+    )
+}
 ENGINE_NAMES = tuple(ENGINES)
 
 __all__ = ["ENGINES", "ENGINE_NAMES", "EnginePlugin", "EngineReader", "FamilyRow"]

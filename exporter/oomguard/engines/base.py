@@ -6,15 +6,27 @@ An engine lives in one package, `engines/<name>/`, whose `PLUGIN` is listed in
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import yaml
 
 from oomguard.model import EngineReading
 from oomguard.promtext import Sample
+
+if TYPE_CHECKING:
+    import aiohttp
+
+# Fetches the engine's reservation (its share of each GPU's total memory) where its /metrics does not carry it:
+# (session, base url, timeout in seconds) -> the ratio, or None when the engine does not publish it. Raises
+# ReservationError (or aiohttp's and asyncio's errors) on a failure, to be tried again later.
+ReservationFetcher = Callable[["aiohttp.ClientSession", str, float], Awaitable[float | None]]
+
+
+class ReservationError(Exception):
+    """The engine's reservation could not be fetched this time."""
 
 
 class EngineReader(Protocol):
@@ -49,6 +61,8 @@ class EnginePlugin:
     simulator: str | None  # module run as `python -m` to simulate the engine, None when there is none
     families_table: tuple[FamilyRow, ...]
     aggregation_note: str  # how the engine's rank labels are aggregated away
+    # Called by the scraper once per engine life (engines/<name>/settings.py), None when /metrics says it all.
+    reservation: ReservationFetcher | None = None
 
     def log_patterns(self) -> list[dict[str, Any]]:
         """The engine's own log patterns (entries of kind and regex), from its patterns.yaml."""

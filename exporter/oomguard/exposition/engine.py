@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from oomguard.exposition.encoder import Exposition
 from oomguard.exposition.spec import metric
-from oomguard.model import SLEEP_STATES, TargetReading
+from oomguard.model import MEMORY_COMPONENTS, SLEEP_STATES, TargetReading
 
 SECTION = "Engine (per target)"
 TARGET_INFO = metric(SECTION, "target_info", "info", "", "target engine url", "A configured engine target.")
@@ -14,7 +14,7 @@ ENGINE_KV_CACHE_USAGE_RATIO = metric(
     "gauge",
     "ratio",
     "target model_name",
-    "Share of the engine's KV cache blocks in use, 0-1 (vLLM `kv_cache_usage_perc`, or `gpu_cache_usage_perc` before 0.9), averaged over data-parallel engines.",
+    "Share of the engine's KV cache blocks in use, 0-1 (vLLM `kv_cache_usage_perc`, or `gpu_cache_usage_perc` before 0.9, averaged over data-parallel engines; other engines: docs/engines.md).",
 )
 ENGINE_REQUESTS_WAITING = metric(
     SECTION,
@@ -57,7 +57,7 @@ ENGINE_GPU_MEMORY_UTILIZATION_RATIO = metric(
     "gauge",
     "ratio",
     "target",
-    "The engine's configured share of each GPU's memory (vLLM `gpu_memory_utilization`).",
+    "The engine's configured share of each GPU's total memory (vLLM `gpu_memory_utilization`, SGLang `mem_fraction_static`).",
 )
 ENGINE_KV_CACHE_BLOCKS = metric(
     SECTION,
@@ -94,11 +94,20 @@ ENGINE_SLEEP_STATE = metric(
     "target state",
     "1 for the engine's sleep state (vLLM sleep mode: awake, weights_offloaded, discard_all), 0 for the others. A sleeping engine has released its memory: memory near zero is then no fault, and its reservation does not count.",
 )
+ENGINE_MEMORY_BYTES = metric(
+    SECTION,
+    "engine_memory_bytes",
+    "gauge",
+    "bytes",
+    "target component",
+    "GPU memory the engine says each part of it holds on each of its GPUs (the largest over its ranks): component weights, kv_cache or cuda_graphs (SGLang's `*_memory_usage_gb`, GiB converted to bytes). Only the parts the engine reports; they need not add up to its whole use.",
+)
 METRICS = (
     TARGET_INFO, ENGINE_KV_CACHE_USAGE_RATIO, ENGINE_REQUESTS_WAITING, ENGINE_REQUESTS_RUNNING, ENGINE_PREEMPTIONS,
     ENGINE_PREFIX_CACHE_QUERIES_TOKENS, ENGINE_PREFIX_CACHE_HITS_TOKENS, ENGINE_GPU_MEMORY_UTILIZATION_RATIO,
     ENGINE_KV_CACHE_BLOCKS, ENGINE_KV_CACHE_BLOCK_SIZE_TOKENS, ENGINE_KV_CACHE_MEMORY_BYTES,
     ENGINE_PROCESS_START_TIME_SECONDS, ENGINE_SLEEP_STATE,
+    ENGINE_MEMORY_BYTES,
 )  # fmt: skip
 
 
@@ -121,6 +130,9 @@ def add(out: Exposition, target: TargetReading) -> None:
     out.add(ENGINE_KV_CACHE_BLOCK_SIZE_TOKENS, (t,), reading.kv_cache_block_size_tokens)
     out.add(ENGINE_KV_CACHE_MEMORY_BYTES, (t,), reading.kv_cache_memory_bytes)
     out.add(ENGINE_PROCESS_START_TIME_SECONDS, (t,), reading.process_start_time_seconds)
+    memory = dict(reading.memory_bytes)
+    for component in MEMORY_COMPONENTS:
+        out.add(ENGINE_MEMORY_BYTES, (t, component), memory.get(component))
     if reading.sleep_state is not None:
         for state in SLEEP_STATES:
             out.add(ENGINE_SLEEP_STATE, (t, state), 1.0 if reading.sleep_state == state else 0.0)

@@ -13,18 +13,22 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Mapping
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from oomguard.config import TargetConfig
 from oomguard.engines import ENGINES
+from oomguard.engines.base import ReservationError
 from oomguard.model import ERROR_KINDS, EngineReading, ProcessTree, TargetReading
 from oomguard.promtext import ExpositionError, FamilyExtractor
 from oomguard.sources.processes import ProcessFinder
 from oomguard.sources.restarts import RestartTracker
 
 log = logging.getLogger(__name__)
+
+RESERVATION_RETRY_SECONDS = 60.0  # after a failed fetch of an engine's reservation
 
 
 class ScrapeError(Exception):
@@ -46,6 +50,11 @@ class TargetScraper:
         self.config = config
         self.name = config.label
         self.engine = ENGINES[config.engine].reader()
+        self.fetch_reservation = ENGINES[config.engine].reservation
+        # The reservation fetched apart from /metrics, and the life (restart count) it belongs to.
+        self._reservation: float | None = None
+        self._reservation_life: int | None = None
+        self._reservation_retry_at = 0.0
         # Only the families the engine's reader needs are extracted from a body (docs/performance.md).
         self.extractor = FamilyExtractor(self.engine.families)
         self.timeout = timeout
@@ -82,6 +91,8 @@ class TargetScraper:
         # The start time of the process found on this host is the most precise; else the engine's own.
         start = process.start_time_seconds if process else (reading.process_start_time_seconds if reading else None)
         self.restarts.observe(time.time(), self.state, start, process.root_pid if process else None)
+        if reading is not None and self.fetch_reservation is not None:
+            reading = await self._with_reservation(session, reading)
         if error and error != self._last_error:
             log.warning("target %s: %s error: %s", self.name, error_kind, error)
         self._last_error = error
@@ -104,6 +115,26 @@ class TargetScraper:
             last_restart_at=self.restarts.last_restart_at,
             startup_seconds=self.restarts.startup_seconds,
         )
+
+    async def _with_reservation(self, session: aiohttp.ClientSession, reading: EngineReading) -> EngineReading:
+        """The reading with the engine's reservation, fetched once per life (it is set at start): again after a
+        restart or a spell not up, when a new life may have begun with other settings; never failing the scrape."""
+        assert self.fetch_reservation is not None
+        life = self.restarts.restarts_total
+        if self.state != "up":
+            self._reservation_life = None
+            return reading
+        if self._reservation_life != life and time.monotonic() >= self._reservation_retry_at:
+            try:
+                self._reservation = await self.fetch_reservation(session, self.config.url, self.timeout)
+                self._reservation_life = life
+            except (ReservationError, TimeoutError, aiohttp.ClientError, OSError) as exc:
+                self._reservation_retry_at = time.monotonic() + RESERVATION_RETRY_SECONDS
+                log.warning("target %s: cannot read its reservation (retried in %.0fs): %s",
+                            self.name, RESERVATION_RETRY_SECONDS, exc or type(exc).__name__)  # fmt: skip
+        if self._reservation_life != life or self._reservation is None or reading.memory_utilization_ratio is not None:
+            return reading
+        return replace(reading, memory_utilization_ratio=self._reservation)
 
     async def _next_state(self, healthy: bool, health_status: int | None) -> str:
         if healthy:

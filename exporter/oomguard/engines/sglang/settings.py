@@ -1,0 +1,44 @@
+"""SGLang's reservation, `--mem-fraction-static`, from its server information (not in its /metrics).
+
+`GET /server_info` (`/get_server_info` before it, now deprecated) answers the server's
+arguments as one JSON object, `mem_fraction_static` among them: the share of each GPU's
+total memory that weights and the KV cache pool take from the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+
+from oomguard.engines.base import ReservationError
+from oomguard.promtext import finite
+
+PATHS = ("/server_info", "/get_server_info")  # newest first
+MAX_BODY_BYTES = 4 * 1024 * 1024  # the arguments and a little state per data-parallel rank: a few KB
+
+
+async def mem_fraction_static(session: aiohttp.ClientSession, base_url: str, timeout: float) -> float | None:
+    """The fraction, or None when the server publishes none; ReservationError when it could not be read now."""
+    for path in PATHS:
+        url = base_url + path
+        async with asyncio.timeout(timeout):
+            async with session.get(url, allow_redirects=False) as response:
+                if response.status == 404:
+                    continue  # a version without this path: try the older one
+                if response.status != 200:
+                    raise ReservationError(f"GET {url} answered HTTP {response.status}")
+                body = await response.content.read(MAX_BODY_BYTES + 1)
+        if len(body) > MAX_BODY_BYTES:
+            raise ReservationError(f"{url} sent more than {MAX_BODY_BYTES} bytes")
+        try:
+            info = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ReservationError(f"{url} sent a body that is not JSON: {exc}") from None
+        value = info.get("mem_fraction_static") if isinstance(info, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        ratio = finite(float(value))
+        return ratio if ratio is not None and 0 < ratio <= 1 else None
+    return None  # neither path: this version publishes no server information
