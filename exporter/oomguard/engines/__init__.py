@@ -3,7 +3,7 @@
 To add an engine, write `engines/<name>/` (see docs/architecture.md) and add its plugin here.
 """
 
-from oomguard.engines import sglang, vllm
+from oomguard.engines import sglang, tgi, vllm
 from oomguard.engines.base import EnginePlugin, EngineReader, FamilyRow
 
 ENGINES: dict[str, EnginePlugin] = {
@@ -11,6 +11,7 @@ ENGINES: dict[str, EnginePlugin] = {
     for plugin in (
         vllm.PLUGIN,
         sglang.PLUGIN,
+        tgi.PLUGIN,
     )
 }
 ENGINE_NAMES = tuple(ENGINES)

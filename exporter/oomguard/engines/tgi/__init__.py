@@ -1,0 +1,27 @@
+"""Hugging Face TGI (in maintenance mode upstream): its /metrics reader, its log lines, its families."""
+
+from oomguard.engines.base import EnginePlugin, FamilyRow
+from oomguard.engines.tgi.reader import TgiReader
+
+PLUGIN = EnginePlugin(
+    name="tgi",
+    title="TGI",
+    reader=TgiReader,
+    package=__name__,
+    # "2025-01-01T12:00:00.000000Z ERROR text_generation_launcher: " (its text log format).
+    log_line_prefix=r"(?:\d{4}-\d\d-\d\dT[\d:.]+Z +[A-Z]+ [\w:]+: )?",
+    simulator=None,
+    families_table=(
+        FamilyRow(
+            "`oomguard_engine_kv_cache_usage_ratio`",
+            "`tgi_batch_current_max_tokens` / `tgi_batch_max_total_tokens` (a proxy: the tokens the running "
+            "batch may reach, out of the KV capacity)",
+        ),
+        FamilyRow("`oomguard_engine_requests_waiting`", "`tgi_queue_size`"),
+        FamilyRow("`oomguard_engine_requests_running`", "`tgi_batch_current_size`"),
+    ),
+    aggregation_note=(
+        "TGI's router exports unlabelled series: nothing to aggregate, and `model_name` is empty.\n"
+        "Its reservation, `--cuda-memory-fraction` (`CUDA_MEMORY_FRACTION`), is published nowhere: unknown."
+    ),
+)
