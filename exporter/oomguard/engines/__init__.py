@@ -3,7 +3,7 @@
 To add an engine, write `engines/<name>/` (see docs/architecture.md) and add its plugin here.
 """
 
-from oomguard.engines import sglang, tgi, vllm
+from oomguard.engines import sglang, tgi, triton, vllm
 from oomguard.engines.base import EnginePlugin, EngineReader, FamilyRow
 
 ENGINES: dict[str, EnginePlugin] = {
@@ -12,6 +12,7 @@ ENGINES: dict[str, EnginePlugin] = {
         vllm.PLUGIN,
         sglang.PLUGIN,
         tgi.PLUGIN,
+        triton.PLUGIN,
     )
 }
 ENGINE_NAMES = tuple(ENGINES)

@@ -1,0 +1,108 @@
+"""Triton with the TensorRT-LLM backend: its reader on reproduced bodies, and its log lines."""
+
+from __future__ import annotations
+
+import pytest
+from support import fixture_body
+
+from oomguard.engines import ENGINES
+from oomguard.engines.triton.reader import TritonReader
+from oomguard.events.catalogue import load_catalogue
+from oomguard.events.detector import IncidentDetector
+from oomguard.model import EngineReading
+from oomguard.promtext import ExpositionError, FamilyExtractor
+
+
+def read_text(body: str) -> EngineReading:
+    return TritonReader().read(FamilyExtractor(TritonReader.families).extract(body))
+
+
+def test_blocks_and_requests() -> None:
+    reading = read_text(fixture_body("triton", "triton-trtllm-25.x.prom"))
+    (model,) = reading.models  # only the tensorrt_llm model writes these families, not the ensemble
+    assert model.model_name == "tensorrt_llm"
+    assert model.kv_cache_usage_ratio == pytest.approx(2400 / 6239)
+    assert (model.requests_running, model.requests_waiting) == (12.0, 3.0)
+    assert (reading.kv_cache_blocks, reading.kv_cache_block_size_tokens) == (6239.0, 64.0)
+    # kv_cache_free_gpu_mem_fraction is a share of the free memory after the weights: not a reservation.
+    assert reading.memory_utilization_ratio is None and reading.reservation_ratio is None
+
+
+def test_an_older_backend_without_waiting_gives_a_partial_reading() -> None:
+    (model,) = read_text(fixture_body("triton", "triton-trtllm-older.prom")).models
+    assert model.model_name == "llama"
+    assert model.requests_running == 4.0
+    assert model.requests_waiting is None
+    assert model.kv_cache_usage_ratio == pytest.approx(0.1)
+
+
+def test_the_backends_fraction_when_used_blocks_are_missing() -> None:
+    body = 'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="m",version="1"} 0.25\n'
+    (model,) = read_text(body).models
+    assert model.kv_cache_usage_ratio == 0.25
+    assert model.requests_running is None
+
+
+def test_versions_of_one_model_are_summed() -> None:
+    body = "".join(
+        f'nv_trt_llm_request_metrics{{model="m",request_type="active",version="{v}"}} {n}\n'
+        f'nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="used",model="m",version="{v}"}} {n}\n'
+        f'nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="max",model="m",version="{v}"}} 100\n'
+        for v, n in (("1", 10), ("2", 30))
+    )
+    reading = read_text(body)
+    (model,) = reading.models
+    assert model.requests_running == 40.0
+    assert model.kv_cache_usage_ratio == pytest.approx(0.2)
+    assert reading.kv_cache_blocks == 200.0
+
+
+@pytest.mark.parametrize("body", ["", 'nv_inference_request_success{model="m",version="1"} 3\n'])
+def test_a_body_without_tensorrt_llm_is_refused(body: str) -> None:
+    with pytest.raises(ExpositionError, match="no TensorRT-LLM families"):
+        read_text(body)
+
+
+def detector() -> IncidentDetector:
+    return IncidentDetector(load_catalogue("triton"), line_prefix=ENGINES["triton"].log_line_prefix)
+
+
+def kinds(lines: list[str]) -> list[str]:
+    d = detector()
+    for line in lines:
+        d.feed(line, 0.0)
+    return [e.kind for e in d.tick(60.0)]
+
+
+# As reported in triton-inference-server/tensorrtllm_backend issues #195 and #281 (0.7).
+LOAD_OOM = [
+    "E0104 10:00:00.000000 1 backend_model.cc:634] ERROR: Failed to create instance: unexpected error when creating "
+    "modelInstanceState: [TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(ptr, n, "
+    "mCudaStream->get()): out of memory (/app/tensorrt_llm/cpp/tensorrt_llm/runtime/tllmBuffers.h:112)",
+    "E0104 10:00:00.100000 1 model_lifecycle.cc:621] failed to load 'tensorrt_llm' version 1: Internal: "
+    "unexpected error when creating modelInstanceState",
+]
+RUNTIME_OOM = (
+    "[TensorRT-LLM][ERROR] Encountered an error in forwardAsync function: [TensorRT-LLM][ERROR] CUDA runtime "
+    "error in ::cudaMallocAsync(ptr, n, mCudaStream->get()): out of memory (/app/tensorrt_llm/cpp/tensorrt_llm/"
+    "runtime/tllmBuffers.h:112)"
+)
+
+
+def test_a_model_load_without_memory_is_startup_memory() -> None:
+    assert kinds(LOAD_OOM) == ["startup_memory"]
+
+
+def test_an_allocation_failure_while_serving_is_cuda_oom() -> None:
+    assert kinds([RUNTIME_OOM]) == ["cuda_oom"]
+
+
+def test_a_load_failure_without_memory_is_engine_death() -> None:
+    line = "E0104 10:00:00.100000 1 model_lifecycle.cc:621] failed to load 'tensorrt_llm' version 1: Not found"
+    assert kinds([line]) == ["engine_death"]
+
+
+def test_the_grpc_service_line_is_a_start() -> None:
+    d = detector()
+    d.feed("I0104 10:01:00.000000 1 grpc_server.cc:2463] Started GRPCInferenceService at 0.0.0.0:8001", 1.0)
+    assert [e.kind for e in d.take_starts()] == ["startup"]
