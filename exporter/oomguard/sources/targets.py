@@ -144,7 +144,9 @@ class TargetScraper:
             # Never healthy since we first saw it: an engine loading its model refuses connections
             # (vLLM), answers 503 (SGLang), or errors while its HTTP side is up before its engine.
             return "loading"
-        if health_status is None and self.finder and await asyncio.to_thread(self.finder.restarted, self.port):
+        # A new process with the engine's command line is a restart loading again: it refuses (vLLM, TGI) or
+        # answers 503 (SGLang) meanwhile. A 503 from the same process is an engine that died (vLLM): down.
+        if health_status in (None, 503) and self.finder and await asyncio.to_thread(self.finder.restarted, self.port):
             return "loading"
         return "down"
 

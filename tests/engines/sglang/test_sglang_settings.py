@@ -187,3 +187,27 @@ def test_the_fraction_reserves_its_gpus_as_gpu_memory_utilization_does() -> None
     gpu = join_gpus(nvml, [target], memory)[0]
     assert gpu.reserved_bytes == pytest.approx(0.871 * 80 * gib)
     assert gpu.unreserved_used_bytes == pytest.approx(74 * gib - 0.871 * 80 * gib)
+
+
+class FakeFinder:
+    """The process finder's one question here: is a new process with the engine's command line running?"""
+
+    def __init__(self) -> None:
+        self.new_process = False
+
+    def restarted(self, port: int) -> bool:
+        return self.new_process
+
+
+@pytest.mark.parametrize(("new_process", "state"), [(True, "loading"), (False, "down")])
+async def test_503_after_a_restart_is_loading_again(sglang: FakeSglang, new_process: bool, state: str) -> None:
+    """A restarted SGLang answers 503 while it loads, where a restarted vLLM refuses: loading either way; a 503
+    from the same process is an engine that died."""
+    config = TargetConfig(url=sglang.base, name="sglang-0", engine="sglang", local_process="yes")
+    finder = FakeFinder()
+    s = TargetScraper(config, timeout=1.0, max_body_bytes=1 << 20, finder=finder)  # type: ignore[arg-type]
+    async with aiohttp.ClientSession() as session:
+        assert (await s.scrape(session)).state == "up"
+        sglang.health, sglang.metrics_ok = 503, False
+        finder.new_process = new_process
+        assert (await s.scrape(session)).state == state
