@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from oomguard.engines import ENGINE_NAMES
+from oomguard.engines import ENGINE_NAMES, ENGINES
 from oomguard.events.catalogue import check_patterns
 from oomguard.simulate.scenarios import SCENARIOS as SIMULATIONS
 from oomguard.trend.analysis import TrendSettings
@@ -155,6 +155,15 @@ class SimulationConfig(StrictModel):
     time_scale: float = Field(
         1.0, gt=0, description="Speed of the simulated clock (10 = ten simulated seconds per second)."
     )
+    engine: str = Field("vllm", description="Which engine the simulation runs: one with a simulator (vllm, sglang).")
+
+    @field_validator("engine")
+    @classmethod
+    def _simulated_engine(cls, value: str) -> str:
+        simulated = [name for name in ENGINE_NAMES if ENGINES[name].simulator is not None]
+        if value not in simulated:
+            raise ValueError(f"engine {value!r} has no simulator; choose one of: {', '.join(simulated)}")
+        return value
 
     @field_validator("scenario")
     @classmethod

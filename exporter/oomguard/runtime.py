@@ -59,7 +59,9 @@ class Runtime:
         if config.simulation.scenario:
             sim = config.simulation
             log_path = simulation_log or Path(tempfile.gettempdir()) / f"oomguard-sim-{os.getpid()}.log"
-            self.simulation = Simulation(sim.scenario, gpus=sim.gpus, time_scale=sim.time_scale, log_path=log_path)
+            self.simulation = Simulation(
+                sim.scenario, gpus=sim.gpus, time_scale=sim.time_scale, log_path=log_path, engine=sim.engine
+            )
             config = config.model_copy(update={"targets": (*config.targets, self.simulation.target())})
             log.info("simulation %r: engine at %s, its log in %s", sim.scenario, self.simulation.url, log_path)
         self.config = config

@@ -30,7 +30,7 @@ from oomguard.sources.processes import start_time
 log = logging.getLogger(__name__)
 
 
-SIMULATED_TARGET = "sim-vllm"
+SIMULATED_TARGET = "sim-vllm"  # the simulated vLLM's target name; another engine's is sim-<engine>
 # The foreign process of a scenario that shares its GPU: a pid no process on this host has (pid_max is at most
 # 2^22), so the exporter counts its bytes as another process's, as it would a stranger's.
 FOREIGN_PID = 4_194_304 + 7
@@ -110,7 +110,8 @@ class Simulation:
     def target(self) -> TargetConfig:
         """The simulated engine as a target: its URL, the GPUs it runs on, its log."""
         logs = (str(self.log_path),) if self.log_path else ()
-        return TargetConfig(name=SIMULATED_TARGET, url=self.url, engine=self.engine, gpus=self.gpus, logs=logs)
+        name = SIMULATED_TARGET if self.engine == "vllm" else f"sim-{self.engine}"
+        return TargetConfig(name=name, url=self.url, engine=self.engine, gpus=self.gpus, logs=logs)
 
     async def start(self) -> None:
         self._task = asyncio.ensure_future(self._supervise())

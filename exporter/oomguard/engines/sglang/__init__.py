@@ -1,4 +1,4 @@
-"""SGLang: its /metrics reader, its reservation from /server_info, its log lines, its families."""
+"""SGLang: its /metrics reader, its reservation from /server_info, its log lines, its simulator, its families."""
 
 from oomguard.engines.base import EnginePlugin, FamilyRow
 from oomguard.engines.sglang.reader import SglangReader
@@ -11,7 +11,7 @@ PLUGIN = EnginePlugin(
     package=__name__,
     # "[2025-06-01 12:00:00 TP0] " (with DP/PP/EP ranks where used): a traceback's first line carries it.
     log_line_prefix=r"(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Z]+\d+)*\] )?",
-    simulator=None,
+    simulator="oomguard.engines.sglang.simulator",
     families_table=(
         FamilyRow(
             "`oomguard_engine_kv_cache_usage_ratio`",
