@@ -156,7 +156,10 @@ class Simulation:
         if kill_after is None:
             return await child.wait()
         try:
-            return await asyncio.wait_for(child.wait(), (self.scenario.load_seconds + kill_after) / self.time_scale)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancellation that comes as the child exits,
+            # and the supervisor would relaunch the engine after stop().
+            async with asyncio.timeout((self.scenario.load_seconds + kill_after) / self.time_scale):
+                return await child.wait()
         except TimeoutError:
             child.kill()
             return await child.wait()
@@ -168,8 +171,9 @@ class Simulation:
                 await self._task
         if self._child is not None and self._child.returncode is None:
             self._child.terminate()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._child.wait(), 5)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await self._child.wait()
             if self._child.returncode is None:
                 self._child.kill()
                 await self._child.wait()

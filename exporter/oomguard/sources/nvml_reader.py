@@ -27,8 +27,14 @@ class NvmlReader:
         """The current reading; raises TimeoutError after timeout_seconds."""
         if self._future is None or self._future.done():
             self._future = self._thread.submit(self.source.read)
+        waiter = asyncio.wrap_future(self._future)
+        waiter.add_done_callback(_retrieve)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(self._future), self.timeout_seconds)
+            # Not asyncio.wait_for: on 3.11 it returns the result when the caller is cancelled just as the read
+            # completes, and the cancellation is lost (the sampler then never stopped). The shield keeps a
+            # caller's timeout or cancellation from cancelling the read the next caller will wait on.
+            async with asyncio.timeout(self.timeout_seconds):
+                return await asyncio.shield(waiter)
         except TimeoutError:
             # The read goes on in its thread; the next caller waits on it rather than starting another.
             log.warning(
@@ -40,3 +46,9 @@ class NvmlReader:
     def close(self) -> None:
         self._thread.submit(self.source.close)
         self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+def _retrieve(future: asyncio.Future[NvmlReading]) -> None:
+    """Marks a read's outcome as seen: one nobody awaits any more (timed out, cancelled) logs no warning."""
+    if not future.cancelled():
+        future.exception()
