@@ -27,7 +27,8 @@ QUESTIONS = {
 OOM_KINDS = (kinds.CUDA_OOM, kinds.CGROUP_OOM_KILL)
 KV_SATURATED = 0.95  # KV cache use at or above this is saturation (the bundle's kv_cache_saturated threshold)
 WAITING_BACKLOG = 5  # a queue this deep while the cache is full: concurrency is over-provisioned
-TOP = 0.95  # memory at the top of the GPU
+TOP = 0.95  # memory at the top of a GPU no engine reserves...
+HEADROOM_TOP = 0.9  # ...and on one an engine reserves: this share of the headroom the reservation leaves in use
 FOREIGN_GROWTH = 0.05  # another process grew by this share of the GPU...
 WITHIN_RESERVATION = 0.02  # ...while the engine stayed within its reservation but this share
 CLIMB_MIN_RISE = 0.03  # docs/trend.md's climb_min_rise_ratio
@@ -155,9 +156,10 @@ class Facts:
 
     @property
     def memory_top(self) -> bool:
-        """Memory at the top: past the reservation's headroom, or near full where no engine reserves."""
-        if self.headroom_used_peak is not None and self.headroom_used_peak >= 1.0:
-            return True
+        """Memory at the top: most of the headroom an engine's reservation leaves in use, or near full where no
+        engine reserves (vLLM at 0.95 shows 95.6 % used all day: that is its reservation, not the top)."""
+        if self.headroom_used_peak is not None:
+            return self.headroom_used_peak >= HEADROOM_TOP
         peak = self.peak
         return peak is not None and peak[1] >= TOP
 

@@ -66,7 +66,10 @@ def decide(facts: Facts, probe_delay: float) -> Verdict:
                              not cuda_oom})  # fmt: skip
 
     ooms = facts.ooms
-    trouble = ooms > 0 or facts.memory_top or facts.climbing or bool({"spike", "saturated"} & set(facts.trend_states))
+    # An engine that never came up in the window is loading: its memory rises with the load, which is no leak.
+    loading = facts.ever_up is False
+    climbing = facts.climbing and not loading
+    trouble = ooms > 0 or facts.memory_top or climbing or bool({"spike", "saturated"} & set(facts.trend_states))
     if trouble and facts.has_memory:
         if facts.foreign_growth:
             return _make("foreign_process", f"{what}: another process on the GPU grew by "
@@ -83,7 +86,7 @@ def decide(facts: Facts, probe_delay: float) -> Verdict:
                              "memory at the top": facts.memory_top or "spike" in facts.trend_states
                              or "saturated" in facts.trend_states,
                              "OOM": ooms > 0})  # fmt: skip
-        if facts.climbing:
+        if climbing:
             return _make("memory_leak", f"{what}: memory climbs and does not fall back, with no matching rise "
                          "in KV cache use or concurrency" + (f"; {ooms:g} OOM(s)" if ooms else ""), facts, {
                              "memory climbs": True, "KV cache not saturated": not facts.kv_saturated,
@@ -113,6 +116,7 @@ def decide(facts: Facts, probe_delay: float) -> Verdict:
     if not facts.has_memory:
         return Verdict(INSUFFICIENT, 0.0, f"{what}: no GPU memory series in the window, so the first question "
                        "(the memory trend) cannot be answered; check that NVML is enabled", {})  # fmt: skip
-    return _make(HEALTHY, f"{what}: memory within its headroom, no OOM, no restart storm", facts, {
+    state = " (not up in the window: still loading; memory rising with a load is no leak)" if loading else ""
+    return _make(HEALTHY, f"{what}: memory within its headroom, no OOM, no restart storm{state}", facts, {
         "no OOM": ooms == 0, "no climb or spike": not trouble,
         "KV cache not saturated": not facts.kv_saturated, "fewer than 2 restarts": restarts < 2})  # fmt: skip
