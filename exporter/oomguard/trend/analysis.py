@@ -12,9 +12,9 @@ fits an 80 GB GPU and a 2 TB host alike; slopes are turned back into bytes on ex
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from itertools import combinations
 
 from oomguard.model import Trend
 
@@ -56,47 +56,144 @@ class TrendSettings:
         )
 
 
+def median_of_sorted(data: list[float]) -> float:
+    """statistics.median's result, from a list already sorted (the same formula: the middle value,
+    or the mean of the middle two)."""
+    n = len(data)
+    if n % 2:
+        return data[n // 2]
+    return (data[n // 2 - 1] + data[n // 2]) / 2
+
+
 def theil_sen(points: list[tuple[float, float]]) -> float | None:
     """Median of pairwise slopes: one wild reading cannot tilt it (unlike least squares)."""
-    slopes = [(v2 - v1) / (t2 - t1) for i, (t1, v1) in enumerate(points) for t2, v2 in points[i + 1 :] if t2 > t1]
-    return statistics.median(slopes) if slopes else None
+    slopes = [(v2 - v1) / (t2 - t1) for (t1, v1), (t2, v2) in combinations(points, 2) if t2 > t1]
+    return median_of_sorted(sorted(slopes)) if slopes else None
+
+
+# A bucket kept sorted between ticks: [absolute index of its first sample, of the one past its last, values sorted].
+SortedBucket = list  # [int, int, list[float]]
 
 
 @dataclass(frozen=True, slots=True)
 class History:
-    """Samples as two parallel lists, times ascending: windows are found by bisection and cut by
-    slicing, with no pass over every sample in Python (this runs for every series every tick)."""
+    """A window of a series' samples: parallel lists, times ascending, and the window's bounds in them.
+    Windows are found by bisection, with no copy and no pass over every sample in Python (this runs for
+    every series every tick). `base` is the absolute index (counted since the series began) of the lists'
+    first element, so that a bucket's sorted values can be carried from one tick to the next (`sorted_cache`)."""
 
     times: list[float]
     values: list[float]
+    lo: int = 0
+    hi: int = -1
+    base: int = 0
+    sorted_cache: dict[str, list[SortedBucket | None]] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.hi < 0:
+            object.__setattr__(self, "hi", len(self.times))
 
     def since(self, start: float) -> History:
-        i = bisect.bisect_left(self.times, start)
-        return History(self.times[i:], self.values[i:])
+        i = bisect.bisect_left(self.times, start, self.lo, self.hi)
+        return History(self.times, self.values, i, self.hi, self.base, self.sorted_cache)
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def first(self) -> float:
+        return self.times[self.lo]
+
+    def window(self) -> list[float]:
+        return self.values[self.lo : self.hi]
 
 
-def bucket_points(
-    history: History, start: float, end: float, *, floor: bool = False, count: int = 12
-) -> list[tuple[float, float]]:
-    """Split [start, end] into equal buckets; one point per bucket: its median, or its 10th percentile
-    (`floor`: the troughs under a sawtooth, where one wild low reading does not count)."""
+def _slide(data: list[float], values: list[float], old_lo: int, lo: int, old_hi: int, hi: int) -> bool:
+    """sorted(values[old_lo:old_hi]) -> sorted(values[lo:hi]) in place, for old_lo <= lo <= old_hi <= hi."""
+    for value in values[old_lo:lo]:
+        if not _remove(data, value):
+            return False
+    for value in values[old_hi:hi]:
+        bisect.insort(data, value)
+    return True
+
+
+def _remove(data: list[float], value: float) -> bool:
+    i = bisect.bisect_left(data, value)
+    if i < len(data) and data[i] == value:
+        del data[i]
+        return True
+    return False  # NaN, or out of step: the caller sorts afresh
+
+
+def bucket_data(
+    history: History, start: float, end: float, *, count: int = 12, slot: str | None = None
+) -> list[tuple[float, list[float]]]:
+    """Split [start, end] into equal buckets; per bucket that holds samples: its centre and its values,
+    sorted. `slot` names the caller, whose buckets are kept sorted from one tick to the next
+    (the window slides by a sample or two per tick: the values that left are taken out of the sorted
+    list, those that came are inserted, the same list as sorting afresh); without one, each bucket is
+    sorted afresh. `base` is the absolute index of values[0]: the cache holds absolute indices, so a
+    compaction of the lists does not mislead it."""
     if end - start <= 0:
         return []
     width = (end - start) / count
-    times = history.times
-    edges = [bisect.bisect_left(times, start + i * width) for i in range(count)] + [len(times)]
-    points = []
+    times, lo, hi = history.times, history.lo, history.hi
+    edges = [bisect.bisect_left(times, start + i * width, lo, hi) for i in range(count)] + [hi]
+    cache, values, base = history.sorted_cache, history.values, history.base
+    out = []
+    kept: list[SortedBucket | None] | None = None
+    if cache is not None and slot is not None:
+        kept = cache.get(slot)
+        if kept is None or len(kept) != count:
+            kept = cache[slot] = [None] * count
     for i in range(count):
-        values = history.values[edges[i] : edges[i + 1]]
-        if values:
-            stat = sorted(values)[len(values) // 10] if floor else statistics.median(values)
-            points.append((start + (i + 0.5) * width, stat))
-    return points
+        a, b = edges[i], edges[i + 1]
+        if a < b:
+            if kept is None:
+                data = sorted(values[a:b])
+            else:
+                entry, new_lo, new_hi = kept[i], a + base, b + base
+                if entry is not None and entry[0] == new_lo and entry[1] == new_hi:
+                    data = entry[2]
+                elif (
+                    entry is not None
+                    and base <= entry[0] <= new_lo <= entry[1] <= new_hi
+                    and new_lo - entry[0] + new_hi - entry[1] < 8
+                    and _slide(entry[2], values, entry[0] - base, a, entry[1] - base, b)
+                ):
+                    data = entry[2]
+                    entry[0], entry[1] = new_lo, new_hi
+                else:
+                    data = sorted(values[a:b])
+                    kept[i] = [new_lo, new_hi, data]
+            out.append((start + (i + 0.5) * width, data))
+    return out
 
 
-def robust_slope(history: History, start: float, end: float, *, floor: bool = False) -> float | None:
-    points = bucket_points(history, start, end, floor=floor)
+def stat_points(buckets: list[tuple[float, list[float]]], *, floor: bool = False) -> list[tuple[float, float]]:
+    """One point per bucket: its median, or its 10th percentile (`floor`: the troughs under a sawtooth,
+    where one wild low reading does not count)."""
+    if floor:
+        return [(centre, data[len(data) // 10]) for centre, data in buckets]
+    return [(centre, median_of_sorted(data)) for centre, data in buckets]
+
+
+def bucket_points(
+    history: History, start: float, end: float, *, floor: bool = False, count: int = 12, slot: str | None = None
+) -> list[tuple[float, float]]:
+    """Split [start, end] into equal buckets; one point per bucket: its median, or its 10th percentile."""
+    return stat_points(bucket_data(history, start, end, count=count, slot=slot), floor=floor)
+
+
+def slope_of(points: list[tuple[float, float]]) -> float | None:
     return theil_sen(points) if len(points) >= 3 else None
+
+
+def robust_slope(
+    history: History, start: float, end: float, *, floor: bool = False, slot: str | None = None
+) -> float | None:
+    return slope_of(bucket_points(history, start, end, floor=floor, slot=slot))
 
 
 def consistency(points: list[tuple[float, float]]) -> float:
@@ -121,13 +218,22 @@ def spread(points: list[tuple[float, float]]) -> float:
 
 
 class Series:
-    """The bounded history of one series and its climb, fed one sample at a time."""
+    """The bounded history of one series and its climb, fed one sample at a time.
+
+    The samples are kept as parallel lists (times, values) with the window's start in them, compacted
+    now and then, and the values also kept sorted as a whole and per bucket of the windows analysed
+    (bucket_data): a tick adds a sample and drops one, so it moves a few values in sorted
+    lists instead of sorting the whole history again. The results are those of sorting afresh."""
 
     def __init__(self, settings: TrendSettings) -> None:
         self.settings = settings
-        self.samples: deque[tuple[float, float]] = deque(
-            maxlen=int(settings.long_window_seconds / settings.interval_seconds) + 8
-        )
+        self.maxlen = int(settings.long_window_seconds / settings.interval_seconds) + 8
+        self._times: list[float] = []
+        self._values: list[float] = []
+        self._head = 0  # index of the oldest sample still in the window
+        self._base = 0  # samples compacted away since the series began: absolute index = _base + list index
+        self._sorted: list[float] = []  # the window's values, sorted (the spread's percentiles)
+        self._buckets: dict[str, list[SortedBucket | None]] = {}
         self._recent: deque[float] = deque(maxlen=3)
         self.climb_start: float | None = None
         self.climb_floor = 0.0
@@ -136,51 +242,90 @@ class Series:
         # thresholds while noise (or cache churn) moves the level up and down.
         self.latched = False
         self.latched_at = 0.0
+        self._whole_floor: list[tuple[float, float]] | None = None  # this tick's, computed at most once
+
+    def __len__(self) -> int:
+        """The samples held: never more than the long window's worth (`maxlen`)."""
+        return len(self._times) - self._head
+
+    @property
+    def last_time(self) -> float | None:
+        return self._times[-1] if len(self) else None
+
+    def _drop_oldest(self) -> None:
+        _remove(self._sorted, self._values[self._head]) or self._resort()
+        self._head += 1
+
+    def _resort(self) -> None:
+        self._sorted = sorted(self._values[self._head :])
 
     def add(self, t: float, ratio: float) -> None:
         s = self.settings
-        if self.samples and self.samples[-1][1] - ratio >= s.restart_drop_ratio:
+        if len(self) and self._values[-1] - ratio >= s.restart_drop_ratio:
             self.reset()
-        self.samples.append((t, ratio))
-        while self.samples and self.samples[0][0] < t - s.long_window_seconds:
-            self.samples.popleft()
+        if len(self) == self.maxlen:
+            self._drop_oldest()
+        self._times.append(t)
+        self._values.append(ratio)
+        bisect.insort(self._sorted, ratio)
+        while len(self) and self._times[self._head] < t - s.long_window_seconds:
+            self._drop_oldest()
+        if self._head >= self.maxlen:  # compact: the lists hold at most two windows' worth
+            del self._times[: self._head], self._values[: self._head]
+            self._base += self._head
+            self._head = 0
         # The climb follows a median of 3, so one odd reading neither ends nor starts it.
         self._recent.append(ratio)
-        smooth = statistics.median(self._recent)
+        smooth = median_of_sorted(sorted(self._recent))
         if self.climb_start is None or smooth < self.peak - s.tolerance_ratio:
             self.climb_start, self.climb_floor, self.peak = t, smooth, smooth
         else:
             self.peak = max(self.peak, smooth)
 
     def reset(self) -> None:
-        self.samples.clear()
+        self._base += len(self._times)
+        self._times, self._values, self._head = [], [], 0
+        self._sorted.clear()
+        self._buckets.clear()
         self._recent.clear()
         self.climb_start = None
         self.latched = False
 
     def trend(self) -> Trend | None:
-        if not self.samples:
+        if not len(self):
             return None
         s = self.settings
-        samples = History([t for t, _ in self.samples], [v for _, v in self.samples])
-        first, now = samples.times[0], samples.times[-1]
-        level = statistics.median(self._recent)
+        samples = History(self._times, self._values, self._head, len(self._times), self._base, self._buckets)
+        first, now = samples.first, self._times[-1]
+        level = median_of_sorted(sorted(self._recent))
         short = samples.since(now - s.short_window_seconds)
-        slope_short = robust_slope(short, now - s.short_window_seconds, now)
-        slope_long = robust_slope(samples, first, now)
+        slope_short = robust_slope(short, now - s.short_window_seconds, now)  # a few samples a bucket
+        # The whole history's buckets, shared by the long slope and the floor's (sorted once per tick).
+        whole = bucket_data(samples, first, now, slot="all")
+        self._whole_floor = None
+        slope_long = slope_of(stat_points(whole))
         climb_seconds = now - self.climb_start if self.climb_start is not None else 0.0
-        state = self._classify(samples, short, level, climb_seconds, now)
-        rising = {"spike": slope_short, "climbing": self._climb_slope(samples, now)}.get(state)
+        state = self._classify(samples, short, whole, level, climb_seconds, now)
+        rising = None  # the pace toward full: only for these two states, and only then computed
+        if state == "spike":
+            rising = slope_short
+        elif state == "climbing":
+            rising = self._climb_slope(samples, whole, now)
         seconds_to_full = (1.0 - level) / rising if rising and rising > 0 else None
         if state == "climbing" and rising:
             slope_long = rising
         return Trend(state, level, slope_short, slope_long, climb_seconds, seconds_to_full, now - first)
 
-    def _climb_slope(self, samples: History, now: float) -> float | None:
+    def _floor_points(self, whole: list[tuple[float, list[float]]]) -> list[tuple[float, float]]:
+        if self._whole_floor is None:
+            self._whole_floor = stat_points(whole, floor=True)
+        return self._whole_floor
+
+    def _climb_slope(self, samples: History, whole: list[tuple[float, list[float]]], now: float) -> float | None:
         """The pace of the current climb, or of the floor under a sawtooth when that is what rises."""
         assert self.climb_start is not None
-        slope = robust_slope(samples.since(self.climb_start), self.climb_start, now)
-        floor = robust_slope(samples, samples.times[0], now, floor=True)
+        slope = robust_slope(samples.since(self.climb_start), self.climb_start, now, slot="climb")
+        floor = slope_of(self._floor_points(whole))
         candidates = [x for x in (slope, floor) if x is not None]
         return max(candidates) if candidates else None
 
@@ -188,46 +333,56 @@ class Series:
         self,
         samples: History,
         short: History,
+        whole: list[tuple[float, list[float]]],
         level: float,
         climb_seconds: float,
         now: float,
     ) -> str:
         s = self.settings
-        if statistics.median(samples.since(now - 30.0).values) >= s.saturated_ratio:
+        if median_of_sorted(sorted(samples.since(now - 30.0).window())) >= s.saturated_ratio:
             return "saturated"
-        if level >= s.spike_level_ratio and level - min(short.values) >= s.spike_rise_ratio:
+        if level >= s.spike_level_ratio and level - min(short.window()) >= s.spike_rise_ratio:
             return "spike"
-        climbing = self._is_climbing(samples, level, climb_seconds, now)
+        climbing = self._is_climbing(samples, whole, level, climb_seconds, now)
         if climbing and not self.latched:
             self.latched_at = now
         self.latched = climbing
         if climbing:
             return "climbing"
-        values = sorted(samples.values)
+        values = self._sorted
         p5, p95 = values[int(0.05 * (len(values) - 1))], values[int(0.95 * (len(values) - 1))]
         return "sawtooth" if p95 - p5 >= s.sawtooth_span_ratio else "steady"
 
-    def _is_climbing(self, samples: History, level: float, climb_seconds: float, now: float) -> bool:
+    def _is_climbing(
+        self, samples: History, whole: list[tuple[float, list[float]]], level: float, climb_seconds: float, now: float
+    ) -> bool:
         s = self.settings
         if self.latched:
-            start = max(self.latched_at - s.climb_min_seconds, now - s.long_window_seconds / 2, samples.times[0])
-            slope = robust_slope(samples.since(start), start, now, floor=True)
+            start = max(self.latched_at - s.climb_min_seconds, now - s.long_window_seconds / 2, samples.first)
+            slope = robust_slope(samples.since(start), start, now, floor=True, slot="latched")
             return slope is not None and slope >= s.climb_min_slope_ratio_per_minute / 60 / 2
         # A climb that has not fallen back for a while, and whose latter half still rises, steadily,
         # at a leak's pace: a restart's loading ramp, a burst (a step up, then flat) and noise all fail.
         if climb_seconds >= s.climb_min_seconds and level - self.climb_floor >= s.climb_min_rise_ratio:
-            start = max(now - climb_seconds / 2, samples.times[0])
-            if self._rises(samples.since(start), start, now, s.climb_min_rise_ratio / 2):
+            start = max(now - climb_seconds / 2, samples.first)
+            points = bucket_points(samples.since(start), start, now, slot="half")
+            if self._rises(points, start, now, s.climb_min_rise_ratio / 2):
                 return True
         # A sawtooth whose troughs rise: a leak under cache churn. Needs most of the long window.
-        start = samples.times[0]
+        start = samples.first
         return now - start >= 0.8 * s.long_window_seconds and self._rises(
-            samples, start, now, s.climb_min_rise_ratio, floor=True
+            self._floor_points(whole), start, now, s.climb_min_rise_ratio
         )
 
-    def _rises(self, samples: History, start: float, end: float, min_rise: float, *, floor: bool = False) -> bool:
-        points = bucket_points(samples, start, end, floor=floor)
+    def _rises(self, points: list[tuple[float, float]], start: float, end: float, min_rise: float) -> bool:
         if len(points) < 6:
+            return False
+        needed = max(self.settings.climb_min_slope_ratio_per_minute / 60, min_rise / (end - start))
+        values = [v for _, v in points]
+        # No pairwise slope can exceed the points' range over the closest pair's distance (a bucket's
+        # width, (end - start) / 12): below half the pace needed (a margin for rounding), the median of
+        # the slopes cannot reach it either. Most series are not rising: this spares their Theil-Sen.
+        if needed > 0 and (max(values) - min(values)) * 2 < needed * (end - start) / 12:
             return False
         slope = theil_sen(points) or 0.0
         return (

@@ -53,7 +53,7 @@ class TrendTracker:
             self._capacity[key] = obs.capacity_bytes
         # A series not observed for a whole long window is gone (GPU removed, target renamed).
         for key in [
-            k for k, s in self._series.items() if s.samples and s.samples[-1][0] < t - self.settings.long_window_seconds
+            k for k, s in self._series.items() if len(s) and s.last_time < t - self.settings.long_window_seconds
         ]:
             del self._series[key]
         latest = {}
