@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 # -- fixed vocabularies (label values) -------------------------------------------------------
 TARGET_STATES = ("up", "loading", "down")
-ERROR_KINDS = ("timeout", "refused", "http_status", "too_large", "parse", "other")
+# tls: the target's certificate or handshake was refused (an unknown CA, a wrong name): a fix of trust, not
+# of a down engine, so not "refused".
+ERROR_KINDS = ("timeout", "refused", "tls", "http_status", "too_large", "parse", "other")
 TREND_STATES = ("steady", "sawtooth", "climbing", "spike", "saturated")
 # vLLM's sleep mode: level 1 offloads the weights, level 2 discards them; both free the KV cache.
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")

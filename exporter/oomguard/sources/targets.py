@@ -173,6 +173,8 @@ class TargetScraper:
                     body = await self._read_capped(response, url)
         except TimeoutError:
             raise ScrapeError("timeout", f"GET {url} took longer than {self.timeout:g}s (timeout_seconds)") from None
+        except aiohttp.ClientSSLError as exc:  # before its base class, ClientConnectorError
+            raise ScrapeError("tls", f"TLS with {url} failed: {exc.os_error or exc}") from None
         except aiohttp.ClientConnectorError as exc:
             raise ScrapeError("refused", f"cannot connect to {url}: {exc.os_error or exc}") from None
         except (aiohttp.ClientError, OSError) as exc:
