@@ -80,6 +80,7 @@ class Collection:
             events={name: c.copy() for name, c in events.counts.items()} if events else {},
             event_sources=tuple(events.health()) if events else (),
             event_state_write_errors=events.state_write_errors if events and events.has_state else None,
+            event_state_read_errors=events.state_read_errors if events and events.has_state else None,
             xid=dict(xid.counts) if xid else {},
             xid_last=dict(xid.last) if xid else {},
             xid_read_errors=xid.read_errors if xid else None,

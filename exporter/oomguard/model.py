@@ -282,6 +282,7 @@ class Snapshot:
     events: dict[str, Counts] = field(default_factory=dict)  # target (HOST for the host) -> counts
     event_sources: tuple[EventSourceHealth, ...] = ()
     event_state_write_errors: int | None = None  # None: no state_dir
+    event_state_read_errors: int | None = None  # None: no state_dir
     xid: dict[tuple[int, int], int] = field(default_factory=dict)  # (gpu, xid code) -> count
     xid_last: dict[int, float] = field(default_factory=dict)
     xid_read_errors: int | None = None  # None: XID events are off

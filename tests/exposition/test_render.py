@@ -100,6 +100,7 @@ def busy_snapshot() -> Snapshot:
             EventSourceHealth(HOST, "kernel:/dev/kmsg", HOST_EVENT_KINDS, 3, 300, 0, 1),
         ),
         event_state_write_errors=0,
+        event_state_read_errors=0,
         xid={(0, 79): 1},
         xid_last={0: 1.7e9 + 10},
         xid_read_errors=0,

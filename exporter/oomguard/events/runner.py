@@ -41,6 +41,7 @@ class EventRunner:
         self.clock = clock
         self.state_path = Path(config.state_dir) / STATE_FILE if config.state_dir else None
         self.has_state = self.state_path is not None
+        self.state_read_errors = 0  # a state file found unreadable at start (set aside as *.corrupt)
         saved = self._load()
         self.counts: dict[str, Counts] = {
             name: Counts(dict(c.get("total", {})), dict(c.get("last", {}))) for name, c in saved.get(COUNTS, {}).items()
@@ -97,8 +98,19 @@ class EventRunner:
                 raise ValueError("not a JSON object")
             return saved
         except (OSError, ValueError) as exc:
-            # Unreadable state: start at the end of every log (no recount), and say so.
-            log.error("cannot read %s (%s): events before now are not recounted", self.state_path, exc)
+            # Unreadable state: start at the end of every log (no recount), and say so. The file is kept
+            # aside, not overwritten by the next save, and the metric tells the counts started afresh.
+            self.state_read_errors += 1
+            aside = self.state_path.with_name(self.state_path.name + ".corrupt")
+            try:
+                os.replace(self.state_path, aside)
+                kept = f"kept as {aside}"
+            except OSError as move:
+                kept = f"and it could not be kept aside ({move})"
+            log.error(
+                "cannot read %s (%s), %s: counts start afresh, events before now are not recounted",
+                self.state_path, exc, kept,
+            )  # fmt: skip
             return {}
 
     def _save(self) -> None:

@@ -127,6 +127,15 @@ EVENT_STATE_WRITE_ERRORS = metric(
     "",
     "Failed writes of the event state file in state_dir: rising means a restart of the exporter will recount events.",
 )
+EVENT_STATE_READ_ERRORS = metric(
+    SECTION,
+    "event_state_read_errors",
+    "counter",
+    "",
+    "",
+    "1 when the event state file in state_dir was unreadable at start: it was kept aside as *.corrupt and the counts "
+    "started afresh (no log is read again, so nothing is recounted).",
+)
 GPU_EVENT_READ_ERRORS = metric(
     SECTION,
     "gpu_event_read_errors",
@@ -140,7 +149,7 @@ METRICS = (
     TARGET_STARTUP_SECONDS, HOST_EVENTS, HOST_LAST_EVENT_TIMESTAMP_SECONDS, GPU_EVENTS,
     GPU_LAST_EVENT_TIMESTAMP_SECONDS, EVENT_SOURCE_LINES_READ, EVENT_SOURCE_BYTES_BEHIND, EVENT_SOURCE_READ_ERRORS,
     EVENT_SOURCE_READ_BYTES, EVENT_SOURCE_LINES_TRUNCATED, EVENT_SOURCE_LINES_MALFORMED, EVENT_STATE_WRITE_ERRORS,
-    GPU_EVENT_READ_ERRORS,
+    EVENT_STATE_READ_ERRORS, GPU_EVENT_READ_ERRORS,
 )  # fmt: skip
 
 
@@ -177,3 +186,5 @@ def add(out: Exposition, snapshot: Snapshot) -> None:
         out.add(GPU_EVENT_READ_ERRORS, (), float(snapshot.xid_read_errors))
     if snapshot.event_state_write_errors is not None:
         out.add(EVENT_STATE_WRITE_ERRORS, (), float(snapshot.event_state_write_errors))
+    if snapshot.event_state_read_errors is not None:
+        out.add(EVENT_STATE_READ_ERRORS, (), float(snapshot.event_state_read_errors))
