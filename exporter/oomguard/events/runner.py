@@ -34,6 +34,7 @@ from oomguard.model import Counts, Event, EventSourceHealth
 
 log = logging.getLogger(__name__)
 STATE_FILE = "events-state.json"
+TEMPORARY = ".events-state."  # the prefix of the file written before it is renamed over STATE_FILE
 
 
 class EventRunner:
@@ -90,7 +91,10 @@ class EventRunner:
 
     # -- state file ---------------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
-        if self.state_path is None or not self.state_path.exists():
+        if self.state_path is None:
+            return {}
+        self._clear_temporaries()
+        if not self.state_path.exists():
             return {}
         try:
             saved = json.loads(self.state_path.read_text())
@@ -113,6 +117,14 @@ class EventRunner:
             )  # fmt: skip
             return {}
 
+    def _clear_temporaries(self) -> None:
+        """Remove what writes cut short (the exporter killed between the temporary file and its rename) left."""
+        assert self.state_path is not None
+        with contextlib.suppress(OSError):
+            for leftover in self.state_path.parent.glob(f"{TEMPORARY}*"):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+
     def _save(self) -> None:
         if self.state_path is None:
             return
@@ -123,7 +135,7 @@ class EventRunner:
         state[COUNTS] = {name: {"total": c.total, "last": c.last} for name, c in self.counts.items()}
         try:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.state_path.parent, prefix=".events-state.")
+            fd, tmp = tempfile.mkstemp(dir=self.state_path.parent, prefix=TEMPORARY)
             with os.fdopen(fd, "w") as out:
                 json.dump(state, out)
             os.replace(tmp, self.state_path)
