@@ -106,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     drill.add_argument("--list", action="store_true", help="list the scenarios")
     drill.add_argument("--report", type=Path, metavar="FILE", help="also write the report to FILE")
     drill.add_argument("--json", action="store_true", help="report as JSON instead of Markdown")
+    drill.add_argument(
+        "--diagnosis-report",
+        type=Path,
+        metavar="FILE",
+        help="also write oomguard diagnose's incident report of the drill: FILE.md (PNG beside) or FILE.html",
+    )
     drill.add_argument("--time-scale", type=float, default=30.0, help="simulated seconds per real second (default 30)")
     drill.add_argument(
         "--alertmanager-config",
@@ -219,7 +225,7 @@ def _drill(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="oomguard-drill-") as scratch:
         report = run(
             DRILLS[args.scenario], args.workdir or Path(scratch), time_scale=args.time_scale,
-            alertmanager_config=args.alertmanager_config,
+            alertmanager_config=args.alertmanager_config, diagnosis_report=args.diagnosis_report,
         )  # fmt: skip
     text = report.json() if args.json else report.markdown()
     sys.stdout.write(text)

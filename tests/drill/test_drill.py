@@ -28,9 +28,18 @@ TIME_SCALES = {"default-steady": 60.0, "tight-steady": 60.0}
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_drill(name: str, tmp_path: Path) -> None:
     scenario = SCENARIOS[name]
-    report = run(scenario, tmp_path, alertmanager_config=ROUTING, time_scale=TIME_SCALES.get(name, 30.0))
+    diagnosis = tmp_path / "diagnosis.md" if name == "incident" else None
+    report = run(scenario, tmp_path, alertmanager_config=ROUTING, time_scale=TIME_SCALES.get(name, 30.0),
+                 diagnosis_report=diagnosis)  # fmt: skip
     print(report.markdown())
     assert report.ok, report.markdown()
+    # `oomguard diagnose` on the drill's Prometheus: one diagnosis, of the scenario's verdict.
+    assert report.verdicts == [scenario.verdict], report.diagnosis_text
+    assert report.diagnosis_text.startswith(scenario.verdict.upper())
+    if diagnosis is not None:  # the incident report, with its plot
+        assert "### Timeline" in diagnosis.read_text() and "(diagnosis-1.png)" in diagnosis.read_text()
+        png = (tmp_path / "diagnosis-1.png").read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 20_000
     assert report.alerts and all(a.ok for a in report.alerts)
     if scenario.memory_alert_before_oom:
         assert report.memory_alert_lead_minutes is not None and report.memory_alert_lead_minutes > 0

@@ -25,6 +25,8 @@ from aiohttp import web
 from oomguard.bundle.config import BundleConfig, load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
 from oomguard.config import load_config
+from oomguard.diagnose import DiagnoseError, diagnose_prometheus
+from oomguard.diagnose import report as diagnose_report
 from oomguard.drill.scenarios import MEMORY_ALERTS, DrillScenario
 from oomguard.drill.services import Alertmanager, Prometheus, ServiceError
 from oomguard.drill.webhook import WebhookReceiver
@@ -50,6 +52,7 @@ class AlertResult:
     receivers: list[str]  # where its firing notifications arrived
     first_firing: float | None  # simulated minutes, relative to the reference (first OOM, else start)
     ok: bool
+    listed: bool = True  # False: arrived at a receiver, though the scenario neither expects it nor wants it quiet
 
 
 @dataclass
@@ -62,10 +65,22 @@ class DrillReport:
     alerts: list[AlertResult]
     memory_alert_lead_minutes: float | None
     problems: list[str] = field(default_factory=list)
+    # `oomguard diagnose` on the drill's Prometheus afterwards: the verdict expected, and what it said.
+    expected_verdict: str | None = None
+    diagnosis: list[dict[str, Any]] = field(default_factory=list)  # Diagnosis.json() of each target
+    diagnosis_text: str = ""
+
+    @property
+    def verdicts(self) -> list[str]:
+        return [d["verdict"] for d in self.diagnosis]
+
+    @property
+    def verdict_ok(self) -> bool:
+        return self.expected_verdict is None or self.verdicts == [self.expected_verdict]
 
     @property
     def ok(self) -> bool:
-        return not self.problems and all(a.ok for a in self.alerts)
+        return not self.problems and all(a.ok for a in self.alerts) and self.verdict_ok
 
     def markdown(self) -> str:
         lines = [
@@ -86,6 +101,7 @@ class DrillReport:
         ]
         for a in self.alerts:
             expected = "quiet" if a.quiet else (a.expected_receiver or "fires, not delivered (info or inhibited)")
+            expected = expected if a.listed else "not listed (arrived)"
             first = "-" if a.first_firing is None else f"{a.first_firing:+.1f}"
             lines.append(
                 f"| {a.alert} | {expected} | {', '.join(a.receivers) or '-'} | {first} | {'ok' if a.ok else 'FAIL'} |"
@@ -94,6 +110,18 @@ class DrillReport:
             lines += [
                 "",
                 f"A memory alert arrived {self.memory_alert_lead_minutes:.1f} simulated minutes before the first OOM.",
+            ]
+        if self.expected_verdict is not None:
+            said = ", ".join(self.verdicts) or "nothing"
+            lines += [
+                "",
+                "## Diagnosis (`oomguard diagnose` on the drill's Prometheus)",
+                "",
+                f"Expected verdict `{self.expected_verdict}`, got `{said}`: {'ok' if self.verdict_ok else 'FAIL'}.",
+                "",
+                "```",
+                self.diagnosis_text.rstrip(),
+                "```",
             ]
         if self.problems:
             lines += ["", "## Problems", "", *[f"- {p}" for p in self.problems]]
@@ -184,7 +212,9 @@ async def run_drill(
     *,
     time_scale: float = DEFAULT_TIME_SCALE,
     alertmanager_config: Path | None = None,
+    diagnosis_report: Path | None = None,
 ) -> DrillReport:
+    """`diagnosis_report`: also write `oomguard diagnose --report` of the drill's Prometheus there (.md or .html)."""
     trend = dataclasses.asdict(TrendSettings().time_scaled(time_scale))
     config = load_config(None, {
         "state_dir": str(workdir / "state"), "trend": trend,
@@ -203,11 +233,40 @@ async def run_drill(
             started = time.time()
             await asyncio.sleep(scenario.minutes * 60 / time_scale)
             await asyncio.sleep(3)  # the last notifications in flight (group_wait 1s, evaluation 1s)
-            return await asyncio.to_thread(
-                _report, scenario, chain.prometheus, chain.webhook, chain.prefix, started, time.time(), time_scale
+            end = time.time()
+            report = await asyncio.to_thread(
+                _report, scenario, chain.prometheus, chain.webhook, chain.prefix, started, end, time_scale
             )
+            await asyncio.to_thread(
+                _diagnose, report, scenario, chain.prometheus.url, started, end, time_scale, diagnosis_report
+            )
+            return report
     finally:
         await runtime.simulation.stop()
+
+
+def _diagnose(
+    report: DrillReport, scenario: DrillScenario, prometheus_url: str, start: float, end: float, scale: float,
+    report_path: Path | None = None,
+) -> None:  # fmt: skip
+    """What `oomguard diagnose --prometheus URL --time-scale X` says of the drill, into its report."""
+    probe = scenario.bundle.get("alerts", {}).get("startup_slower_than_probe", {}).get("probe_initial_delay_seconds")
+    source = "the drill's probe_initial_delay_seconds" if probe is not None else None
+    try:
+        # From a little before the engine's launch: its load is part of the story.
+        diagnoses = diagnose_prometheus(prometheus_url, at=end, window=end - start + 10, time_scale=scale,
+                                        probe_delay=probe, probe_source=source)  # fmt: skip
+    except DiagnoseError as exc:
+        report.problems.append(f"oomguard diagnose could not run: {exc}")
+        return
+    report.expected_verdict = scenario.verdict
+    report.diagnosis = [d.json() for d in diagnoses]
+    report.diagnosis_text = diagnose_report.text(diagnoses, prometheus_url)
+    if report_path is not None:
+        try:
+            diagnose_report.write_report(report_path, diagnoses, prometheus_url)
+        except (ValueError, OSError) as exc:
+            report.problems.append(f"cannot write the diagnosis report {report_path}: {exc}")
 
 
 def _first_time(prometheus: Prometheus, expr: str, start: float, end: float) -> float | None:
@@ -269,6 +328,13 @@ def _report(
                 name, None if quiet else receiver, quiet, receivers, None if first is None else minutes(first), ok
             )
         )
+
+    # Every alert that reached a receiver is in the table, listed in the scenario or not.
+    listed = {r.alert for r in results}
+    for name in sorted({n.alertname for n in webhook.notifications if n.status == "firing"} - listed):
+        arrivals = [n for n in webhook.notifications if n.alertname == name and n.status == "firing"]
+        results.append(AlertResult(name, None, False, sorted({n.receiver for n in arrivals}),
+                                   minutes(min(n.at for n in arrivals)), True, listed=False))  # fmt: skip
 
     problems = []
     lead = None

@@ -32,6 +32,10 @@ PROBE = {"alerts": {"startup_slower_than_probe": {"probe_initial_delay_seconds":
 # the drill's fixed costs grow with the time scale. Prometheus scrapes first some 5 s after the engine is launched,
 # and the startup is measured to the first scrape that finds it up: 25 s of model load read as 150 to 180 simulated
 # seconds at 30x, 300 at 60x (the steady scenarios run an hour, and their test runs them at 60x).
+# The engine's own memory never moves and never exceeds its budget: OverBudget (its own processes against its
+# budget) stays quiet. TargetMemoryClimbing does not: it follows the memory of the engine's worst GPU, whoever
+# holds it (docs/runbooks.md); the diagnosis is what tells the other process apart.
+FOREIGN_QUIET = ("TargetMemoryOverBudget", "QueueBacklog", "KvCacheSaturated", "RestartsWithoutOom")
 HEALTHY_PROBE = {"alerts": {"startup_slower_than_probe": {"probe_initial_delay_seconds": 600}}}
 
 
@@ -44,6 +48,8 @@ class DrillScenario:
     # Alert (without the bundle's prefix) -> the receiver it must reach (None: info, fires but is not routed).
     expected: dict[str, str | None]
     quiet: tuple[str, ...]
+    # What `oomguard diagnose` must conclude from the drill's Prometheus (oomguard.diagnose.verdict.VERDICTS).
+    verdict: str
     memory_alert_before_oom: bool = False
     bundle: dict = field(default_factory=lambda: PROBE)  # bundle configuration overrides
 
@@ -70,6 +76,7 @@ SCENARIOS: dict[str, DrillScenario] = {
                 "KvCacheSaturated": TICKET,
             },
             quiet=("RestartsWithoutOom", "TargetDown", "ExporterDown", "SourceFailing"),
+            verdict="memory_overcommit",
             memory_alert_before_oom=True,
         ),
         DrillScenario(
@@ -90,6 +97,7 @@ SCENARIOS: dict[str, DrillScenario] = {
                 "OomEvent": PAGER,
             },
             quiet=("RestartStorm", "RestartsWithoutOom", "StartupSlowerThanProbe", "TargetDown", "QueueBacklog"),
+            verdict="memory_leak",
             memory_alert_before_oom=True,
         ),
         DrillScenario(
@@ -100,6 +108,7 @@ SCENARIOS: dict[str, DrillScenario] = {
             minutes=15,
             expected={"RestartsWithoutOom": TICKET, "RestartStorm": PAGER},
             quiet=("OomEvent", "GpuMemoryHigh", "GpuMemoryCritical", "GpuMemoryClimbing", "TargetMemoryClimbing"),
+            verdict="probe_kill",
         ),
         DrillScenario(
             name="hot-steady",
@@ -119,6 +128,7 @@ SCENARIOS: dict[str, DrillScenario] = {
                 "TargetDown",
                 "QueueBacklog",
             ),
+            verdict="healthy",
         ),
         DrillScenario(
             name="default-steady",
@@ -129,6 +139,7 @@ SCENARIOS: dict[str, DrillScenario] = {
             minutes=60,
             expected={"LowHeadroomConfig": NOT_DELIVERED},
             quiet=(*MEMORY_ALERTS, *ENGINE_ALERTS),
+            verdict="healthy",
             bundle=HEALTHY_PROBE,
         ),
         DrillScenario(
@@ -139,6 +150,7 @@ SCENARIOS: dict[str, DrillScenario] = {
             minutes=60,
             expected={"LowHeadroomConfig": NOT_DELIVERED},
             quiet=(*MEMORY_ALERTS, *ENGINE_ALERTS),
+            verdict="healthy",
             bundle=HEALTHY_PROBE,
         ),
         DrillScenario(
@@ -164,6 +176,7 @@ SCENARIOS: dict[str, DrillScenario] = {
                 "LowHeadroomConfig": NOT_DELIVERED,
             },
             quiet=tuple(a for a in ENGINE_ALERTS if a != "OomEvent"),  # one OOM: no loop, no backlog
+            verdict="memory_leak",
             memory_alert_before_oom=True,
             bundle=HEALTHY_PROBE,
         ),
@@ -175,6 +188,40 @@ SCENARIOS: dict[str, DrillScenario] = {
             minutes=35,
             expected={"TargetLoadingTooLong": TICKET},
             quiet=("TargetDown", "OomEvent", "RestartStorm", "RestartsWithoutOom"),
+            verdict="healthy",
+        ),
+        DrillScenario(
+            name="foreign-process",
+            summary="vLLM at gpu_memory_utilization 0.8 shares its GPU: it holds its reservation and never more, "
+            "while another process grows 1 % of the GPU a minute from 5 minutes after load, to CUDA OOM 19 "
+            "minutes later; the other process keeps what it holds, so every relaunch fails at start.",
+            simulation="foreign-process",
+            minutes=30,
+            expected={
+                "GpuMemoryExhaustedSoon": PAGER,
+                "GpuMemoryCritical": PAGER,
+                "GpuMemoryHigh": TICKET_OR_INHIBITED,
+                "GpuMemoryClimbing": TICKET_OR_INHIBITED,
+                "TargetMemoryClimbing": TICKET,
+                "OomEvent": PAGER,
+                "RestartStorm": PAGER,  # the relaunches that fail at start, from 30 s after the OOM
+            },
+            quiet=FOREIGN_QUIET,
+            verdict="foreign_process",
+            memory_alert_before_oom=True,
+            bundle=HEALTHY_PROBE,
+        ),
+        DrillScenario(
+            name="startup-memory",
+            summary="vLLM with a max_model_len its KV cache cannot hold: each start loads the weights for a "
+            "minute, then fails to allocate and exits; relaunched 20 s later, it never serves.",
+            simulation="startup-oom",
+            minutes=15,
+            # These lives never serve: each is seen in the log alone (its startup line), and counted from there.
+            expected={"OomEvent": PAGER, "RestartStorm": PAGER},
+            quiet=("RestartsWithoutOom", "StartupSlowerThanProbe", "TargetDown", *MEMORY_ALERTS),
+            verdict="startup_memory",
+            bundle=HEALTHY_PROBE,
         ),
     )
 }
