@@ -40,6 +40,7 @@ class TrendTracker:
         """Start these series afresh: what came before says nothing of what comes now (an engine woke up)."""
         for key in keys:
             self._series.pop(key, None)
+            self._capacity.pop(key, None)
             self.latest.pop(key, None)
 
     def record(self, t: float, observations: dict[TrendKey, Observation]) -> None:
@@ -56,6 +57,7 @@ class TrendTracker:
             k for k, s in self._series.items() if len(s) and s.last_time < t - self.settings.long_window_seconds
         ]:
             del self._series[key]
+            del self._capacity[key]
         latest = {}
         for key, series in self._series.items():
             trend = series.trend()
