@@ -36,9 +36,11 @@ def default_delays(slowest_ms: float = 20.0) -> list[float]:
 # -- the targets: one process, 16 aiohttp servers ----------------------------------------------
 def _serve_targets(delays_ms: list[float], conn: Connection) -> None:
     body = FIXTURE.read_bytes()
+    served = [0]  # /metrics requests served by all the targets: GET /requests on any of them
 
     def metrics_handler(delay: float) -> web.RequestHandler:
         async def handler(_: web.Request) -> web.Response:
+            served[0] += 1
             if delay:
                 await asyncio.sleep(delay / 1000)
             return web.Response(body=body, content_type="text/plain", charset="utf-8")
@@ -48,12 +50,16 @@ def _serve_targets(delays_ms: list[float], conn: Connection) -> None:
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="")
 
+    async def requests(_: web.Request) -> web.Response:
+        return web.Response(text=str(served[0]))
+
     async def main() -> None:
         ports = []
         for delay in delays_ms:
             app = web.Application()
             app.router.add_get("/metrics", metrics_handler(delay))
             app.router.add_get("/health", health)
+            app.router.add_get("/requests", requests)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)  # port 0: the kernel picks a free one

@@ -16,6 +16,7 @@ from oomguard import __version__
 from oomguard.collection import Collection
 from oomguard.exposition import render
 from oomguard.exposition.health import render_web_config
+from oomguard.model import Snapshot
 from oomguard.runtime import Runtime
 from oomguard.web_config import WebConfigState
 
@@ -30,6 +31,7 @@ EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 def make_app(runtime: Runtime, web_config: WebConfigState | None = None) -> web.Application:
     app = web.Application(middlewares=[_guard(web_config)] if web_config else [])
     app[RUNTIME] = runtime
+    app[RENDERED] = _Rendered()
     if web_config is not None:
         app[WEB_CONFIG] = web_config
 
@@ -72,9 +74,26 @@ def _collection(request: web.Request) -> Collection:
     return collection
 
 
+class _Rendered:
+    """The last snapshot's text: concurrent scrapes share the collection in flight, and so its rendering
+    (200 Prometheis at once rendered the same snapshot 200 times, one after the other, on the loop)."""
+
+    def __init__(self) -> None:
+        self.snapshot: Snapshot | None = None
+        self.body = b""
+
+    def of(self, snapshot: Snapshot) -> bytes:
+        if snapshot is not self.snapshot:
+            self.snapshot, self.body = snapshot, render(snapshot)
+        return self.body
+
+
+RENDERED = web.AppKey("rendered", _Rendered)
+
+
 async def metrics(request: web.Request) -> web.Response:
     snapshot = await _collection(request).snapshot()
-    body = render(snapshot)
+    body = request.app[RENDERED].of(snapshot)
     web_config = request.app.get(WEB_CONFIG)
     if web_config is not None:
         body += render_web_config(web_config.last_reload_successful, web_config.last_success_timestamp)
