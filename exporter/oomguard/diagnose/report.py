@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import html
 import io
+import itertools
 import json
+import math
 import time
 from pathlib import Path
 
@@ -129,7 +131,18 @@ def plot_png(facts: Facts, title: str = "") -> bytes:
         return [_minutes(t, zero, facts) for t in times]
 
     def x(points):
-        return minutes(t for t, _ in points), [v for _, v in points]
+        # A series absent for a while (the engine down or loading) is drawn with a gap, not a line across it.
+        steps = sorted(b[0] - a[0] for a, b in itertools.pairwise(points))
+        gap = 3 * steps[len(steps) // 2] if steps else float("inf")
+        times: list[float] = []
+        values: list[float] = []
+        for i, (t, v) in enumerate(points):
+            if i and t - points[i - 1][0] > gap:
+                times.append((t + points[i - 1][0]) / 2)
+                values.append(math.nan)
+            times.append(t)
+            values.append(v)
+        return minutes(times), values
 
     fig = Figure(figsize=PLOT_SIZE, dpi=PLOT_DPI)
     memory_ax, kv_ax, queue_ax = fig.subplots(3, 1, sharex=True, height_ratios=[2, 1, 1])
