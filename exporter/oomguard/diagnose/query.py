@@ -145,14 +145,24 @@ def fetch_prometheus(
         for item in result:
             labels = dict(item["metric"])
             name = labels.pop("__name__")
-            points = [(float(t), float(v)) for t, v in item["values"]]
+            if not all(isinstance(text, str) for text in (name, *labels, *labels.values())):
+                raise TypeError("a metric name or label that is not a string")
+            points = [(_time(t), float(v)) for t, v in item["values"]]
             series.append(Series(name, labels, points))
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         raise DiagnoseError(
             f"{what} did not answer as a Prometheus HTTP API does (/api/v1/query_range); "
             "is --prometheus the Prometheus server itself, not Grafana or an exporter?"
         ) from None
     return Data(series, start, end, history=True, source=f"prometheus {base}")
+
+
+def _time(value: object) -> float:
+    """A sample's time: a finite number of Unix seconds."""
+    t = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(t):
+        raise ValueError(f"time {value!r}")
+    return t
 
 
 def fetch_exporter(url: str, *, timeout: float = 10.0, now: float | None = None) -> Data:
