@@ -117,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
         "--alertmanager-config",
         type=Path,
         metavar="FILE",
-        help="routing to test (default deploy/alertmanager/alertmanager.yml)",
+        help="routing to test (default the example shipped with oomguard: deploy/alertmanager/alertmanager.yml)",
     )
     drill.add_argument(
         "--workdir", type=Path, metavar="DIR", help="keep configs and logs here (default a temporary folder)"

@@ -68,14 +68,25 @@ def test_drill_command_list_and_unknown(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["drill", "--scenario", "nope"]) == 2
 
 
-def test_drill_command_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The command as a user runs it, on the shortest scenario, with a JSON report and its exit status."""
+def test_drill_command_json_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command as a user runs it, on the shortest scenario, from a folder outside the repository (the example
+    routing ships with the package), with a JSON report and its exit status."""
+    monkeypatch.chdir(tmp_path)
     report = tmp_path / "report.json"
     code = main(["drill", "--scenario", "probe-kill", "--json", "--report", str(report),
-                 "--alertmanager-config", str(ROUTING), "--workdir", str(tmp_path / "work")])  # fmt: skip
+                 "--workdir", str(tmp_path / "work")])  # fmt: skip
     data = json.loads(report.read_text())
     assert code == (0 if data["ok"] else 1)
     assert data["scenario"] == "probe-kill" and {a["alert"] for a in data["alerts"]} >= {"OomGuardRestartStorm"}
+    assert [d["verdict"] for d in data["diagnosis"]] == ["probe_kill"]
+
+
+def test_the_shipped_routing_is_the_deployed_example() -> None:
+    from oomguard.drill.run import DEFAULT_ALERTMANAGER_CONFIG
+
+    assert DEFAULT_ALERTMANAGER_CONFIG.read_text() == ROUTING.read_text()
 
 
 async def test_check_against_a_running_prometheus(tmp_path: Path) -> None:
