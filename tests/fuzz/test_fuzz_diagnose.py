@@ -8,16 +8,23 @@ through the whole command against a local HTTP server: exit status 0, 1 or 2, ne
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import importlib.util
+import io
 import json
 import sys
+import threading
+from collections.abc import Iterator
 from unittest import mock
 
+import pytest
 from fuzz_strategies import with_invalid_utf8
-from hypothesis import event, example, given
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from support import REPO
 
+from oomguard.cli import main
 from oomguard.diagnose import query
 from oomguard.diagnose.query import METRICS, Data, DiagnoseError, fetch_exporter, fetch_prometheus
 
@@ -181,6 +188,109 @@ def test_an_exporter_answer_is_data_or_a_diagnose_error(body: bytes) -> None:
     event("data")
 
 
+# -- through the command ---------------------------------------------------------------------------------
+
+
+class _Server:
+    """A local HTTP server answering every GET with `body` (200), as Prometheus or an exporter."""
+
+    def __init__(self) -> None:
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(owner.body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.body = b""
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[_Server]:
+        thread = threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self.http.shutdown()
+            self.http.server_close()
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 2))
+@given(answer=st.one_of(matrix_answer(), damaged_history()), exporter=st.booleans())
+@example(answer={"status": "error", "errorType": "bad_data", "error": "parse error"}, exporter=False)
+def test_the_command_exits_0_1_or_2_never_with_a_traceback(answer: object, exporter: bool) -> None:
+    """Whatever Prometheus (or the exporter) answers, `oomguard diagnose` ends with its exit status: 2 with a
+    message when the answer cannot be read, 0 or 1 with a diagnosis when it can."""
+    server = _Server()
+    server.body = _dump(answer) if not exporter else _exposition(answer)
+    out, err = io.StringIO(), io.StringIO()
+    with server.running(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["diagnose", "--exporter" if exporter else "--prometheus", server.url, "--timeout", "5",
+                       "--at", f"{AT:.0f}", "--window", "1h"])  # fmt: skip
+    assert status in (0, 1, 2)
+    if status == 2:  # could not run (a message), or no series to judge (a diagnosis that says so)
+        assert err.getvalue().startswith("oomguard diagnose: ") or "INSUFFICIENT_DATA" in out.getvalue(), (
+            out.getvalue(),
+            err.getvalue(),
+        )
+    else:
+        assert out.getvalue(), err.getvalue()
+    event(f"exit {status}")
+
+
+def _exposition(answer: object) -> bytes:
+    """The same series as an exporter's /metrics would show them (one point each), where the answer has any."""
+    lines = []
+    with contextlib.suppress(AttributeError, KeyError, TypeError, IndexError, ValueError):
+        for item in answer["data"]["result"]:  # type: ignore[index]
+            labels = dict(item["metric"])
+            name = labels.pop("__name__")
+            value = item["values"][-1][1] if item["values"] else "0"
+            text = ",".join(f"{k}={json.dumps(str(v))}" for k, v in labels.items())
+            lines.append(f"{name}{{{text}}} {value}")
+    return "\n".join(str(line) for line in lines).encode()
+
+
+def _incident_with(value: str) -> dict:
+    """The incident history as Prometheus answers it, with every value of oomguard_engine_requests_running and
+    oomguard_target_startup_seconds replaced by `value`."""
+    series = histories.samples(histories.incident(), AT - histories.SPAN)
+    result = []
+    for (name, labels), points in series.items():
+        damaged = name in ("oomguard_engine_requests_running", "oomguard_target_startup_seconds")
+        result.append(
+            {
+                "metric": {"__name__": name, **dict(labels)},
+                "values": [[t, value if damaged else repr(v)] for t, v in points],
+            }
+        )
+    return {"status": "success", "data": {"resultType": "matrix", "result": result}}
+
+
+def run_command(answer: object) -> tuple[int, str, str]:
+    server = _Server()
+    server.body = _dump(answer)
+    out, err = io.StringIO(), io.StringIO()
+    with server.running(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["diagnose", "--prometheus", server.url, "--at", f"{AT:.0f}", "--window", "1h"])
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_infinite_values_are_no_reading_not_a_traceback() -> None:
+    """Bug found by fuzzing: a +Inf value (Prometheus writes "+Inf"; an engine that reported one passes it on)
+    reached the recommendations, whose int(math.ceil(inf)) raised OverflowError out of `oomguard diagnose`."""
+    status, out, err = run_command(_incident_with("+Inf"))
+    assert status in (0, 1) and "OOM" in out.upper(), (out, err)
+
+
 def test_an_answer_json_cannot_read_is_a_diagnose_error() -> None:
     """Bug found by fuzzing: an answer nested deeper than Python's recursion limit (RecursionError), a value
     too large for a float (OverflowError), and labels that are not strings (a TypeError later, in the
@@ -195,3 +305,18 @@ def test_an_answer_json_cannot_read_is_a_diagnose_error() -> None:
     ]
     for body in bodies:
         assert read_prometheus(body) == "DiagnoseError", body[:80]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=KeyError,
+    reason="diagnose/core.py _subjects: an oomguard_target_gpu_info series without its gpu label raises "
+    "KeyError('gpu') (a relabelling that drops it); core.py belongs to the diagnose work, not this fuzzing",
+)
+def test_a_target_gpu_info_without_its_gpu_label() -> None:
+    answer = _incident_with("1")
+    for item in answer["data"]["result"]:
+        if item["metric"]["__name__"] == "oomguard_target_gpu_info":
+            del item["metric"]["gpu"]
+    status, _, err = run_command(answer)
+    assert status in (0, 1, 2) and "Traceback" not in err

@@ -147,7 +147,7 @@ def fetch_prometheus(
             name = labels.pop("__name__")
             if not all(isinstance(text, str) for text in (name, *labels, *labels.values())):
                 raise TypeError("a metric name or label that is not a string")
-            points = [(_time(t), float(v)) for t, v in item["values"]]
+            points = [(_time(t), _value(v)) for t, v in item["values"]]
             series.append(Series(name, labels, points))
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         raise DiagnoseError(
@@ -163,6 +163,12 @@ def _time(value: object) -> float:
     if not math.isfinite(t):
         raise ValueError(f"time {value!r}")
     return t
+
+
+def _value(value: object) -> float:
+    """A sample's value; ±Inf is no reading, as NaN is (the diagnosis skips NaN, and cannot reason on infinity)."""
+    v = float(value)  # type: ignore[arg-type]
+    return v if math.isfinite(v) else math.nan
 
 
 def fetch_exporter(url: str, *, timeout: float = 10.0, now: float | None = None) -> Data:
@@ -181,7 +187,7 @@ def fetch_exporter(url: str, *, timeout: float = 10.0, now: float | None = None)
             for sample in family.samples:
                 if sample.name in wanted:
                     labels = dict(sample.labels) | {"instance": instance}
-                    series.append(Series(sample.name, labels, [(now, float(sample.value))]))
+                    series.append(Series(sample.name, labels, [(now, _value(sample.value))]))
     except ValueError as exc:
         raise DiagnoseError(f"{what} did not answer in the Prometheus text format ({exc}); is it oomguard?") from None
     return Data(series, now, now, history=False, source=f"exporter {metrics_url}")
