@@ -100,6 +100,44 @@ def test_time_scale_shortens_every_duration(tmp_path: Path, default: dict[str, s
     assert "[15s]" in scaled["OomGuardRestartStorm"]["expr"]
 
 
+GROUPINGS = re.compile(r"\b(by|on)\s*\(([^()]*)\)")
+
+
+def groupings(expr: str) -> list[list[str]]:
+    """The label lists of every by() and on() of a PromQL expression."""
+    return [[label.strip() for label in labels.split(",") if label.strip()] for _, labels in GROUPINGS.findall(expr)]
+
+
+def test_every_grouping_keeps_the_fleet_labels(default: dict[str, str]) -> None:
+    """Behind Thanos or Mimir, two clusters' series of the same job, instance and target must not be summed or
+    matched together: every by() and on() of every rule starts with the fleet labels (cluster)."""
+    found = 0
+    for name in (ALERTS_FILE, RECORDS_FILE):
+        for rule in rules(default[name]):
+            for labels in groupings(rule["expr"]):
+                found += 1
+                assert labels[:3] == ["cluster", "job", "instance"], (rule.get("alert") or rule.get("record"), labels)
+    assert found >= 12
+
+
+def test_fleet_labels_are_configurable(tmp_path: Path, default: dict[str, str]) -> None:
+    custom = tmp_path / "bundle.yaml"
+    custom.write_text("fleet_labels: [cluster, region]\n")
+    theirs = render(load_bundle_config(custom))
+    for name in (ALERTS_FILE, RECORDS_FILE):
+        expected = default[name].replace("cluster, job, instance", "cluster, region, job, instance")
+        # The startup alert's description looks the pod's grace up by the same labels.
+        expected = expected.replace("cluster=%q,job=%q", "cluster=%q,region=%q,job=%q")
+        expected = expected.replace("$labels.cluster $labels.job", "$labels.cluster $labels.region $labels.job")
+        assert theirs[name] == expected
+    # None: the rules of a single Prometheus, as before fleets; a label in both lists is written once.
+    custom.write_text("fleet_labels: []\n")
+    assert "cluster" not in render(load_bundle_config(custom))[ALERTS_FILE]
+    custom.write_text("fleet_labels: [instance]\n")
+    for rule in rules(render(load_bundle_config(custom))[ALERTS_FILE]):
+        assert all(len(labels) == len(set(labels)) for labels in groupings(rule["expr"])), rule["alert"]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -128,6 +166,7 @@ def test_time_scale_shortens_every_duration(tmp_path: Path, default: dict[str, s
         ("time_scale: 0\n", "\n  time_scale: Input should be greater than 0"),
         ("extra_labels: {bad-name: x}\n", "\n  extra_labels: 'bad-name' is not a Prometheus label name"),
         ("extra_labels: {severity: page}\n", "\n  extra_labels: severity is set per alert"),
+        ("fleet_labels: [cluster, bad-name]\n", "\n  fleet_labels: 'bad-name' is not a Prometheus label name"),
         ("selector: '{job=\"x\"}'\n", "\n  selector: write the label matchers without braces"),
     ],
 )

@@ -142,6 +142,7 @@ class BundleConfig(StrictModel):
     extra_labels: dict[str, LabelValue]  # free-form: any label name
     runbook_base_url: str
     group_labels: tuple[str, ...]
+    fleet_labels: tuple[str, ...]
     time_scale: float = Field(gt=0)
     prometheus_rule: PrometheusRuleConfig
     alerts: Alerts
@@ -160,7 +161,7 @@ class BundleConfig(StrictModel):
             raise ValueError('write the label matchers without braces, e.g. job="oomguard"')
         return value
 
-    @field_validator("extra_labels", "group_labels")
+    @field_validator("extra_labels", "group_labels", "fleet_labels")
     @classmethod
     def _label_names(cls, value: Any) -> Any:
         for name in value:
@@ -169,6 +170,13 @@ class BundleConfig(StrictModel):
             if name == "severity" and isinstance(value, dict):
                 raise ValueError("severity is set per alert: alerts.<name>.severity")
         return value
+
+
+def grouping(config: BundleConfig, *labels: str) -> list[str]:
+    """The labels of every by() and on() of the rules and dashboards: the fleet's first (cluster, ...), so that behind
+    Thanos or Mimir two clusters' series of the same job, instance and target are never summed or matched together;
+    then the group's (job, instance), then `labels`; each label once."""
+    return list(dict.fromkeys([*config.fleet_labels, *config.group_labels, *labels]))
 
 
 def defaults_text() -> str:

@@ -12,22 +12,32 @@ import hashlib
 import json
 from typing import Any
 
-from oomguard.bundle.config import BundleConfig
+from oomguard.bundle.config import BundleConfig, grouping
 from oomguard.events.kinds import TARGET_OOM_KINDS, kind_matcher
 
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
-M = '{job=~"$job",instance=~"$instance"}'  # every query's matchers
-MT = '{job=~"$job",instance=~"$instance",target=~"$target"}'
-MG = '{job=~"$job",instance=~"$instance",gpu=~"$gpu"}'
 OOM_KINDS = kind_matcher(TARGET_OOM_KINDS)
+
+
+def _sel(config: BundleConfig, *extra: str) -> str:
+    """Every query's matchers: one variable per fleet label (cluster, ...), the job and the instance, then `extra`.
+    A fleet label absent from the series (a single Prometheus) is matched by the variable's All (.*)."""
+    fleet = [f'{label}=~"${label}"' for label in config.fleet_labels]
+    return "{" + ",".join([*fleet, 'job=~"$job"', 'instance=~"$instance"', *extra]) + "}"
+
+
+def _by(config: BundleConfig, *labels: str) -> str:
+    """A panel's by(): the fleet labels, so that two clusters' targets of the same name stay apart, then `labels`."""
+    return ", ".join(dict.fromkeys([*config.fleet_labels, *labels]))
 
 
 def _judged(config: BundleConfig, alert: str) -> str:
     """GPUs past a memory alert's threshold, judged as the alert judges them (its `basis`, without its `for:`):
     the headroom the engines' reservation leaves where one is known, used/total elsewhere."""
     a = getattr(config.alerts, alert)
-    on = ", ".join([*config.group_labels, "gpu"])
+    M = _sel(config)
+    on = ", ".join(grouping(config, "gpu"))
     return (
         f"(oomguard_gpu_memory_headroom_used_ratio{M} > {a.headroom_threshold})"
         f" or (oomguard_gpu_memory_used_ratio{M} > {a.threshold}"
@@ -137,7 +147,7 @@ def _stat(title: str, description: str, expr: str, unit: str, thresholds: dict[s
     }
 
 
-def _variables(selector: str, with_target: bool, with_gpu: bool) -> list[dict[str, Any]]:
+def _variables(config: BundleConfig, with_target: bool, with_gpu: bool) -> list[dict[str, Any]]:
     def query_var(name: str, label: str, query: str, include_all: bool = True) -> dict[str, Any]:
         return {
             "name": name,
@@ -166,9 +176,21 @@ def _variables(selector: str, with_target: bool, with_gpu: bool) -> list[dict[st
             "refresh": 1,
             "regex": "",
         },
-        query_var("job", "Job", f"label_values(oomguard_build_info{{{selector}}}, job)"),
-        query_var("instance", "Instance", 'label_values(oomguard_build_info{job=~"$job"}, instance)'),
     ]
+    # One variable per fleet label (cluster, ...), from the exporters' build info. On a single Prometheus the label
+    # is absent: the variable lists no value, and its All (.*) matches the absent label.
+    fleet: list[str] = []
+    for label in config.fleet_labels:
+        build_info = "{" + ",".join([config.selector, *fleet]) + "}"
+        variables.append(
+            query_var(label, label.capitalize(), f"label_values(oomguard_build_info{build_info}, {label})")
+        )
+        fleet.append(f'{label}=~"${label}"')
+    build_info = "{" + ",".join([config.selector, *fleet]) + "}"
+    variables.append(query_var("job", "Job", f"label_values(oomguard_build_info{build_info}, job)"))
+    build_info = "{" + ",".join([*fleet, 'job=~"$job"']) + "}"
+    variables.append(query_var("instance", "Instance", f"label_values(oomguard_build_info{build_info}, instance)"))
+    M = _sel(config)
     if with_target:
         variables.append(query_var("target", "Target", f"label_values(oomguard_target_info{M}, target)"))
     if with_gpu:
@@ -212,8 +234,8 @@ def _dashboard(
         "graphTooltip": 1,
         "refresh": "30s",
         "time": {"from": "now-6h", "to": "now"},
-        "templating": {"list": _variables(config.selector, with_target, with_gpu)},
-        "annotations": {"list": _annotations()},
+        "templating": {"list": _variables(config, with_target, with_gpu)},
+        "annotations": {"list": _annotations(config)},
         "links": [
             {
                 "title": "Runbooks",
@@ -228,7 +250,9 @@ def _dashboard(
     }
 
 
-def _annotations() -> list[dict[str, Any]]:
+def _annotations(config: BundleConfig) -> list[dict[str, Any]]:
+    M = _sel(config)
+
     def annotation(name: str, expr: str, color: str, text: str) -> dict[str, Any]:
         return {
             "name": name,
@@ -255,7 +279,7 @@ def _annotations() -> list[dict[str, Any]]:
         annotation(
             "OOM events",
             # The counters exist at 0 from the start, so increase() sees the first event too.
-            f'increase(oomguard_target_events_total{{job=~"$job",instance=~"$instance",{OOM_KINDS}}}[$__rate_interval]) > 0',
+            f"increase(oomguard_target_events_total{_sel(config, OOM_KINDS)}[$__rate_interval]) > 0",
             "red",
             "{{kind}} in {{target}}",
         ),
@@ -273,6 +297,7 @@ def overview(config: BundleConfig) -> dict[str, Any]:
     high, critical = a.gpu_memory_high.threshold, a.gpu_memory_critical.threshold
     ratio_steps = _thresholds(("green", None), ("orange", high), ("red", critical))
     headroom_steps = _headroom_steps(config)
+    M, climbing = _sel(config), _sel(config, 'state="climbing"')
     layout = _Layout()
     layout.add(
         _stat(
@@ -289,7 +314,7 @@ def overview(config: BundleConfig) -> dict[str, Any]:
         _stat(
             "Memory climbing",
             "GPUs and targets whose memory climbs without falling back (trend state climbing): leaks.",
-            'count(oomguard_gpu_memory_trend_state{job=~"$job",instance=~"$instance",state="climbing"} == 1) or vector(0)',
+            f"count(oomguard_gpu_memory_trend_state{climbing} == 1) or vector(0)",
             "none",
             _thresholds(("green", None), ("orange", 1)),
         ),
@@ -300,7 +325,7 @@ def overview(config: BundleConfig) -> dict[str, Any]:
         _stat(
             "OOM events in range",
             "CUDA OOMs, startup memory failures and cgroup OOM kills in the time range: it already happened.",
-            f'sum(increase(oomguard_target_events_total{{job=~"$job",instance=~"$instance",{OOM_KINDS}}}[$__range])) or vector(0)',
+            f"sum(increase(oomguard_target_events_total{_sel(config, OOM_KINDS)}[$__range])) or vector(0)",
             "none",
             _thresholds(("green", None), ("red", 1)),
         ),
@@ -328,7 +353,7 @@ def overview(config: BundleConfig) -> dict[str, Any]:
         ),
         _target(f"oomguard_gpu_memory_headroom_used_ratio{M}", ref="headroom_used", instant=True, fmt="table"),
         _target(
-            'oomguard_gpu_memory_trend_state{job=~"$job",instance=~"$instance"} == 1',
+            f"oomguard_gpu_memory_trend_state{M} == 1",
             ref="trend",
             instant=True,
             fmt="table",
@@ -377,18 +402,19 @@ def overview(config: BundleConfig) -> dict[str, Any]:
         24,
         8,
     )
+    by_target = _by(config, "instance", "target")
     target_table = [
         _target(f"oomguard_target_gpu_memory_used_ratio{M}", ref="used", instant=True, fmt="table"),
         _target(f"instance_target:oomguard_target_memory_headroom:ratio{M}", ref="headroom", instant=True, fmt="table"),
         _target(f"instance_target:oomguard_engine_requests_waiting:sum{M}", ref="waiting", instant=True, fmt="table"),
         _target(
-            f'sum by (instance, target) (increase(oomguard_target_events_total{{job=~"$job",instance=~"$instance",{OOM_KINDS}}}[$__range]))',
+            f"sum by ({by_target}) (increase(oomguard_target_events_total{_sel(config, OOM_KINDS)}[$__range]))",
             ref="ooms",
             instant=True,
             fmt="table",
         ),
         _target(
-            f"sum by (instance, target) (increase(oomguard_target_restarts_total{M}[$__range]))",
+            f"sum by ({by_target}) (increase(oomguard_target_restarts_total{M}[$__range]))",
             ref="restarts",
             instant=True,
             fmt="table",
@@ -445,6 +471,7 @@ def target(config: BundleConfig) -> dict[str, Any]:
     a = config.alerts
     high, critical = a.gpu_memory_high.threshold, a.gpu_memory_critical.threshold
     probe = float(a.startup_slower_than_probe.probe_initial_delay_seconds)
+    M, MT, MG = _sel(config), _sel(config, 'target=~"$target"'), _sel(config, 'gpu=~"$gpu"')
     layout = _Layout()
     layout.row("GPU memory")
     layout.add(
@@ -560,7 +587,7 @@ def target(config: BundleConfig) -> dict[str, Any]:
             "Robust slope of used memory per GPU over the long window: positive and steady is a climb.",
             [
                 _target(
-                    'oomguard_gpu_memory_slope_bytes_per_second{job=~"$job",instance=~"$instance",gpu=~"$gpu",window="long"}',
+                    "oomguard_gpu_memory_slope_bytes_per_second" + _sel(config, 'gpu=~"$gpu"', 'window="long"'),
                     "GPU {{gpu}}",
                 )
             ],
@@ -625,7 +652,12 @@ def target(config: BundleConfig) -> dict[str, Any]:
         _timeseries(
             "Preemption rate",
             "Requests preempted per second because the KV cache was full.",
-            [_target(f"sum by (target) (rate(oomguard_engine_preemptions_total{MT}[$__rate_interval]))", "{{target}}")],
+            [
+                _target(
+                    f"sum by ({_by(config, 'target')}) (rate(oomguard_engine_preemptions_total{MT}[$__rate_interval]))",
+                    "{{target}}",
+                )
+            ],
             "reqps",
         ),
         8,
@@ -638,12 +670,12 @@ def target(config: BundleConfig) -> dict[str, Any]:
             "Events counted from the engine's logs, cgroup and kernel, and restarts, per interval.",
             [
                 _target(
-                    f"sum by (target, kind) (increase(oomguard_target_events_total{MT}[$__rate_interval]))",
+                    f"sum by ({_by(config, 'target', 'kind')}) (increase(oomguard_target_events_total{MT}[$__rate_interval]))",
                     "{{target}} {{kind}}",
                     "A",
                 ),
                 _target(
-                    f"sum by (target) (increase(oomguard_target_restarts_total{MT}[$__rate_interval]))",
+                    f"sum by ({_by(config, 'target')}) (increase(oomguard_target_restarts_total{MT}[$__rate_interval]))",
                     "{{target}} restarts",
                     "B",
                 ),
@@ -694,7 +726,7 @@ def target(config: BundleConfig) -> dict[str, Any]:
             "Failed reads of each target by kind (timeout, refused, http_status, too_large, parse).",
             [
                 _target(
-                    f"sum by (target, kind) (rate(oomguard_target_scrape_errors_total{MT}[$__rate_interval]))",
+                    f"sum by ({_by(config, 'target', 'kind')}) (rate(oomguard_target_scrape_errors_total{MT}[$__rate_interval]))",
                     "{{target}} {{kind}}",
                 )
             ],

@@ -9,7 +9,7 @@ import jinja2
 import yaml
 
 from oomguard.bundle import dashboards
-from oomguard.bundle.config import BundleConfig, seconds
+from oomguard.bundle.config import BundleConfig, grouping, seconds
 from oomguard.events import kinds
 
 ALERTS_FILE = "oomguard-alerts.yaml"
@@ -34,7 +34,8 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
         return "{" + ",".join(m for m in (selector, extra) if m) + "}"
 
     def by(*labels: str) -> str:
-        return ", ".join([*config.group_labels, *labels])
+        """The labels of a by() or on(): the fleet's (cluster, ...), the group's (job, instance), then `labels`."""
+        return ", ".join(grouping(config, *labels))
 
     def secs(duration: str) -> int:
         return max(1, round(seconds(duration) / scale))
