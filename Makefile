@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SCENARIO ?= overcommit
+# The quick start replays the incident 10x faster than life: engine data after 24 s, the first OOM after about
+# 1.5 minutes, the restart loop after it. TIME_SCALE=1 is real speed (the first OOM after 14 minutes).
+TIME_SCALE ?= 10
 LISTEN ?= :9847
 
 .PHONY: run test install install-test deps lint unit check-generated generate docs clean
@@ -17,7 +20,7 @@ $(BIN)/oomguard: pyproject.toml
 install: $(BIN)/oomguard
 
 run: install
-	$(BIN)/oomguard serve --simulate $(SCENARIO) --web.listen-address $(LISTEN)
+	$(BIN)/oomguard serve --simulate $(SCENARIO) --simulate.time-scale $(TIME_SCALE) --web.listen-address $(LISTEN)
 
 install-test: install
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
@@ -50,4 +53,4 @@ generate: install
 	$(BIN)/oomguard generate --output .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache exporter/*.egg-info
+	rm -rf $(VENV) .venv-vllm .pytest_cache .ruff_cache .hypothesis exporter/*.egg-info
