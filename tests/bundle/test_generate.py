@@ -138,6 +138,30 @@ def test_fleet_labels_are_configurable(tmp_path: Path, default: dict[str, str]) 
         assert all(len(labels) == len(set(labels)) for labels in groupings(rule["expr"])), rule["alert"]
 
 
+def test_startup_alert_judges_each_pod_on_its_own_grace(default: dict[str, str]) -> None:
+    alert = next(a for a in rules(default[ALERTS_FILE]) if a["alert"] == "OomGuardStartupSlowerThanProbe")
+    expr = alert["expr"]
+    grace = 'oomguard_target_probe_grace_seconds{job="oomguard"}'
+    assert f"> on(cluster, job, instance, target) group_left {grace}" in expr
+    assert f"> 60\n  unless on(cluster, job, instance, target) {grace}" in expr
+    assert '"grace", "pod"' in expr and '"grace", "bundle"' in expr
+    # The fallback follows the bundle's setting and its time scale; the pod's own grace is never scaled.
+    custom = {"probe_initial_delay_seconds": 120}
+    assert "> 120\n" in _startup_expr(custom, 1)
+    assert "> 2\n" in _startup_expr(custom, 60) and f"group_left {grace}" in _startup_expr(custom, 60)
+
+
+def _startup_expr(settings: dict, time_scale: float) -> str:
+    config = load_bundle_config().model_copy(update={"time_scale": time_scale})
+    alerts = config.alerts.model_copy(
+        update={
+            "startup_slower_than_probe": config.alerts.startup_slower_than_probe.model_copy(update=settings),
+        }
+    )
+    config = config.model_copy(update={"alerts": alerts})
+    return next(a for a in rules(render(config)[ALERTS_FILE]) if a["alert"] == "OomGuardStartupSlowerThanProbe")["expr"]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -689,8 +689,16 @@ def target(config: BundleConfig) -> dict[str, Any]:
     layout.add(
         _timeseries(
             "Startup time against the probe delay",
-            f"Measured startup (process start to first /health 200) against the probe's initial delay ({probe:g} s): above the line, the probe kills the engine while it loads.",
-            [_target(f"oomguard_target_startup_seconds{MT}", "{{target}} startup")],
+            f"Measured startup (process start to first /health 200) against the grace its probe gives it: a pod's own (initialDelaySeconds + failureThreshold x periodSeconds of its startupProbe, else its livenessProbe), else the bundle's probe_initial_delay_seconds ({probe:g} s, the red area). Startup above its grace: the probe kills the engine while it loads.",
+            [
+                _target(f"oomguard_target_startup_seconds{MT}", "{{target}} startup", "A"),
+                _target(
+                    f"oomguard_target_probe_grace_seconds{MT}"
+                    f" or on({', '.join(grouping(config, 'target'))}) (0 * oomguard_target_startup_seconds{MT} + {probe:g})",
+                    "{{target}} grace",
+                    "B",
+                ),
+            ],
             "s",
             thresholds=_thresholds(("green", None), ("red", probe)),
             area=True,

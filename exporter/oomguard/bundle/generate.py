@@ -47,6 +47,15 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
         """A threshold in seconds, in the bundle's time scale."""
         return f"{float(value) / scale:g}"
 
+    def value_of(metric: str, *labels: str) -> str:
+        """A Prometheus template: the value of `metric` for the alert's own grouping labels and `labels`, humanized
+        as a duration (an absent label is matched as absent: `cluster=""`)."""
+        names = grouping(config, *labels)
+        matchers = ",".join(f"{name}=%q" for name in names)
+        args = " ".join(f"$labels.{name}" for name in names)
+        query = f'with printf "{metric}{{{matchers}}}" {args} | query'
+        return "{{ " + query + " }}{{ . | first | value | humanizeDuration }}{{ end }}"
+
     def runbook(alert: str) -> str:
         return f"{config.runbook_base_url}#{alert.lower()}"
 
@@ -55,6 +64,7 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
     # The alerts as their YAML keys (`a.queue_backlog.for`); the event kinds as named in events/kinds.py.
     env.globals.update(
         s=s, by=by, secs=secs, dur=dur, scaled=scaled, runbook=runbook, pct=lambda r: f"{float(r) * 100:g} %",
+        value_of=value_of,
         prefix=config.prefix, a=config.alerts.model_dump(by_alias=True), extra_labels=config.extra_labels,
         kinds=kinds, kind_matcher=kinds.kind_matcher,
     )  # fmt: skip
