@@ -37,7 +37,9 @@ from oomguard.trend.analysis import TrendSettings
 from oomguard.web import make_app
 
 log = logging.getLogger(__name__)
-DEFAULT_ALERTMANAGER_CONFIG = Path("deploy/alertmanager/alertmanager.yml")
+# The example routing (deploy/alertmanager/alertmanager.yml links to it), shipped with the package so that a drill
+# runs from any folder.
+DEFAULT_ALERTMANAGER_CONFIG = Path(__file__).parent.parent / "bundle" / "alertmanager.yml"
 # 30x: a 40-minute scenario in 80 s. Faster, and the fixed costs of a real process (a second of
 # imports, a scrape interval) weigh more than the scenario's own times.
 DEFAULT_TIME_SCALE = 30.0
