@@ -130,7 +130,9 @@ def check_reading(reading: EngineReading) -> None:
     assert reading.sleep_state in (None, "awake", "weights_offloaded", "discard_all")
 
 
+@settings(max_examples=settings.default.max_examples * 5)  # cheap: a few ms each
 @given(body=st.one_of(BODIES, mutated_real_body()), end=LINE_ENDS)
+@example(body='vllm:num_requests_waiting{model_name="m"} 1.0.0', end="\n")
 @example(body='vllm:num_requests_waiting{model_name="m"} NaN\nvllm:num_requests_waiting{model_name="m"} +Inf', end="\n")
 @example(body='vllm:num_requests_waiting{model_name="m",} 1\n# TYPE vllm:num_requests_waiting gauge\n' * 2, end="\n")
 @example(body='vllm:num_requests_waiting{model_name="' + "x" * MB + '"} 1', end="\n")
@@ -148,6 +150,7 @@ def test_a_body_is_a_reading_or_an_exposition_error(body: str, end: str) -> None
     assert time.perf_counter() - started < 2 + len(text) / MB * 2
 
 
+@settings(max_examples=settings.default.max_examples * 3)
 @given(
     samples=st.lists(
         st.tuples(
