@@ -126,7 +126,8 @@ def test_inhibitions_guard_against_missing_equal_labels() -> None:
         source = [parse_matcher(m) for m in rule["source_matchers"]]
         target = [parse_matcher(m) for m in rule["target_matchers"]]
         assert rule["equal"], rule
-        for label in rule["equal"]:
+        assert rule["equal"][0] == "cluster", f"{rule}: a page in one cluster must not silence another's"
+        for label in rule["equal"][1:]:  # cluster may be absent from both (a single Prometheus): that is equal
             assert (label, "=~", ".+") in source, f'{rule}: source must require {label}=~".+"'
         for name, op, value in source + target:
             if name == "alertname" and op in ("=", "=~") and value != "OomGuard.+":
@@ -293,13 +294,28 @@ POSTED = {
     # The `equal` caveat: neither alert has `gpu`. Were "both missing" taken as equal, the warning would be silenced.
     "critical-no-gpu": {"alertname": "OomGuardGpuMemoryCritical", "severity": "critical", "instance": "n6:9847"},
     "high-no-gpu": {"alertname": "OomGuardGpuMemoryHigh", "severity": "warning", "instance": "n6:9847"},
-}
+    # Two clusters behind one Alertmanager, the same node name in both: a page in cluster a silences a's ticket,
+    # never b's.
+    "critical-cluster-a": {
+        "alertname": "OomGuardGpuMemoryCritical", "severity": "critical", "cluster": "a", "instance": "n8:9847",
+        "gpu": "0",
+    },
+    "high-cluster-a": {
+        "alertname": "OomGuardGpuMemoryHigh", "severity": "warning", "cluster": "a", "instance": "n8:9847",
+        "gpu": "0",
+    },
+    "high-cluster-b": {
+        "alertname": "OomGuardGpuMemoryHigh", "severity": "warning", "cluster": "b", "instance": "n8:9847",
+        "gpu": "0",
+    },
+}  # fmt: skip
 SUPPRESSED_BY = {
     "high-gpu0": "critical-gpu0",
     "high-headroom-gpu0": "critical-total-gpu0",
     "no-oom-llama": "storm-llama",
     "down-qwen": "oom-qwen",
     "high-under-dead-exporter": "exporter-down",
+    "high-cluster-a": "critical-cluster-a",
 }
 
 
