@@ -17,16 +17,17 @@ def vllm_body(name: str) -> str:
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of an exposition, keyed by name and sorted labels."""
+    """Every sample of an exposition, keyed by name and sorted labels; an empty label is no label, as in
+    Prometheus (a configured target's empty namespace, pod and container)."""
     return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if v))): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
 
 
 def value(text: str, name: str, **labels: str) -> float:
-    return samples(text)[(name, tuple(sorted(labels.items())))]
+    return samples(text)[(name, tuple(sorted((k, v) for k, v in labels.items() if v)))]
 
 
 def promtool_check_metrics(promtool: str, exposition: bytes) -> str:

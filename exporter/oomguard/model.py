@@ -130,6 +130,11 @@ class TargetReading:
     restarts_total: int = 0
     last_restart_at: float | None = None
     startup_seconds: float | None = None  # the last start we watched, launch to first /health 200
+    # A target discovered in Kubernetes: its pod, and the engine's container (empty for a configured target).
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    probe_grace_seconds: float | None = None  # the pod's probes: the time before the first possible kill
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,7 @@ def busy_snapshot() -> Snapshot:
                 restarts_total=3,
                 last_restart_at=1.7e9 + 3600,
                 startup_seconds=95.5,
+                probe_grace_seconds=65.0,
             ),
             TargetReading("vllm-1", "vllm", "http://gpu-2:8000", (), False, "down", 1.0, error_kind="timeout"),
         ),
@@ -135,3 +136,16 @@ def test_busy_snapshot_fills_most_metrics() -> None:
     # The web configuration's metrics are the web layer's, appended after the snapshot's (tests/web_config).
     web_config = [m.name for m in WEB_CONFIG_METRICS]
     assert missing == ["oomguard_host_last_event_timestamp_seconds", *web_config], missing
+
+
+def test_a_discovered_targets_series_carry_its_pod_and_the_others_empty_ones() -> None:
+    pod = TargetReading("llm/vllm-0", "vllm", "http://10.1.2.3:8000", (), True, "up", 0.01,
+                        namespace="llm", pod="vllm-0", container="vllm", probe_grace_seconds=65.0)  # fmt: skip
+    static = TargetReading("static", "vllm", "http://127.0.0.1:8000", (), True, "up", 0.01)
+    text = render(Snapshot(nvml=None, targets=(pod, static), sources={}, collected_at=1.7e9)).decode()
+    assert 'oomguard_target_up{container="vllm",namespace="llm",pod="vllm-0",target="llm/vllm-0"} 1.0' in text
+    assert 'oomguard_target_up{container="",namespace="",pod="",target="static"} 1.0' in text
+    assert (
+        'oomguard_target_probe_grace_seconds{container="vllm",namespace="llm",pod="vllm-0",target="llm/vllm-0"} 65.0'
+        in text
+    )

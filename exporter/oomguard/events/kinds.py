@@ -14,6 +14,10 @@ ENGINE_DEATH = "engine_death"  # the engine died of a fatal error with no memory
 CGROUP_OOM_KILL = "cgroup_oom_kill"  # the kernel killed a process of the engine's cgroup
 KERNEL_OOM_KILL = "kernel_oom_kill"  # the kernel's OOM killer ran on the host
 XID = "xid"  # a GPU XID error from NVML
+# From the Kubernetes API, for a discovered pod (sources/kubernetes/):
+CONTAINER_OOM_KILLED = "container_oom_killed"  # its container ended OOMKilled, or with exit code 137
+PROBE_FAILURE = "probe_failure"  # an Unhealthy event: its liveness or startup probe failed
+PROBE_KILL = "probe_kill"  # a Killing event: the kubelet restarts the container for a failed probe
 # Not an event: a log line that marks a new life of the engine, closing the incident in progress.
 STARTUP = "startup"
 
@@ -23,10 +27,12 @@ LOG_EVENT_KINDS = (CUDA_OOM, STARTUP_MEMORY, ENGINE_DEATH)
 PATTERN_KINDS = (*LOG_EVENT_KINDS, STARTUP)
 # The engine ran out of memory: what "an OOM happened" means in the rules.
 LOG_OOM_KINDS = (CUDA_OOM, STARTUP_MEMORY)
-# Out of memory, whoever noticed: the engine's log or the kernel on its cgroup.
-TARGET_OOM_KINDS = (*LOG_OOM_KINDS, CGROUP_OOM_KILL)
+# What the API says of a discovered pod's engine container.
+KUBERNETES_EVENT_KINDS = (CONTAINER_OOM_KILLED, PROBE_FAILURE, PROBE_KILL)
+# Out of memory, whoever noticed: the engine's log, or the kernel on its cgroup (as the cgroup or the pod says).
+TARGET_OOM_KINDS = (*LOG_OOM_KINDS, CGROUP_OOM_KILL, CONTAINER_OOM_KILLED)
 # Every kind a target can have.
-TARGET_EVENT_KINDS = (*LOG_EVENT_KINDS, CGROUP_OOM_KILL)
+TARGET_EVENT_KINDS = (*LOG_EVENT_KINDS, CGROUP_OOM_KILL, *KUBERNETES_EVENT_KINDS)
 HOST_EVENT_KINDS = (KERNEL_OOM_KILL,)
 
 

@@ -24,7 +24,8 @@ _DECLARED = frozenset(METRICS)
 
 
 def families(snapshot: Snapshot) -> Exposition:
-    out = Exposition(METRICS, _DECLARED)
+    pods = {t.name: (t.namespace, t.pod, t.container) for t in snapshot.targets if t.pod}
+    out = Exposition(METRICS, _DECLARED, pods)
     health.add_exporter(out, snapshot)
     if snapshot.nvml is not None and "nvml" in snapshot.sources:
         gpu.add(out, snapshot.nvml)

@@ -8,12 +8,14 @@ the two outputs byte-equal.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from oomguard.exposition.spec import MetricSpec
+from oomguard.exposition.spec import POD_LABELS, MetricSpec
+
+NO_POD = ("",) * len(POD_LABELS)  # a configured target's pod labels
 
 
 def _escape(value: str) -> str:
@@ -41,16 +43,24 @@ def _prefix(spec: MetricSpec, labels: tuple[str, ...]) -> str:
 
 class Exposition:
     """Fresh samples for one render, written in the order of `metrics`; `add` skips values we
-    do not have (never NaN)."""
+    do not have (never NaN). `pods`: a discovered target's (namespace, pod, container), by target name."""
 
-    def __init__(self, metrics: tuple[MetricSpec, ...], declared: frozenset[MetricSpec]) -> None:
+    def __init__(
+        self,
+        metrics: tuple[MetricSpec, ...],
+        declared: frozenset[MetricSpec],
+        pods: Mapping[str, tuple[str, str, str]] | None = None,
+    ) -> None:
         self._metrics = metrics
         self._declared = declared  # set(metrics), made once by the caller
+        self._pods = pods or {}
         self._samples: dict[MetricSpec, list[tuple[tuple[str, ...], float]]] = {}
 
     def add(self, spec: MetricSpec, labels: tuple[str, ...], value: float | None) -> None:
         if value is None:
             return
+        if spec.target_index >= 0:
+            labels = labels + self._pods.get(labels[spec.target_index], NO_POD)
         samples = self._samples.get(spec)
         if samples is None:
             assert spec in self._declared, f"{spec.name} is not in the exposition's list of metrics"

@@ -15,7 +15,7 @@ TARGET_EVENTS = metric(
     "counter",
     "",
     "target kind",
-    "Events of the target by kind: cuda_oom, startup_memory, engine_death (from its logs, one per incident however many lines), cgroup_oom_kill (its cgroup's memory.events). Zero from the start for every kind its sources can see.",
+    "Events of the target by kind: cuda_oom, startup_memory, engine_death (from its logs, one per incident however many lines), cgroup_oom_kill (its cgroup's memory.events); for a discovered pod, from the API: container_oom_killed (its engine container ended OOMKilled or with exit code 137), probe_failure (a failed liveness or startup probe), probe_kill (the kubelet killed it for one). Zero from the start for every kind its sources can see.",
 )
 TARGET_LAST_EVENT_TIMESTAMP_SECONDS = metric(
     SECTION,
@@ -48,6 +48,14 @@ TARGET_STARTUP_SECONDS = metric(
     "seconds",
     "target",
     "The last start watched: from the process start (to a clock tick, local targets) or from the first scrape that saw it not up, to the first /health 200. Compare with the probe's initial delay.",
+)
+TARGET_PROBE_GRACE_SECONDS = metric(
+    SECTION,
+    "target_probe_grace_seconds",
+    "gauge",
+    "seconds",
+    "target",
+    "A discovered pod's time from its engine container's start to the first kill a failing probe can cause: initialDelaySeconds + failureThreshold x periodSeconds of its startupProbe, else of its livenessProbe (Kubernetes' defaults 0, 3, 10 where absent). Absent without such a probe. A start (target_startup_seconds) longer than this is killed while loading.",
 )
 HOST_EVENTS = metric(
     SECTION, "host_events", "counter", "", "kind", "Host events by kind: kernel_oom_kill (from the kernel log)."
@@ -146,7 +154,7 @@ GPU_EVENT_READ_ERRORS = metric(
 )
 METRICS = (
     TARGET_EVENTS, TARGET_LAST_EVENT_TIMESTAMP_SECONDS, TARGET_RESTARTS, TARGET_LAST_RESTART_TIMESTAMP_SECONDS,
-    TARGET_STARTUP_SECONDS, HOST_EVENTS, HOST_LAST_EVENT_TIMESTAMP_SECONDS, GPU_EVENTS,
+    TARGET_STARTUP_SECONDS, TARGET_PROBE_GRACE_SECONDS, HOST_EVENTS, HOST_LAST_EVENT_TIMESTAMP_SECONDS, GPU_EVENTS,
     GPU_LAST_EVENT_TIMESTAMP_SECONDS, EVENT_SOURCE_LINES_READ, EVENT_SOURCE_BYTES_BEHIND, EVENT_SOURCE_READ_ERRORS,
     EVENT_SOURCE_READ_BYTES, EVENT_SOURCE_LINES_TRUNCATED, EVENT_SOURCE_LINES_MALFORMED, EVENT_STATE_WRITE_ERRORS,
     EVENT_STATE_READ_ERRORS, GPU_EVENT_READ_ERRORS,
@@ -173,6 +181,7 @@ def add(out: Exposition, snapshot: Snapshot) -> None:
         out.add(TARGET_RESTARTS, (target.name,), float(target.restarts_total))
         out.add(TARGET_LAST_RESTART_TIMESTAMP_SECONDS, (target.name,), target.last_restart_at)
         out.add(TARGET_STARTUP_SECONDS, (target.name,), target.startup_seconds)
+        out.add(TARGET_PROBE_GRACE_SECONDS, (target.name,), target.probe_grace_seconds)
     if HOST in kinds_of:
         host = snapshot.events.get(HOST, Counts())
         for kind in sorted(kinds_of[HOST] | host.total.keys()):

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Every per-target series also carries its pod's labels (empty for a configured target), after its own:
+# one label set per family whichever targets there are, and `target` stays what rules and dashboards use.
+POD_LABELS = ("namespace", "pod", "container")
+
 
 # eq=False: specs are compared and hashed by identity, which is what a key needs and costs nothing.
 @dataclass(frozen=True, eq=False, slots=True)
@@ -20,6 +24,9 @@ class MetricSpec:
     section: str
     # Computed once: the text format's header, the sample name, the labels in sorted order.
     header: str = field(init=False, repr=False)
+    # Where the `target` label is in a per-target metric's labels (-1: not one): the encoder appends that
+    # target's POD_LABELS to what the families modules pass.
+    target_index: int = field(init=False, repr=False)
     sample_name: str = field(init=False, repr=False)
     label_order: tuple[tuple[int, str], ...] = field(init=False, repr=False)
 
@@ -32,8 +39,13 @@ class MetricSpec:
         object.__setattr__(self, "header", f"# HELP {sample_name} {help_text}\n# TYPE {sample_name} {kind}\n")
         # prometheus_client sorts labels in the text format; the golden test holds us to it.
         object.__setattr__(self, "label_order", tuple(sorted(enumerate(self.labels), key=lambda item: item[1])))
+        per_target = "target" in self.labels and self.labels[-len(POD_LABELS) :] == POD_LABELS
+        object.__setattr__(self, "target_index", self.labels.index("target") if per_target else -1)
 
 
 def metric(section: str, name: str, kind: str, unit: str, labels: str, help_text: str) -> MetricSpec:
-    """A spec; `name` without the oomguard_ prefix, `labels` space-separated."""
-    return MetricSpec(f"oomguard_{name}", kind, unit, tuple(labels.split()) if labels else (), help_text, section)
+    """A spec; `name` without the oomguard_ prefix, `labels` space-separated (POD_LABELS added after `target`'s)."""
+    names = tuple(labels.split()) if labels else ()
+    if "target" in names:
+        names += POD_LABELS
+    return MetricSpec(f"oomguard_{name}", kind, unit, names, help_text, section)
