@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -37,7 +38,10 @@ class Collection:
         tracker: TrendTracker | None = None,
         events: EventRunner | None = None,
         xid: XidWatcher | None = None,
+        attribute: Callable[[NvmlReading | None, tuple[TargetReading, ...]], Awaitable[tuple[TargetReading, ...]]]
+        | None = None,
     ) -> None:
+        """`attribute`: gives discovered pods their processes on the GPUs (sources/kubernetes/)."""
         self.registry = registry
         self.session = session
         self.nvml = nvml
@@ -46,6 +50,7 @@ class Collection:
         self.tracker = tracker
         self.events = events
         self.xid = xid
+        self.attribute = attribute
         self._in_flight: asyncio.Future[Snapshot] | None = None
         self.last: Snapshot | None = None
 
@@ -65,6 +70,8 @@ class Collection:
             self.registry.run("targets", self._scrape_targets()),
         )
         targets = tuple(targets or ())
+        if self.attribute is not None:
+            targets = await self.attribute(nvml, targets)
         memory = join_targets(nvml, targets)
         tracker, events, xid = self.tracker, self.events, self.xid
         snapshot = Snapshot(

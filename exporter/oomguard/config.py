@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import os
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -223,6 +224,50 @@ class EventsConfig(StrictModel):
     xid: bool = Field(True, description="Count GPU XID errors from NVML events (a background thread).")
 
 
+class KubernetesConfig(StrictModel):
+    """Pod discovery (docs/kubernetes.md): the engine pods of this node become targets named `namespace/pod`."""
+
+    label_selector: str = Field("", description="Which pods are engines (`app.kubernetes.io/name=vllm`); empty: all.")
+    port: str | int = Field(description="The engine's container port: its name (`http`) or its number (8000).")
+    engine: str = Field("vllm", description="Which engine the pods run.")
+    node_name: str = Field(
+        "", description="This node's name; empty: $NODE_NAME (the downward API's spec.nodeName, as deploy/ sets it)."
+    )
+    namespaces: tuple[str, ...] = Field((), description="Namespaces to watch; empty: all.")
+    kubeconfig: str = Field(
+        "", description="A kubeconfig file; empty: $KUBECONFIG, else the pod's service account, else ~/.kube/config."
+    )
+    resync_seconds: float = Field(300.0, gt=0, description="A full list this often, besides the watch.")
+    retry_max_seconds: float = Field(30.0, gt=0, description="Longest wait between tries while the API fails.")
+    proc_dir: str = Field("/proc", description="Where the host's processes are (NVML's pids to pods via cgroups).")
+
+    @field_validator("engine")
+    @classmethod
+    def _check_engine(cls, value: str) -> str:
+        return TargetConfig._check_engine(value)
+
+    @field_validator("port")
+    @classmethod
+    def _check_port(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and not 1 <= value <= 65535:
+            raise ValueError("a port number is 1-65535")
+        if isinstance(value, str) and not value:
+            raise ValueError("give the container port's name or number")
+        return value
+
+    @model_validator(mode="after")
+    def _node(self) -> KubernetesConfig:
+        if not self.node_name:
+            node = os.environ.get("NODE_NAME", "")
+            if not node:
+                raise ValueError(
+                    "node_name is empty and so is $NODE_NAME: set NODE_NAME from the downward API "
+                    "(fieldRef spec.nodeName, as deploy/kubernetes/daemonset.yaml does) or node_name"
+                )
+            object.__setattr__(self, "node_name", node)
+        return self
+
+
 class Config(StrictModel):
     state_dir: str | None = Field(
         None, description="Directory for read positions and event counts; without it a restart starts afresh."
@@ -234,6 +279,7 @@ class Config(StrictModel):
     scrape: ScrapeConfig = ScrapeConfig()
     simulation: SimulationConfig = SimulationConfig()
     targets: tuple[TargetConfig, ...] = ()
+    kubernetes: KubernetesConfig | None = Field(None, description="Discover engine pods on this node.")
 
     @model_validator(mode="after")
     def _unique_names(self) -> Config:

@@ -26,10 +26,11 @@ import aiohttp
 
 from oomguard import __version__
 from oomguard.collection import Collection
-from oomguard.config import Config
+from oomguard.config import Config, TargetConfig
 from oomguard.events.runner import EventRunner
 from oomguard.events.xid import XidWatcher
 from oomguard.simulate.runner import Simulation
+from oomguard.sources.kubernetes.discovery import KubernetesDiscovery
 from oomguard.sources.nvml import NvmlSource
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
@@ -73,6 +74,7 @@ class Runtime:
         self._nvml: NvmlReader | None = None
         self._events: EventRunner | None = None
         self._xid: XidWatcher | None = None
+        self.discovery: KubernetesDiscovery | None = None
         self._tasks: list[asyncio.Future[Any]] = []
 
     def _lib(self) -> ModuleType | Any | None:
@@ -102,20 +104,29 @@ class Runtime:
             else None
         )
         finder = ProcessFinder()
-        scrapers = [
-            TargetScraper(
+
+        def make_scraper(t: TargetConfig) -> TargetScraper:
+            return TargetScraper(
                 t, timeout=config.target_timeout(t), max_body_bytes=config.scrape.max_body_bytes, finder=finder
             )
-            for t in config.targets
-        ]
+
+        # The one list of targets: pod discovery adds to it and removes from it, on the event loop.
+        scrapers = [make_scraper(t) for t in config.targets]
         processes = ProcessLookup(finder, [s.port for s in scrapers if s.finder is not None], self.registry)
         tracker = TrendTracker(config.trend.settings()) if config.trend.enabled else None
         # Reads the saved state file: not on the event loop.
         events = self._events = await asyncio.to_thread(EventRunner, config)
         xid = self._xid = XidWatcher(lib) if lib is not None and config.events.xid else None
+        discovery = self.discovery = (
+            KubernetesDiscovery(
+                config, registry=self.registry, scrapers=scrapers, events=events, make_scraper=make_scraper
+            )
+            if config.kubernetes is not None
+            else None
+        )
         self.collection = collection = Collection(
             registry=self.registry, session=self._session, nvml=nvml, scrapers=scrapers, processes=processes,
-            tracker=tracker, events=events, xid=xid,
+            tracker=tracker, events=events, xid=xid, attribute=discovery.attribute if discovery else None,
         )  # fmt: skip
         # What exists at start lives as long as the runtime: keep it out of the garbage collector's
         # full passes, which otherwise stall a scrape for tens of milliseconds now and then.
@@ -127,8 +138,10 @@ class Runtime:
         if tracker is not None:
             sampler = Sampler(tracker, TrendObserver(nvml, processes, scrapers, tracker).observe)
             self._tasks.append(asyncio.ensure_future(sampler.run()))
-        if events.sources:
+        if events.sources or discovery is not None:
             self._tasks.append(asyncio.ensure_future(self._follow_events(events, scrapers)))
+        if discovery is not None:
+            self._tasks.append(asyncio.ensure_future(discovery.run()))
         if xid is not None:
             xid.start()
 
@@ -136,9 +149,9 @@ class Runtime:
         """The background loop reading logs, journals, cgroups and the kernel log; the engines' starts read there
         go to their targets' restart trackers (a life that never serves is seen nowhere else)."""
         interval = self.config.events.poll_interval_seconds
-        by_name = {s.name: s for s in scrapers}
         while True:
             await asyncio.to_thread(self.registry.run_blocking, "events", events.poll)
+            by_name = {s.name: s for s in scrapers}  # discovered pods come and go
             for target, at, pid in events.take_starts():
                 if (scraper := by_name.get(target)) is not None:
                     scraper.restarts.log_start(at, pid)

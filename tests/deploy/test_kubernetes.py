@@ -238,7 +238,7 @@ def test_daemonset_runs_on_every_gpu_node_without_taking_a_gpu(base: list[dict[s
 def test_daemonset_security(base: list[dict[str, Any]]) -> None:
     """Everything dropped but uid 0 (docs/kubernetes.md: the kubelet's logs and the state dir are root's)."""
     spec = one(base, "DaemonSet")["spec"]["template"]["spec"]
-    assert spec["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is True, "pod discovery calls the API"
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert not spec.get("hostNetwork") and not spec.get("hostIPC")
     security = container(spec, "oomguard")["securityContext"]
@@ -250,7 +250,9 @@ def test_daemonset_security(base: list[dict[str, Any]]) -> None:
     assert security["runAsUser"] == 0 and security["runAsNonRoot"] is False
 
 
-def test_daemonset_mounts_and_configuration_agree(base: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_daemonset_mounts_and_configuration_agree(
+    base: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = one(base, "DaemonSet")["spec"]["template"]["spec"]
     exporter = container(spec, "oomguard")
     volumes = {v["name"]: v for v in spec["volumes"]}
@@ -270,7 +272,9 @@ def test_daemonset_mounts_and_configuration_agree(base: list[dict[str, Any]], tm
     config_map = one(base, "ConfigMap", config_volume["configMap"]["name"])
     assert re.fullmatch(r"oomguard-config-[a-z0-9]{10}", config_map["metadata"]["name"]), "hashed: a change rolls"
     (tmp_path / config_path.name).write_text(config_map["data"][config_path.name])
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")  # the downward API's, as the DaemonSet sets it
     config = load_config(tmp_path / config_path.name)
+    assert config.kubernetes is not None and config.kubernetes.node_name == "gpu-node-1"
     assert config.web.listen_address == f":{PORT}"
     assert config.state_dir in mounts and config.events.k8s_pods_dir in mounts
     assert config.events.kernel_log is False, "no /dev/kmsg in the container"

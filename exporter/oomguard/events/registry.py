@@ -95,6 +95,18 @@ def k8s_pod_logs(target: TargetConfig, events: EventsConfig, saved: SavedState) 
     return [log_source(target, events, name, reader, state)]
 
 
+def pod_log(
+    target: TargetConfig, events: EventsConfig, saved: SavedState, pod: tuple[str, str, str, str], *, from_start: bool
+) -> EventSource:
+    """The engine container's log of a discovered pod (namespace, name, UID, container), under k8s_pods_dir."""
+    namespace, name, uid, container = pod
+    source = f"k8s:{namespace}/{name}/{container}"
+    state = saved.of(target.label, source)
+    pattern = os.path.join(events.k8s_pods_dir, f"{namespace}_{name}_{uid}", container, "*.log")
+    reader = PodLogReader(pattern, state=state.get(POSITIONS), from_start=from_start or events.from_start)
+    return log_source(target, events, source, reader, state)
+
+
 def cgroup(target: TargetConfig, events: EventsConfig, saved: SavedState) -> list[EventSource]:
     if not target.cgroup:
         return []

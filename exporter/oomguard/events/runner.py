@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,17 +45,41 @@ class EventRunner:
         self.has_state = self.state_path is not None
         self.state_read_errors = 0  # a state file found unreadable at start (set aside as *.corrupt)
         saved = self._load()
+        self.saved = SavedState(saved)  # for the sources added later (discovered pods)
         self.counts: dict[str, Counts] = {
             name: Counts(dict(c.get("total", {})), dict(c.get("last", {}))) for name, c in saved.get(COUNTS, {}).items()
         }
-        self.sources: list[EventSource] = build_sources(config, SavedState(saved))
+        self.sources: list[EventSource] = build_sources(config, self.saved)
         self.state_write_errors = 0
         self._failures = [0] * len(self.sources)  # polls that raised (a bug): counted as read errors
         self._states = [source.state() for source in self.sources]  # as last saved or seen
         self.starts: list[tuple[str, float, int | None]] = []  # (target, when, pid) of each start read: take_starts
+        # A poll runs in a worker thread; discovered pods' sources come and go (set_sources) between polls.
+        self._lock = threading.RLock()
 
     # -- one poll: blocking (file reads, journalctl), run in a worker thread ---------------
     def poll(self) -> None:
+        with self._lock:
+            self._poll()
+
+    def set_sources(self, target: str, sources: list[EventSource]) -> None:
+        """Make `sources` the sources of `target` (a discovered pod; [] when it is gone): those it had and that
+        are not among them are closed, and what they held counted (blocking: a close reads the rest)."""
+        with self._lock:
+            kept = [i for i, s in enumerate(self.sources) if s.target != target or s in sources]
+            for i, source in enumerate(self.sources):
+                if i not in kept:
+                    try:
+                        self._count(source, source.close())
+                    except Exception:
+                        log.exception("event source %s of %r failed to close", source.name, target)
+            new = [s for s in sources if s not in self.sources]
+            self.sources = [self.sources[i] for i in kept] + new
+            self._failures = [self._failures[i] for i in kept] + [0] * len(new)
+            self._states = [self._states[i] for i in kept] + [s.state() for s in new]
+            self._save()
+
+    def _poll(self) -> None:
         changed = False
         for i, source in enumerate(self.sources):
             try:
@@ -84,6 +109,10 @@ class EventRunner:
         return starts
 
     def health(self) -> list[EventSourceHealth]:
+        with self._lock:
+            return self._health()
+
+    def _health(self) -> list[EventSourceHealth]:
         return [
             dataclasses.replace(h, read_errors=h.read_errors + failures) if failures else h
             for h, failures in zip((s.health() for s in self.sources), self._failures, strict=True)
@@ -148,6 +177,10 @@ class EventRunner:
 
     def close(self) -> None:
         """Close every source, count what they still held, and save the state."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         for i, source in enumerate(self.sources):
             try:
                 self._count(source, source.close())

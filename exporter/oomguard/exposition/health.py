@@ -17,7 +17,7 @@ SOURCE_SUCCESS = metric(
     "gauge",
     "",
     "source",
-    "1 when the source (nvml, targets, processes, events: those in use) completed in time in its last run.",
+    "1 when the source (nvml, targets, processes, events, kubernetes: those in use) completed in time in its last run; for kubernetes, its last list or watch of the API.",
 )
 SOURCE_DURATION_SECONDS = metric(
     SECTION,

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -25,6 +26,9 @@ from oomguard.model import ERROR_KINDS, EngineReading, ProcessTree, TargetReadin
 from oomguard.promtext import ExpositionError, FamilyExtractor
 from oomguard.sources.processes import ProcessFinder
 from oomguard.sources.restarts import RestartTracker
+
+if TYPE_CHECKING:
+    from oomguard.sources.kubernetes.pods import PodTarget
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,8 @@ class TargetScraper:
     ) -> None:
         self.config = config
         self.name = config.label
+        # A discovered pod (sources/kubernetes/): its labels, probes and restarts come from the pod object.
+        self.pod: PodTarget | None = None
         self.engine = ENGINES[config.engine].reader()
         self.fetch_reservation = ENGINES[config.engine].reservation
         # The reservation fetched apart from /metrics, and the life (restart count) it belongs to.
@@ -67,6 +73,13 @@ class TargetScraper:
         self.state = "loading"
         self.asleep = False  # in the engine's sleep mode, as its last reading said
         self._last_error = ""
+
+    def retarget(self, config: TargetConfig) -> None:
+        """A discovered pod at a new address (replaced under the same name): the counts go on, the new
+        process is loading until it first answers."""
+        self.config = config
+        self.port = urlsplit(config.url).port or (443 if config.url.startswith("https") else 80)
+        self.ever_up = False
 
     async def scrape(
         self, session: aiohttp.ClientSession, processes: Awaitable[Mapping[int, ProcessTree | None]] | None = None
@@ -96,6 +109,12 @@ class TargetScraper:
         if error and error != self._last_error:
             log.warning("target %s: %s error: %s", self.name, error_kind, error)
         self._last_error = error
+        pod = self.pod
+        restarts_total, last_restart_at = self.restarts.restarts_total, self.restarts.last_restart_at
+        if pod is not None:  # the kubelet's count: it sees every life, even one killed before its first line
+            restarts_total = pod.restart_count
+            ended = pod.last_termination
+            last_restart_at = ended.finished_at if ended and ended.finished_at else last_restart_at
         return TargetReading(
             name=self.name,
             engine=self.config.engine,
@@ -111,9 +130,13 @@ class TargetScraper:
             error=error,
             process=process,
             errors_total=dict(self.errors_total),
-            restarts_total=self.restarts.restarts_total,
-            last_restart_at=self.restarts.last_restart_at,
+            restarts_total=restarts_total,
+            last_restart_at=last_restart_at,
             startup_seconds=self.restarts.startup_seconds,
+            namespace=pod.namespace if pod else "",
+            pod=pod.name if pod else "",
+            container=pod.container if pod else "",
+            probe_grace_seconds=pod.probe_grace_seconds if pod else None,
         )
 
     async def _with_reservation(self, session: aiohttp.ClientSession, reading: EngineReading) -> EngineReading:

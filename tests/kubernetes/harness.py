@@ -1,0 +1,149 @@
+"""The pieces of a discovery test: the stand-in API on a port of its own, engines at pod IPs
+(127.0.0.x), a kubeconfig naming the stand-in, and a runtime reading them."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from objects import NODE
+from stand_in import StandIn
+from support import samples, vllm_body
+
+from oomguard.config import Config
+from oomguard.exposition import render
+from oomguard.runtime import Runtime
+
+
+async def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    """Poll `condition` (sync or async) until it is truthy; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """An aiohttp app on a fixed host and port, that can be stopped and started again (an outage)."""
+
+    def __init__(self, app: web.Application, host: str, port: int) -> None:
+        self.app, self.host, self.port = app, host, port
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        self.runner = web.AppRunner(self.app, handle_signals=False, shutdown_timeout=0.1)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, self.host, self.port).start()
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+class Engine:
+    """A stub vLLM at a pod IP: loading (503) until `serving` is set."""
+
+    def __init__(self, host: str, port: int, *, serving: bool = True) -> None:
+        self.serving = serving
+        self.started = time.time()  # its process start, as its /metrics says
+        self.body = re.sub(
+            r"^process_start_time_seconds .*$",
+            f"process_start_time_seconds {self.started}",
+            vllm_body("vllm-0.32.0-cpu-under-load.txt"),
+            flags=re.MULTILINE,
+        )
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/health", self._health)
+        self.server = Server(app, host, port)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.body) if self.serving else web.Response(status=503)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.serving else 503)
+
+
+def kubeconfig(path: Path, port: int) -> Path:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
+        f"clusters: [{{name: stand-in, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: oomguard, user: {token: not-checked}}]\n"
+        "contexts: [{name: test, context: {cluster: stand-in, user: oomguard}}]\n"
+    )
+    return path
+
+
+def config(tmp: Path, api_port: int, **kubernetes: Any) -> Config:
+    (tmp / "pods").mkdir(exist_ok=True)
+    (tmp / "proc").mkdir(exist_ok=True)
+    return Config.model_validate(
+        {
+            "kubernetes": {
+                "label_selector": "app.kubernetes.io/name=vllm",
+                "port": "http",
+                "node_name": NODE,
+                "kubeconfig": str(kubeconfig(tmp / "kubeconfig", api_port)),
+                "retry_max_seconds": 0.2,
+                "proc_dir": str(tmp / "proc"),
+                **kubernetes,
+            },
+            "events": {
+                "kernel_log": False,
+                "xid": False,
+                "poll_interval_seconds": 0.05,
+                "quiet_seconds": 0.2,
+                "k8s_pods_dir": str(tmp / "pods"),
+            },
+            "trend": {"enabled": False},
+            "scrape": {"timeout_seconds": 1.0},
+        }
+    )
+
+
+class Cluster:
+    """The stand-in API and a runtime discovering from it."""
+
+    def __init__(self, tmp: Path, nvml: Any = None, **kubernetes: Any) -> None:
+        self.api = StandIn()
+        self.server = Server(self.api.app(), "127.0.0.1", free_port())
+        self.runtime = Runtime(config(tmp, self.server.port, **kubernetes), nvml_lib=nvml)
+
+    async def __aenter__(self) -> Cluster:
+        await self.server.start()
+        await self.runtime.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.runtime.stop()
+        await self.server.stop()
+
+    async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        assert self.runtime.collection is not None
+        return samples(render(await self.runtime.collection.snapshot()).decode())
+
+    async def value(self, name: str, **labels: str) -> float | None:
+        return (await self.metrics()).get((name, tuple(sorted((k, v) for k, v in labels.items() if v))))
+
+    def targets(self) -> list[str]:
+        assert self.runtime.collection is not None
+        return sorted(s.name for s in self.runtime.collection.scrapers)

@@ -1,0 +1,174 @@
+"""A local stand-in for the Kubernetes API server: the list and watch protocol of pods and events.
+
+Lists (`GET /api/v1/pods`, `/api/v1/namespaces/NS/pods`, the same for events) answer a List with its
+resourceVersion; `?watch=1` streams newline-delimited JSON events (ADDED, MODIFIED, DELETED, BOOKMARK,
+ERROR) from the given resourceVersion, chunked, until `timeoutSeconds` or the test ends it. Field
+selectors (`a.b=c`, comma-separated) and label selectors (`k=v`) are matched by equality, as the
+API does for these. Faults on demand: 403 for everything, 410 Gone (as the HTTP status or as an
+ERROR event), a watch closed early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+Obj = dict[str, Any]
+
+
+def _field(obj: Obj, path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part, {}) if isinstance(value, dict) else {}
+    if path == "source":  # the events' selector `source` is source.component
+        value = (obj.get("source") or {}).get("component", "")
+    return "" if value == {} else str(value)
+
+
+def _matches(obj: Obj, fields: str, labels: str) -> bool:
+    for term in filter(None, fields.split(",")):
+        key, _, want = term.partition("=")
+        if _field(obj, key) != want:
+            return False
+    have = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, labels.split(",")):
+        key, _, want = term.partition("=")
+        if have.get(key) != want:
+            return False
+    return True
+
+
+@dataclass
+class StandIn:
+    kinds: dict[str, str] = field(default_factory=lambda: {"pods": "Pod", "events": "Event"})
+    objects: dict[str, dict[tuple[str, str], Obj]] = field(default_factory=lambda: {"pods": {}, "events": {}})
+    history: dict[str, list[tuple[int, str, Obj]]] = field(default_factory=lambda: {"pods": [], "events": []})
+    version: int = 100
+    oldest_kept: int = 0  # a watch from a resourceVersion older than this is Gone
+    forbidden: bool = False
+    gone_http_next: bool = False  # the next watch answers HTTP 410
+    requests: list[str] = field(default_factory=list)
+    _changed: asyncio.Condition | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        for resource in self.kinds:
+            app.router.add_get(f"/api/v1/{resource}", self._handler(resource))
+            app.router.add_get(f"/api/v1/namespaces/{{namespace}}/{resource}", self._handler(resource))
+        return app
+
+    # -- the test's side ------------------------------------------------------------------------
+    def _condition(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def put(self, resource: str, obj: Obj) -> Obj:
+        """Create or replace an object (ADDED or MODIFIED), with a new resourceVersion."""
+        obj = copy.deepcopy(obj)
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        kind = "MODIFIED" if key in self.objects[resource] else "ADDED"
+        self.version += 1
+        meta["resourceVersion"] = str(self.version)
+        self.objects[resource][key] = obj
+        await self._append(resource, kind, obj)
+        return obj
+
+    async def delete(self, resource: str, namespace: str, name: str) -> None:
+        obj = self.objects[resource].pop((namespace, name))
+        self.version += 1
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        await self._append(resource, "DELETED", obj)
+
+    async def bookmark(self, resource: str) -> None:
+        self.version += 1
+        obj = {"kind": self.kinds[resource], "apiVersion": "v1", "metadata": {"resourceVersion": str(self.version)}}
+        await self._append(resource, "BOOKMARK", obj)
+
+    async def error_410(self, resource: str) -> None:
+        """An ERROR event in the open watches, as etcd's compaction makes: `too old resource version`."""
+        self.oldest_kept = self.version
+        status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
+                  "message": "too old resource version"}  # fmt: skip
+        self.history[resource].append((self.version, "ERROR", status))
+        async with self._condition():
+            self._condition().notify_all()
+
+    def compact(self) -> None:
+        """Forget the history: a watch from an older version is answered HTTP 410."""
+        self.oldest_kept = self.version
+
+    async def _append(self, resource: str, kind: str, obj: Obj) -> None:
+        self.history[resource].append((self.version, kind, obj))
+        async with self._condition():
+            self._condition().notify_all()
+
+    # -- the API's side -------------------------------------------------------------------------
+    def _handler(self, resource: str) -> Any:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            self.requests.append(request.path_qs)
+            if self.forbidden:
+                who = "system:serviceaccount:oomguard:oomguard"
+                message = f'{resource} is forbidden: User "{who}" cannot list resource "{resource}" in API group ""'
+                return _status(403, "Forbidden", message)
+            namespace = request.match_info.get("namespace")
+            fields = request.query.get("fieldSelector", "")
+            labels = request.query.get("labelSelector", "")
+
+            def wanted(obj: Obj) -> bool:
+                in_ns = namespace is None or obj["metadata"].get("namespace") == namespace
+                return in_ns and _matches(obj, fields, labels)
+
+            if request.query.get("watch") not in ("1", "true"):
+                items = [o for o in self.objects[resource].values() if wanted(o)]
+                meta = {"resourceVersion": str(self.version)}
+                kind = f"{self.kinds[resource]}List"
+                return web.json_response({"kind": kind, "apiVersion": "v1", "metadata": meta, "items": items})
+            since = int(request.query.get("resourceVersion") or self.version)
+            if self.gone_http_next or since < self.oldest_kept:
+                self.gone_http_next = False
+                return _status(410, "Expired", "too old resource version")
+            return await self._watch(request, resource, since, wanted, float(request.query.get("timeoutSeconds", 60)))
+
+        return handle
+
+    async def _watch(
+        self, request: web.Request, resource: str, since: int, wanted: Any, timeout: float
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        history = self.history[resource]
+        position = next((i for i, (version, kind, _) in enumerate(history) if version > since), len(history))
+        while True:
+            while position < len(history):
+                _, kind, obj = history[position]
+                position += 1
+                if kind in ("BOOKMARK", "ERROR") or wanted(obj):
+                    await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                if kind == "ERROR":
+                    return response  # the API ends a watch after its ERROR
+            left = end - loop.time()
+            if left <= 0:
+                return response
+            async with self._condition():
+                if position == len(history):
+                    try:
+                        await asyncio.wait_for(self._condition().wait(), left)
+                    except TimeoutError:
+                        return response
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}  # fmt: skip
+    return web.json_response(body, status=code)
