@@ -98,6 +98,7 @@ def config(tmp: Path, api_port: int, **kubernetes: Any) -> Config:
     (tmp / "proc").mkdir(exist_ok=True)
     return Config.model_validate(
         {
+            "state_dir": str(tmp / "state"),
             "kubernetes": {
                 "label_selector": "app.kubernetes.io/name=vllm",
                 "port": "http",

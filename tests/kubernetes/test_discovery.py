@@ -116,6 +116,38 @@ async def test_oom_killed_containers_restarts_and_probe_events(tmp_path: Path) -
         await engine.server.stop()
 
 
+async def test_an_oom_kill_counted_before_a_restart_of_the_exporter_is_not_counted_again(tmp_path: Path) -> None:
+    port = free_port("127.0.0.2")
+    engine = Engine("127.0.0.2", port)
+    await engine.server.start()
+    ended = objects.terminated("OOMKilled", 137, "2026-12-03T12:05:00Z")
+    try:
+        async with Cluster(tmp_path) as k8s:
+            pod = await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port))
+            await wait_for(lambda: k8s.targets() == [NAME], "the target")
+            await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
+                                                  restart_count=1, last_terminated=ended))  # fmt: skip
+            await wait_for(lambda: k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), "OOM")
+            await k8s.runtime.stop()  # the exporter restarts
+            await k8s.runtime.start()
+            await wait_for(lambda: k8s.targets() == [NAME], "the target again")
+            await wait_for(lambda: k8s.value("oomguard_target_up", **POD), "the target up again")
+            await asyncio.sleep(0.2)  # a few event polls: the same end, saved as counted, is not counted again
+            assert await k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD) == 1.0
+
+            await k8s.runtime.stop()  # and while it is away, the container is OOM-killed again
+            ended = objects.terminated("OOMKilled", 137, "2026-12-03T12:15:00Z", container_id="9" * 64)
+            await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
+                                                  restart_count=2, last_terminated=ended))  # fmt: skip
+            await k8s.runtime.start()
+            await wait_for(
+                lambda: _equals(k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), 2.0),
+                "the kill while the exporter was away",
+            )
+    finally:
+        await engine.server.stop()
+
+
 async def _equals(value, want: float) -> bool:
     return (await value) == want
 

@@ -90,7 +90,7 @@ EVENT_SOURCE_LINES_READ = metric(
     "counter",
     "",
     "target source",
-    "Lines read from an event source (file:GLOB, journald:UNIT, k8s:NS/POD/CONTAINER, kernel:PATH); target is empty for the host.",
+    "Lines read from an event source (file:GLOB, journald:UNIT, k8s:NS/POD/CONTAINER, kernel:PATH; for k8s-api:NS/POD, the API objects that told of an event); target is empty for the host.",
 )
 EVENT_SOURCE_BYTES_BEHIND = metric(
     SECTION,

@@ -158,25 +158,25 @@ class KubernetesDiscovery:
             await self._upsert(pod)
 
     async def _upsert(self, pod: PodTarget) -> None:
+        # Every change is made before the one await: a resync's timeout may cancel this there, and the thread
+        # it awaits runs to its end regardless.
         known = self.known.get(pod.target)
         config = TargetConfig(url=pod.url, name=pod.target, engine=self.k8s.engine, local_process="no")
+        follow = False
         if known is None:
             saved = self.events.saved
             source = f"k8s-api:{pod.target}"
             api = PodApiEvents(pod.target, source, saved.of(pod.target, source).get(POSITIONS))
             if api.last_termination is None and not self._listed and pod.last_termination is not None:
                 api.last_termination = pod.last_termination.key  # ended before we watched: maybe counted before
-            scraper = self.make_scraper(config)
-            scraper.pod = pod
-            known = self.known[pod.target] = _Known(pod, scraper, api)
-            await asyncio.to_thread(self._follow, pod.target, config, pod, api)
-            self.scrapers.append(scraper)
+            known = self.known[pod.target] = _Known(pod, self.make_scraper(config), api)
+            self.scrapers.append(known.scraper)
+            follow = True
             log.info("kubernetes: target %s at %s (container %s)", pod.target, pod.url, pod.container)
         elif known.pod.uid != pod.uid or known.pod.url != pod.url:
             # The pod replaced under its name (a StatefulSet's): its new address, its new log folder.
             known.scraper.retarget(config)
-            if known.pod.uid != pod.uid:
-                await asyncio.to_thread(self._follow, pod.target, config, pod, known.api)
+            follow = known.pod.uid != pod.uid
             log.info("kubernetes: target %s now at %s", pod.target, pod.url)
         known.pod = known.scraper.pod = pod
         ended = pod.last_termination
@@ -184,6 +184,8 @@ class KubernetesDiscovery:
             known.api.last_termination = ended.key
             if ended.oom_killed:
                 known.api.push(Event(CONTAINER_OOM_KILLED, ended.finished_at or time.time()))
+        if follow:
+            await asyncio.to_thread(self._follow, pod.target, config, pod, known.api)
 
     def _follow(self, name: str, config: TargetConfig, pod: PodTarget, api: PodApiEvents) -> None:
         """The target's event sources: its API events and its engine container's log (blocking: in a thread)."""

@@ -69,6 +69,11 @@ class ListWatch:
                     log.warning("kubernetes: %s (retried in %.1fs)", exc, retry)
                 await asyncio.sleep(retry)
                 retry = min(retry * 2, self.retry_max_seconds)
+            except Exception:  # an object we did not expect: reported and listed again, never the end of discovery
+                log.exception("kubernetes: %s failed", self.path)
+                self.on_health(False, time.perf_counter() - started, "unexpected error")
+                await asyncio.sleep(retry)
+                retry = min(retry * 2, self.retry_max_seconds)
 
     async def _list(self) -> str:
         body = await self.client.list(self.path, self.params)
