@@ -10,6 +10,7 @@ import time
 import urllib.request
 
 import pytest
+from support import samples
 
 from oomguard.cli import main
 from oomguard.ports import free_port
@@ -29,8 +30,9 @@ def exporter() -> str:
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(f"{url}/metrics", timeout=2) as response:
-                    if b'oomguard_target_state{state="up",target="sim-vllm"} 1.0' in response.read():
-                        break
+                    found = samples(response.read().decode())
+                if found.get(("oomguard_target_state", (("state", "up"), ("target", "sim-vllm")))) == 1.0:
+                    break
             except OSError:
                 pass
             time.sleep(0.3)

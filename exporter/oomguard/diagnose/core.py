@@ -70,7 +70,8 @@ def _subjects(data: Data) -> list[tuple[str | None, str | None, list[str]]]:
                 {
                     s.labels["gpu"]
                     for s in mine
-                    if s.name == "oomguard_target_gpu_info" and s.labels.get("target") == target
+                    # a relabelling may have dropped the gpu label: then the instance's GPUs stand in
+                    if s.name == "oomguard_target_gpu_info" and s.labels.get("target") == target and "gpu" in s.labels
                 }
             )
             subjects.append((instance, target, own or gpus))
