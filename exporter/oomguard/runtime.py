@@ -136,7 +136,8 @@ class Runtime:
         # scrape finds NVML initialised and the targets' states known.
         self._tasks.append(asyncio.ensure_future(collection.snapshot()))
         if tracker is not None:
-            sampler = Sampler(tracker, TrendObserver(nvml, processes, scrapers, tracker).observe)
+            pod_processes = discovery.pod_processes if discovery is not None else None
+            sampler = Sampler(tracker, TrendObserver(nvml, processes, scrapers, tracker, pod_processes).observe)
             self._tasks.append(asyncio.ensure_future(sampler.run()))
         if events.sources or discovery is not None:
             self._tasks.append(asyncio.ensure_future(self._follow_events(events, scrapers)))

@@ -93,7 +93,7 @@ def kubeconfig(path: Path, port: int) -> Path:
     return path
 
 
-def config(tmp: Path, api_port: int, **kubernetes: Any) -> Config:
+def config(tmp: Path, api_port: int, trend: dict[str, Any] | None = None, **kubernetes: Any) -> Config:
     (tmp / "pods").mkdir(exist_ok=True)
     (tmp / "proc").mkdir(exist_ok=True)
     return Config.model_validate(
@@ -115,7 +115,7 @@ def config(tmp: Path, api_port: int, **kubernetes: Any) -> Config:
                 "quiet_seconds": 0.2,
                 "k8s_pods_dir": str(tmp / "pods"),
             },
-            "trend": {"enabled": False},
+            "trend": trend or {"enabled": False},
             "scrape": {"timeout_seconds": 1.0},
         }
     )
@@ -124,10 +124,10 @@ def config(tmp: Path, api_port: int, **kubernetes: Any) -> Config:
 class Cluster:
     """The stand-in API and a runtime discovering from it."""
 
-    def __init__(self, tmp: Path, nvml: Any = None, **kubernetes: Any) -> None:
+    def __init__(self, tmp: Path, nvml: Any = None, trend: dict[str, Any] | None = None, **kubernetes: Any) -> None:
         self.api = StandIn()
         self.server = Server(self.api.app(), "127.0.0.1", free_port())
-        self.runtime = Runtime(config(tmp, self.server.port, **kubernetes), nvml_lib=nvml)
+        self.runtime = Runtime(config(tmp, self.server.port, trend, **kubernetes), nvml_lib=nvml)
 
     async def __aenter__(self) -> Cluster:
         await self.server.start()

@@ -187,12 +187,18 @@ async def test_nvml_pids_are_attributed_to_their_pod_through_cgroups(tmp_path: P
     processes = [FakeProcess(4242, 50 * GIB), FakeProcess(4343, 9 * GIB)]
     nvml = FakeNvml([FakeGpu(0, used_bytes=60 * GIB, processes=processes), FakeGpu(1, used_bytes=1 * GIB)])
     try:
-        async with Cluster(tmp_path, nvml=nvml) as k8s:
+        trend = {"interval_seconds": 0.05, "short_window_seconds": 0.5, "long_window_seconds": 2.0}
+        async with Cluster(tmp_path, nvml=nvml, trend=trend) as k8s:
             await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=uid))
             await wait_for(lambda: k8s.value("oomguard_target_process_gpu_memory_bytes", **POD), "its own GPU memory")
             assert await k8s.value("oomguard_target_process_gpu_memory_bytes", **POD) == 50 * GIB
             assert await k8s.value("oomguard_target_gpu_info", gpu="0", **POD) == 1.0
             assert await k8s.value("oomguard_target_gpu_info", gpu="1", **POD) is None
+            # The trend sampler finds the pod's GPUs the same way.
+            await wait_for(
+                lambda: k8s.value("oomguard_target_memory_trend_state", memory="gpu", state="steady", **POD),
+                "the pod's GPU memory trend",
+            )
     finally:
         await engine.server.stop()
 

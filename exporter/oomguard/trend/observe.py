@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from oomguard.join import target_gpus, up_gpus
-from oomguard.model import NvmlReading, Observation, TrendKey
+from oomguard.model import NvmlReading, Observation, ProcessTree, TrendKey
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.targets import TargetScraper
@@ -21,9 +22,16 @@ class TrendObserver:
     drop and the jump back are not taken for a restart and a spike."""
 
     def __init__(
-        self, nvml: NvmlReader | None, processes: ProcessLookup, scrapers: list[TargetScraper], tracker: TrendTracker
+        self,
+        nvml: NvmlReader | None,
+        processes: ProcessLookup,
+        scrapers: list[TargetScraper],
+        tracker: TrendTracker,
+        pod_processes: Callable[[NvmlReading | None], Awaitable[dict[str, ProcessTree]]] | None = None,
     ) -> None:
+        """`pod_processes`: discovered pods' processes by target name (sources/kubernetes/), where there are any."""
         self.nvml = nvml
+        self.pod_processes = pod_processes
         self.processes = processes
         self.scrapers = scrapers
         self.tracker = tracker
@@ -38,7 +46,8 @@ class TrendObserver:
             except TimeoutError:
                 nvml = None  # the GPU series miss this tick; the sampler goes on
         trees = await self.processes.get(max_age=PROCESS_LOOKUP_MAX_AGE)
-        targets = [(s.name, s.config.gpus, trees.get(s.port) if s.finder else None) for s in self.scrapers]
+        pods = await self.pod_processes(nvml) if self.pod_processes is not None else {}
+        targets = [(s.name, s.config.gpus, trees.get(s.port) if s.finder else pods.get(s.name)) for s in self.scrapers]
         asleep = {s.name for s in self.scrapers if s.asleep}
         woke, self._asleep = self._asleep - asleep, asleep
         if woke:

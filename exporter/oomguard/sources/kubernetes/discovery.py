@@ -245,12 +245,18 @@ class KubernetesDiscovery:
         self, nvml: NvmlReading | None, targets: tuple[TargetReading, ...]
     ) -> tuple[TargetReading, ...]:
         """The discovered targets with their pods' processes on the GPUs (which GPUs, their own memory)."""
+        trees = await self.pod_processes(nvml)
+        if not trees:
+            return targets
+        return tuple(replace(t, process=trees[t.name]) if t.name in trees and t.process is None else t for t in targets)
+
+    async def pod_processes(self, nvml: NvmlReading | None) -> dict[str, ProcessTree]:
+        """Target name -> its pod's processes in NVML's lists (for the collection and the trend sampler)."""
         pods = {k.pod.uid: name for name, k in self.known.items()}
         if nvml is None or not pods:
-            return targets
+            return {}
         pids = {p.pid for g in nvml.gpus for p in g.processes or ()}
-        trees = await asyncio.to_thread(_trees, pids, self.k8s.proc_dir, pods)
-        return tuple(replace(t, process=trees[t.name]) if t.name in trees and t.process is None else t for t in targets)
+        return await asyncio.to_thread(_trees, pids, self.k8s.proc_dir, pods)
 
 
 def _trees(pids: set[int], proc_dir: str, pods: dict[str, str]) -> dict[str, ProcessTree]:
