@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,14 +45,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Server:
     """An aiohttp app on a fixed host and port, that can be stopped and started again (an outage)."""
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
-        self.app, self.host, self.port = app, host, port
+    def __init__(self, app: web.Application, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
+        self.app, self.host, self.port, self.tls = app, host, port, tls
         self.runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         self.runner = web.AppRunner(self.app, handle_signals=False, shutdown_timeout=0.1)
         await self.runner.setup()
-        await web.TCPSite(self.runner, self.host, self.port).start()
+        await web.TCPSite(self.runner, self.host, self.port, ssl_context=self.tls).start()
 
     async def stop(self) -> None:
         if self.runner is not None:

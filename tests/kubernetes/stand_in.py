@@ -53,6 +53,7 @@ class StandIn:
     forbidden: bool = False
     gone_http_next: bool = False  # the next watch answers HTTP 410
     requests: list[str] = field(default_factory=list)
+    authorizations: list[str] = field(default_factory=list)  # each request's Authorization header
     _changed: asyncio.Condition | None = None
 
     def app(self) -> web.Application:
@@ -114,6 +115,7 @@ class StandIn:
     def _handler(self, resource: str) -> Any:
         async def handle(request: web.Request) -> web.StreamResponse:
             self.requests.append(request.path_qs)
+            self.authorizations.append(request.headers.get("Authorization", ""))
             if self.forbidden:
                 who = "system:serviceaccount:oomguard:oomguard"
                 message = f'{resource} is forbidden: User "{who}" cannot list resource "{resource}" in API group ""'
