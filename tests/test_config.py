@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,37 @@ def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch, capsy
     monkeypatch.setenv("OOMGUARD_WEB_LISTEN_ADDRESS", "nowhere")
     assert main(["serve"]) == 1
     assert "web.listen_address" in capsys.readouterr().err
+
+
+def test_the_kubernetes_block_takes_its_node_from_the_downward_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")
+    path = write(tmp_path, "kubernetes:\n  port: http\n  label_selector: app.kubernetes.io/name=vllm\n")
+    k8s = load_config(path).kubernetes
+    assert k8s is not None and (k8s.node_name, k8s.port, k8s.engine, k8s.namespaces) == (
+        "gpu-node-1",
+        "http",
+        "vllm",
+        (),
+    )
+    assert main(["check-config", str(path)]) == 0
+    assert "pods of node gpu-node-1 matching app.kubernetes.io/name=vllm with port http" in capsys.readouterr().out
+    assert load_config(write(tmp_path, "kubernetes: {port: 8000, node_name: n2}\n")).kubernetes.node_name == "n2"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("kubernetes: {port: http}\n", "node_name is empty and so is $NODE_NAME"),
+        ("kubernetes: {port: 70000, node_name: n}\n", "a port number is 1-65535"),
+        ("kubernetes: {port: http, node_name: n, engine: vllmm}\n", "unknown engine 'vllmm'"),
+        ("kubernetes: {node_name: n}\n", "kubernetes.port: Field required"),
+    ],
+)
+def test_a_bad_kubernetes_block_is_refused_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, message: str
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(write(tmp_path, text))

@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.file}: valid; {len(config.targets)} target(s): "
             + (", ".join(t.label for t in config.targets) or "none")
         )
+        if (k8s := config.kubernetes) is not None:
+            print(f"and the pods of node {k8s.node_name} matching {k8s.label_selector or 'any label'} "
+                  f"with port {k8s.port}, in {', '.join(k8s.namespaces) or 'every namespace'}")  # fmt: skip
         return 0
 
     _from_environment(args)
