@@ -95,6 +95,13 @@ async def test_oom_killed_containers_restarts_and_probe_events(tmp_path: Path) -
                 "the second OOM kill",
             )
             assert await k8s.value("oomguard_target_restarts_total", **POD) == 2.0
+            # A new container loading refuses: loading, not down.
+            engine.serving = False
+            await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
+                                                  restart_count=3, last_terminated=ended))  # fmt: skip
+            await wait_for(lambda: _equals(k8s.value("oomguard_target_restarts_total", **POD), 3.0), "3 restarts")
+            assert await k8s.value("oomguard_target_state", state="loading", **POD) == 1.0
+            engine.serving = True
 
             # The kubelet's Events: a startup probe failing 3 times (one Event, count 3), then the kill.
             unhealthy = objects.event(pod, "Unhealthy", "Startup probe failed: connect: connection refused", count=2)

@@ -178,6 +178,8 @@ class KubernetesDiscovery:
             known.scraper.retarget(config)
             follow = known.pod.uid != pod.uid
             log.info("kubernetes: target %s now at %s", pod.target, pod.url)
+        elif pod.restart_count > known.pod.restart_count:
+            known.scraper.ever_up = False  # a new container: loading until it answers, not down
         known.pod = known.scraper.pod = pod
         ended = pod.last_termination
         if ended is not None and ended.key != known.api.last_termination:
