@@ -31,6 +31,8 @@ LOG_OOM_KINDS = (CUDA_OOM, STARTUP_MEMORY)
 KUBERNETES_EVENT_KINDS = (CONTAINER_OOM_KILLED, PROBE_FAILURE, PROBE_KILL)
 # Out of memory, whoever noticed: the engine's log, or the kernel on its cgroup (as the cgroup or the pod says).
 TARGET_OOM_KINDS = (*LOG_OOM_KINDS, CGROUP_OOM_KILL, CONTAINER_OOM_KILLED)
+# The kernel's OOM killer on the engine's processes, as its cgroup or its pod says (host memory, not GPU).
+TARGET_KILL_KINDS = (CGROUP_OOM_KILL, CONTAINER_OOM_KILLED)
 # Every kind a target can have.
 TARGET_EVENT_KINDS = (*LOG_EVENT_KINDS, CGROUP_OOM_KILL, *KUBERNETES_EVENT_KINDS)
 HOST_EVENT_KINDS = (KERNEL_OOM_KILL,)
