@@ -53,8 +53,11 @@ def test_name_defaults_to_host_and_port() -> None:
             "targets:\n  - url: http://x:8000\n    timout_seconds: 3\n",
             r"targets\[0\]\.timout_seconds: unknown key; did you mean 'timeout_seconds'\?",
         ),
-        ("nvml:\n  timeout_seconds: -1\n", r"nvml\.timeout_seconds: Input should be greater than 0"),
-        ("scrape:\n  max_body_bytes: 0\n", r"scrape\.max_body_bytes: Input should be greater than 0"),
+        (
+            "nvml:\n  timeout_seconds: -1\n",
+            r"nvml\.timeout_seconds: must be greater than 0; write a number above 0 in seconds, e\.g\. 5",
+        ),
+        ("scrape:\n  max_body_bytes: 0\n", r"scrape\.max_body_bytes: must be greater than 0; write a number above 0"),
         ("targets:\n  - url: http://x:8000\n    engine: ollama\n", r"unknown engine 'ollama'; known engines: vllm"),
         ("targets:\n  - url: http://x:8000\n    gpus: [-1]\n", r"GPU indices are 0 or more"),
         (
@@ -179,3 +182,13 @@ def test_a_bad_kubernetes_block_is_refused_naming_the_key(
     monkeypatch.delenv("NODE_NAME", raising=False)
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(write(tmp_path, text))
+
+
+def test_a_whole_section_is_never_echoed_back(tmp_path: Path) -> None:
+    """A check of the whole file (two targets of one name) names the mistake, not the whole configuration."""
+    path = tmp_path / "oomguard.yaml"
+    path.write_text("targets:\n  - {url: 'http://a:1', name: x}\n  - {url: 'http://b:1', name: x}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    lines = str(error.value).splitlines()[1:]
+    assert lines == ["  (top level): two targets are named 'x'; give each a distinct `name:`"]

@@ -344,9 +344,42 @@ def explain(
             hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
             lines.append(f"  {where}: unknown key; {hint}")
         else:
-            message = item["msg"].removeprefix("Value error, ")
-            lines.append(f"  {where}: {message} (got {item.get('input')!r})")
+            message = _fix(item) or item["msg"].removeprefix("Value error, ")
+            lines.append(f"  {where}: {message}{_got(item.get('input'))}")
     return "\n".join(lines)
+
+
+# pydantic's bounds, said as what to write instead.
+_BOUNDS = {
+    "greater_than": ("gt", "must be greater than {}"),
+    "greater_than_equal": ("ge", "must be at least {}"),
+    "less_than": ("lt", "must be less than {}"),
+    "less_than_equal": ("le", "must be at most {}"),
+}
+
+
+def _fix(item: Any) -> str | None:
+    """A bound or a type broken, with the fix: what to write there."""
+    key = str(item["loc"][-1]) if item["loc"] else ""
+    unit = " seconds, e.g. 5" if key.endswith("_seconds") else ""
+    if item["type"] in _BOUNDS:
+        name, text = _BOUNDS[item["type"]]
+        bound = item.get("ctx", {}).get(name)
+        shown = f"{bound:g}" if isinstance(bound, int | float) else str(bound)
+        if item["type"] in ("less_than", "less_than_equal") and bound == 1:
+            return f"{text.format(shown)}; write a ratio from 0 to 1 (90 % is 0.9)"
+        return f"{text.format(shown)}; write a number{' above 0' if bound == 0 else ''}{unit and ' in' + unit}"
+    if item["type"] in ("int_parsing", "float_parsing", "int_type", "float_type"):
+        return f"must be a number{unit and ' of' + unit}"
+    if item["type"] in ("bool_parsing", "bool_type"):
+        return "must be true or false"
+    return None
+
+
+def _got(value: Any) -> str:
+    """What was written, when it fits on a line: never a whole section or file (a top-level check's input)."""
+    text = repr(value)
+    return "" if isinstance(value, dict | list) or len(text) > 80 else f" (got {text})"
 
 
 def read_text(path: Path, what: str) -> str:
