@@ -95,9 +95,19 @@ def test_a_file_not_in_utf8_is_refused_with_the_byte_and_the_fix(tmp_path: Path)
 
 def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", str(REPO / "deploy" / "oomguard.yaml")]) == 0
-    assert "valid; 2 target(s): llama-70b, qwen-7b" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "valid. It will watch:" in out
+    assert "engines: llama-70b (vllm at http://127.0.0.1:8000, log: /var/log/vllm/llama-70b*.log); qwen-7b" in out
     assert main(["check-config", str(write(tmp_path, "targets:\n  - url: ftp://x\n"))]) == 1
     assert "targets[0].url" in capsys.readouterr().err
+
+
+def test_check_config_says_what_an_empty_file_watches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty file is valid, and check-config says so in words: no engine, only GPUs, and how to add one."""
+    assert main(["check-config", str(write(tmp_path, ""))]) == 0
+    out = capsys.readouterr().out
+    assert "engines: none. No targets: and no kubernetes: block, so only the GPUs are watched" in out
+    assert "state: in memory only (no state_dir)" in out
 
 
 def test_precedence_flag_over_environment_over_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,7 +173,7 @@ def test_the_kubernetes_block_takes_its_node_from_the_downward_api(
         (),
     )
     assert main(["check-config", str(path)]) == 0
-    assert "pods of node gpu-node-1 matching app.kubernetes.io/name=vllm with port http" in capsys.readouterr().out
+    assert "pods of node gpu-node-1 matching app.kubernetes.io/name=vllm, port http" in capsys.readouterr().out
     assert load_config(write(tmp_path, "kubernetes: {port: 8000, node_name: n2}\n")).kubernetes.node_name == "n2"  # type: ignore[union-attr]
 
 

@@ -182,13 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return 1
-        print(
-            f"{args.file}: valid; {len(config.targets)} target(s): "
-            + (", ".join(t.label for t in config.targets) or "none")
-        )
-        if (k8s := config.kubernetes) is not None:
-            print(f"and the pods of node {k8s.node_name} matching {k8s.label_selector or 'any label'} "
-                  f"with port {k8s.port}, in {', '.join(k8s.namespaces) or 'every namespace'}")  # fmt: skip
+        from oomguard.describe import describe
+
+        print(f"{args.file}: valid. It will watch:")
+        for line in describe(config):
+            print(f"  {line}")
         return 0
 
     _from_environment(args)

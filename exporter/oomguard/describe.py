@@ -1,0 +1,54 @@
+"""What a configuration will monitor, in words: `oomguard check-config` prints it, so that an empty or
+half-written file is not taken for a working one."""
+
+from __future__ import annotations
+
+from oomguard.config import Config, TargetConfig
+
+
+def _logs(target: TargetConfig) -> str:
+    sources = [*target.logs]
+    if target.journald_unit:
+        sources.append(f"journald unit {target.journald_unit}")
+    if target.k8s_pod_logs is not None:
+        p = target.k8s_pod_logs
+        sources.append(f"pod logs {p.namespace}/{p.pod}/{p.container}")
+    return ", log: " + ", ".join(sources) if sources else ", no log (its OOMs are not counted: add logs:)"
+
+
+def describe(config: Config) -> list[str]:
+    """One line per thing watched; the first says whether any engine is, and how to add one where none is."""
+    lines = []
+    engines = [f"{t.label} ({t.engine} at {t.url}{_logs(t)})" for t in config.targets]
+    k8s = config.kubernetes
+    if k8s is not None:
+        namespaces = ", ".join(k8s.namespaces) or "every namespace"
+        engines.append(
+            f"the {k8s.engine} pods of node {k8s.node_name} matching {k8s.label_selector or 'any label'}, port "
+            f"{k8s.port}, in {namespaces} (discovered, their logs followed)"
+        )
+    if config.simulation.scenario:
+        engines.append(f"the simulated {config.simulation.engine} of scenario {config.simulation.scenario}")
+    if engines:
+        lines.append("engines: " + "; ".join(engines))
+    else:
+        lines.append(
+            "engines: none. No targets: and no kubernetes: block, so only the GPUs are watched; add the engines "
+            "under targets: (docs/configuration.md) or a kubernetes: block (docs/kubernetes.md)"
+        )
+    lines.append(
+        "GPUs: every GPU NVML finds, per process " + ("on" if config.nvml.per_process else "off")
+        if config.nvml.enabled
+        else "GPUs: none (nvml.enabled is false): no GPU memory, no memory alerts"
+    )
+    lines.append(
+        f"kernel OOM kills: from {config.events.kernel_log_path} where readable"
+        if config.events.kernel_log
+        else "kernel OOM kills: not counted (events.kernel_log is false)"
+    )
+    lines.append(
+        f"state: {config.state_dir} (event counts and read positions survive a restart)"
+        if config.state_dir
+        else "state: in memory only (no state_dir): event counts start from zero at each restart"
+    )
+    return lines
