@@ -17,6 +17,7 @@ import asyncio
 import gc
 import logging
 import os
+import secrets
 import tempfile
 from pathlib import Path
 from types import ModuleType
@@ -57,9 +58,16 @@ class Runtime:
         """`nvml_lib`: pynvml or a stand-in with its API; None for no GPUs. `start_simulation=False`
         leaves the simulated engine to be started by the caller (the drill starts it once Prometheus scrapes)."""
         self.simulation: Simulation | None = None
+        self._own_log: Path | None = None
         if config.simulation.scenario:
             sim = config.simulation
-            log_path = simulation_log or Path(tempfile.gettempdir()) / f"oomguard-sim-{os.getpid()}.log"
+            # A log of our own making is removed at stop; one the caller names is the caller's.
+            self._own_log = (
+                None
+                if simulation_log
+                else Path(tempfile.gettempdir()) / (f"oomguard-sim-{os.getpid()}-{secrets.token_hex(4)}.log")
+            )
+            log_path = simulation_log or self._own_log
             self.simulation = Simulation(
                 sim.scenario, gpus=sim.gpus, time_scale=sim.time_scale, log_path=log_path, engine=sim.engine
             )
@@ -167,7 +175,9 @@ class Runtime:
         if self._session is not None:
             await self._session.close()
         if self.simulation is not None:
-            await self.simulation.stop()
+            await self.simulation.stop()  # first: its supervisor would make the log again at a relaunch
+        if self._own_log is not None:
+            await asyncio.to_thread(self._own_log.unlink, missing_ok=True)
 
     def _close_blocking(self) -> None:
         if self._events is not None:
