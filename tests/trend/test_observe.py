@@ -31,6 +31,7 @@ async def test_sleep_skips_the_engines_series_and_waking_starts_them_afresh() ->
         timeout=1.0,
         max_body_bytes=1024,
     )
+    scraper.state = "up"  # a sleeping engine is up: it answers, with its memory released
     tracker = TrendTracker(TrendSettings())
     observer = TrendObserver(nvml, ProcessLookup(ProcessFinder(), [], SourceRegistry()), [scraper], tracker)
     try:
@@ -52,5 +53,34 @@ async def test_sleep_skips_the_engines_series_and_waking_starts_them_afresh() ->
         assert GPU0 not in tracker.latest and TARGET not in tracker.latest
         assert GPU1 in tracker.latest
         assert woke[GPU0] == Observation(72 * GIB, 80 * GIB)
+    finally:
+        nvml.close()
+
+
+async def test_a_loading_engine_and_its_gpu_are_not_sampled_and_start_afresh_once_up() -> None:
+    """A model load fills the GPU by design (hours, for a large model): not a climb of the engine, nor of its GPU
+    while no engine that is up shares it. Once up, the series start from the memory it serves with."""
+    gpus = [FakeGpu(0, used_bytes=10 * GIB), FakeGpu(1, used_bytes=GIB)]
+    nvml = NvmlReader(NvmlSource(FakeNvml(gpus)), 3.0)
+    scraper = TargetScraper(
+        TargetConfig(name="llama", url="http://127.0.0.1:8000", gpus=(0,), local_process="no"),
+        timeout=1.0,
+        max_body_bytes=1024,
+    )
+    tracker = TrendTracker(TrendSettings())
+    observer = TrendObserver(nvml, ProcessLookup(ProcessFinder(), [], SourceRegistry()), [scraper], tracker)
+    try:
+        assert scraper.state == "loading"  # before its first answer
+        for t in range(0, 400, 2):
+            gpus[0].used_bytes = (10 + t // 10) * GIB  # the weights and the KV cache pool coming in
+            seen = await observer.observe()
+            assert set(seen) == {GPU1}  # GPU 0 only has the loading engine; GPU 1 goes on
+            tracker.record(float(t), seen)
+        assert GPU0 not in tracker.latest and TARGET not in tracker.latest
+
+        scraper.state = "up"
+        up = await observer.observe()
+        assert set(up) == {GPU0, GPU1, TARGET}
+        assert up[GPU0] == Observation(49 * GIB, 80 * GIB)  # from the memory it serves with
     finally:
         nvml.close()

@@ -19,7 +19,11 @@ PROCESS_LOOKUP_MAX_AGE = 1.0
 class TrendObserver:
     """A sleeping engine (vLLM's sleep mode) has released its memory: its own series are not
     sampled while it sleeps, and on waking its series and its GPUs' start afresh, so that the
-    drop and the jump back are not taken for a restart and a spike."""
+    drop and the jump back are not taken for a restart and a spike.
+
+    A loading engine fills its GPUs as it loads: a climb by design, hours long for a large model. Its
+    series are not sampled while it loads, nor are its GPUs' where no engine that is up shares them;
+    once it is up they start afresh, from the memory it holds when serving."""
 
     def __init__(
         self,
@@ -36,6 +40,7 @@ class TrendObserver:
         self.scrapers = scrapers
         self.tracker = tracker
         self._asleep: set[str] = set()
+        self._loading: set[str] = set()
 
     async def observe(self) -> dict[TrendKey, Observation]:
         """GPUs, and each target's GPUs and local processes."""
@@ -49,16 +54,24 @@ class TrendObserver:
         pods = await self.pod_processes(nvml) if self.pod_processes is not None else {}
         targets = [(s.name, s.config.gpus, trees.get(s.port) if s.finder else pods.get(s.name)) for s in self.scrapers]
         asleep = {s.name for s in self.scrapers if s.asleep}
+        loading = {s.name for s in self.scrapers if s.state == "loading"}
         woke, self._asleep = self._asleep - asleep, asleep
-        if woke:
-            gpus = up_gpus(nvml.gpus) if nvml else {}
-            keys = {TrendKey("target", name, memory) for name in woke for memory in ("gpu", "host")}
-            keys |= {
-                TrendKey("gpu", str(index), "gpu")
+        loaded, self._loading = self._loading - loading, loading
+        gpus = up_gpus(nvml.gpus) if nvml else {}
+
+        def gpus_of(names: set[str]) -> set[int]:
+            return {
+                index
                 for name, configured, process in targets
-                if name in woke
+                if name in names
                 for index in target_gpus(configured, process, gpus)
             }
+
+        if woke or loaded:
+            fresh = woke | loaded
+            keys = {TrendKey("target", name, memory) for name in fresh for memory in ("gpu", "host")}
+            keys |= {TrendKey("gpu", str(index), "gpu") for index in gpus_of(fresh)}
             self.tracker.forget(keys)
-        awake = [t for t in targets if t[0] not in asleep]
-        return await asyncio.to_thread(observations, nvml, awake)
+        active = [t for t in targets if t[0] not in asleep | loading]
+        quiet_gpus = gpus_of(loading) - gpus_of({t[0] for t in active})
+        return await asyncio.to_thread(observations, nvml, active, quiet_gpus)

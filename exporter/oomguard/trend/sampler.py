@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 import psutil
 
@@ -109,13 +109,16 @@ class Sampler:
 
 
 def observations(
-    nvml: NvmlReading | None, targets: list[tuple[str, tuple[int, ...], ProcessTree | None]]
+    nvml: NvmlReading | None,
+    targets: list[tuple[str, tuple[int, ...], ProcessTree | None]],
+    skip_gpus: Collection[int] = (),
 ) -> dict[TrendKey, Observation]:
-    """What one tick sees: GPUs, and per target its GPUs' memory (join.py) and its processes' RSS."""
+    """What one tick sees: GPUs (but `skip_gpus`), and per target its GPUs' memory (join.py) and its processes'
+    RSS."""
     out: dict[TrendKey, Observation] = {}
     gpus = up_gpus(nvml.gpus) if nvml else {}
     for index, gpu in gpus.items():
-        if gpu.measured:
+        if gpu.measured and index not in skip_gpus:
             out[TrendKey("gpu", str(index), "gpu")] = Observation(gpu.used_bytes or 0.0, gpu.total_bytes or 0.0)
     host_total = float(psutil.virtual_memory().total)
     for name, configured, process in targets:
