@@ -17,6 +17,7 @@ import time
 
 from aiohttp import web
 
+from oomguard.simulate.engine_args import simulator_parser
 from oomguard.simulate.scenarios import GIB, IDLE_GPU_BYTES, SCENARIOS, Scenario
 from oomguard.sources.processes import start_time
 
@@ -179,22 +180,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--model", default="sim-llama-3-8b")
-    parser.add_argument("--time-scale", type=float, default=1.0)
-    parser.add_argument(
-        "--life", type=int, default=int(os.environ.get("OOMGUARD_SIM_LIFE", "0")),
-        help="how many times the engine was restarted before [$OOMGUARD_SIM_LIFE]",
-    )  # fmt: skip
-    parser.add_argument("--gpu-total-bytes", type=int, default=80 * GIB)
-    parser.add_argument(
-        "--foreign", type=float, default=float(os.environ.get("OOMGUARD_SIM_FOREIGN", "0")),
-        help="share of GPU 0 another process holds at this launch [$OOMGUARD_SIM_FOREIGN]",
-    )  # fmt: skip
-    return asyncio.run(serve(parser.parse_args(argv)))
+    return asyncio.run(serve(simulator_parser(__doc__).parse_args(argv)))
 
 
 if __name__ == "__main__":

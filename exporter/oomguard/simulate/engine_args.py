@@ -1,0 +1,28 @@
+"""The command line every simulated engine takes: what the runner (runner.py) passes to each simulator."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from oomguard.simulate.scenarios import GIB, SCENARIOS
+
+
+def simulator_parser(description: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="sim-llama-3-8b")
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    # In the environment, not the command line: an orchestrator relaunches with the same command line.
+    parser.add_argument(
+        "--life", type=int, default=int(os.environ.get("OOMGUARD_SIM_LIFE", "0")),
+        help="how many times the engine was restarted before [$OOMGUARD_SIM_LIFE]",
+    )  # fmt: skip
+    parser.add_argument("--gpu-total-bytes", type=int, default=80 * GIB)
+    parser.add_argument(
+        "--foreign", type=float, default=float(os.environ.get("OOMGUARD_SIM_FOREIGN", "0")),
+        help="share of GPU 0 another process holds at this launch [$OOMGUARD_SIM_FOREIGN]",
+    )  # fmt: skip
+    return parser
