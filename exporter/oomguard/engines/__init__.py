@@ -3,7 +3,7 @@
 To add an engine, write `engines/<name>/` (see docs/architecture.md) and add its plugin here.
 """
 
-from oomguard.engines import sglang, tgi, triton, vllm
+from oomguard.engines import llamacpp, sglang, tgi, triton, vllm
 from oomguard.engines.base import EnginePlugin, EngineReader, FamilyRow
 
 ENGINES: dict[str, EnginePlugin] = {
@@ -13,6 +13,7 @@ ENGINES: dict[str, EnginePlugin] = {
         sglang.PLUGIN,
         tgi.PLUGIN,
         triton.PLUGIN,
+        llamacpp.PLUGIN,
     )
 }
 ENGINE_NAMES = tuple(ENGINES)

@@ -1,0 +1,22 @@
+"""llama.cpp's `llama-server` (`--metrics`): its /metrics reader, its /slots, its log lines, its families."""
+
+from oomguard.engines.base import EnginePlugin, FamilyRow
+from oomguard.engines.llamacpp.reader import LlamaCppReader
+
+PLUGIN = EnginePlugin(
+    name="llamacpp",
+    title="llama.cpp",
+    reader=LlamaCppReader,
+    package=__name__,
+    # llama.cpp prints no traceback: a failure is one or a few lines, each matched on its own.
+    log_line_prefix="",
+    simulator=None,
+    families_table=(
+        FamilyRow("`oomguard_engine_requests_waiting`", "`llamacpp:requests_deferred`"),
+        FamilyRow("`oomguard_engine_requests_running`", "`llamacpp:requests_processing`"),
+    ),
+    aggregation_note=(
+        "llama-server exports unlabelled series: nothing to aggregate, and `model_name` is empty.\n"
+        "Its KV cache ratio was removed upstream; its context is allocated whole at start, so it has no reservation."
+    ),
+)

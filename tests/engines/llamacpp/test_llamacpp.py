@@ -1,0 +1,143 @@
+"""llama.cpp: its reader and /slots on bodies captured from a real llama-server, and its log lines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aiohttp import web
+from support import FIXTURES, fixture_body
+
+from oomguard.engines import ENGINES
+from oomguard.engines.llamacpp.reader import LlamaCppReader
+from oomguard.engines.llamacpp.slots import SlotsError, fetch_kv_usage_ratio, kv_usage_ratio
+from oomguard.events.catalogue import load_catalogue
+from oomguard.events.detector import IncidentDetector
+from oomguard.model import EngineReading
+from oomguard.promtext import ExpositionError, FamilyExtractor
+
+SLOTS = json.loads((FIXTURES / "llamacpp" / "slots.json").read_text(encoding="utf-8"))
+
+
+def read_text(body: str) -> EngineReading:
+    return LlamaCppReader().read(FamilyExtractor(LlamaCppReader.families).extract(body))
+
+
+def test_a_busy_server() -> None:
+    reading = read_text(fixture_body("llamacpp", "metrics.prom"))
+    (model,) = reading.models
+    assert model.model_name == ""  # its metrics name no model
+    assert (model.requests_running, model.requests_waiting) == (2.0, 1.0)
+    assert model.kv_cache_usage_ratio is None  # removed upstream: /slots tells it
+    assert model.preemptions_total is None
+    # Its context is allocated whole at start and published as no share of a GPU: no reservation.
+    assert reading.memory_utilization_ratio is None and reading.reservation_ratio is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["", "llamacpp:prompt_tokens_total 5\n", fixture_body("tgi", "tgi-3.x.prom"), "requests_processing 1\n"],
+)
+def test_a_body_that_is_not_llamacpp_is_refused(body: str) -> None:
+    with pytest.raises(ExpositionError, match=r"no llama\.cpp families"):
+        read_text(body)
+
+
+def test_the_slots_kv_use() -> None:
+    # Both slots at work, holding their 64-token prompt and 25 and 26 generated tokens, of 2048 each.
+    assert [(s["n_prompt_tokens"], s["n_ctx"]) for s in SLOTS] == [(89, 2048), (90, 2048)]
+    assert kv_usage_ratio(SLOTS) == pytest.approx((89 + 90) / (2 * 2048))
+
+
+def test_an_idle_slot_holds_no_kv_and_an_unserved_one_has_no_tokens() -> None:
+    idle = [
+        {**SLOTS[0], "is_processing": False},
+        {"id": 1, "n_ctx": 2048, "speculative": False, "is_processing": False},
+    ]
+    assert kv_usage_ratio(idle) == 0.0
+    assert kv_usage_ratio([{**SLOTS[0], "n_prompt_tokens": 5000}]) == 1.0  # never above the slot's size
+
+
+@pytest.mark.parametrize("slots", [[], [{"id": 0}], [{"id": 0, "n_ctx": 0}], [{"id": 0, "n_ctx": True}]])
+def test_slots_without_a_size_give_no_figure(slots: list) -> None:
+    assert kv_usage_ratio(slots) is None
+
+
+@pytest.mark.parametrize("body", [{"error": "x"}, [1, 2], "slots"])
+def test_a_slots_answer_of_another_shape_is_an_error(body: object) -> None:
+    with pytest.raises(SlotsError):
+        kv_usage_ratio(body)
+
+
+async def test_fetching_the_slots(aiohttp_client) -> None:
+    answers = {"/a/slots": web.json_response(SLOTS)}
+
+    async def slots(request: web.Request) -> web.Response:
+        if request.path.startswith("/off"):  # llama-server --no-slots
+            return web.json_response(
+                {"error": {"code": 501, "message": "This server does not support slots"}}, status=501
+            )
+        if request.path.startswith("/broken"):
+            return web.Response(text="not json")
+        if request.path.startswith("/loading"):
+            return web.json_response({"error": {"code": 503, "message": "Loading model"}}, status=503)
+        return answers[request.path]
+
+    app = web.Application()
+    app.router.add_get("/{prefix}/slots", slots)
+    client = await aiohttp_client(app)
+    base = f"http://{client.host}:{client.port}/"
+    session = client.session
+    assert await fetch_kv_usage_ratio(session, base + "a", 5) == pytest.approx(179 / 4096)
+    assert await fetch_kv_usage_ratio(session, base + "off", 5) is None
+    with pytest.raises(SlotsError, match="no JSON"):
+        await fetch_kv_usage_ratio(session, base + "broken", 5)
+    with pytest.raises(SlotsError, match="HTTP 503"):
+        await fetch_kv_usage_ratio(session, base + "loading", 5)
+
+
+def kinds(lines: list[str]) -> list[str]:
+    detector = IncidentDetector(load_catalogue("llamacpp"), line_prefix=ENGINES["llamacpp"].log_line_prefix)
+    for line in lines:
+        detector.feed(line, 0.0)
+    return [e.kind for e in detector.tick(60.0)]
+
+
+# A CUDA build that cannot place its weights, as ggml-cuda, ggml-alloc and libllama print it (b11434 sources:
+# ggml/src/ggml-cuda/ggml-cuda.cu, ggml/src/ggml-alloc.c, src/llama-model.cpp, tools/server/server.cpp).
+WEIGHTS_OOM = [
+    "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 15258.79 MiB on device 0: cudaMalloc failed: out of memory",
+    "alloc_tensor_range: failed to allocate CUDA0 buffer of size 16000000000",
+    "llama_model_load: error loading model: unable to allocate CUDA0 buffer",
+    "srv    load_model: failed to load model, '/models/big.gguf'",
+    "srv    operator(): exiting due to model loading error",
+]
+
+
+def test_a_cuda_oom_at_load() -> None:
+    assert kinds(WEIGHTS_OOM) == ["cuda_oom"]
+
+
+def test_a_context_that_does_not_fit() -> None:
+    lines = [
+        "llama_kv_cache: failed to allocate buffer for kv cache",
+        "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache",
+        "srv    operator(): exiting due to model loading error",
+    ]
+    assert kinds(lines) == ["startup_memory"]
+    assert kinds(["graph_reserve: failed to allocate compute buffers"]) == ["startup_memory"]
+
+
+def test_a_load_error_without_memory_lines_is_a_death() -> None:
+    assert kinds(["srv    operator(): exiting due to model loading error"]) == ["engine_death"]
+
+
+def test_ordinary_lines_are_no_event() -> None:
+    assert kinds(["srv  llama_server: model loaded", "slot update_slots: id  0 | task 3 | prompt done"]) == []
+
+
+def test_the_startup_line_closes_an_incident() -> None:
+    detector = IncidentDetector(load_catalogue("llamacpp"), line_prefix="")
+    detector.feed("alloc_tensor_range: failed to allocate CUDA0 buffer of size 123", 0.0)
+    events = detector.feed("0.00.005.189 I srv    load_model: loading model '/models/m.gguf'", 1.0)
+    assert [e.kind for e in events] == ["startup_memory"]
