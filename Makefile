@@ -28,13 +28,14 @@ install-test: install
 deps:
 	scripts/install-system-deps.sh
 	scripts/install-vllm.sh
+	scripts/install-llamacpp.sh
 
 lint: install-test
 	$(BIN)/ruff check exporter tests bench
 	$(BIN)/ruff format --check exporter tests bench
 
 test: deps install-test lint check-generated
-	OOMGUARD_REQUIRE_REALVLLM=1 $(BIN)/python -m pytest
+	OOMGUARD_REQUIRE_REALVLLM=1 OOMGUARD_REQUIRE_REALLAMACPP=1 $(BIN)/python -m pytest
 
 # Generated files must match their generator: regenerate into a scratch folder and diff. deploy/kubernetes/
 # holds copies of the PrometheusRule and the dashboards (kustomize reads no file outside its folder).
