@@ -146,8 +146,11 @@ async def test_exporter_follows_a_real_llama_server(
         print(f"{compared} exact comparisons; (running, waiting) seen: {sorted(seen_figures)}")
         # Every slot busy with requests deferred behind them, seen at least once.
         assert any(running == SLOTS and waiting > 0 for running, waiting in seen_figures), seen_figures
-        final = await (await client.get("/metrics")).text()
-        assert exporter_figures(final) == (0.0, 0.0)
+        # All answered: the server's gauges come back to zero (it updates them on its own loop, so wait for it).
+        deadline = time.monotonic() + 10
+        while exporter_figures(final := await (await client.get("/metrics")).text()) != (0.0, 0.0):
+            assert time.monotonic() < deadline, exporter_figures(final)
+            await asyncio.sleep(0.05)
 
         # 3. Killed (no restart follows yet): the target reads "down", not "loading".
         await asyncio.to_thread(server.kill)
