@@ -185,7 +185,10 @@ def _startup_expr(settings: dict, time_scale: float) -> str:
             "\n  alerts.gpu_memory_high.for: not a duration like 30s, 5m, 1h or 1d (got '5 minutes')",
         ),
         ("alerts:\n  oom_event: {window: 600}\n", "\n  alerts.oom_event.window: not a duration like"),
-        ("alerts:\n  gpu_memory_high: {threshold: 90}\n", "\n  alerts.gpu_memory_high.threshold: must be at most 1; write a ratio from 0 to 1"),
+        (
+            "alerts:\n  gpu_memory_high: {threshold: 90}\n",
+            "\n  alerts.gpu_memory_high.threshold: must be at most 1; write a ratio from 0 to 1",
+        ),
         ("prefix: oom_guard\n", "\n  prefix: must be CamelCase, e.g. OomGuard"),
         ("time_scale: 0\n", "\n  time_scale: must be greater than 0; write a number above 0"),
         ("extra_labels: {bad-name: x}\n", "\n  extra_labels: 'bad-name' is not a Prometheus label name"),
