@@ -115,3 +115,13 @@ def test_a_process_younger_than_the_announced_line_is_yet_another_life() -> None
     r.log_start(150.0, pid=11)  # killed while loading...
     r.observe(300.0, "up", 250.0, 12)  # ...and the next life came up before its own line was read
     assert r.restarts_total == 2
+
+
+def test_is_new_life_compares_with_the_life_last_seen_up() -> None:
+    """What the scraper asks of a process found on the engine's port while /health answers 503."""
+    r = RestartTracker()
+    assert not r.is_new_life(50.0, 10)  # nothing seen up yet
+    r.observe(100.0, "up", 50.0, 10)
+    assert not r.is_new_life(50.0, 10)  # the same process: a dead engine's 503 (vLLM), down
+    assert not r.is_new_life(None, None)
+    assert r.is_new_life(150.0, 11)  # a restart listening while it loads (llama.cpp, SGLang)

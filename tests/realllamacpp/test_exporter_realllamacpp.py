@@ -181,11 +181,6 @@ async def test_exporter_follows_a_real_llama_server(
             await proxy.session.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="llama-server listens while it loads: its new process is taken for the listener at once, so "
-    "ProcessFinder.restarted() finds no new process and a 503 after a restart reads 'down' (sources/targets.py)",
-)
 async def test_a_restarted_server_reads_loading_while_it_loads(tiny_gguf: Path, tmp_path: Path, aiohttp_client) -> None:
     server = harness.LlamaServer(tiny_gguf, harness.free_port(), log_path=tmp_path / "llama.log")
     config = load_config(None, {"targets": [{"name": TARGET, "url": server.url, "engine": "llamacpp"}]})

@@ -90,6 +90,10 @@ class RestartTracker:
             self._record_startup(now, start_time)
         self._not_up_since = None
 
+    def is_new_life(self, start_time: float | None, pid: int | None) -> bool:
+        """Whether a process (its start time, its pid) is another life than the one last seen up."""
+        return self._life is not None and (start_time, pid) != (None, None) and self._differs((start_time, pid))
+
     def _differs(self, life: tuple[float | None, int | None]) -> bool:
         assert self._life is not None
         # Compare what both lives know: a start time seen only now is not a restart by itself. Start

@@ -100,7 +100,7 @@ class TargetScraper:
             self.asleep = reading.asleep
         process = (await processes).get(self.port) if self.finder and processes is not None else None
         healthy = health_status == 200 or (health_status == 404 and reading is not None)
-        self.state = await self._next_state(healthy, health_status)
+        self.state = await self._next_state(healthy, health_status, process)
         # The start time of the process found on this host is the most precise; else the engine's own.
         start = process.start_time_seconds if process else (reading.process_start_time_seconds if reading else None)
         self.restarts.observe(time.time(), self.state, start, process.root_pid if process else None)
@@ -159,7 +159,7 @@ class TargetScraper:
             return reading
         return replace(reading, memory_utilization_ratio=self._reservation)
 
-    async def _next_state(self, healthy: bool, health_status: int | None) -> str:
+    async def _next_state(self, healthy: bool, health_status: int | None, process: ProcessTree | None = None) -> str:
         if healthy:
             self.ever_up = True
             return "up"
@@ -169,8 +169,13 @@ class TargetScraper:
             return "loading"
         # A new process with the engine's command line is a restart loading again: it refuses (vLLM, TGI) or
         # answers 503 (SGLang) meanwhile. A 503 from the same process is an engine that died (vLLM): down.
-        if health_status in (None, 503) and self.finder and await asyncio.to_thread(self.finder.restarted, self.port):
-            return "loading"
+        if health_status in (None, 503) and self.finder:
+            # An engine that listens while it loads (llama.cpp, SGLang) is found on its port at once: a process
+            # there that is not the life last seen up is a restart loading.
+            if process is not None and self.restarts.is_new_life(process.start_time_seconds, process.root_pid):
+                return "loading"
+            if await asyncio.to_thread(self.finder.restarted, self.port):
+                return "loading"
         return "down"
 
     async def _probe_health(self, session: aiohttp.ClientSession) -> tuple[int | None, float | None]:
