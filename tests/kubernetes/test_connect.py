@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from harness import Cluster, Server, free_port, wait_for
+from k8s_harness import Cluster, Server, free_port, wait_for
 
 from oomguard.sources.kubernetes import api
 from oomguard.sources.kubernetes.api import ApiError, connect, from_kubeconfig

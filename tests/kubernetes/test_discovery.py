@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import objects
-from harness import Cluster, Engine, free_port, wait_for
+from k8s_harness import Cluster, Engine, free_port, wait_for
 
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 
