@@ -123,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
         "--workdir", type=Path, metavar="DIR", help="keep configs and logs here (default a temporary folder)"
     )
     drill.add_argument(
+        "--tls",
+        action="store_true",
+        help="the exporter and Alertmanager serve https with basic auth (a throwaway CA and password, "
+        "--web.config.file), and Prometheus scrapes with tls_config and basic_auth (docs/security.md)",
+    )
+    drill.add_argument(
         "--check",
         metavar="PROMETHEUS_URL",
         help="instead of a scenario: check that a running Prometheus has the bundle's rules and their inputs",
@@ -226,7 +232,7 @@ def _drill(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="oomguard-drill-") as scratch:
         report = run(
             DRILLS[args.scenario], args.workdir or Path(scratch), time_scale=args.time_scale,
-            alertmanager_config=args.alertmanager_config, diagnosis_report=args.diagnosis_report,
+            alertmanager_config=args.alertmanager_config, diagnosis_report=args.diagnosis_report, tls=args.tls,
         )  # fmt: skip
     text = report.json() if args.json else report.markdown()
     sys.stdout.write(text)

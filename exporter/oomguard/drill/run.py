@@ -29,12 +29,15 @@ from oomguard.diagnose import DiagnoseError, diagnose_prometheus
 from oomguard.diagnose import report as diagnose_report
 from oomguard.drill.scenarios import MEMORY_ALERTS, DrillScenario
 from oomguard.drill.services import Alertmanager, Prometheus, ServiceError
+from oomguard.drill.tls import DrillTls, check_chain, make_drill_tls
 from oomguard.drill.webhook import WebhookReceiver
 from oomguard.events.kinds import LOG_OOM_KINDS, kind_matcher
 from oomguard.ports import free_port
 from oomguard.runtime import Runtime
 from oomguard.trend.analysis import TrendSettings
 from oomguard.web import make_app
+from oomguard.web_config import WebConfigState, load_web_config
+from oomguard.web_config.server import Server
 
 log = logging.getLogger(__name__)
 # The example routing (deploy/alertmanager/alertmanager.yml links to it), shipped with the package so that a drill
@@ -71,6 +74,7 @@ class DrillReport:
     expected_verdict: str | None = None
     diagnosis: list[dict[str, Any]] = field(default_factory=list)  # Diagnosis.json() of each target
     diagnosis_text: str = ""
+    tls: list[str] = field(default_factory=list)  # under --tls: the checks of the https chain that held
 
     @property
     def verdicts(self) -> list[str]:
@@ -125,6 +129,8 @@ class DrillReport:
                 self.diagnosis_text.rstrip(),
                 "```",
             ]
+        if self.tls:
+            lines += ["", "## TLS and basic auth (--tls)", "", *[f"- {line}" for line in self.tls]]
         if self.problems:
             lines += ["", "## Problems", "", *[f"- {p}" for p in self.problems]]
         return "\n".join(lines) + "\n"
@@ -161,6 +167,8 @@ class Chain:
     alertmanager: Alertmanager
     webhook: WebhookReceiver
     prefix: str
+    exporter_url: str = ""
+    tls: DrillTls | None = None
 
 
 @contextlib.asynccontextmanager
@@ -171,8 +179,12 @@ async def alerting_chain(
     bundle_overrides: dict[str, Any],
     alertmanager_config: Path | None = None,
     scrape_interval: str = "1s",
+    tls: DrillTls | None = None,
 ) -> AsyncIterator[Chain]:
-    """Starts the chain around an exporter's runtime, stops everything on the way out."""
+    """Starts the chain around an exporter's runtime, stops everything on the way out.
+
+    `tls`: the exporter and Alertmanager serve https with basic auth, and Prometheus reaches them so.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "bundle.yaml").write_text(yaml.safe_dump(bundle_overrides))
     bundle = load_bundle_config(workdir / "bundle.yaml")
@@ -185,26 +197,38 @@ async def alerting_chain(
     webhook_port = free_port()
     await web.TCPSite(webhook_runner, "127.0.0.1", webhook_port).start()
     routing = drill_alertmanager_config(alertmanager_config or DEFAULT_ALERTMANAGER_CONFIG, webhook_port)
-    am = Alertmanager(workdir / "alertmanager", routing)
-    exporter = web.AppRunner(make_app(runtime), access_log=None)
+    secured = {} if tls is None else {"web_config": tls.web_config, "ready_context": tls.ssl_context(),
+                                      "ready_headers": {"Authorization": tls.authorization()}}  # fmt: skip
+    am = Alertmanager(workdir / "alertmanager", routing, **secured)
+    exporter: web.AppRunner | Server
+    if tls is None:
+        exporter = web.AppRunner(make_app(runtime), access_log=None)
+    else:
+        state = WebConfigState(await asyncio.to_thread(load_web_config, tls.web_config))
+        exporter = Server(make_app(runtime, state), "127.0.0.1", 0, state)  # 0: the port it binds
     prometheus: Prometheus | None = None
     try:
         await asyncio.to_thread(am.start)
-        await exporter.setup()
-        exporter_port = free_port()
-        await web.TCPSite(exporter, "127.0.0.1", exporter_port).start()
+        if isinstance(exporter, Server):
+            await exporter.start()
+            exporter_port = exporter.port
+        else:
+            await exporter.setup()
+            exporter_port = free_port()
+            await web.TCPSite(exporter, "127.0.0.1", exporter_port).start()
         prometheus = Prometheus(
             workdir / "prometheus", [f"127.0.0.1:{exporter_port}"],
             rule_files=[workdir / ALERTS_FILE, workdir / RECORDS_FILE], alertmanager=am.address,
-            scrape_interval=scrape_interval,
+            scrape_interval=scrape_interval, client=tls.client_settings() if tls else None,
         )  # fmt: skip
         await asyncio.to_thread(prometheus.start)
-        yield Chain(prometheus, am, webhook, bundle.prefix)
+        scheme = "http" if tls is None else "https"
+        yield Chain(prometheus, am, webhook, bundle.prefix, f"{scheme}://127.0.0.1:{exporter_port}", tls)
     finally:
         if prometheus is not None:
             prometheus.stop()
         am.stop()
-        await exporter.cleanup()
+        await (exporter.stop() if isinstance(exporter, Server) else exporter.cleanup())
         await webhook_runner.cleanup()
 
 
@@ -215,8 +239,12 @@ async def run_drill(
     time_scale: float = DEFAULT_TIME_SCALE,
     alertmanager_config: Path | None = None,
     diagnosis_report: Path | None = None,
+    tls: bool = False,
 ) -> DrillReport:
-    """`diagnosis_report`: also write `oomguard diagnose --report` of the drill's Prometheus there (.md or .html)."""
+    """`diagnosis_report`: also write `oomguard diagnose --report` of the drill's Prometheus there (.md or .html).
+
+    `tls`: the chain under a throwaway CA and password (drill/tls.py), checked at the end.
+    """
     trend = dataclasses.asdict(TrendSettings().time_scaled(time_scale))
     config = load_config(None, {
         "state_dir": str(workdir / "state"), "trend": trend,
@@ -226,9 +254,10 @@ async def run_drill(
     runtime = Runtime(config, start_simulation=False, simulation_log=workdir / "engine.log")
     assert runtime.simulation is not None
     overrides = {"time_scale": time_scale, **scenario.bundle}
+    secure = await asyncio.to_thread(make_drill_tls, workdir / "tls") if tls else None
     try:
         async with alerting_chain(
-            workdir, runtime, bundle_overrides=overrides, alertmanager_config=alertmanager_config
+            workdir, runtime, bundle_overrides=overrides, alertmanager_config=alertmanager_config, tls=secure
         ) as chain:
             # The engine starts once Prometheus scrapes: the exporter sees its whole load, as in production.
             await runtime.simulation.start()
@@ -242,6 +271,9 @@ async def run_drill(
             await asyncio.to_thread(
                 _diagnose, report, scenario, chain.prometheus.url, started, end, time_scale, diagnosis_report
             )
+            if secure is not None:
+                held, problems = await asyncio.to_thread(check_chain, secure, chain.exporter_url, chain.prometheus)
+                report.tls, report.problems = held, report.problems + problems
             return report
     finally:
         await runtime.simulation.stop()

@@ -7,8 +7,10 @@ own Prometheus is touched.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
+import ssl
 import subprocess
 import time
 import urllib.parse
@@ -34,10 +36,16 @@ def find_binary(*names: str, package: str) -> str:
 
 
 class _Process:
-    def __init__(self, command: list[str], log_path: Path, ready_url: str) -> None:
+    def __init__(
+        self, command: list[str], log_path: Path, ready_url: str, *,
+        ready_context: ssl.SSLContext | None = None, ready_headers: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.command = command
         self.log_path = log_path
         self.ready_url = ready_url
+        # Under a web configuration (drill --tls) the readiness check needs the CA and the credentials too.
+        self.ready_context = ready_context
+        self.ready_headers = ready_headers or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> None:
@@ -48,7 +56,8 @@ class _Process:
             if self.proc.poll() is not None:
                 raise ServiceError(f"{self.command[0]} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.ready_url, timeout=1) as response:
+                request = urllib.request.Request(self.ready_url, headers=self.ready_headers)
+                with urllib.request.urlopen(request, timeout=1, context=self.ready_context) as response:
                     if response.status == 200:
                         return
             except OSError:
@@ -74,7 +83,11 @@ class _Process:
 
 
 class Prometheus(_Process):
-    """Scrapes `targets` every `scrape_interval`, evaluates `rule_files`, sends alerts to `alertmanager`."""
+    """Scrapes `targets` every `scrape_interval`, evaluates `rule_files`, sends alerts to `alertmanager`.
+
+    `client`: what the scrape job and the alertmanagers entry add to reach servers under a web configuration
+    (`scheme`, `tls_config`, `basic_auth`; drill/tls.py).
+    """
 
     def __init__(
         self,
@@ -86,6 +99,7 @@ class Prometheus(_Process):
         evaluation_interval: str = "1s",
         alertmanager: str | None = None,
         job: str = "oomguard",
+        client: dict[str, Any] | None = None,
     ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -93,10 +107,14 @@ class Prometheus(_Process):
         config: dict[str, Any] = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
             "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}],
+            "scrape_configs": [
+                {"job_name": job, **copy.deepcopy(client or {}), "static_configs": [{"targets": targets}]}
+            ],
         }
         if alertmanager:
-            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+            # Copies: shared dicts would be written as YAML anchors and aliases.
+            managers = [{**copy.deepcopy(client or {}), "static_configs": [{"targets": [alertmanager]}]}]
+            config["alerting"] = {"alertmanagers": managers}
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         binary = find_binary("prometheus", package="prometheus")
         super().__init__(
@@ -139,12 +157,18 @@ class Prometheus(_Process):
 
 
 class Alertmanager(_Process):
-    """Routes alerts with `config` (a dict of alertmanager.yml), clustering off."""
+    """Routes alerts with `config` (a dict of alertmanager.yml), clustering off.
 
-    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+    `web_config`: its `--web.config.file` (TLS, basic auth); `ready_context` and `ready_headers` then reach it.
+    """
+
+    def __init__(
+        self, workdir: Path, config: dict[str, Any], *, web_config: Path | None = None,
+        ready_context: ssl.SSLContext | None = None, ready_headers: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if web_config else 'http'}://127.0.0.1:{self.port}"
         (workdir / "alertmanager.yml").write_text(yaml.safe_dump(config, sort_keys=False))
         binary = find_binary("prometheus-alertmanager", "alertmanager", package="prometheus-alertmanager")
         super().__init__(
@@ -155,9 +179,12 @@ class Alertmanager(_Process):
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--cluster.listen-address=",
                 "--log.level=warn",
+                *([f"--web.config.file={web_config}"] if web_config else []),
             ],
             workdir / "alertmanager.log",
             f"{self.url}/-/ready",
+            ready_context=ready_context,
+            ready_headers=ready_headers,
         )
 
     @property
