@@ -110,6 +110,18 @@ class ProcessTree:
     cmdline: tuple[str, ...] = ()
 
 
+# -- the engine's settings as started (its command line) ------------------------------------
+SETTING_ORIGINS = ("flag", "default")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSetting:
+    """One of the engine's memory or concurrency settings, as its process was started."""
+
+    value: float
+    origin: str  # one of SETTING_ORIGINS: on its command line (or environment), or the engine's default
+
+
 # -- one target ------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class TargetReading:
@@ -135,6 +147,8 @@ class TargetReading:
     pod: str = ""
     container: str = ""
     probe_grace_seconds: float | None = None  # the pod's probes: the time before the first possible kill
+    # The engine's settings parsed from its local process's command line (engines/<name>/cmdline.py), by name.
+    settings: dict[str, EngineSetting] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import yaml
 
+from oomguard.engines.cmdline import Matcher, SettingsParser
 from oomguard.model import EngineReading
 from oomguard.promtext import Sample
 
@@ -63,6 +64,14 @@ class EnginePlugin:
     aggregation_note: str  # how the engine's rank labels are aggregated away
     # Called by the scraper once per engine life (engines/<name>/settings.py), None when /metrics says it all.
     reservation: ReservationFetcher | None = None
+    # Its local process (sources/local/): which command lines are this engine (engines/<name>/cmdline.py), the
+    # settings read from one (None: none on its command line), the flags naming its port and the port it listens
+    # on without them, and the Python distribution whose installed version selects its defaults.
+    matches: Matcher | None = None
+    settings: SettingsParser | None = None
+    port_flags: tuple[str, ...] = ("--port",)
+    default_port: int | None = None
+    distribution: str | None = None
 
     def log_patterns(self) -> list[dict[str, Any]]:
         """The engine's own log patterns (entries of kind and regex), from its patterns.yaml."""

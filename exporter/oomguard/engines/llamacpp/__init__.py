@@ -1,6 +1,7 @@
 """llama.cpp's `llama-server` (`--metrics`): its /metrics reader, its /slots, its log lines, its families."""
 
 from oomguard.engines.base import EnginePlugin, FamilyRow
+from oomguard.engines.llamacpp import cmdline
 from oomguard.engines.llamacpp.reader import LlamaCppReader
 
 PLUGIN = EnginePlugin(
@@ -19,4 +20,7 @@ PLUGIN = EnginePlugin(
         "llama-server exports unlabelled series: nothing to aggregate, and `model_name` is empty.\n"
         "Its KV cache ratio was removed upstream; its context is allocated whole at start, so it has no reservation."
     ),
+    matches=cmdline.matches,
+    settings=cmdline.parse_settings,
+    default_port=8080,
 )

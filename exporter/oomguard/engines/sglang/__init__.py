@@ -1,6 +1,7 @@
 """SGLang: its /metrics reader, its reservation from /server_info, its log lines, its simulator, its families."""
 
 from oomguard.engines.base import EnginePlugin, FamilyRow
+from oomguard.engines.sglang import cmdline
 from oomguard.engines.sglang.reader import SglangReader
 from oomguard.engines.sglang.settings import mem_fraction_static
 
@@ -43,4 +44,8 @@ PLUGIN = EnginePlugin(
         'gauges broken down by `priority` are read from their total (`priority=""`).'
     ),
     reservation=mem_fraction_static,
+    matches=cmdline.matches,
+    settings=cmdline.parse_settings,
+    default_port=30000,
+    distribution="sglang",
 )

@@ -1,6 +1,7 @@
 """Hugging Face TGI (in maintenance mode upstream): its /metrics reader, its log lines, its families."""
 
 from oomguard.engines.base import EnginePlugin, FamilyRow
+from oomguard.engines.tgi import cmdline
 from oomguard.engines.tgi.reader import TgiReader
 
 PLUGIN = EnginePlugin(
@@ -24,4 +25,7 @@ PLUGIN = EnginePlugin(
         "TGI's router exports unlabelled series: nothing to aggregate, and `model_name` is empty.\n"
         "Its reservation, `--cuda-memory-fraction` (`CUDA_MEMORY_FRACTION`), is published nowhere: unknown."
     ),
+    matches=cmdline.matches,
+    settings=cmdline.parse_settings,
+    default_port=3000,
 )

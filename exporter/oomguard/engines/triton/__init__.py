@@ -1,6 +1,7 @@
 """Triton Inference Server with the TensorRT-LLM backend: its /metrics reader, its log lines, its families."""
 
 from oomguard.engines.base import EnginePlugin, FamilyRow
+from oomguard.engines.triton import cmdline
 from oomguard.engines.triton.reader import TritonReader
 
 PLUGIN = EnginePlugin(
@@ -29,4 +30,7 @@ PLUGIN = EnginePlugin(
         "The reservation, `kv_cache_free_gpu_mem_fraction`, is a share of the memory free after the\n"
         "weights, not of the total, and is not published: it is left unknown, not passed off as one."
     ),
+    matches=cmdline.matches,
+    port_flags=("--metrics-port",),
+    default_port=8002,
 )

@@ -1,6 +1,7 @@
 """vLLM: its /metrics reader (V0 and V1 names), its log lines, its simulator, its families."""
 
 from oomguard.engines.base import EnginePlugin, FamilyRow
+from oomguard.engines.vllm import cmdline
 from oomguard.engines.vllm.reader import VllmReader
 
 PLUGIN = EnginePlugin(
@@ -40,4 +41,8 @@ PLUGIN = EnginePlugin(
         "counters are summed, the KV cache usage ratio is averaged, `num_gpu_blocks` and\n"
         "`kv_cache_memory_bytes` are summed, `gpu_memory_utilization` is the largest."
     ),
+    matches=cmdline.matches,
+    settings=cmdline.parse_settings,
+    default_port=8000,
+    distribution="vllm",
 )

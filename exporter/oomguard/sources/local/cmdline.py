@@ -1,0 +1,164 @@
+"""Which processes on this host are inference engines, and the TCP port each listens on.
+
+Blocking (/proc reads, the socket table): called in a worker thread. A process is an engine when its command
+line matches an engine plugin's `matches` (engines/<name>/cmdline.py). An engine's own children (vLLM's
+engine core, TGI's router and shards) are part of it, not engines of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+
+import psutil
+
+from oomguard.engines import ENGINES
+from oomguard.engines.cmdline import Cmdline, flag, number, program
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProcess:
+    pid: int
+    engine: str
+    cmdline: Cmdline
+    pids: frozenset[int]  # the process and its descendants: the listener may be a child (TGI's router)
+
+
+def engine_of(argv: Cmdline) -> str | None:
+    """The engine whose command line `argv` is, or None."""
+    for name, plugin in ENGINES.items():
+        if plugin.matches is not None and plugin.matches(argv):
+            return name
+    return None
+
+
+def find_engines() -> list[EngineProcess]:
+    """Every engine process on this host whose command line can be read, outermost first."""
+    parents: dict[int, int] = {}
+    matched: dict[int, tuple[str, Cmdline]] = {}
+    for proc in psutil.process_iter(["ppid", "cmdline"]):
+        parents[proc.pid] = proc.info["ppid"] or 0
+        argv = tuple(proc.info["cmdline"] or ())  # None or empty: another user's process, or a kernel thread
+        if argv and (engine := engine_of(argv)) is not None:
+            matched[proc.pid] = (engine, argv)
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    out = []
+    for pid, (engine, argv) in sorted(matched.items()):
+        if _ancestor_matched(pid, parents, matched):
+            continue  # TGI's router under its launcher, a vLLM API server under `vllm serve`'s wrapper
+        out.append(EngineProcess(pid, engine, argv, frozenset(_family(pid, children))))
+    return out
+
+
+def _ancestor_matched(pid: int, parents: dict[int, int], matched: dict[int, tuple[str, Cmdline]]) -> bool:
+    seen = {pid}
+    parent = parents.get(pid, 0)
+    while parent > 1 and parent not in seen:
+        if parent in matched:
+            return True
+        seen.add(parent)
+        parent = parents.get(parent, 0)
+    return False
+
+
+def _family(pid: int, children: dict[int, list[int]]) -> set[int]:
+    family, stack = set(), [pid]
+    while stack:
+        member = stack.pop()
+        if member not in family:
+            family.add(member)
+            stack.extend(children.get(member, ()))
+    return family
+
+
+def listening_ports() -> dict[int, dict[int, str]]:
+    """pid -> {TCP port it listens on: the address}. Raises psutil.AccessDenied where the socket table's
+    owners cannot be read (another user's processes without root)."""
+    out: dict[int, dict[int, str]] = {}
+    for conn in psutil.net_connections("inet"):
+        if conn.pid and conn.status == psutil.CONN_LISTEN and conn.laddr:
+            out.setdefault(conn.pid, {}).setdefault(conn.laddr.port, conn.laddr.ip)
+    return out
+
+
+def engine_port(engine: EngineProcess, listening: dict[int, dict[int, str]]) -> tuple[int, str] | None:
+    """The port to scrape and its address: the port its command line names, else its default, else its
+    lowest; None while it listens on none (a vLLM loading its model)."""
+    ports: dict[int, str] = {}
+    for pid in engine.pids:
+        for port, address in listening.get(pid, {}).items():
+            ports.setdefault(port, address)
+    if not ports:
+        return None
+    plugin = ENGINES[engine.engine]
+    named = number(flag(program(engine.cmdline)[1], *plugin.port_flags))
+    for wanted in (int(named) if named is not None else None, plugin.default_port):
+        if wanted in ports:
+            return wanted, ports[wanted]
+    port = min(ports)
+    return port, ports[port]
+
+
+def url_host(address: str) -> str:
+    """Where to reach a listener bound to `address`: loopback for the wildcard addresses."""
+    if address in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{address}]" if ":" in address else address
+
+
+def start_ticks(pid: int) -> int | None:
+    """Clock ticks after boot at which the process started: with the pid, one life of one process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rpartition(b")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def environ(pid: int) -> dict[str, str] | None:
+    """The process's environment as it started, None where it cannot be read (another user's, gone)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    out = {}
+    for item in data.split(b"\0"):
+        key, eq, value = item.partition(b"=")
+        if eq:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def installed_version(pid: int, argv: Cmdline, distribution: str) -> str | None:
+    """The version of the Python distribution the process runs, from its environment's `*.dist-info`,
+    looked up through /proc/PID/root (a container's files too); None where it is not found."""
+    roots = []
+    if argv and os.path.isabs(argv[0]):
+        roots.append(os.path.dirname(os.path.dirname(argv[0])))  # /venv/bin/python or /venv/bin/vllm -> /venv
+    with contextlib.suppress(OSError):
+        roots.append(os.path.dirname(os.path.dirname(os.readlink(f"/proc/{pid}/exe"))))
+    prefix = f"/proc/{pid}/root"
+    wanted = distribution.replace("-", "_").lower() + "-"
+    for root in roots:
+        lib = f"{prefix}{root}/lib"
+        try:
+            pythons = [e.path for e in os.scandir(lib) if e.name.startswith("python")]
+        except OSError:
+            continue
+        for python in pythons:
+            for packages in ("site-packages", "dist-packages"):
+                try:
+                    entries = [e.name for e in os.scandir(f"{python}/{packages}")]
+                except OSError:
+                    continue
+                for name in entries:
+                    if name.lower().startswith(wanted) and name.endswith(".dist-info"):
+                        return name[len(wanted) : -len(".dist-info")]
+    return None
