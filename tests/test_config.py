@@ -103,11 +103,15 @@ def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_check_config_says_what_an_empty_file_watches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """An empty file is valid, and check-config says so in words: no engine, only GPUs, and how to add one."""
+    """An empty file is valid, and check-config says so in words: the local engines are discovered; with discovery
+    off, no engine, only GPUs, and how to add one."""
     assert main(["check-config", str(write(tmp_path, ""))]) == 0
     out = capsys.readouterr().out
-    assert "engines: none. No targets: and no kubernetes: block, so only the GPUs are watched" in out
+    assert "engines: no targets configured: local engines are discovered by their command lines" in out
     assert "state: in memory only (no state_dir)" in out
+    assert main(["check-config", str(write(tmp_path, "discovery:\n  local: off\n"))]) == 0
+    out = capsys.readouterr().out
+    assert "engines: none. No targets:, no kubernetes: block and discovery.local is off, so only the GPUs" in out
 
 
 def test_precedence_flag_over_environment_over_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

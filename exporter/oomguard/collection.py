@@ -19,6 +19,7 @@ from oomguard.events.runner import EventRunner
 from oomguard.events.xid import XidWatcher
 from oomguard.join import join_gpus, join_targets
 from oomguard.model import NvmlReading, Snapshot, TargetReading
+from oomguard.sources.local.settings import SettingsReader
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.registry import SourceRegistry
@@ -40,8 +41,10 @@ class Collection:
         xid: XidWatcher | None = None,
         attribute: Callable[[NvmlReading | None, tuple[TargetReading, ...]], Awaitable[tuple[TargetReading, ...]]]
         | None = None,
+        settings: SettingsReader | None = None,
     ) -> None:
-        """`attribute`: gives discovered pods their processes on the GPUs (sources/kubernetes/)."""
+        """`attribute`: gives discovered pods their processes on the GPUs (sources/kubernetes/); `settings`:
+        gives local targets their engine's settings from their process's command line (sources/local/)."""
         self.registry = registry
         self.session = session
         self.nvml = nvml
@@ -51,6 +54,7 @@ class Collection:
         self.events = events
         self.xid = xid
         self.attribute = attribute
+        self.settings = settings
         self._in_flight: asyncio.Future[Snapshot] | None = None
         self.last: Snapshot | None = None
 
@@ -72,6 +76,8 @@ class Collection:
         targets = tuple(targets or ())
         if self.attribute is not None:
             targets = await self.attribute(nvml, targets)
+        if self.settings is not None:
+            targets = await self.settings.add(targets)
         memory = join_targets(nvml, targets)
         tracker, events, xid = self.tracker, self.events, self.xid
         snapshot = Snapshot(

@@ -268,6 +268,33 @@ class KubernetesConfig(StrictModel):
         return self
 
 
+class DiscoveryConfig(StrictModel):
+    """Discovery of the engines running on this host (docs/engines.md, "Discovery of local engines")."""
+
+    local: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Find local engines by their command lines; auto: on when no targets:, no kubernetes: "
+        "and no simulation are configured.",
+    )
+    interval_seconds: float = Field(10.0, gt=0, description="How often the processes are listed.")
+    forget_after_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="A discovered engine is dropped this long after the last process with its command line "
+        "went (a restart keeps its target and its counts).",
+    )
+
+    @field_validator("local", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare on/off as true/false.
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if value not in ("auto", "on", "off"):
+            raise ValueError("write auto, on or off")
+        return value
+
+
 class Config(StrictModel):
     state_dir: str | None = Field(
         None, description="Directory for read positions and event counts; without it a restart starts afresh."
@@ -280,6 +307,7 @@ class Config(StrictModel):
     simulation: SimulationConfig = SimulationConfig()
     targets: tuple[TargetConfig, ...] = ()
     kubernetes: KubernetesConfig | None = Field(None, description="Discover engine pods on this node.")
+    discovery: DiscoveryConfig = DiscoveryConfig()
 
     @model_validator(mode="after")
     def _unique_names(self) -> Config:
@@ -289,6 +317,15 @@ class Config(StrictModel):
                 raise ValueError(f"two targets are named {target.label!r}; give each a distinct `name:`")
             seen.add(target.label)
         return self
+
+    @property
+    def discovers_local(self) -> bool:
+        """Whether the engines on this host are discovered: `discovery.local`, where auto means when nothing
+        else names an engine."""
+        mode = self.discovery.local
+        if mode != "auto":
+            return mode == "on"
+        return not self.targets and self.kubernetes is None and not self.simulation.scenario
 
     def target_timeout(self, target: TargetConfig) -> float:
         return target.timeout_seconds or self.scrape.timeout_seconds

@@ -29,12 +29,25 @@ def describe(config: Config) -> list[str]:
         )
     if config.simulation.scenario:
         engines.append(f"the simulated {config.simulation.engine} of scenario {config.simulation.scenario}")
+    discovery = config.discovery
+    if config.discovers_local:
+        how = (
+            "no targets configured: local engines are discovered"
+            if not engines
+            else "and the engines on this host, discovered"
+        )
+        engines.append(
+            f"{how} by their command lines (vLLM, SGLang, TGI, llama-server, Triton) every "
+            f"{discovery.interval_seconds:g}s, forgotten {discovery.forget_after_seconds:g}s after they go "
+            "(discovery.local: off to stop)"
+        )
     if engines:
         lines.append("engines: " + "; ".join(engines))
     else:
         lines.append(
-            "engines: none. No targets: and no kubernetes: block, so only the GPUs are watched; add the engines "
-            "under targets: (docs/configuration.md) or a kubernetes: block (docs/kubernetes.md)"
+            "engines: none. No targets:, no kubernetes: block and discovery.local is off, so only the GPUs are "
+            "watched; add the engines under targets: (docs/configuration.md), a kubernetes: block "
+            "(docs/kubernetes.md), or set discovery.local to auto"
         )
     lines.append(
         "GPUs: every GPU NVML finds, per process " + ("on" if config.nvml.per_process else "off")

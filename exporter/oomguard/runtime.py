@@ -32,6 +32,8 @@ from oomguard.events.runner import EventRunner
 from oomguard.events.xid import XidWatcher
 from oomguard.simulate.runner import Simulation
 from oomguard.sources.kubernetes.discovery import KubernetesDiscovery
+from oomguard.sources.local.discovery import LocalDiscovery
+from oomguard.sources.local.settings import SettingsReader
 from oomguard.sources.nvml import NvmlSource
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
@@ -83,6 +85,7 @@ class Runtime:
         self._events: EventRunner | None = None
         self._xid: XidWatcher | None = None
         self.discovery: KubernetesDiscovery | None = None
+        self.local_discovery: LocalDiscovery | None = None
         self._tasks: list[asyncio.Future[Any]] = []
 
     def _lib(self) -> ModuleType | Any | None:
@@ -132,14 +135,25 @@ class Runtime:
             if config.kubernetes is not None
             else None
         )
+        local = self.local_discovery = (
+            LocalDiscovery(
+                config, registry=self.registry, scrapers=scrapers, processes=processes, make_scraper=make_scraper
+            )
+            if config.discovers_local
+            else None
+        )
         self.collection = collection = Collection(
             registry=self.registry, session=self._session, nvml=nvml, scrapers=scrapers, processes=processes,
             tracker=tracker, events=events, xid=xid, attribute=discovery.attribute if discovery else None,
+            settings=SettingsReader(),
         )  # fmt: skip
         # What exists at start lives as long as the runtime: keep it out of the garbage collector's
         # full passes, which otherwise stall a scrape for tens of milliseconds now and then.
         gc.collect()
         gc.freeze()
+        if local is not None:
+            await local.poll()  # the engines running now are targets of the first collection
+            self._tasks.append(asyncio.ensure_future(local.run()))
         # A first collection at start, so /-/ready means "has data" and the first real
         # scrape finds NVML initialised and the targets' states known.
         self._tasks.append(asyncio.ensure_future(collection.snapshot()))

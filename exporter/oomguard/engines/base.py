@@ -66,12 +66,12 @@ class EnginePlugin:
     reservation: ReservationFetcher | None = None
     # Its local process (sources/local/): which command lines are this engine (engines/<name>/cmdline.py), the
     # settings read from one (None: none on its command line), the flags naming its port and the port it listens
-    # on without them, and the Python distribution whose installed version selects its defaults.
+    # on without them, and the Python distributions (any build of it) whose installed version selects its defaults.
     matches: Matcher | None = None
     settings: SettingsParser | None = None
     port_flags: tuple[str, ...] = ("--port",)
     default_port: int | None = None
-    distribution: str | None = None
+    distributions: tuple[str, ...] = ()
 
     def log_patterns(self) -> list[dict[str, Any]]:
         """The engine's own log patterns (entries of kind and regex), from its patterns.yaml."""

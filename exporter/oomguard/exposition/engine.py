@@ -102,18 +102,33 @@ ENGINE_MEMORY_BYTES = metric(
     "target component",
     "GPU memory the engine says each part of it holds on each of its GPUs (the largest over its ranks): component weights, kv_cache or cuda_graphs (SGLang's `*_memory_usage_gb`, GiB converted to bytes). Only the parts the engine reports; they need not add up to its whole use.",
 )
+ENGINE_SETTING = metric(
+    SECTION,
+    "engine_setting",
+    "gauge",
+    "",
+    "target engine setting origin",
+    "The engine's setting as started, one series per setting, read from its process's command line (or "
+    "environment) on this host: vLLM gpu_memory_utilization, max_num_seqs, max_model_len, tensor_parallel_size; "
+    "SGLang mem_fraction_static, max_running_requests, context_length, tp_size; TGI cuda_memory_fraction, "
+    "max_batch_total_tokens, max_concurrent_requests; llama.cpp ctx_size, parallel. origin=flag when on its "
+    "command line, default when the engine's default for its version; a setting neither given nor of a known "
+    "default is absent (docs/engines.md).",
+)
 METRICS = (
     TARGET_INFO, ENGINE_KV_CACHE_USAGE_RATIO, ENGINE_REQUESTS_WAITING, ENGINE_REQUESTS_RUNNING, ENGINE_PREEMPTIONS,
     ENGINE_PREFIX_CACHE_QUERIES_TOKENS, ENGINE_PREFIX_CACHE_HITS_TOKENS, ENGINE_GPU_MEMORY_UTILIZATION_RATIO,
     ENGINE_KV_CACHE_BLOCKS, ENGINE_KV_CACHE_BLOCK_SIZE_TOKENS, ENGINE_KV_CACHE_MEMORY_BYTES,
     ENGINE_PROCESS_START_TIME_SECONDS, ENGINE_SLEEP_STATE,
-    ENGINE_MEMORY_BYTES,
+    ENGINE_MEMORY_BYTES, ENGINE_SETTING,
 )  # fmt: skip
 
 
 def add(out: Exposition, target: TargetReading) -> None:
     t = target.name
     out.add(TARGET_INFO, (t, target.engine, target.url), 1.0)
+    for name, setting in sorted(target.settings.items()):
+        out.add(ENGINE_SETTING, (t, target.engine, name, setting.origin), setting.value)
     reading = target.engine_reading
     if reading is None:
         return

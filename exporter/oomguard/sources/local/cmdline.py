@@ -136,8 +136,8 @@ def environ(pid: int) -> dict[str, str] | None:
     return out
 
 
-def installed_version(pid: int, argv: Cmdline, distribution: str) -> str | None:
-    """The version of the Python distribution the process runs, from its environment's `*.dist-info`,
+def installed_version(pid: int, argv: Cmdline, distributions: tuple[str, ...]) -> str | None:
+    """The version of the first of `distributions` found in the process's environment (its `*.dist-info`),
     looked up through /proc/PID/root (a container's files too); None where it is not found."""
     roots = []
     if argv and os.path.isabs(argv[0]):
@@ -145,7 +145,7 @@ def installed_version(pid: int, argv: Cmdline, distribution: str) -> str | None:
     with contextlib.suppress(OSError):
         roots.append(os.path.dirname(os.path.dirname(os.readlink(f"/proc/{pid}/exe"))))
     prefix = f"/proc/{pid}/root"
-    wanted = distribution.replace("-", "_").lower() + "-"
+    wanted = tuple(d.replace("-", "_").lower() + "-" for d in distributions)
     for root in roots:
         lib = f"{prefix}{root}/lib"
         try:
@@ -160,5 +160,5 @@ def installed_version(pid: int, argv: Cmdline, distribution: str) -> str | None:
                     continue
                 for name in entries:
                     if name.lower().startswith(wanted) and name.endswith(".dist-info"):
-                        return name[len(wanted) : -len(".dist-info")]
+                        return name.removesuffix(".dist-info").rpartition("-")[2]
     return None

@@ -1,0 +1,149 @@
+"""Discovery of the engines on this host: each engine process found by its command line becomes a target.
+
+Every `discovery.local.interval_seconds`, the processes are listed (in a worker thread) and matched against
+the engine plugins; an engine that listens becomes a target `host:port` (its URL's, as a configured target
+would be named), scraped like a configured one, its processes looked up by its port. A configured target
+wins: an engine on a configured local target's port is left to it. A restart keeps the target: a relaunched
+engine with the same command line and port is the same target, and while a process with its command line
+exists (a vLLM loading does not listen) it stays; it goes `forget_after_seconds` after the last such process
+went. Health: `oomguard_source_success{source="local_discovery"}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import psutil
+
+from oomguard.config import Config, TargetConfig
+from oomguard.engines.cmdline import Cmdline
+from oomguard.sources.local.cmdline import (
+    EngineProcess,
+    engine_port,
+    find_engines,
+    listening_ports,
+    start_ticks,
+    url_host,
+)
+from oomguard.sources.process_lookup import ProcessLookup
+from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.targets import TargetScraper
+
+log = logging.getLogger(__name__)
+SOURCE = "local_discovery"  # the `source` label of oomguard_source_success
+
+Found = list[tuple[EngineProcess, tuple[int, str] | None]]  # each engine, and its port and address if it listens
+
+
+@dataclass
+class _Known:
+    engine: str
+    cmdline: Cmdline
+    scraper: TargetScraper
+    seen_at: float  # monotonic: the last poll that saw a process with its command line
+
+
+class LocalDiscovery:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        registry: SourceRegistry,
+        scrapers: list[TargetScraper],
+        processes: ProcessLookup,
+        make_scraper: Callable[[TargetConfig], TargetScraper],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = config.discovery
+        self.registry = registry
+        self.scrapers = scrapers  # the collection's list, changed in place
+        self.processes = processes
+        self.make_scraper = make_scraper
+        self.clock = clock
+        # Configured targets win: their names, and the ports of those on this host.
+        self.static_names = {t.label for t in config.targets}
+        self.static_ports = {urlsplit(t.url).port for t in config.targets if t.is_local}
+        self.static_lookup = list(processes.ports)
+        self.known: dict[int, _Known] = {}  # by port
+        # (pid, start tick) -> its port and address: the socket table is read only for engines not seen listening.
+        self._ports: dict[tuple[int, int], tuple[int, str]] = {}
+        self._denied = False
+
+    async def run(self) -> None:
+        """Poll every interval; the runtime made the first poll at start."""
+        while True:
+            await asyncio.sleep(self.settings.interval_seconds)
+            await self.poll()
+
+    async def poll(self) -> None:
+        found = await self.registry.run(SOURCE, asyncio.to_thread(self._scan))
+        if found is not None:  # a failed listing (logged by the registry) changes nothing
+            self._apply(found, self.clock())
+
+    # -- blocking: in a worker thread -----------------------------------------------------------
+    def _scan(self) -> Found:
+        engines = find_engines()
+        ticks = {e.pid: start_ticks(e.pid) for e in engines}
+        lives = {(pid, t) for pid, t in ticks.items() if t is not None}  # None: gone since the listing
+        unknown = [e for e in engines if (e.pid, ticks[e.pid]) not in self._ports]
+        listening: dict[int, dict[int, str]] = {}
+        if unknown:
+            try:
+                listening = listening_ports()
+            except psutil.AccessDenied:
+                if not self._denied:
+                    log.warning("local discovery: cannot read which process owns which socket; run as the "
+                                "engines' user or as root, or configure the engines under targets:")  # fmt: skip
+                self._denied = True
+                raise
+        found: Found = []
+        for engine in engines:
+            started = ticks[engine.pid]
+            if started is None:
+                continue
+            life = (engine.pid, started)
+            port = self._ports.get(life)
+            if port is None and (port := engine_port(engine, listening)) is not None:
+                self._ports[life] = port
+            found.append((engine, port))
+        self._ports = {life: port for life, port in self._ports.items() if life in lives}
+        return found
+
+    # -- on the event loop ----------------------------------------------------------------------
+    def _apply(self, found: Found, now: float) -> None:
+        running = {(engine.engine, engine.cmdline) for engine, _ in found}
+        for engine, listen in found:
+            if listen is None:
+                continue  # not listening yet: a known one is kept below by its command line
+            port, address = listen
+            config = TargetConfig(url=f"http://{url_host(address)}:{port}", engine=engine.engine, local_process="yes")
+            if port in self.static_ports or config.label in self.static_names:
+                continue  # a configured target is there
+            known = self.known.get(port)
+            if known is not None and known.engine != engine.engine:
+                self._remove(port)  # another engine took the port
+                known = None
+            if known is None:
+                scraper = self.make_scraper(config)
+                self.known[port] = _Known(engine.engine, engine.cmdline, scraper, now)
+                self.scrapers.append(scraper)
+                log.info("local discovery: %s at %s (pid %d)", engine.engine, config.url, engine.pid)
+            elif known.cmdline != engine.cmdline:
+                known.cmdline = engine.cmdline  # relaunched with other flags: the same target, its counts go on
+        for port, known in list(self.known.items()):
+            if (known.engine, known.cmdline) in running:
+                known.seen_at = now
+            elif now - known.seen_at >= self.settings.forget_after_seconds:
+                self._remove(port)
+        self.processes.set_ports([*self.static_lookup, *self.known])
+
+    def _remove(self, port: int) -> None:
+        known = self.known.pop(port)
+        if known.scraper in self.scrapers:
+            self.scrapers.remove(known.scraper)
+        log.info("local discovery: target %s gone", known.scraper.name)
