@@ -224,12 +224,18 @@ def test_rotations_with_a_writer_thread(tmp_path: Path, mode: str) -> None:
                 waiting = requests.get_nowait()
         asked = waiting
         got.extend(follower.poll())
-        if asked is not None and follower.stats.bytes_behind == 0:
+        caught_up = asked is not None and follower.stats.bytes_behind == 0
+        # A restart: anywhere for rename and copytruncate (a renamed inode is found again by its number). A deleted
+        # file's lines written while we are down go with it (test_restart_after_the_old_file_is_gone): with delete,
+        # a restart that fell just after a rotation lost its late lines now and then. So there it comes while the
+        # writer waits for us, and we are up again before it rotates.
+        if not restarted and len(got) >= N // 2 and (mode != "delete" or caught_up):
+            follower = resume(follower, str(path), FileFollower.drain_grace_seconds)
+            got.extend(follower.poll())  # up again (the file open) before the writer may go on
+            restarted = True
+        if caught_up:
             asked.set()
             waiting = None
-        if not restarted and len(got) >= N // 2:
-            follower = resume(follower, str(path), FileFollower.drain_grace_seconds)
-            restarted = True
         time.sleep(0.001)
     thread.join(5)
     writer.close()
