@@ -38,6 +38,7 @@ def default(value: float) -> EngineSetting:
         ("/usr/bin/python3 -u -m vllm.entrypoints.openai.api_server --model m", "vllm"),
         ("python /src/vllm/vllm/entrypoints/openai/api_server.py --model m", "vllm"),
         ("python3 -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B --port 30000", "sglang"),
+        ("/venv/bin/sglang serve --model-path m", "sglang"),
         ("text-generation-launcher --model-id bigscience/bloom-560m", "tgi"),
         ("/usr/local/bin/text-generation-router --port 80 --max-concurrent-requests 128", "tgi"),
         ("/build/bin/llama-server -m model.gguf -c 4096 -np 4 --port 8080", "llamacpp"),
