@@ -67,7 +67,8 @@ def version_tuple(version: str | None) -> tuple[int, ...] | None:
     """ "0.8.5.post1" -> (0, 8, 5); None when there is no leading number."""
     if not version:
         return None
-    parts = re.match(r"^v?(\d+(?:\.\d+)*)", version.strip())
+    # Bounded: int() refuses strings of thousands of digits, and no version has a part that long.
+    parts = re.match(r"^v?(\d{1,9}(?:\.\d{1,9})*)(?!\d)", version.strip())
     return tuple(int(p) for p in parts.group(1).split(".")) if parts else None
 
 

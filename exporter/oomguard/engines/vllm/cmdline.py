@@ -9,6 +9,7 @@ from the model's config when absent: unset. A `--config file.yaml` is not read (
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -35,7 +36,8 @@ def _model_len(text: str | None) -> float | None:
     if found is None:
         return None
     scale = {"": 1, "k": 1e3, "K": 1024, "m": 1e6, "M": 1024**2, "g": 1e9, "G": 1024**3}[found.group(2)]
-    return float(found.group(1)) * scale
+    value = float(found.group(1)) * scale
+    return value if math.isfinite(value) else None
 
 
 def parse_settings(argv: Cmdline, version: str | None = None, environ: Mapping[str, str] | None = None) -> Settings:
