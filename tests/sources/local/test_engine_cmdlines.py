@@ -143,3 +143,13 @@ def test_llamacpp_short_and_long_forms_and_environment() -> None:
 
 def test_triton_is_discovered_without_settings() -> None:
     assert ENGINES["triton"].matches is not None and ENGINES["triton"].settings is None
+
+
+def test_proc_cmdline_bytes_to_argv() -> None:
+    from oomguard.sources.local.cmdline import _argv
+
+    assert _argv(b"llama-server\0-c\0" + b"4096\0") == ("llama-server", "-c", "4096")
+    assert _argv(b"python3\0/opt/my model/serve.py\0") == ("python3", "/opt/my model/serve.py")  # a space kept
+    # A title rewritten into one string (setproctitle) is split on spaces, as psutil does.
+    assert _argv(b"vllm serve m --port 8000") == ("vllm", "serve", "m", "--port", "8000")
+    assert _argv(b"") == ()  # a kernel thread

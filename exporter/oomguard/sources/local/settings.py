@@ -2,10 +2,10 @@
 for the engines that read one, its installed version for the defaults that depend on it).
 
 Only a process whose command line is the engine's (engines/<name>/cmdline.py `matches`) is read: a docker-proxy
-or a wrapper listening for it has no flags of its. One read per engine life (a process's pid and start time): the command line of a running process does not
-change. The reads of /proc run in a worker thread. A target whose process is gone keeps its last settings:
-what it was started with is what an OOM's diagnosis needs, and it is the same life until another starts.
-"""
+or a wrapper listening for it has no flags of its own. One read per engine life (a process's pid and start
+time): the command line of a running process does not change. The reads of /proc run in a worker thread. A
+target whose process is gone keeps its last settings: what it was started with is what an OOM's diagnosis
+needs, and it is the same life until another starts."""
 
 from __future__ import annotations
 
