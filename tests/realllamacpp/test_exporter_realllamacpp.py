@@ -9,10 +9,9 @@ import asyncio
 import time
 from pathlib import Path
 
-import aiohttp
 import llamacpp_harness as harness
 import pytest
-from aiohttp import web
+from real_server import RecordingProxy
 from support import value
 
 from oomguard.config import load_config
@@ -25,31 +24,6 @@ TARGET = "tiny-llamacpp"
 PROXIED = "tiny-llamacpp-via-proxy"
 SLOTS = 2
 LOAD_TOKENS = 40  # tokens generated per request: about 1.5 s a request on one thread
-
-
-class RecordingProxy:
-    """Forwards to the server and keeps the last /metrics body it handed on."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
-        self.last_metrics = ""
-        self.session: aiohttp.ClientSession | None = None
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/{path:.*}", self.forward)
-        return app
-
-    async def forward(self, request: web.Request) -> web.Response:
-        self.session = self.session or aiohttp.ClientSession()
-        try:
-            async with self.session.get(self.upstream + "/" + request.match_info["path"]) as response:
-                body = await response.read()
-        except aiohttp.ClientError:
-            return web.Response(status=502, text="upstream refused")
-        if request.path == "/metrics" and response.status == 200:
-            self.last_metrics = body.decode()
-        return web.Response(body=body, status=response.status, content_type="text/plain")
 
 
 def server_figures(body: str) -> tuple[float, float]:
@@ -177,8 +151,7 @@ async def test_exporter_follows_a_real_llama_server(
         )
     finally:
         await asyncio.to_thread(server.stop)
-        if proxy.session is not None:
-            await proxy.session.close()
+        await proxy.close()
 
 
 async def test_a_restarted_server_reads_loading_while_it_loads(tiny_gguf: Path, tmp_path: Path, aiohttp_client) -> None:

@@ -14,7 +14,7 @@ import harness
 import psutil
 import pynvml
 import pytest
-from aiohttp import web
+from real_server import RecordingProxy
 from support import samples, value
 
 from oomguard.config import load_config
@@ -24,31 +24,6 @@ from oomguard.web import make_app
 pytestmark = pytest.mark.realvllm
 TARGET = "tiny-vllm"
 PROXIED = "tiny-vllm-via-proxy"
-
-
-class RecordingProxy:
-    """Forwards to the server and keeps the last /metrics body it handed on."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
-        self.last_metrics = ""
-        self.session: aiohttp.ClientSession | None = None
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/{path:.*}", self.forward)
-        return app
-
-    async def forward(self, request: web.Request) -> web.Response:
-        self.session = self.session or aiohttp.ClientSession()
-        try:
-            async with self.session.get(self.upstream + "/" + request.match_info["path"]) as response:
-                body = await response.read()
-        except aiohttp.ClientError:
-            return web.Response(status=502, text="upstream refused")
-        if request.path == "/metrics" and response.status == 200:
-            self.last_metrics = body.decode()
-        return web.Response(body=body, status=response.status, content_type="text/plain")
 
 
 def server_figures(body: str) -> tuple[float, float, float]:
@@ -193,5 +168,4 @@ async def test_exporter_follows_a_real_vllm(tiny_model: Path, tmp_path: Path, ai
         )
     finally:
         await asyncio.to_thread(server.stop)
-        if proxy.session is not None:
-            await proxy.session.close()
+        await proxy.close()

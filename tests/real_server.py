@@ -1,0 +1,248 @@
+"""What the real-server tests share: one engine server as a child process group, its load, a recording proxy.
+
+The real vLLM (tests/realvllm/harness.py) and the real llama-server (tests/realllamacpp/llamacpp_harness.py)
+differ in their command line, environment and how they are known to be gone; starting, health, signals and
+the load they are put under are the same. Stdlib only, besides aiohttp for the proxy: the servers run from
+their own venv or binary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+import aiohttp
+from aiohttp import web
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((HOST, port)) == 0
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """(status, body); status 0 when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return 0, ""
+
+
+class ServerProcess:
+    """One engine server: its process group, its log, its /health. Subclasses give `command()`."""
+
+    title = "server"  # in error messages
+    poll_seconds = 0.1  # between /health polls while it starts
+    gone_timeout = 10.0  # after SIGKILL, until it is gone
+
+    def __init__(self, port: int, log_path: Path | None, log_name: str) -> None:
+        self.port = port
+        # Out of the work tree by default: these logs are megabytes of noise.
+        self.log_path = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"{log_name}-{port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.launched_at = 0.0  # time.time() at launch, for reports
+        self._launched_mono = 0.0
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError(f"{self.title} not started")
+        return self.proc.pid
+
+    def start(self) -> ServerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        command, env = self.command(), self.environment()
+        self.launched_at = time.time()
+        self._launched_mono = time.monotonic()
+        # Appended to: a restart's lines follow the first life's, as an orchestrator's log would hold them.
+        with open(self.log_path, "ab") as log:
+            # A new session makes the server and its children one process group: stop()/kill() reach them all.
+            self.proc = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        return self
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def wait_healthy(self, timeout: float) -> float:
+        """Seconds from launch to the first 200 on /health."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.title} not started")
+        deadline = self._launched_mono + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                raise RuntimeError(f"{self.title} exited with {code} before healthy:\n{self.log_tail()}")
+            status, _ = http_get(self.url + "/health", timeout=1.0)
+            if status == 200:
+                return time.monotonic() - self._launched_mono
+            time.sleep(self.poll_seconds)
+        raise TimeoutError(f"{self.title} not healthy after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def wait_exit(self, timeout: float) -> int:
+        """Exit code of the server process (subprocess.TimeoutExpired if it lives on)."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.title} not started")
+        return self.proc.wait(timeout=timeout)
+
+    def _signal_group(self, sig: int) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def gone(self) -> bool:
+        """Whether the server is gone for good: by default, its port is closed."""
+        return not port_open(self.port)
+
+    def _wait_gone(self) -> None:
+        deadline = time.monotonic() + self.gone_timeout
+        while time.monotonic() < deadline:
+            if self.gone():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.title} (group {self.pid}, port {self.port}) still alive")
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM the group, SIGKILL after `grace` s, wait until it is gone."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace)
+        # The server may be gone while children linger (e.g. after a failed start): the group is swept either way.
+        self._signal_group(signal.SIGKILL)
+        self.proc.wait()
+        self._wait_gone()
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once, as a crash (an OOM kill) would."""
+        if self.proc is None:
+            return
+        self._signal_group(signal.SIGKILL)
+        self.proc.wait()
+        self._wait_gone()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start() if self.proc is None else self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class LoadRun:
+    """Concurrent requests running in threads; see run_load()."""
+
+    def __init__(self, threads: list[threading.Thread], statuses: list[int]) -> None:
+        self._threads = threads
+        self.statuses = statuses  # HTTP status per request; 0 = no answer
+
+    def done(self) -> bool:
+        return not any(t.is_alive() for t in self._threads)
+
+    def wait(self, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if not self.done():
+            raise TimeoutError(f"load still running after {timeout:.0f} s")
+        return list(self.statuses)
+
+
+def run_load(n: int, request: Callable[[int], int]) -> LoadRun:
+    """Fire `request(i)` for i in range(n), each in its own thread; it returns the HTTP status (0: no answer)."""
+    statuses = [0] * n
+
+    def one(i: int) -> None:
+        statuses[i] = request(i)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    return LoadRun(threads, statuses)
+
+
+def post_json(url: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+    """(status, body) of a JSON POST; status 0 when nothing answered."""
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+    except (OSError, http.client.HTTPException):
+        return 0, b""
+
+
+class RecordingProxy:
+    """Forwards to the server and keeps the last /metrics body it handed on: the exporter's figures can then
+    be compared with the very body it read, not with one read a moment later."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.last_metrics = ""
+        self.session: aiohttp.ClientSession | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/{path:.*}", self.forward)
+        return app
+
+    async def forward(self, request: web.Request) -> web.Response:
+        self.session = self.session or aiohttp.ClientSession()
+        try:
+            async with self.session.get(self.upstream + "/" + request.match_info["path"]) as response:
+                body = await response.read()
+        except aiohttp.ClientError:
+            return web.Response(status=502, text="upstream refused")
+        if request.path == "/metrics" and response.status == 200:
+            self.last_metrics = body.decode()
+        return web.Response(body=body, status=response.status, content_type="text/plain")
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
