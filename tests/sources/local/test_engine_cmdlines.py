@@ -153,3 +153,19 @@ def test_proc_cmdline_bytes_to_argv() -> None:
     # A title rewritten into one string (setproctitle) is split on spaces, as psutil does.
     assert _argv(b"vllm serve m --port 8000") == ("vllm", "serve", "m", "--port", "8000")
     assert _argv(b"") == ()  # a kernel thread
+
+
+def test_the_port_is_the_named_one_never_another_of_its_family() -> None:
+    from oomguard.sources.local.cmdline import EngineProcess, engine_port
+
+    vllm = EngineProcess(10, "vllm", argv("vllm serve m --port 8001"), frozenset({10, 11}))
+    # Loading: a worker holds torch.distributed's store on a port of its own; the API port is not up yet.
+    assert engine_port(vllm, {11: {29500: "127.0.0.1"}}) is None
+    assert engine_port(vllm, {11: {29500: "127.0.0.1"}, 10: {8001: "0.0.0.0"}}) == (8001, "0.0.0.0")
+    default = EngineProcess(10, "vllm", argv("vllm serve m"), frozenset({10}))
+    assert engine_port(default, {10: {8000: "::"}}) == (8000, "::")
+    tgi = EngineProcess(20, "tgi", argv("text-generation-launcher --model-id m"), frozenset({20, 21}))
+    assert engine_port(tgi, {21: {80: "0.0.0.0", 3000: "0.0.0.0"}}, {"PORT": "80"}) == (80, "0.0.0.0")
+    assert engine_port(tgi, {21: {3000: "0.0.0.0"}}) == (3000, "0.0.0.0")
+    triton = EngineProcess(30, "triton", argv("tritonserver --model-repository /m"), frozenset({30}))
+    assert engine_port(triton, {30: {8000: "0.0.0.0", 8001: "0.0.0.0", 8002: "0.0.0.0"}}) == (8002, "0.0.0.0")

@@ -22,5 +22,6 @@ PLUGIN = EnginePlugin(
     ),
     matches=cmdline.matches,
     settings=cmdline.parse_settings,
+    port_env="LLAMA_ARG_PORT",
     default_port=8080,
 )

@@ -27,5 +27,6 @@ PLUGIN = EnginePlugin(
     ),
     matches=cmdline.matches,
     settings=cmdline.parse_settings,
+    port_env="PORT",
     default_port=3000,
 )

@@ -113,22 +113,24 @@ def listening_ports() -> dict[int, dict[int, str]]:
     return out
 
 
-def engine_port(engine: EngineProcess, listening: dict[int, dict[int, str]]) -> tuple[int, str] | None:
-    """The port to scrape and its address: the port its command line names, else its default, else its
-    lowest; None while it listens on none (a vLLM loading its model)."""
-    ports: dict[int, str] = {}
-    for pid in engine.pids:
-        for port, address in listening.get(pid, {}).items():
-            ports.setdefault(port, address)
-    if not ports:
-        return None
+def engine_port(
+    engine: EngineProcess, listening: dict[int, dict[int, str]], env: dict[str, str] | None = None
+) -> tuple[int, str] | None:
+    """The port to scrape and its address: the one its command line names, else its environment (`env`, the
+    process's), else the engine's default; None while nothing of its family listens there (a vLLM loading its
+    model). Never another port of its family: while vLLM or TGI loads, torch.distributed's store listens on one."""
     plugin = ENGINES[engine.engine]
     named = number(flag(program(engine.cmdline)[1], *plugin.port_flags))
-    for wanted in (int(named) if named is not None else None, plugin.default_port):
-        if wanted in ports:
-            return wanted, ports[wanted]
-    port = min(ports)
-    return port, ports[port]
+    if named is None and plugin.port_env and env:
+        named = number(env.get(plugin.port_env))
+    wanted = int(named) if named is not None else plugin.default_port
+    if wanted is None:
+        return None
+    for pid in sorted(engine.pids):
+        address = listening.get(pid, {}).get(wanted)
+        if address is not None:
+            return wanted, address
+    return None
 
 
 def url_host(address: str) -> str:

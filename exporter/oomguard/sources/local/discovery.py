@@ -25,6 +25,7 @@ from oomguard.engines.cmdline import Cmdline
 from oomguard.sources.local.cmdline import (
     EngineProcess,
     engine_port,
+    environ,
     find_engines,
     listening_ports,
     start_ticks,
@@ -108,7 +109,7 @@ class LocalDiscovery:
                 continue
             life = (engine.pid, started)
             port = self._ports.get(life)
-            if port is None and (port := engine_port(engine, listening)) is not None:
+            if port is None and (port := engine_port(engine, listening, environ(engine.pid))) is not None:
                 self._ports[life] = port
             found.append((engine, port))
         self._ports = {life: port for life, port in self._ports.items() if life in lives}
