@@ -6,22 +6,19 @@ model loads and 200 once it serves, /metrics has no scheduler series until then,
 scenario's (simulate/scenarios.py), as the vLLM simulator's are: the fake NVML reads the
 same clock. When the scenario runs the GPU out of memory, it writes the scheduler's
 traceback with PyTorch's OOM line and exits 1; a start that cannot get its memory writes
-SGLang's own line and exits.
+SGLang's own line and exits. While the KV pool is full it writes the scheduler's retraction
+lines, which are pressure, not an OOM (counted in /metrics, not as events).
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import os
-import sys
 import time
 
 from aiohttp import web
 
-from oomguard.simulate.engine_args import simulator_parser
-from oomguard.simulate.scenarios import GIB, IDLE_GPU_BYTES, SCENARIOS, Scenario
-from oomguard.sources.processes import start_time
+from oomguard.simulate.scenarios import GIB, IDLE_GPU_BYTES, Scenario
+from oomguard.simulate.serve import SimulatedEngine, run_simulator
 
 WEIGHTS_RATIO = 0.2  # the scenarios' weights: a fifth of each GPU
 GRAPH_GIB = {"decode": 0.5, "prefill": 0.25}
@@ -106,13 +103,15 @@ def startup_failure() -> str:
     )
 
 
-async def serve(args: argparse.Namespace) -> int:
-    scenario = SCENARIOS[args.scenario]
-    launched = start_time(os.getpid()) or time.time()
+def retraction_line(retracted: int) -> str:
+    """The scheduler's line when the KV pool cannot hold the running batch (0.5's wording): pressure, no OOM.
+    The new-token ratio is the scheduler's estimate, raised after a retraction; its figures here are nominal."""
+    return (f"{log_header()}KV cache pool is full. Retract requests. #retracted_reqs: {retracted}, "
+            "#new_token_ratio: 0.3000 -> 0.7000")  # fmt: skip
 
-    def now() -> float:
-        return (time.time() - launched) * args.time_scale
 
+async def serve(engine: SimulatedEngine) -> int:
+    scenario, args = engine.scenario, engine.args
     info = {
         "model_path": args.model,
         "served_model_name": args.model,
@@ -123,47 +122,46 @@ async def serve(args: argparse.Namespace) -> int:
     }
 
     async def metrics(_: web.Request) -> web.Response:
-        body = sglang_metrics_text(scenario, now(), life=args.life, model=args.model, total_bytes=args.gpu_total_bytes)
+        body = sglang_metrics_text(
+            scenario, engine.now(), life=args.life, model=args.model, total_bytes=args.gpu_total_bytes
+        )
         return web.Response(text=body, content_type="text/plain")
 
     async def health(_: web.Request) -> web.Response:
-        return web.Response(status=200 if now() >= scenario.load_seconds else 503)
+        return web.Response(status=200 if engine.now() >= scenario.load_seconds else 503)
 
     async def server_info(_: web.Request) -> web.Response:
         return web.json_response(info)
 
-    print(f"{log_header('')}server_args=ServerArgs(model_path='{args.model}', "
-          f"mem_fraction_static={scenario.gpu_memory_utilization}, tp_size={scenario.gpus}, enable_metrics=True)",
-          file=sys.stderr, flush=True)  # fmt: skip
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/health", health)
-    app.router.add_get("/server_info", server_info)
-    app.router.add_get("/get_server_info", server_info)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, args.host, args.port, reuse_address=True).start()
-    try:
-        if not scenario.starts(args.life):
-            # The weights load (80 % of the load time), then the KV pool cannot be allocated: exit.
-            await asyncio.sleep(scenario.load_seconds * 0.8 / args.time_scale)
-            print(startup_failure(), file=sys.stderr, end="", flush=True)
-            return 1
-        await asyncio.sleep(scenario.load_seconds / args.time_scale)
-        print(f"{log_header('')}The server is fired up and ready to roll!", file=sys.stderr, flush=True)
-        death_at = scenario.death_at(args.life)
-        if death_at is None:
-            await asyncio.Event().wait()
-        await asyncio.sleep(max(0.0, death_at - now()) / args.time_scale)
-        print(oom_traceback(scenario, life=args.life, pid=os.getpid(), total_bytes=args.gpu_total_bytes),
-              file=sys.stderr, end="", flush=True)  # fmt: skip
+    engine.log(f"{log_header('')}server_args=ServerArgs(model_path='{args.model}', "
+               f"mem_fraction_static={scenario.gpu_memory_utilization}, tp_size={scenario.gpus}, enable_metrics=True)")  # fmt: skip
+    await engine.listen(
+        {"/metrics": metrics, "/health": health, "/server_info": server_info, "/get_server_info": server_info}
+    )
+    if not scenario.starts(args.life):
+        # The weights load (80 % of the load time), then the KV pool cannot be allocated: exit.
+        await engine.sleep(scenario.load_seconds * 0.8)
+        engine.log(startup_failure())
         return 1
-    finally:
-        await runner.cleanup()
+    await engine.sleep(scenario.load_seconds)
+    engine.log(f"{log_header('')}The server is fired up and ready to roll!")
+    retracted = scenario.engine(engine.now(), args.life).preemptions
+
+    def retract(t: float) -> None:
+        # The scheduler writes a line each time it pushes requests back; the counter in /metrics counts them.
+        nonlocal retracted
+        figures = scenario.engine(t, args.life)
+        if figures.preemptions > retracted:
+            engine.log(retraction_line(figures.preemptions - retracted))
+            retracted = figures.preemptions
+
+    return await engine.serve_until_death(
+        lambda: oom_traceback(scenario, life=args.life, pid=os.getpid(), total_bytes=args.gpu_total_bytes), retract
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    return asyncio.run(serve(simulator_parser(__doc__).parse_args(argv)))
+    return run_simulator(serve, __doc__, argv)
 
 
 if __name__ == "__main__":

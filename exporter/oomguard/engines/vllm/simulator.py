@@ -9,17 +9,12 @@ restart paths exactly as a real engine does.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import os
-import sys
-import time
 
 from aiohttp import web
 
-from oomguard.simulate.engine_args import simulator_parser
-from oomguard.simulate.scenarios import GIB, IDLE_GPU_BYTES, SCENARIOS, Scenario
-from oomguard.sources.processes import start_time
+from oomguard.simulate.scenarios import GIB, IDLE_GPU_BYTES, Scenario
+from oomguard.simulate.serve import SimulatedEngine, run_simulator
 
 
 def vllm_metrics_text(
@@ -125,62 +120,35 @@ def oom_traceback(scenario: Scenario, *, life: int, pid: int, total_bytes: int) 
     return template.format(pid=pid, gpu=gpu, total=total_bytes / GIB, free=free / 1024**2, used=used / GIB)
 
 
-async def serve(args: argparse.Namespace) -> int:
-    scenario = SCENARIOS[args.scenario]
-    # The scenario's clock starts with the process, as the exporter measures startup from the process
-    # start: the seconds spent importing count as loading, like a real engine's.
-    launched = start_time(os.getpid()) or time.time()
-
-    def now() -> float:
-        return (time.time() - launched) * args.time_scale
-
-    death_at = scenario.death_at(args.life)
-
-    print(
-        f"(APIServer pid={os.getpid()}) INFO vLLM server version 0.32.0 (simulated by oomguard), serving model {args.model}",
-        file=sys.stderr, flush=True,
-    )  # fmt: skip
+async def serve(engine: SimulatedEngine) -> int:
+    scenario, args = engine.scenario, engine.args
+    engine.log(f"(APIServer pid={os.getpid()}) INFO vLLM server version 0.32.0 (simulated by oomguard), "
+               f"serving model {args.model}")  # fmt: skip
     if not scenario.starts(args.life):
         # The weights load (80 % of the load time), then the KV cache cannot be allocated: exit, never listen.
-        await asyncio.sleep(scenario.load_seconds * 0.8 / args.time_scale)
-        print(startup_traceback(scenario, pid=os.getpid(), total_bytes=args.gpu_total_bytes, foreign=args.foreign),
-              file=sys.stderr, end="", flush=True)  # fmt: skip
+        await engine.sleep(scenario.load_seconds * 0.8)
+        engine.log(startup_traceback(scenario, pid=os.getpid(), total_bytes=args.gpu_total_bytes, foreign=args.foreign))
         return 1
-    await asyncio.sleep(scenario.load_seconds / args.time_scale)
+    await engine.sleep(scenario.load_seconds)
 
     async def metrics(_: web.Request) -> web.Response:
         body = vllm_metrics_text(
-            scenario, now(), model=args.model, start_time=launched, total_bytes=args.gpu_total_bytes
+            scenario, engine.now(), model=args.model, start_time=engine.launched, total_bytes=args.gpu_total_bytes
         )
         return web.Response(text=body, content_type="text/plain")
 
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="")
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/health", health)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, args.host, args.port, reuse_address=True).start()
-    print(f"(APIServer pid={os.getpid()}) INFO Application startup complete.", file=sys.stderr, flush=True)
-    try:
-        if death_at is None:
-            await asyncio.Event().wait()
-        await asyncio.sleep(max(0.0, death_at - now()) / args.time_scale)
-        print(
-            oom_traceback(scenario, life=args.life, pid=os.getpid(), total_bytes=args.gpu_total_bytes),
-            file=sys.stderr,
-            end="",
-            flush=True,
-        )
-        return 1
-    finally:
-        await runner.cleanup()
+    await engine.listen({"/metrics": metrics, "/health": health})
+    engine.log(f"(APIServer pid={os.getpid()}) INFO Application startup complete.")
+    return await engine.serve_until_death(
+        lambda: oom_traceback(scenario, life=args.life, pid=os.getpid(), total_bytes=args.gpu_total_bytes)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    return asyncio.run(serve(simulator_parser(__doc__).parse_args(argv)))
+    return run_simulator(serve, __doc__, argv)
 
 
 if __name__ == "__main__":
