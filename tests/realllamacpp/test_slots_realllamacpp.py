@@ -1,4 +1,5 @@
-"""/slots of a real llama-server: the KV use oomguard computes from it, during and after a request."""
+"""/slots of a real llama-server: the KV use oomguard computes from it, during and after a request, and the
+scraper's reading of it on each scrape."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import aiohttp
 import llamacpp_harness as harness
 import pytest
 
+from oomguard.config import TargetConfig
 from oomguard.engines.llamacpp.slots import fetch_kv_usage_ratio
+from oomguard.sources.targets import TargetScraper
 
 pytestmark = pytest.mark.realllamacpp
 PROMPT, GENERATED, CTX = 64, 40, 4096
@@ -48,3 +51,28 @@ async def test_the_kv_use_follows_a_request(tiny_gguf: Path, tmp_path: Path) -> 
         with off:
             await asyncio.to_thread(off.wait_healthy, 60)
             assert await fetch_kv_usage_ratio(session, off.url, 5) is None
+
+
+async def test_the_scraper_reads_the_kv_use_on_each_scrape(tiny_gguf: Path, tmp_path: Path) -> None:
+    """The exporter's scrape of a real llama-server carries its KV use from /slots, beside /metrics."""
+    server = harness.LlamaServer(tiny_gguf, harness.free_port(), slots=2, ctx_per_slot=CTX, log_path=tmp_path / "c.log")
+    config = TargetConfig(url=server.url, name="tiny-llamacpp", engine="llamacpp", local_process="no")
+    scraper = TargetScraper(config, timeout=5.0, max_body_bytes=1 << 20)
+    async with aiohttp.ClientSession() as session:
+        with server:
+            await asyncio.to_thread(server.wait_healthy, 60)
+            request = asyncio.ensure_future(
+                asyncio.to_thread(harness.completion, server.url, list(range(3, 3 + PROMPT)), GENERATED)
+            )
+            during: list[float | None] = []
+            while not request.done():
+                reading = await scraper.scrape(session)
+                assert reading.up and reading.engine_reading is not None, reading.error
+                during.append(reading.engine_reading.models[0].kv_cache_usage_ratio)
+                await asyncio.sleep(0.05)
+            assert (await request)[0] == 200
+            after = (await scraper.scrape(session)).engine_reading
+    assert None not in during, during
+    busy = [r for r in during if r]
+    assert busy and all(PROMPT / (2 * CTX) <= r <= (PROMPT + GENERATED) / (2 * CTX) for r in busy), during
+    assert after is not None and after.models[0].kv_cache_usage_ratio == 0.0

@@ -30,6 +30,16 @@ class ReservationError(Exception):
     """The engine's reservation could not be fetched this time."""
 
 
+# Fetches the engine's KV cache use on each scrape, where its /metrics does not carry it (llama.cpp's /slots):
+# (session, base url, timeout in seconds, body cap in bytes) -> the ratio, or None when the engine does not publish
+# it (the endpoint off, a version without the fields). Raises KvUsageError (or aiohttp's and asyncio's errors).
+KvUsageFetcher = Callable[["aiohttp.ClientSession", str, float, int], Awaitable[float | None]]
+
+
+class KvUsageError(Exception):
+    """The engine's KV cache use could not be read this time: the scrape goes on without it."""
+
+
 class EngineReader(Protocol):
     """Turns the families extracted from one /metrics body into the engine's reading."""
 
@@ -64,6 +74,8 @@ class EnginePlugin:
     aggregation_note: str  # how the engine's rank labels are aggregated away
     # Called by the scraper once per engine life (engines/<name>/settings.py), None when /metrics says it all.
     reservation: ReservationFetcher | None = None
+    # Called by the scraper on each scrape, beside /metrics, None when /metrics has the KV cache use.
+    kv_usage: KvUsageFetcher | None = None
     # Its local process (sources/local/): which command lines are this engine (engines/<name>/cmdline.py), the
     # settings read from one (None: none on its command line), the flags naming its port, the environment variable
     # naming it, and its port without either, and the Python distributions (any build of it) whose installed

@@ -21,7 +21,7 @@ import aiohttp
 
 from oomguard.config import TargetConfig
 from oomguard.engines import ENGINES
-from oomguard.engines.base import ReservationError
+from oomguard.engines.base import KvUsageError, ReservationError
 from oomguard.model import ERROR_KINDS, EngineReading, ProcessTree, TargetReading
 from oomguard.promtext import ExpositionError, FamilyExtractor
 from oomguard.sources.processes import ProcessFinder
@@ -61,6 +61,9 @@ class TargetScraper:
         self._reservation: float | None = None
         self._reservation_life: int | None = None
         self._reservation_retry_at = 0.0
+        # The KV cache use fetched apart from /metrics on each scrape (llama.cpp's /slots), and its last failure.
+        self.fetch_kv_usage = ENGINES[config.engine].kv_usage
+        self._kv_usage_error = ""
         # Only the families the engine's reader needs are extracted from a body (docs/performance.md).
         self.extractor = FamilyExtractor(self.engine.families)
         self.timeout = timeout
@@ -88,6 +91,8 @@ class TargetScraper:
         started = time.perf_counter()
         # /metrics first: it is the longer of the two, so it leaves first and /health runs alongside.
         health_task = asyncio.ensure_future(self._probe_health(session))
+        # The KV use apart from /metrics leaves with them, under the same timeout: one more request, no more time.
+        kv_task = asyncio.ensure_future(self._kv_usage(session)) if self.fetch_kv_usage is not None else None
         reading: EngineReading | None = None
         error_kind = error = ""
         try:
@@ -96,6 +101,9 @@ class TargetScraper:
             error_kind, error = exc.kind, str(exc)
             self.errors_total[exc.kind] += 1
         health_status, health_latency = await health_task
+        if kv_task is not None:
+            kv_usage, kv_error = await kv_task
+            reading = self._with_kv_usage(reading, kv_usage, kv_error)
         if reading is not None:
             self.asleep = reading.asleep
         process = (await processes).get(self.port) if self.finder and processes is not None else None
@@ -138,6 +146,30 @@ class TargetScraper:
             container=pod.container if pod else "",
             probe_grace_seconds=pod.probe_grace_seconds if pod else None,
         )
+
+    async def _kv_usage(self, session: aiohttp.ClientSession) -> tuple[float | None, str]:
+        """The engine's KV cache use, and why not when it could not be read (never raising into the scrape)."""
+        assert self.fetch_kv_usage is not None
+        try:
+            return await self.fetch_kv_usage(session, self.config.url, self.timeout, self.max_body_bytes), ""
+        except TimeoutError:
+            return None, f"took longer than {self.timeout:g}s (timeout_seconds)"
+        except (KvUsageError, aiohttp.ClientError, OSError) as exc:
+            return None, str(exc) or type(exc).__name__
+
+    def _with_kv_usage(self, reading: EngineReading | None, ratio: float | None, error: str) -> EngineReading | None:
+        """The reading with the KV use where /metrics had none; a failure is logged once while the engine is up
+        (a loading engine refuses it as it refuses /metrics), and the reading goes on without it."""
+        if reading is None:
+            return None
+        if error and error != self._kv_usage_error:
+            log.warning("target %s: cannot read its KV cache use: %s", self.name, error)
+        self._kv_usage_error = error
+        if ratio is None:
+            return reading
+        models = tuple(m if m.kv_cache_usage_ratio is not None else replace(m, kv_cache_usage_ratio=ratio)
+                       for m in reading.models)  # fmt: skip
+        return replace(reading, models=models)
 
     async def _with_reservation(self, session: aiohttp.ClientSession, reading: EngineReading) -> EngineReading:
         """The reading with the engine's reservation, fetched once per life (it is set at start): again after a

@@ -3,6 +3,7 @@
 from oomguard.engines.base import EnginePlugin, FamilyRow
 from oomguard.engines.llamacpp import cmdline
 from oomguard.engines.llamacpp.reader import LlamaCppReader
+from oomguard.engines.llamacpp.slots import fetch_kv_usage_ratio
 
 PLUGIN = EnginePlugin(
     name="llamacpp",
@@ -13,13 +14,20 @@ PLUGIN = EnginePlugin(
     log_line_prefix="",
     simulator=None,
     families_table=(
+        FamilyRow(
+            "`oomguard_engine_kv_cache_usage_ratio`",
+            "`GET /slots` on each scrape: the tokens of the slots at work (`n_prompt_tokens`) over all slots' "
+            "`n_ctx`; absent with `--no-slots` (501)",
+        ),
         FamilyRow("`oomguard_engine_requests_waiting`", "`llamacpp:requests_deferred`"),
         FamilyRow("`oomguard_engine_requests_running`", "`llamacpp:requests_processing`"),
     ),
     aggregation_note=(
         "llama-server exports unlabelled series: nothing to aggregate, and `model_name` is empty.\n"
-        "Its KV cache ratio was removed upstream; its context is allocated whole at start, so it has no reservation."
+        "Its KV cache ratio was removed upstream (read from `/slots` instead); its context is allocated whole at\n"
+        "start, so it has no reservation."
     ),
+    kv_usage=fetch_kv_usage_ratio,
     matches=cmdline.matches,
     settings=cmdline.parse_settings,
     port_env="LLAMA_ARG_PORT",
