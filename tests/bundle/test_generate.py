@@ -195,6 +195,18 @@ def _startup_expr(settings: dict, time_scale: float) -> str:
         ("extra_labels: {severity: page}\n", "\n  extra_labels: severity is set per alert"),
         ("fleet_labels: [cluster, bad-name]\n", "\n  fleet_labels: 'bad-name' is not a Prometheus label name"),
         ("selector: '{job=\"x\"}'\n", "\n  selector: write the label matchers without braces"),
+        (
+            "alerts:\n  concurrency_over_kv_cache: {min_loaded: 2h}\n",
+            "\n  alerts.concurrency_over_kv_cache: min_loaded 2h is longer than window 1h: it could never hold",
+        ),
+        (
+            "alerts:\n  concurrency_over_kv_cache: {concurrency_settings: [Max-Seqs]}\n",
+            "\n  alerts.concurrency_over_kv_cache.concurrency_settings[0]: not a setting as oomguard_engine_setting",
+        ),
+        (
+            "alerts:\n  concurrency_over_kv_cache: {reservation_settings: []}\n",
+            "\n  alerts.concurrency_over_kv_cache: concurrency_settings and reservation_settings: name at least one",
+        ),
     ],
 )
 def test_bad_bundle_configuration_is_refused(tmp_path: Path, text: str, message: str) -> None:

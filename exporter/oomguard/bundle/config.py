@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BeforeValidator, Field, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from oomguard.config import ConfigError, StrictModel, explain, read_yaml
 
@@ -103,6 +103,40 @@ class EventSourceErrorsAlert(_Sustained):
     window: Duration
 
 
+def _setting_name(value: Any) -> Any:
+    if not isinstance(value, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", value):
+        raise ValueError("not a setting as oomguard_engine_setting names it: lower case and _, e.g. max_num_seqs")
+    return value
+
+
+SettingName = Annotated[str, BeforeValidator(_setting_name)]
+
+
+class ConcurrencyOverKvCacheAlert(_Sustained):
+    """An engine's concurrency cap against the requests its KV cache holds, with its reservation high."""
+
+    window: Duration
+    quantile: Ratio
+    min_running: int = Field(ge=1)
+    min_kv_usage: Ratio
+    min_loaded: Duration
+    margin_ratio: float = Field(ge=0)
+    reservation_threshold: Ratio
+    require_preemptions: bool
+    concurrency_settings: tuple[SettingName, ...]
+    reservation_settings: tuple[SettingName, ...]
+
+    @model_validator(mode="after")
+    def _loaded_within_window(self) -> ConcurrencyOverKvCacheAlert:
+        if not self.concurrency_settings or not self.reservation_settings:
+            raise ValueError("concurrency_settings and reservation_settings: name at least one setting each")
+        if seconds(self.min_loaded) > seconds(self.window):
+            raise ValueError(f"min_loaded {self.min_loaded} is longer than window {self.window}: it could never hold")
+        if seconds(self.min_loaded) < 60:
+            raise ValueError(f"min_loaded {self.min_loaded}: at least 1m (the capacity is sampled every minute)")
+        return self
+
+
 class Alerts(StrictModel):
     """One field per alert (its key in defaults.yaml), each with the keys that alert reads."""
 
@@ -120,6 +154,7 @@ class Alerts(StrictModel):
     queue_backlog: QueueBacklogAlert
     kv_cache_saturated: ThresholdAlert
     low_headroom_config: ThresholdAlert
+    concurrency_over_kv_cache: ConcurrencyOverKvCacheAlert
     exporter_down: _Sustained
     target_down: _Sustained
     target_loading_long: _Sustained
