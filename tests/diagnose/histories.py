@@ -54,6 +54,9 @@ class History:
     preemptions: Callable[[float], float] = lambda t: 0.0
     kv_pool_bytes: float | None = None
     bare: bool = False  # only the target's identity: no memory, engine or event series
+    engine: str = "vllm"
+    # oomguard_engine_setting: setting -> (value, origin), as the exporter reads them from a local engine's command line
+    settings: dict[str, tuple[float, str]] = field(default_factory=dict)
 
 
 def _lives(t: float, durations: list[float], delay: float) -> tuple[int, float, bool]:
@@ -215,13 +218,56 @@ def healthy() -> History:
     return History("healthy", 0.9, moment, startup_seconds=[(0.0, 30.0)])
 
 
+def _admitting(t: float, held: float = 16.0, few: bool = False) -> Moment:
+    """A steady server whose KV cache holds about `held` requests of the size it serves: 8-14 requests fill
+    50-92 % of it (`few`: 1-3 requests, 6-19 %, too few to size the cache from); memory at its reservation."""
+    c = (t % 60.0) / 60.0
+    running = float(1 + int(3 * c)) if few else float(8 + int(7 * c))
+    kv = running / held * (0.95 + 0.1 * ((t * 7.0) % 13.0) / 13.0)
+    return Moment(0.9 + 0.002 * math.sin(t / 7.0), kv=kv, waiting=float(int(2 * c)), running=running,
+                  trend="sawtooth")  # fmt: skip
+
+
+def over_admitted() -> History:
+    """vLLM at 0.90 started with --max-num-seqs 256, its KV cache holding ~16 requests of the size it serves; a
+    few preemptions in the hour. No OOM yet: the two-knob check's finding alone (capacity.py)."""
+    return History("over-admitted", 0.9, _admitting, startup_seconds=[(0.0, 30.0)],
+                   preemptions=lambda t: float(int(t / 600)),
+                   settings={"max_num_seqs": (256.0, "flag"), "gpu_memory_utilization": (0.9, "flag")})  # fmt: skip
+
+
+def within_cap() -> History:
+    """The same server with --max-num-seqs 18: about what its KV cache holds (within the margin)."""
+    return History("within-cap", 0.9, _admitting, startup_seconds=[(0.0, 30.0)],
+                   settings={"max_num_seqs": (18.0, "flag"), "gpu_memory_utilization": (0.9, "flag")})  # fmt: skip
+
+
+def few_running() -> History:
+    """--max-num-seqs 256 at 0.90, but 1-3 requests at a time: too few to say what the cache holds."""
+    return History("few-running", 0.9, lambda t: _admitting(t, few=True), startup_seconds=[(0.0, 30.0)],
+                   settings={"max_num_seqs": (256.0, "flag"), "gpu_memory_utilization": (0.9, "default")})  # fmt: skip
+
+
+def sglang_over() -> History:
+    """SGLang at mem_fraction_static 0.80 with max_running_requests 64: room to grow the cache up to 0.85."""
+
+    def moment(t: float) -> Moment:
+        m = _admitting(t)
+        return Moment(0.8 + 0.002 * math.sin(t / 7.0), kv=m.kv, waiting=m.waiting, running=m.running,
+                      trend="sawtooth")  # fmt: skip
+
+    return History("sglang-over", 0.8, moment, startup_seconds=[(0.0, 30.0)], engine="sglang",
+                   settings={"max_running_requests": (64.0, "flag"), "mem_fraction_static": (0.8, "flag")})  # fmt: skip
+
+
 def bare() -> History:
     return History("bare", 0.9, lambda t: Moment(0.5), bare=True)
 
 
 def all_histories() -> list[History]:
     liveness = probe_kill("probe-kill-liveness", load=40.0, kill_after=120.0)
-    return [incident(), slow_leak(), foreign_process(), probe_kill(), liveness, startup_memory(), healthy(), bare()]
+    return [incident(), slow_leak(), foreign_process(), probe_kill(), liveness, startup_memory(), healthy(), bare(),
+            over_admitted(), within_cap(), few_running(), sglang_over()]  # fmt: skip
 
 
 # ---- rendering ---------------------------------------------------------------------------------
@@ -249,12 +295,14 @@ def samples(
     n = int(SPAN / STEP)
     for i in range(n + 1):
         t = i * STEP
-        add("oomguard_target_info", t, 1.0, target="vllm", engine="vllm", url="http://127.0.0.1:8000")
+        add("oomguard_target_info", t, 1.0, target="vllm", engine=h.engine, url="http://127.0.0.1:8000")
         if h.bare:
             add("oomguard_target_state", t, 1.0, target="vllm", state="up")
             continue
         m = h.moment(t)
         used = m.engine_use + m.other_use
+        for setting, (value, origin) in h.settings.items():
+            add("oomguard_engine_setting", t, value, target="vllm", engine=h.engine, setting=setting, origin=origin)
         add("oomguard_gpu_memory_total_bytes", t, TOTAL, gpu="0")
         add("oomguard_gpu_memory_used_bytes", t, used * TOTAL, gpu="0")
         add("oomguard_gpu_memory_used_ratio", t, used, gpu="0")

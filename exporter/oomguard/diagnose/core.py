@@ -44,6 +44,10 @@ class Diagnosis:
             "criteria": self.criteria,
             "evidence": [item.json() for item in self.evidence],
             "recommendations": [r.json() for r in self.recommendations],
+            # The two-knob check (capacity.py); null for a GPU without a target.
+            "concurrency_check": None
+            if self.facts is None or self.target is None
+            else self.facts.capacity_check.json(),
             "probe_delay_seconds": self.probe_delay,
             "probe_delay_source": self.probe_source,
             "time_scale": self.time_scale,
@@ -106,10 +110,10 @@ def diagnose_data(
     out = []
     for instance, name, gpus in subjects:
         facts = gather(data, instance, name, gpus, clock)
+        facts.max_num_seqs_given = max_num_seqs
         verdict = decide(facts, probe_delay)
         items = evidence(facts, probe_delay, probe_source)
-        recs = recommend(facts, verdict, probe_delay=probe_delay, probe_source=probe_source,
-                         max_num_seqs_now=max_num_seqs)  # fmt: skip
+        recs = recommend(facts, verdict, probe_delay=probe_delay, probe_source=probe_source)
         out.append(Diagnosis(name, instance, gpus, verdict.name, verdict.confidence, verdict.summary, items, recs,
                              verdict.criteria, facts, probe_delay, probe_source, clock.scale))  # fmt: skip
     return out

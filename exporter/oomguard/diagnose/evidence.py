@@ -14,6 +14,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from oomguard.diagnose import capacity
+from oomguard.diagnose.capacity import Check, Setting
 from oomguard.diagnose.clock import REAL, Clock
 from oomguard.diagnose.query import Data, Series
 from oomguard.events import kinds
@@ -93,6 +95,9 @@ class Facts:
     preemptions: float = 0.0
     gpu_memory_utilization: float | None = None
     kv_cache_memory_bytes: float | None = None
+    engine: str | None = None  # oomguard_target_info's engine label
+    settings: dict[str, Setting] = field(default_factory=dict)  # oomguard_engine_setting, by setting
+    max_num_seqs_given: int | None = None  # diagnose's --max-num-seqs, where no series says it
     # 4. startup
     startup_seconds: float | None = None  # simulated seconds (the exporter measures it on the real clock)
     up_fraction: float | None = None
@@ -172,6 +177,29 @@ class Facts:
     @property
     def climbing(self) -> bool:
         return "climbing" in self.trend_states or self.climb is not None
+
+    @property
+    def capacity_points(self) -> Points:
+        """(time, running / KV use) where enough requests run to size the cache (capacity.py)."""
+        return capacity.capacity_points(self.running, self.kv)
+
+    @property
+    def capacity_check(self) -> Check:
+        """The engine's concurrency cap against the requests its KV cache held (capacity.py)."""
+        # An engine oomguard knows of but without a cap of this kind (llama.cpp, Triton): no name to ask for.
+        unnamed = ("", None) if self.engine else ("max_num_seqs", None)
+        cap_name, reservation_name = capacity.ENGINE_KNOBS.get(self.engine or "", unnamed)
+        cap = capacity.pick(self.settings, capacity.CONCURRENCY_SETTINGS, cap_name)
+        if cap is None and self.max_num_seqs_given:
+            cap = Setting(cap_name or "max_num_seqs", float(self.max_num_seqs_given), "--max-num-seqs")
+        if cap is not None:
+            cap_name = cap.name
+        reservation = capacity.pick(self.settings, capacity.RESERVATION_SETTINGS, reservation_name)
+        if reservation is None and self.gpu_memory_utilization is not None:
+            # The engine's own /metrics (vLLM's cache_config_info, SGLang's server info): no origin to tell.
+            reservation = Setting(reservation_name or "gpu_memory_utilization", self.gpu_memory_utilization, "")
+        return Check(capacity.capacity(self.capacity_points, self.history), len(self.capacity_points), cap,
+                     cap_name, reservation, self.preemptions)  # fmt: skip
 
 
 # ---- series arithmetic -------------------------------------------------------------------------
@@ -354,6 +382,13 @@ def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]
     facts.kv_cache_memory_bytes = kv_bytes[-1] if kv_bytes else None
     if facts.reserved_ratio is None and facts.gpu_memory_utilization is not None:
         facts.reserved_ratio = facts.gpu_memory_utilization
+    info = data.select("oomguard_target_info", **on)
+    facts.engine = next((s.labels["engine"] for s in info if s.labels.get("engine")), None)
+    for s in data.select("oomguard_engine_setting", **on):
+        name, values = s.labels.get("setting"), [v for v in s.values() if math.isfinite(v) and v > 0]
+        if name and values:
+            facts.settings[name] = Setting(name, values[-1], s.labels.get("origin", ""))
+            facts.engine = facts.engine or s.labels.get("engine") or None
 
     # 4. startup and state
     startup = [v for _, v in merge(data.select("oomguard_target_startup_seconds", **on))]
@@ -371,6 +406,69 @@ def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
+
+
+def setting_text(s: Setting) -> str:
+    """`max_num_seqs 256 (flag)`: the value and where it was read."""
+    origin = {"flag": "its command line", "default": "the engine's default", "--max-num-seqs": "--max-num-seqs"}
+    where = origin.get(s.origin, "its metrics" if not s.origin else s.origin)
+    return f"{s.name} {s.value:g} ({where})"
+
+
+def _capacity_items(facts: Facts) -> list[Item]:
+    """Step 3's two-knob check: the concurrency cap against the requests the KV cache held (capacity.py)."""
+    check = facts.capacity_check
+    items = []
+    if check.capacity is None:
+        items.append(Item(3, f"the KV cache's capacity in requests is not known: {check.samples} point(s) with "
+                             f">= {capacity.MIN_RUNNING:g} requests running and >= {_pct(capacity.MIN_KV_USAGE)} of "
+                             f"the cache in use (at least {capacity.MIN_SAMPLES} needed)"))  # fmt: skip
+    else:
+        items.append(Item(3, f"the KV cache held at most {check.capacity:.1f} requests of the observed size "
+                             f"(running / KV cache use, its {capacity.QUANTILE:g} quantile over {check.samples} "
+                             f"point(s) with >= {capacity.MIN_RUNNING:g} running)", check.capacity,
+                          "requests"))  # fmt: skip
+    if check.cap is None and not check.cap_name:
+        items.append(
+            Item(
+                3,
+                f"{facts.engine} has no concurrency cap of the kind compared here (max_num_seqs, "
+                "max_running_requests; llama.cpp's parallel splits its context between its slots)",
+            )
+        )
+        return items
+    if check.cap is None:
+        flag = capacity.FLAGS.get(check.cap_name, f"--{check.cap_name.replace('_', '-')}")
+        items.append(Item(3, f"{check.cap_name} unknown: no oomguard_engine_setting series for it. oomguard reads "
+                             f"it from a local engine's command line: start the engine with {flag} set (a default that "
+                             "depends on the version or the GPU is not guessed), or pass --max-num-seqs to "
+                             "diagnose"))  # fmt: skip
+        return items
+    ratio = check.ratio
+    if ratio is None:
+        items.append(Item(3, f"{setting_text(check.cap)}: not compared, the KV cache's capacity is not known",
+                          check.cap.value, "requests"))  # fmt: skip
+        return items
+    reservation = "reservation unknown"
+    if check.reservation is not None:
+        word = ">=" if check.reservation_high else "<"
+        reservation = (f"{check.reservation.name} {check.reservation.value:g} {word} {capacity.RESERVATION_HIGH:g}: "
+                       + ("the cache cannot grow, the cap must come down" if check.reservation_high
+                          else "room to grow the cache, up to 15 % headroom"))  # fmt: skip
+    if check.over:
+        corroborated = (f"{check.preemptions:g} preemption(s) confirm it" if check.preemptions
+                        else "no preemption yet: the load has not reached it")  # fmt: skip
+        text = (
+            f"{setting_text(check.cap)} admits {ratio:.1f}x the requests the KV cache held (over "
+            f"{1 + capacity.MARGIN:g}x): more concurrency than the cache holds; {reservation}; {corroborated}"
+        )
+    else:
+        text = (
+            f"{setting_text(check.cap)} is {ratio:.1f}x the requests the KV cache held: within "
+            f"{1 + capacity.MARGIN:g}x, the cap fits the cache"
+        )
+    items.append(Item(3, text, ratio, "ratio"))
+    return items
 
 
 def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
@@ -444,6 +542,8 @@ def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
     if facts.gpu_memory_utilization is not None:
         items.append(Item(3, f"gpu_memory_utilization {facts.gpu_memory_utilization:g}",
                           facts.gpu_memory_utilization, "ratio"))  # fmt: skip
+    if facts.has_engine:
+        items += _capacity_items(facts)
     # 4. probe vs startup
     if facts.target is not None:
         if facts.startup_seconds is not None:

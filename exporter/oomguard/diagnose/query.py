@@ -36,6 +36,7 @@ METRICS = (
     "oomguard_engine_preemptions_total",
     "oomguard_engine_gpu_memory_utilization_ratio",
     "oomguard_engine_kv_cache_memory_bytes",
+    "oomguard_engine_setting",
     "oomguard_target_events_total",
     "oomguard_target_last_event_timestamp_seconds",
     "oomguard_target_restarts_total",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from oomguard.diagnose import capacity
 from oomguard.diagnose.evidence import Facts
 from oomguard.diagnose.verdict import Verdict
 
@@ -62,18 +63,69 @@ def max_num_seqs(running: float, kv_use: float, factor: float, current: int | No
     return min(value, current) if current else value
 
 
+def concurrency_over_kv_cache(facts: Facts) -> Recommendation:
+    """The two-knob check's advice (capacity.py), where no memory verdict already sized the cap.
+
+    The cap to floor(capacity x 0.80): the same aim as max_num_seqs() (the cache 80 % full when the cap runs; capacity
+    x 0.80 is running x 0.80 / KV use), and with the reservation changed, the same pool factor."""
+    check = facts.capacity_check
+    assert check.cap is not None and check.capacity is not None  # flagged
+    name, now, held = check.cap_name, int(check.cap.value), check.capacity
+    keep = max(1, min(now, math.floor(round(held * KV_TARGET, 6))))
+    corroborated = (f"; {check.preemptions:g} preemption(s) in the window confirm it" if check.preemptions
+                    else "; no preemption yet: the load has not reached the cap, the risk is latent")  # fmt: skip
+    why = (
+        f"the KV cache held {held:.0f} requests of the observed size at most, and {name} {now} admits "
+        f"{check.ratio:.1f}x that{corroborated}; {name} {now} -> {keep} fills the cache to {100 * KV_TARGET:.0f} %"
+    )
+    formula = "floor(kv_cache_capacity_requests x 0.80), never above the current value"
+    reservation = check.reservation
+    if reservation is None:
+        why += "; the reservation (gpu_memory_utilization) is unknown: tune it with the cap, never one alone"
+        return Recommendation(name, now, keep, "sequences", why, formula)
+    r = reservation.value
+    if check.reservation_high:
+        # No room to grow the cache: the cap comes down. Lowering the reservation too (the postmortem's 15 % headroom)
+        # shrinks the pool, and the cap with it.
+        lower = _floor(min(r, 1 - HEADROOM))
+        factor = kv_pool_factor(r, lower, facts.total_bytes, facts.kv_cache_memory_bytes)
+        both = max(1, min(now, math.floor(round(held * KV_TARGET * factor, 6))))
+        why += (f"; keep {reservation.name} at {r:g} (from {capacity.RESERVATION_HIGH:g} up the cache cannot grow), "
+                f"or lower both: {reservation.name} {lower:g} and {name} {both} (a pool {100 * factor:.0f} % of "
+                "today's)")  # fmt: skip
+    elif r < _floor(1 - HEADROOM):
+        # Room left under the 15 % headroom: growing the cache is the other way, never past it.
+        higher = _floor(1 - HEADROOM)
+        factor = kv_pool_factor(r, higher, facts.total_bytes, facts.kv_cache_memory_bytes)
+        grown = max(1, min(now, math.floor(round(held * KV_TARGET * factor, 6))))
+        why += (f"; or raise {reservation.name} {r:g} -> {higher:g} (15 % headroom, no further) for a pool "
+                f"{100 * factor:.0f} % of today's, with {name} {grown}: the two together")  # fmt: skip
+    else:
+        why += f"; {reservation.name} {r:g} leaves less than 15 % headroom already: the cache cannot grow"
+    return Recommendation(name, now, keep, "sequences", why, formula)
+
+
 def probe_grace(startup_seconds: float) -> int:
     """Measured startup x 1.5, rounded up to 10 s."""
     return int(math.ceil(round(startup_seconds * PROBE_MARGIN / 10, 6)) * 10)
 
 
-def recommend(
-    facts: Facts, verdict: Verdict, *, probe_delay: float, probe_source: str, max_num_seqs_now: int | None = None
-) -> list[Recommendation]:
+def _whole(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x
+
+
+def recommend(facts: Facts, verdict: Verdict, *, probe_delay: float, probe_source: str) -> list[Recommendation]:
     out: list[Recommendation] = []
+    check = facts.capacity_check
+    # The concurrency cap as this engine names it (max_num_seqs, SGLang's max_running_requests), from
+    # oomguard_engine_setting or diagnose's --max-num-seqs.
+    seqs = check.cap_name or "max_num_seqs"
+    max_num_seqs_now = int(check.cap.value) if check.cap is not None else None
     seqs_current: float | str | None = max_num_seqs_now
-    seqs_unknown = "" if max_num_seqs_now else " (current value unknown: it is in the engine's command line or " \
-        "pod spec, not in its metrics; pass --max-num-seqs)"  # fmt: skip
+    flag = capacity.FLAGS.get(seqs, "--max-num-seqs")
+    seqs_unknown = "" if max_num_seqs_now else (
+        f" (current value unknown: no oomguard_engine_setting series; oomguard reads {flag} from a local engine's "
+        "command line, so set it there explicitly, or pass --max-num-seqs)")  # fmt: skip
     util_now = facts.gpu_memory_utilization or facts.reserved_ratio
     peak = facts.peak[1] if facts.peak else None
 
@@ -95,17 +147,22 @@ def recommend(
         if running and kv_use:
             factor = kv_pool_factor(util_now, suggested, facts.total_bytes, facts.kv_cache_memory_bytes)
             value = max_num_seqs(running, kv_use, factor, max_num_seqs_now)
+            held = (f" (the KV cache held {check.capacity:.0f} requests of the observed size at most)"
+                    if check.capacity is not None else "")  # fmt: skip
             out.append(Recommendation(
-                "max_num_seqs", seqs_current, value, "sequences",
-                f"{running:g} requests ran with the KV cache {100 * kv_use:.0f} % full; aim at "
+                seqs, seqs_current, value, "sequences",
+                f"{running:g} requests ran with the KV cache {100 * kv_use:.0f} % full{held}; aim at "
                 f"{100 * KV_TARGET:.0f} % in a pool {100 * factor:.0f} % of today's once gpu_memory_utilization is "
                 f"{suggested:g}; lower it together with gpu_memory_utilization, never one alone" + seqs_unknown,
                 "floor(running_at_saturation x min(1, 0.80 / kv_use_at_saturation) x pool_factor)",
             ))  # fmt: skip
         else:
-            out.append(Recommendation("max_num_seqs", seqs_current, None, "sequences",
+            out.append(Recommendation(seqs, seqs_current, None, "sequences",
                                       "no engine series to size it from: lower it in proportion to "
                                       "gpu_memory_utilization, never one alone" + seqs_unknown))  # fmt: skip
+
+    elif check.flagged:
+        out.append(concurrency_over_kv_cache(facts))
 
     if verdict.name == "memory_leak":
         pace = ""

@@ -160,6 +160,11 @@ def plot_png(facts: Facts, title: str = "") -> bytes:
     queue_ax.plot(*x(facts.waiting), color="tab:brown", label="waiting")
     if facts.running:
         queue_ax.plot(*x(facts.running), color="tab:gray", linewidth=0.8, label="running")
+    held = facts.capacity_check.capacity
+    if held is not None:
+        # What the running batch can reach before the cache is full: running requests near it is the cache binding.
+        queue_ax.axhline(held, color="tab:purple", linestyle="--", linewidth=1,
+                         label=f"KV cache holds ~{held:.0f} requests")  # fmt: skip
     queue_ax.set_ylabel("requests")
     unit = f"simulated minutes ({facts.clock.scale:g}x)" if facts.clock.compressed else "minutes"
     queue_ax.set_xlabel(f"{unit} from the first OOM" if facts.oom_times else f"{unit} from the window's start")

@@ -117,6 +117,11 @@ def decide(facts: Facts, probe_delay: float) -> Verdict:
         return Verdict(INSUFFICIENT, 0.0, f"{what}: no GPU memory series in the window, so the first question "
                        "(the memory trend) cannot be answered; check that NVML is enabled", {})  # fmt: skip
     state = " (not up in the window: still loading; memory rising with a load is no leak)" if loading else ""
+    check = facts.capacity_check
+    if check.flagged and check.cap is not None:
+        # Healthy today, and a configuration the postmortem warns of: said here, sized in the recommendations.
+        state += (f"; but {check.cap.name} {check.cap.value:g} admits {check.ratio:.1f}x the requests its KV cache "
+                  "held (step 3)")  # fmt: skip
     return _make(HEALTHY, f"{what}: memory within its headroom, no OOM, no restart storm{state}", facts, {
         "no OOM": ooms == 0, "no climb or spike": not trouble,
         "KV cache not saturated": not facts.kv_saturated, "fewer than 2 restarts": restarts < 2})  # fmt: skip

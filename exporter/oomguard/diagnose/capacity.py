@@ -1,0 +1,133 @@
+"""Concurrency against the KV cache: does the engine admit more requests than its KV cache holds?
+
+The postmortem's lesson: tune `gpu_memory_utilization` together with `max_num_seqs`, never one alone. An engine
+whose concurrency cap is far above what its KV cache holds keeps its cache full under load: it preempts, and the
+batches it runs grow activations outside the reserved pool; with the reservation at 0.9 or more there is no room
+to grow the cache instead, so the cap is what must come down. The same check as the bundle's
+ConcurrencyOverKvCache alert (its defaults are these constants: tests/diagnose/test_capacity.py holds them equal).
+
+The KV cache's capacity in requests of the observed size is running / KV use at each sample where enough requests
+run and enough of the cache is in use to say something (a few short requests in an idle cache say nothing), taken
+at a high quantile over the window: a robust "at most", neither one sample nor its single best moment. High
+rather than median so that the check errs towards silence: the cap is flagged only when even the cache's good
+moments are well below it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIN_RUNNING = 4.0  # concurrency_over_kv_cache.min_running: fewer requests say little about the typical one
+MIN_KV_USAGE = 0.1  # concurrency_over_kv_cache.min_kv_usage: below it, block rounding dominates
+QUANTILE = 0.9  # concurrency_over_kv_cache.quantile
+MARGIN = 0.25  # concurrency_over_kv_cache.margin_ratio: the cap above capacity x (1 + this) is flagged
+RESERVATION_HIGH = 0.9  # concurrency_over_kv_cache.reservation_threshold: the cache cannot grow from there
+MIN_SAMPLES = 10  # diagnose's own floor: a quantile of fewer points is one sample in disguise
+
+# The engines' concurrency caps and reservations, as oomguard_engine_setting names them, with their flags.
+# llama.cpp's `parallel` is no cap of this kind: it splits ctx_size between its slots, which cannot over-admit.
+CONCURRENCY_SETTINGS = ("max_num_seqs", "max_running_requests", "max_concurrent_requests")
+RESERVATION_SETTINGS = ("gpu_memory_utilization", "mem_fraction_static")
+FLAGS = {
+    "max_num_seqs": "--max-num-seqs",
+    "max_running_requests": "--max-running-requests",
+    "max_concurrent_requests": "--max-concurrent-requests",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "mem_fraction_static": "--mem-fraction-static",
+}
+# engine -> (its concurrency cap, its reservation): what to name when the setting series is absent.
+ENGINE_KNOBS = {
+    "vllm": ("max_num_seqs", "gpu_memory_utilization"),
+    "sglang": ("max_running_requests", "mem_fraction_static"),
+    "tgi": ("max_concurrent_requests", None),
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    value: float
+    origin: str  # "flag" or "default" (oomguard_engine_setting), or "--max-num-seqs" (diagnose's own flag)
+
+
+@dataclass(frozen=True)
+class Check:
+    """The check's figures; `flagged` is the finding."""
+
+    capacity: float | None  # requests of the observed size the KV cache held at most (QUANTILE over the window)
+    samples: int  # samples the capacity was taken from
+    cap: Setting | None  # the concurrency cap (max_num_seqs, ...) or None: unknown
+    cap_name: str  # its name for this engine, known or not
+    reservation: Setting | None  # gpu_memory_utilization / mem_fraction_static, or None: unknown
+    preemptions: float
+
+    @property
+    def ratio(self) -> float | None:
+        """The cap over the capacity: how many times what the cache holds the engine admits."""
+        if self.cap is None or not self.capacity:
+            return None
+        return self.cap.value / self.capacity
+
+    @property
+    def over(self) -> bool:
+        return self.ratio is not None and self.ratio > 1 + MARGIN
+
+    @property
+    def reservation_high(self) -> bool:
+        return self.reservation is not None and self.reservation.value >= RESERVATION_HIGH
+
+    @property
+    def flagged(self) -> bool:
+        return self.over
+
+    def json(self) -> dict:
+        def setting(s: Setting | None) -> dict | None:
+            return None if s is None else {"name": s.name, "value": s.value, "origin": s.origin}
+
+        ratio = self.ratio
+        return {
+            "kv_cache_capacity_requests": None if self.capacity is None else round(self.capacity, 3),
+            "samples": self.samples,
+            "concurrency": setting(self.cap),
+            "concurrency_setting": self.cap_name,
+            "reservation": setting(self.reservation),
+            "ratio": None if ratio is None else round(ratio, 3),
+            "over_capacity": self.over,
+            "reservation_high": self.reservation_high,
+            "preemptions": self.preemptions,
+        }
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Prometheus' quantile_over_time: linear interpolation between the closest ranks."""
+    ordered = sorted(values)
+    rank = q * (len(ordered) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def capacity_points(running: list[tuple[float, float]], kv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(time, running / KV use) where at least MIN_RUNNING requests run with at least MIN_KV_USAGE of the cache."""
+    use = dict(kv)
+    out = []
+    for t, n in running:
+        k = use.get(t)
+        if k is not None and n >= MIN_RUNNING and MIN_KV_USAGE <= k <= 1.0:
+            out.append((t, n / k))
+    return out
+
+
+def capacity(points: list[tuple[float, float]], history: bool) -> float | None:
+    """The QUANTILE of the points; None below MIN_SAMPLES in a history (one reading of an exporter: its one point)."""
+    if not points or (history and len(points) < MIN_SAMPLES):
+        return None
+    return quantile([v for _, v in points], QUANTILE)
+
+
+def pick(settings: dict[str, Setting], names: tuple[str, ...], preferred: str | None) -> Setting | None:
+    """The engine's own knob where it has one, else the first of `names` the series name."""
+    if preferred is not None and preferred in settings:
+        return settings[preferred]
+    return next((settings[n] for n in names if n in settings), None)
