@@ -39,11 +39,14 @@ def program(argv: Cmdline) -> tuple[str, Cmdline]:
 
 
 def flag(args: Iterable[str], *names: str) -> str | None:
-    """The value of the last of `names` given (`--flag value` or `--flag=value`), None when absent."""
+    """The value of the last of `names` given (`--flag value` or `--flag=value`), None when absent. A long flag
+    may be written with underscores (`--max_num_seqs`), as vLLM's parser accepts."""
     found = None
     items = list(args)
     for i, arg in enumerate(items):
         name, eq, inline = arg.partition("=")
+        if name.startswith("--"):
+            name = "--" + name[2:].replace("_", "-")
         if name in names:
             if eq:
                 found = inline

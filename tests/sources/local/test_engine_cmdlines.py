@@ -91,6 +91,8 @@ def test_vllm_model_len_in_human_units_and_the_last_flag_wins() -> None:
     got = settings("vllm", "vllm serve m --max-num-seqs 8 --max-num-seqs=16")
     assert got["max_num_seqs"] == flag(16)
     assert "max_model_len" not in settings("vllm", "vllm serve m --max-model-len lots")
+    # vLLM's parser takes underscores for dashes.
+    assert settings("vllm", "vllm serve m --max_num_seqs 12")["max_num_seqs"] == flag(12)
 
 
 def test_sglang_flags_and_what_it_derives() -> None:
