@@ -61,3 +61,15 @@ def test_unknown_target_on_the_exporter(exporter, capsys) -> None:
     status = main(["diagnose", "--exporter", exporter, "--target", "nope"])
     assert status == 2
     assert "INSUFFICIENT_DATA" in capsys.readouterr().out
+
+
+def test_one_reading_shows_the_cache_and_judges_no_cap(exporter, capsys) -> None:
+    """The two-knob check needs a window: one reading gives its figures, never a finding (diagnose/capacity.py)."""
+    main(["diagnose", "--exporter", exporter, "--json", "--max-num-seqs", "256"])
+    (d,) = json.loads(capsys.readouterr().out)["diagnoses"]
+    check = d["concurrency_check"]
+    assert check["samples"] == 1 and check["kv_cache_capacity_requests"] > 0
+    assert check["concurrency"] == {"name": "max_num_seqs", "value": 256.0, "origin": "--max-num-seqs"}
+    assert check["over_capacity"] and not check["flagged"]
+    assert any("one reading judges nothing" in item["finding"] for item in d["evidence"])
+    assert d["recommendations"] == []

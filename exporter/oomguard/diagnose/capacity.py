@@ -79,7 +79,8 @@ class Check:
 
     @property
     def flagged(self) -> bool:
-        return self.over
+        """Over the cache, judged on a window: one reading of an exporter shows the figures, and judges nothing."""
+        return self.over and self.samples >= MIN_SAMPLES
 
     def json(self) -> dict:
         def setting(s: Setting | None) -> dict | None:
@@ -94,6 +95,7 @@ class Check:
             "reservation": setting(self.reservation),
             "ratio": None if ratio is None else round(ratio, 3),
             "over_capacity": self.over,
+            "flagged": self.flagged,
             "reservation_high": self.reservation_high,
             "preemptions": self.preemptions,
         }

@@ -455,7 +455,10 @@ def _capacity_items(facts: Facts) -> list[Item]:
         reservation = (f"{check.reservation.name} {check.reservation.value:g} {word} {capacity.RESERVATION_HIGH:g}: "
                        + ("the cache cannot grow, the cap must come down" if check.reservation_high
                           else "room to grow the cache, up to 15 % headroom"))  # fmt: skip
-    if check.over:
+    if check.over and not check.flagged:
+        text = (f"{setting_text(check.cap)} is {ratio:.1f}x the requests the KV cache holds now: one reading "
+                "judges nothing, a history does (--prometheus)")  # fmt: skip
+    elif check.over:
         corroborated = (f"{check.preemptions:g} preemption(s) confirm it" if check.preemptions
                         else "no preemption yet: the load has not reached it")  # fmt: skip
         text = (
