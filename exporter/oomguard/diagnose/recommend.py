@@ -110,10 +110,6 @@ def probe_grace(startup_seconds: float) -> int:
     return int(math.ceil(round(startup_seconds * PROBE_MARGIN / 10, 6)) * 10)
 
 
-def _whole(x: float) -> int | float:
-    return int(x) if float(x).is_integer() else x
-
-
 def recommend(facts: Facts, verdict: Verdict, *, probe_delay: float, probe_source: str) -> list[Recommendation]:
     out: list[Recommendation] = []
     check = facts.capacity_check
