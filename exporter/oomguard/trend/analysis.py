@@ -12,8 +12,9 @@ fits an 80 GB GPU and a 2 TB host alike; slopes are turned back into bytes on ex
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import combinations
 
 from oomguard.model import Trend
@@ -68,34 +69,69 @@ def median_of_sorted(data: list[float]) -> float:
 def theil_sen(points: list[tuple[float, float]]) -> float | None:
     """Median of pairwise slopes: one wild reading cannot tilt it (unlike least squares)."""
     slopes = [(v2 - v1) / (t2 - t1) for (t1, v1), (t2, v2) in combinations(points, 2) if t2 > t1]
-    return median_of_sorted(sorted(slopes)) if slopes else None
+    if not slopes:
+        return None
+    slopes.sort()
+    return median_of_sorted(slopes)
 
 
-# A bucket kept sorted between ticks: [absolute index of its first sample, of the one past its last, values sorted].
-SortedBucket = list  # [int, int, list[float]]
+class BucketCache:
+    """What one caller (a slot) keeps of its buckets from one tick to the next.
+
+    `kept`: per bucket, [absolute index of its first sample, of the one past its last, values sorted]; a
+    bucket that moved by a sample or two is slid (the values that left taken out, those that came put in).
+    `ring`: the statistics (median, 10th percentile) of the buckets seen, by absolute index range. At full
+    history a window slides by one sample a tick and its width stays put, so bucket i's range of this tick
+    is bucket i + 1's of (width / interval) ticks ago: 11 of 12 buckets are found here, and only the newest
+    is computed. Stored in arrays, slot b % size, keyed by both ends: an entry is used only for its exact
+    range, and values never change once added, so a hit is the same result as sorting afresh."""
+
+    __slots__ = ("ends", "floors", "kept", "medians", "size", "starts")
+
+    def __init__(self) -> None:
+        self.kept: list[list | None] = []
+        self.size = 0
+
+    def _grow(self, span: int) -> None:
+        size = 64
+        while size <= span:
+            size *= 2
+        self.size = size
+        self.starts = array("q", [-1]) * size
+        self.ends = array("q", [-1]) * size
+        self.medians = array("d", [0.0]) * size
+        self.floors = array("d", [0.0]) * size
 
 
-@dataclass(frozen=True, slots=True)
+def _stats(data: list[float]) -> tuple[float, float]:
+    """A sorted bucket's median and 10th percentile (the index stat_points used)."""
+    n = len(data)
+    return (data[n // 2] if n % 2 else (data[n // 2 - 1] + data[n // 2]) / 2), data[n // 10]
+
+
 class History:
     """A window of a series' samples: parallel lists, times ascending, and the window's bounds in them.
     Windows are found by bisection, with no copy and no pass over every sample in Python (this runs for
     every series every tick). `base` is the absolute index (counted since the series began) of the lists'
-    first element, so that a bucket's sorted values can be carried from one tick to the next (`sorted_cache`)."""
+    first element, so that buckets can be carried from one tick to the next (`caches`, by slot)."""
 
-    times: list[float]
-    values: list[float]
-    lo: int = 0
-    hi: int = -1
-    base: int = 0
-    sorted_cache: dict[str, list[SortedBucket | None]] | None = field(default=None, compare=False)
+    __slots__ = ("base", "caches", "hi", "lo", "times", "values")
 
-    def __post_init__(self) -> None:
-        if self.hi < 0:
-            object.__setattr__(self, "hi", len(self.times))
+    def __init__(
+        self,
+        times: list[float],
+        values: list[float],
+        lo: int = 0,
+        hi: int = -1,
+        base: int = 0,
+        caches: dict[str, BucketCache] | None = None,
+    ) -> None:
+        self.times, self.values, self.lo, self.base, self.caches = times, values, lo, base, caches
+        self.hi = len(times) if hi < 0 else hi
 
     def since(self, start: float) -> History:
         i = bisect.bisect_left(self.times, start, self.lo, self.hi)
-        return History(self.times, self.values, i, self.hi, self.base, self.sorted_cache)
+        return History(self.times, self.values, i, self.hi, self.base, self.caches)
 
     def __len__(self) -> int:
         return self.hi - self.lo
@@ -126,64 +162,79 @@ def _remove(data: list[float], value: float) -> bool:
     return False  # NaN, or out of step: the caller sorts afresh
 
 
-def bucket_data(
+def bucket_stats(
     history: History, start: float, end: float, *, count: int = 12, slot: str | None = None
-) -> list[tuple[float, list[float]]]:
-    """Split [start, end] into equal buckets; per bucket that holds samples: its centre and its values,
-    sorted. `slot` names the caller, whose buckets are kept sorted from one tick to the next
-    (the window slides by a sample or two per tick: the values that left are taken out of the sorted
-    list, those that came are inserted, the same list as sorting afresh); without one, each bucket is
-    sorted afresh. `base` is the absolute index of values[0]: the cache holds absolute indices, so a
-    compaction of the lists does not mislead it."""
+) -> list[tuple[float, float, float]]:
+    """Split [start, end] into equal buckets; per bucket that holds samples: its centre, its median and its
+    10th percentile. `slot` names the caller, whose buckets are carried from one tick to the next
+    (BucketCache); without one (or without `history.caches`), each bucket is sorted afresh. Either way the
+    figures are those of sorting each bucket's values afresh."""
     if end - start <= 0:
         return []
     width = (end - start) / count
     times, lo, hi = history.times, history.lo, history.hi
-    edges = [bisect.bisect_left(times, start + i * width, lo, hi) for i in range(count)] + [hi]
-    cache, values, base = history.sorted_cache, history.values, history.base
+    edges = [bisect.bisect_left(times, start + i * width, lo, hi) for i in range(count)]
+    edges.append(hi)
+    values, base = history.values, history.base
+    caches = history.caches
     out = []
-    kept: list[SortedBucket | None] | None = None
-    if cache is not None and slot is not None:
-        kept = cache.get(slot)
-        if kept is None or len(kept) != count:
-            kept = cache[slot] = [None] * count
+    if caches is None or slot is None:
+        for i in range(count):
+            a, b = edges[i], edges[i + 1]
+            if a < b:
+                out.append((start + (i + 0.5) * width, *_stats(sorted(values[a:b]))))
+        return out
+    cache = caches.get(slot)
+    if cache is None:
+        cache = caches[slot] = BucketCache()
+    kept = cache.kept
+    if len(kept) != count:
+        kept = cache.kept = [None] * count
+    if cache.size <= hi - lo:
+        cache._grow(hi - lo)
+    mask = cache.size - 1
+    starts, ends, medians, floors = cache.starts, cache.ends, cache.medians, cache.floors
     for i in range(count):
         a, b = edges[i], edges[i + 1]
         if a < b:
-            if kept is None:
-                data = sorted(values[a:b])
+            new_lo, new_hi = a + base, b + base
+            at = new_hi & mask
+            if ends[at] == new_hi and starts[at] == new_lo:
+                out.append((start + (i + 0.5) * width, medians[at], floors[at]))
+                continue
+            entry = kept[i]
+            if entry is not None and entry[0] == new_lo and entry[1] == new_hi:
+                data = entry[2]
+            elif (
+                entry is not None
+                and base <= entry[0] <= new_lo <= entry[1] <= new_hi
+                and new_lo - entry[0] + new_hi - entry[1] < 8
+                and _slide(entry[2], values, entry[0] - base, a, entry[1] - base, b)
+            ):
+                data = entry[2]
+                entry[0], entry[1] = new_lo, new_hi
             else:
-                entry, new_lo, new_hi = kept[i], a + base, b + base
-                if entry is not None and entry[0] == new_lo and entry[1] == new_hi:
-                    data = entry[2]
-                elif (
-                    entry is not None
-                    and base <= entry[0] <= new_lo <= entry[1] <= new_hi
-                    and new_lo - entry[0] + new_hi - entry[1] < 8
-                    and _slide(entry[2], values, entry[0] - base, a, entry[1] - base, b)
-                ):
-                    data = entry[2]
-                    entry[0], entry[1] = new_lo, new_hi
-                else:
-                    data = sorted(values[a:b])
-                    kept[i] = [new_lo, new_hi, data]
-            out.append((start + (i + 0.5) * width, data))
+                data = sorted(values[a:b])
+                kept[i] = [new_lo, new_hi, data]
+            median, floor = _stats(data)
+            starts[at], ends[at], medians[at], floors[at] = new_lo, new_hi, median, floor
+            out.append((start + (i + 0.5) * width, median, floor))
     return out
 
 
-def stat_points(buckets: list[tuple[float, list[float]]], *, floor: bool = False) -> list[tuple[float, float]]:
+def stat_points(buckets: list[tuple[float, float, float]], *, floor: bool = False) -> list[tuple[float, float]]:
     """One point per bucket: its median, or its 10th percentile (`floor`: the troughs under a sawtooth,
     where one wild low reading does not count)."""
     if floor:
-        return [(centre, data[len(data) // 10]) for centre, data in buckets]
-    return [(centre, median_of_sorted(data)) for centre, data in buckets]
+        return [(centre, low) for centre, _, low in buckets]
+    return [(centre, median) for centre, median, _ in buckets]
 
 
 def bucket_points(
     history: History, start: float, end: float, *, floor: bool = False, count: int = 12, slot: str | None = None
 ) -> list[tuple[float, float]]:
     """Split [start, end] into equal buckets; one point per bucket: its median, or its 10th percentile."""
-    return stat_points(bucket_data(history, start, end, count=count, slot=slot), floor=floor)
+    return stat_points(bucket_stats(history, start, end, count=count, slot=slot), floor=floor)
 
 
 def slope_of(points: list[tuple[float, float]]) -> float | None:
@@ -221,19 +272,22 @@ class Series:
     """The bounded history of one series and its climb, fed one sample at a time.
 
     The samples are kept as parallel lists (times, values) with the window's start in them, compacted
-    now and then, and the values also kept sorted as a whole and per bucket of the windows analysed
-    (bucket_data): a tick adds a sample and drops one, so it moves a few values in sorted
-    lists instead of sorting the whole history again. The results are those of sorting afresh."""
+    now and then, and the values also kept sorted as a whole; the statistics of the windows' buckets are
+    carried from one tick to the next (BucketCache): a tick adds a sample and drops one, so it computes
+    the newest bucket of each window and finds the others' among those it computed before, instead of
+    sorting every bucket again. The results are those of sorting afresh: `incremental=False` computes
+    every statistic from scratch, each tick (the tests compare the two)."""
 
-    def __init__(self, settings: TrendSettings) -> None:
+    def __init__(self, settings: TrendSettings, *, incremental: bool = True) -> None:
         self.settings = settings
+        self.incremental = incremental
         self.maxlen = int(settings.long_window_seconds / settings.interval_seconds) + 8
         self._times: list[float] = []
         self._values: list[float] = []
         self._head = 0  # index of the oldest sample still in the window
         self._base = 0  # samples compacted away since the series began: absolute index = _base + list index
         self._sorted: list[float] = []  # the window's values, sorted (the spread's percentiles)
-        self._buckets: dict[str, list[SortedBucket | None]] = {}
+        self._buckets: dict[str, BucketCache] = {}
         self._recent: deque[float] = deque(maxlen=3)
         self.climb_start: float | None = None
         self.climb_floor = 0.0
@@ -295,13 +349,14 @@ class Series:
         if not len(self):
             return None
         s = self.settings
-        samples = History(self._times, self._values, self._head, len(self._times), self._base, self._buckets)
+        caches = self._buckets if self.incremental else None
+        samples = History(self._times, self._values, self._head, len(self._times), self._base, caches)
         first, now = samples.first, self._times[-1]
         level = median_of_sorted(sorted(self._recent))
         short = samples.since(now - s.short_window_seconds)
-        slope_short = robust_slope(short, now - s.short_window_seconds, now)  # a few samples a bucket
-        # The whole history's buckets, shared by the long slope and the floor's (sorted once per tick).
-        whole = bucket_data(samples, first, now, slot="all")
+        slope_short = robust_slope(short, now - s.short_window_seconds, now, slot="short")
+        # The whole history's buckets, shared by the long slope and the floor's (computed once per tick).
+        whole = bucket_stats(samples, first, now, slot="all")
         self._whole_floor = None
         slope_long = slope_of(stat_points(whole))
         climb_seconds = now - self.climb_start if self.climb_start is not None else 0.0
@@ -316,12 +371,12 @@ class Series:
             slope_long = rising
         return Trend(state, level, slope_short, slope_long, climb_seconds, seconds_to_full, now - first)
 
-    def _floor_points(self, whole: list[tuple[float, list[float]]]) -> list[tuple[float, float]]:
+    def _floor_points(self, whole: list[tuple[float, float, float]]) -> list[tuple[float, float]]:
         if self._whole_floor is None:
             self._whole_floor = stat_points(whole, floor=True)
         return self._whole_floor
 
-    def _climb_slope(self, samples: History, whole: list[tuple[float, list[float]]], now: float) -> float | None:
+    def _climb_slope(self, samples: History, whole: list[tuple[float, float, float]], now: float) -> float | None:
         """The pace of the current climb, or of the floor under a sawtooth when that is what rises."""
         assert self.climb_start is not None
         slope = robust_slope(samples.since(self.climb_start), self.climb_start, now, slot="climb")
@@ -333,13 +388,18 @@ class Series:
         self,
         samples: History,
         short: History,
-        whole: list[tuple[float, list[float]]],
+        whole: list[tuple[float, float, float]],
         level: float,
         climb_seconds: float,
         now: float,
     ) -> str:
         s = self.settings
-        if median_of_sorted(sorted(samples.since(now - 30.0).window())) >= s.saturated_ratio:
+        # No median of the last 30 s reaches the mark when no value of the window does (the largest is
+        # kept, sorted): most series are spared the sort.
+        values = self._sorted if self.incremental else sorted(samples.window())
+        if values[-1] >= s.saturated_ratio and (
+            median_of_sorted(sorted(samples.since(now - 30.0).window())) >= s.saturated_ratio
+        ):
             return "saturated"
         if level >= s.spike_level_ratio and level - min(short.window()) >= s.spike_rise_ratio:
             return "spike"
@@ -349,12 +409,11 @@ class Series:
         self.latched = climbing
         if climbing:
             return "climbing"
-        values = self._sorted
         p5, p95 = values[int(0.05 * (len(values) - 1))], values[int(0.95 * (len(values) - 1))]
         return "sawtooth" if p95 - p5 >= s.sawtooth_span_ratio else "steady"
 
     def _is_climbing(
-        self, samples: History, whole: list[tuple[float, list[float]]], level: float, climb_seconds: float, now: float
+        self, samples: History, whole: list[tuple[float, float, float]], level: float, climb_seconds: float, now: float
     ) -> bool:
         s = self.settings
         if self.latched:
@@ -383,6 +442,9 @@ class Series:
         # width, (end - start) / 12): below half the pace needed (a margin for rounding), the median of
         # the slopes cannot reach it either. Most series are not rising: this spares their Theil-Sen.
         if needed > 0 and (max(values) - min(values)) * 2 < needed * (end - start) / 12:
+            return False
+        # Where the last point is no higher than the first, the spread is 0 and fails: no Theil-Sen needed.
+        if values[-1] <= values[0]:
             return False
         slope = theil_sen(points) or 0.0
         return (
