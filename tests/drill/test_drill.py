@@ -9,6 +9,7 @@ alert must arrive before the first OOM.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,14 @@ def test_drill(name: str, tmp_path: Path) -> None:
     assert report.alerts and all(a.ok for a in report.alerts)
     if scenario.memory_alert_before_oom:
         assert report.memory_alert_lead_minutes is not None and report.memory_alert_lead_minutes > 0
+    if scenario.engine == "sglang":
+        # SGLang's retractions are in its log and counted apart, as preemptions; no OOM event but its CUDA OOMs (a
+        # death in the last second may be in the log and not yet in Prometheus).
+        log = (tmp_path / "engine.log").read_text()
+        assert "KV cache pool is full. Retract requests." in log
+        assert int(re.search(r"preemptions: (\d+)", report.diagnosis_text)[1]) > 0, report.diagnosis_text
+        ooms = [event for _, event in report.timeline if event.startswith("OOM event")]
+        assert 2 <= len(ooms) <= log.count("torch.OutOfMemoryError: CUDA out of memory"), (ooms, report.markdown())
     if all(receiver is NOT_DELIVERED for receiver in scenario.expected.values()):
         # Nothing pages, nothing is ticketed: not only the alerts listed quiet, any alert of the bundle.
         assert not [event for _, event in report.timeline if " reached " in event], report.markdown()

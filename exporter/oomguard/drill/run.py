@@ -248,7 +248,7 @@ async def run_drill(
     trend = dataclasses.asdict(TrendSettings().time_scaled(time_scale))
     config = load_config(None, {
         "state_dir": str(workdir / "state"), "trend": trend,
-        "simulation": {"scenario": scenario.simulation, "time_scale": time_scale},
+        "simulation": {"scenario": scenario.simulation, "time_scale": time_scale, "engine": scenario.engine},
         "events": {"kernel_log": False, "quiet_seconds": 1, "rearm_seconds": max(1.0, 60 / time_scale)},
     })  # fmt: skip
     runtime = Runtime(config, start_simulation=False, simulation_log=workdir / "engine.log")

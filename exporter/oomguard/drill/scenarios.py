@@ -52,6 +52,7 @@ class DrillScenario:
     verdict: str
     memory_alert_before_oom: bool = False
     bundle: dict = field(default_factory=lambda: PROBE)  # bundle configuration overrides
+    engine: str = "vllm"  # the simulated engine (simulation.engine): one with a simulator
 
 
 SCENARIOS: dict[str, DrillScenario] = {
@@ -78,6 +79,31 @@ SCENARIOS: dict[str, DrillScenario] = {
             quiet=("RestartsWithoutOom", "TargetDown", "ExporterDown", "SourceFailing"),
             verdict="memory_overcommit",
             memory_alert_before_oom=True,
+        ),
+        DrillScenario(
+            name="sglang-incident",
+            summary="The incident on SGLang at mem_fraction_static 0.9, with a model that loads in 2 minutes: the "
+            "KV pool fills and the scheduler retracts requests (`KV cache pool is full. Retract requests.`: "
+            "pressure, counted as preemptions, not as OOMs), the queue grows, memory climbs to PyTorch's CUDA OOM "
+            "in the scheduler 12 minutes in; each relaunch (answering /health 503 while it loads, longer than the "
+            "90 s probe) dies sooner: a restart storm.",
+            simulation="overcommit-quick",
+            engine="sglang",
+            # The third relaunch comes 21.5 minutes in (later on a busy host, where each process takes longer to
+            # start and to go), and RestartStorm after it.
+            minutes=30,
+            expected={
+                "GpuMemoryExhaustedSoon": PAGER,
+                "OomEvent": PAGER,
+                "RestartStorm": PAGER,
+                "StartupSlowerThanProbe": TICKET,
+                "QueueBacklog": TICKET,
+                "KvCacheSaturated": TICKET,
+            },
+            quiet=("RestartsWithoutOom", "TargetDown", "ExporterDown", "SourceFailing"),
+            verdict="memory_overcommit",
+            memory_alert_before_oom=True,
+            bundle={"alerts": {"startup_slower_than_probe": {"probe_initial_delay_seconds": 90}}},
         ),
         DrillScenario(
             name="slow-leak",
