@@ -37,6 +37,17 @@ PROBE = {"alerts": {"startup_slower_than_probe": {"probe_initial_delay_seconds":
 # holds it (docs/runbooks.md); the diagnosis is what tells the other process apart.
 FOREIGN_QUIET = ("TargetMemoryOverBudget", "QueueBacklog", "KvCacheSaturated", "RestartsWithoutOom")
 HEALTHY_PROBE = {"alerts": {"startup_slower_than_probe": {"probe_initial_delay_seconds": 600}}}
+# The incident, on either engine: a page before the OOM, the OOM and the restart loop; the slow start, the
+# queue and the full KV cache ticketed.
+INCIDENT = {
+    "GpuMemoryExhaustedSoon": PAGER,
+    "OomEvent": PAGER,
+    "RestartStorm": PAGER,
+    "StartupSlowerThanProbe": TICKET,
+    "QueueBacklog": TICKET,
+    "KvCacheSaturated": TICKET,
+}
+INCIDENT_QUIET = ("RestartsWithoutOom", "TargetDown", "ExporterDown", "SourceFailing")
 
 
 @dataclass(frozen=True)
@@ -68,15 +79,8 @@ SCENARIOS: dict[str, DrillScenario] = {
             # GpuMemoryHigh and GpuMemoryCritical are not expected: the engine reserves 0.90, so they judge the
             # headroom above it (95 % and 97.5 % used), and this spike stays above those for less than their
             # `for:` (5m, 2m) before the OOM. The trend's ExhaustedSoon pages first, minutes ahead (docs/drill.md).
-            expected={
-                "GpuMemoryExhaustedSoon": PAGER,
-                "OomEvent": PAGER,
-                "RestartStorm": PAGER,
-                "StartupSlowerThanProbe": TICKET,
-                "QueueBacklog": TICKET,
-                "KvCacheSaturated": TICKET,
-            },
-            quiet=("RestartsWithoutOom", "TargetDown", "ExporterDown", "SourceFailing"),
+            expected=INCIDENT,
+            quiet=INCIDENT_QUIET,
             verdict="memory_overcommit",
             memory_alert_before_oom=True,
         ),
@@ -92,15 +96,8 @@ SCENARIOS: dict[str, DrillScenario] = {
             # The third relaunch comes 21.5 minutes in (later on a busy host, where each process takes longer to
             # start and to go), and RestartStorm after it.
             minutes=30,
-            expected={
-                "GpuMemoryExhaustedSoon": PAGER,
-                "OomEvent": PAGER,
-                "RestartStorm": PAGER,
-                "StartupSlowerThanProbe": TICKET,
-                "QueueBacklog": TICKET,
-                "KvCacheSaturated": TICKET,
-            },
-            quiet=("RestartsWithoutOom", "TargetDown", "ExporterDown", "SourceFailing"),
+            expected=INCIDENT,
+            quiet=INCIDENT_QUIET,
             verdict="memory_overcommit",
             memory_alert_before_oom=True,
             bundle={"alerts": {"startup_slower_than_probe": {"probe_initial_delay_seconds": 90}}},

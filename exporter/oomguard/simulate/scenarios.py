@@ -99,6 +99,16 @@ class Scenario:
         """The GPU CUDA runs out of memory on: the one that grows alone, else the first."""
         return self.skew_gpu if self.skew_gpu is not None else 0
 
+    def memory_at_death(self, life: int, total_bytes: int) -> tuple[int, float, float]:
+        """(the GPU that runs out, the bytes the engine holds on it, the bytes left free) as life `life` dies of
+        CUDA OOM: the figures of its traceback."""
+        gpu = self.oom_gpu
+        death = self.death_at(life) or 0.0
+        used = self.gpu_used_ratio(death, life, gpu) * total_bytes
+        # The first life's clock is the foreign process's (both from the first launch); later ones never serve.
+        foreign = self.foreign_ratio(death) * total_bytes if gpu == 0 and life == 0 else 0.0
+        return gpu, used, max(0.0, total_bytes - IDLE_GPU_BYTES - used - foreign)
+
     def gpu_used_ratio(self, t: float, life: int = 0, gpu: int = 0) -> float:
         """Share of GPU `gpu` (0 .. gpus - 1) the engine's processes hold, t simulated seconds after launch."""
         if t < self.load_seconds or not self.starts(life):

@@ -17,7 +17,7 @@ import time
 
 from aiohttp import web
 
-from oomguard.simulate.scenarios import GIB, IDLE_GPU_BYTES, Scenario
+from oomguard.simulate.scenarios import GIB, Scenario
 from oomguard.simulate.serve import SimulatedEngine, run_simulator
 
 WEIGHTS_RATIO = 0.2  # the scenarios' weights: a fifth of each GPU
@@ -77,11 +77,7 @@ sglang:queue_time_seconds_sum{{{labels}}} {f.prefix_queries / 9000:.1f}
 
 def oom_traceback(scenario: Scenario, *, life: int, pid: int, total_bytes: int) -> str:
     """The scheduler's death of CUDA OOM: the figures of the GPU that runs out, at its death."""
-    gpu = scenario.oom_gpu
-    death = scenario.death_at(life) or 0.0
-    used = scenario.gpu_used_ratio(death, life, gpu) * total_bytes
-    foreign = scenario.foreign_ratio(death) * total_bytes if gpu == 0 and life == 0 else 0.0
-    free = max(0, total_bytes - IDLE_GPU_BYTES - used - foreign)
+    gpu, used, free = scenario.memory_at_death(life, total_bytes)
     return (
         f"{log_header(f' TP{gpu}')}Scheduler hit an exception: Traceback (most recent call last):\n"
         '  File "sglang/srt/managers/scheduler.py", in event_loop_overlap\n'

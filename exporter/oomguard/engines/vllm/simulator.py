@@ -110,12 +110,7 @@ def startup_traceback(scenario: Scenario, *, pid: int, total_bytes: int, foreign
 
 def oom_traceback(scenario: Scenario, *, life: int, pid: int, total_bytes: int) -> str:
     """What the engine writes as it dies of CUDA OOM: the figures of its GPU that runs out, at its death."""
-    gpu = scenario.oom_gpu
-    death = scenario.death_at(life) or 0.0
-    used = scenario.gpu_used_ratio(death, life, gpu) * total_bytes
-    # The first life's clock is the foreign process's (both from the first launch); later ones never serve.
-    foreign = scenario.foreign_ratio(death) * total_bytes if gpu == 0 and life == 0 else 0.0
-    free = max(0, total_bytes - IDLE_GPU_BYTES - used - foreign)
+    gpu, used, free = scenario.memory_at_death(life, total_bytes)
     template = TP_OOM_TRACEBACK if scenario.gpus > 1 else OOM_TRACEBACK
     return template.format(pid=pid, gpu=gpu, total=total_bytes / GIB, free=free / 1024**2, used=used / GIB)
 
