@@ -245,7 +245,10 @@ async def test_prometheus_settings_reach_the_exporter(tls_build: list[dict[str, 
     password = _secret(tls_build, auth["password"]["name"])[auth["password"]["key"]].decode()
 
     state = WebConfigState(load_web_config(volume / "web-config.yml"))
-    config = load_config(None, {"events": {"kernel_log": False, "xid": False}, "trend": {"enabled": False}})
+    config = load_config(None, {
+        "events": {"kernel_log": False, "xid": False}, "trend": {"enabled": False},
+        "discovery": {"local": "off"},  # no engine: not one another test runs on this host
+    })  # fmt: skip
     server = Server(make_app(Runtime(config, nvml_lib=FakeNvml([FakeGpu(0)])), state), "127.0.0.1", 0, state)
     await server.start()
     context = ssl.create_default_context(cadata=ca.decode())

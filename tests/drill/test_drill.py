@@ -117,7 +117,7 @@ async def test_check_against_a_running_prometheus(tmp_path: Path) -> None:
     bundle = load_bundle_config()
     for name, text in render(bundle).items():
         (tmp_path / name).write_text(text)
-    config = load_config(None, {"events": {"kernel_log": False}, "targets": []})
+    config = load_config(None, {"events": {"kernel_log": False}, "targets": [], "discovery": {"local": "off"}})
     runner = web.AppRunner(make_app(Runtime(config, nvml_lib=FakeNvml([FakeGpu(0)]))))
     await runner.setup()
     port = free_port()
@@ -135,6 +135,7 @@ async def test_check_against_a_running_prometheus(tmp_path: Path) -> None:
         assert not [p for p in problems if "is not loaded" in p], problems
         assert any("oomguard_engine_requests_waiting" in p for p in problems)
         assert not any("oomguard_gpu_memory_used_ratio{" in p for p in problems)
+        assert not any("oomguard_engine_setting{" in p for p in problems)  # absent where no local engine is read
         problems = await asyncio.to_thread(check_deployment, without_rules.url, bundle)
         assert any("rule OomGuardOomEvent is not loaded" in p for p in problems)
         assert await asyncio.to_thread(check_deployment, "http://127.0.0.1:9", bundle) == [

@@ -179,7 +179,10 @@ async def serve(tmp_path: Path) -> AsyncIterator[Callable[[str], Awaitable[Serve
         file = tmp_path / "web-config.yml"
         file.write_text(text)
         state = WebConfigState(await asyncio.to_thread(load_web_config, file))
-        config = load_config(None, {"events": {"kernel_log": False, "xid": False}, "trend": {"enabled": False}})
+        config = load_config(None, {
+            "events": {"kernel_log": False, "xid": False}, "trend": {"enabled": False},
+            "discovery": {"local": "off"},  # no engine: not one another test runs on this host
+        })  # fmt: skip
         app = make_app(Runtime(config, nvml_lib=FakeNvml([FakeGpu(0)])), state)
         server = Server(app, "127.0.0.1", 0, state, poll_seconds=0.1)
         await server.start()

@@ -420,6 +420,9 @@ def check_deployment(prometheus_url: str, bundle: BundleConfig) -> list[str]:
         "oomguard_gpu_memory_unreserved_used_bytes",
         "oomguard_gpu_memory_headroom_used_ratio",
         "oomguard_target_probe_grace_seconds",  # only for the pods the Kubernetes discovery finds
+        # Read from a local engine's command line: absent for pods, remote engines and settings left at a default
+        # oomguard cannot know (vLLM 0.8+ without --max-num-seqs); ConcurrencyOverKvCache is quiet then.
+        "oomguard_engine_setting",
     }
     for metric in (m for m in inputs if m not in conditional):
         query = urllib.parse.quote(f"count({metric}{{{bundle.selector}}})")
