@@ -11,7 +11,7 @@ PLUGIN = EnginePlugin(
     package=__name__,
     # "2025-01-01T12:00:00.000000Z ERROR text_generation_launcher: " (its text log format).
     log_line_prefix=r"(?:\d{4}-\d\d-\d\dT[\d:.]+Z +[A-Z]+ [\w:]+: )?",
-    simulator=None,
+    simulator="oomguard.engines.tgi.simulator",
     families_table=(
         FamilyRow(
             "`oomguard_engine_kv_cache_usage_ratio`",
