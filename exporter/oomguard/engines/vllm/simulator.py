@@ -128,8 +128,9 @@ async def serve(engine: SimulatedEngine) -> int:
 
     async def metrics(_: web.Request) -> web.Response:
         body = vllm_metrics_text(
-            scenario, engine.now(), model=args.model, start_time=engine.launched, total_bytes=args.gpu_total_bytes
-        )
+            scenario, engine.now(), life=args.life, model=args.model, start_time=engine.launched,
+            total_bytes=args.gpu_total_bytes,
+        )  # fmt: skip
         return web.Response(text=body, content_type="text/plain")
 
     async def health(_: web.Request) -> web.Response:
