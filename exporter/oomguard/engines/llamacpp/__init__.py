@@ -12,7 +12,7 @@ PLUGIN = EnginePlugin(
     package=__name__,
     # llama.cpp prints no traceback: a failure is one or a few lines, each matched on its own.
     log_line_prefix="",
-    simulator=None,
+    simulator="oomguard.engines.llamacpp.simulator",
     families_table=(
         FamilyRow(
             "`oomguard_engine_kv_cache_usage_ratio`",

@@ -1,0 +1,163 @@
+"""The simulated llama-server: its bodies read by the llama.cpp reader and /slots, one life as a process, and
+`serve --simulate` running it through its OOM and a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from support import value
+
+from oomguard.config import load_config
+from oomguard.engines.llamacpp.reader import LlamaCppReader
+from oomguard.engines.llamacpp.simulator import SLOTS, llamacpp_metrics_text, processing_deferred, slots_body
+from oomguard.engines.llamacpp.slots import kv_usage_ratio
+from oomguard.events.catalogue import load_catalogue
+from oomguard.ports import free_port
+from oomguard.promtext import FamilyExtractor
+from oomguard.runtime import Runtime
+from oomguard.simulate.scenarios import SCENARIOS
+from oomguard.sources.processes import start_time
+from oomguard.web import make_app
+
+QUICK = SCENARIOS["overcommit-quick"]  # 2 simulated minutes of load, dies 12.3 minutes after launch
+
+
+def read(body: str) -> tuple[float | None, float | None]:
+    (model,) = LlamaCppReader().read(FamilyExtractor(LlamaCppReader.families).extract(body)).models
+    return model.requests_running, model.requests_waiting
+
+
+@pytest.mark.parametrize("name", ["overcommit", "default-steady"])
+def test_its_bodies_are_read_as_llamacpp(name: str) -> None:
+    """Every simulated second of a first life: the batch churning, then (overcommit) the overload."""
+    scenario = SCENARIOS[name]
+    end = scenario.death_at(0) or scenario.load_seconds + 600
+    overloaded = 0
+    for t in range(int(scenario.load_seconds) + 1, int(end)):
+        figures = scenario.engine(t)
+        # The slots cap what runs: a request beyond them is deferred, with those the scenario queues.
+        running, waiting = read(llamacpp_metrics_text(scenario, t))
+        assert running == min(figures.running, SLOTS), t
+        assert running + waiting == figures.running + figures.waiting, t
+        overloaded += figures.running > SLOTS
+        slots = json.loads(json.dumps(slots_body(scenario, t)))  # as it goes over the wire
+        assert sum(s["is_processing"] for s in slots) == running
+        assert kv_usage_ratio(slots) == pytest.approx(figures.kv_cache_usage, abs=1e-4), t
+    assert overloaded > 0 if name == "overcommit" else overloaded == 0
+
+
+def http_get(port: int, path: str) -> tuple[int | None, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return None, ""
+
+
+def around(t0: float, t1: float) -> list[float]:
+    """Moments of the scenario's clock about [t0, t1]: the process's start time is known to a jiffy or so."""
+    return [t0 - 1 + i * 0.05 for i in range(int((t1 - t0 + 2) / 0.05) + 1)]
+
+
+def test_one_life_loads_serves_and_dies_of_cudamalloc() -> None:
+    scale = 60.0  # the load in 2 s, the death 12.3 s after launch
+    port = free_port()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "oomguard.engines.llamacpp.simulator", "--scenario", QUICK.name,
+         "--port", str(port), "--time-scale", str(scale)],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    health: list[tuple[int | None, str]] = []
+    checked = 0
+    try:
+        while child.poll() is None:
+            answer = http_get(port, "/health")
+            if not health or health[-1] != answer:
+                health.append(answer)
+            launched = start_time(child.pid)
+            if answer[0] == 200 and launched is not None and checked < 5:
+                t0 = (time.time() - launched) * scale
+                status, metrics = http_get(port, "/metrics")
+                _, slots = http_get(port, "/slots")
+                t1 = (time.time() - launched) * scale
+                if status == 200:
+                    window = around(t0, t1)
+                    assert read(metrics) in {processing_deferred(QUICK, t) for t in window}, (t0, metrics)
+                    ratio = kv_usage_ratio(json.loads(slots))
+                    kv = [QUICK.engine(t).kv_cache_usage for t in window]
+                    assert min(kv) - 1e-3 <= ratio <= max(kv) + 1e-3, (t0, ratio, kv)
+                    checked += 1
+            time.sleep(0.02)
+        _, log = child.communicate(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 1, log
+    assert checked == 5, health
+    statuses = [status for status, _ in health]
+    assert statuses[-1] in (200, None) and 503 in statuses, health  # it listens while it loads
+    assert statuses.index(503) < statuses.index(200), health
+    assert json.loads(dict(health)[503]) == {"error": {"code": 503, "message": "Loading model",
+                                                       "type": "unavailable_error"}}  # fmt: skip
+    assert json.loads(dict(health)[200]) == {"status": "ok"}
+    # Its log, as the llama.cpp patterns read it: a start, then the death's CUDA OOM, last.
+    catalogue = load_catalogue(engine="llamacpp")
+    kinds = [{p.kind for p in catalogue if p.regex.search(line)} for line in log.splitlines()]
+    assert kinds.count({"startup"}) == 1, log
+    assert "cuda_oom" in set().union(*kinds[-5:]) and "cuda_oom" not in set().union(*kinds[:-5]), log
+
+
+async def test_serve_simulate_runs_llamacpp_through_its_oom(tmp_path: Path, aiohttp_client) -> None:
+    """Loading, up with the scenario's figures, the OOM read from its log as one event, relaunched as a restart."""
+    scale = 60.0
+    config = load_config(
+        None,
+        {
+            "simulation": {"scenario": QUICK.name, "engine": "llamacpp", "time_scale": scale},
+            "trend": {"enabled": False},
+            "events": {"kernel_log": False, "xid": False},
+        },
+    )
+    runtime = Runtime(config, simulation_log=tmp_path / "engine.log")
+    assert [t.name for t in runtime.config.targets] == ["sim-llamacpp"]
+    client = await aiohttp_client(make_app(runtime))
+    peak_running = peak_waiting = peak_kv = 0.0
+    text = ""
+    deadline = time.time() + (QUICK.oom_at + QUICK.restart_delay + QUICK.load_seconds) / scale + 15
+    while time.time() < deadline:
+        text = await (await client.get("/metrics")).text()
+        if value(text, "oomguard_target_state", target="sim-llamacpp", state="up") == 1.0:
+            peak_running = max(peak_running, value(text, "oomguard_engine_requests_running", target="sim-llamacpp"))
+            peak_waiting = max(peak_waiting, value(text, "oomguard_engine_requests_waiting", target="sim-llamacpp"))
+            peak_kv = max(peak_kv, value(text, "oomguard_engine_kv_cache_usage_ratio", target="sim-llamacpp"))
+        if value(text, "oomguard_target_restarts_total", target="sim-llamacpp") >= 1.0:
+            break
+        await asyncio.sleep(0.2)
+    # The overload: every slot at work and full, the scenario's queue and the requests beyond the slots deferred.
+    assert (peak_running, peak_waiting, peak_kv) == (SLOTS, 48 + 16 - SLOTS, 1.0)
+    assert value(text, "oomguard_target_restarts_total", target="sim-llamacpp") == 1.0, text
+    for _ in range(20):  # the log is read on the event poller's own beat
+        if counted(text, "cuda_oom"):
+            break
+        await asyncio.sleep(0.25)
+        text = await (await client.get("/metrics")).text()
+    assert counted(text, "cuda_oom") == 1.0, text
+    assert counted(text, "startup_memory") == 0.0  # the death's buffer line is part of the one CUDA OOM
+
+
+def counted(text: str, kind: str) -> float:
+    try:
+        return value(text, "oomguard_target_events_total", target="sim-llamacpp", kind=kind)
+    except KeyError:
+        return 0.0
