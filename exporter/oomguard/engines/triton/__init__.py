@@ -11,7 +11,7 @@ PLUGIN = EnginePlugin(
     package=__name__,
     # Triton's glog header "E0305 19:29:57.029880 119 backend_model.cc:634] ".
     log_line_prefix=r"(?:[IWEF]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] )?",
-    simulator=None,
+    simulator="oomguard.engines.triton.simulator",
     families_table=(
         FamilyRow(
             "`oomguard_engine_kv_cache_usage_ratio`",

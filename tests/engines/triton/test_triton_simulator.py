@@ -1,0 +1,171 @@
+"""The simulated Triton (TensorRT-LLM backend): its bodies read by the Triton reader, one life as a process, a start
+without memory, and `serve --simulate` running it through its OOM and a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from support import value
+
+from oomguard.config import load_config
+from oomguard.engines import ENGINES
+from oomguard.engines.triton.reader import TritonReader
+from oomguard.engines.triton.simulator import kv_blocks, triton_metrics_text
+from oomguard.events.catalogue import load_catalogue
+from oomguard.events.detector import IncidentDetector
+from oomguard.exposition import render
+from oomguard.model import EngineReading
+from oomguard.ports import free_port
+from oomguard.promtext import FamilyExtractor
+from oomguard.runtime import Runtime
+from oomguard.simulate.scenarios import GIB, SCENARIOS, EngineFigures, Scenario
+from oomguard.sources.processes import start_time
+
+QUICK = SCENARIOS["overcommit-quick"]  # dies 12.3 simulated minutes in: 7.4 s at 100x
+TOTAL = 80 * GIB
+
+
+def read(body: str) -> EngineReading:
+    return TritonReader().read(FamilyExtractor(TritonReader.families).extract(body))
+
+
+def kinds_in(log: str) -> tuple[list[str], int]:
+    """The event kinds the triton patterns find in a log, and how many startup lines it has."""
+    detector = IncidentDetector(load_catalogue("triton"), line_prefix=ENGINES["triton"].log_line_prefix)
+    for line in log.splitlines():
+        detector.feed(line, 0.0)
+    return [e.kind for e in detector.tick(600.0)], len(detector.take_starts())
+
+
+@pytest.mark.parametrize("serving", [30.0, 200.0, 500.0])  # churning, then overloaded with a full pool
+def test_its_bodies_are_read_as_triton_with_the_scenarios_figures(serving: float) -> None:
+    t = QUICK.load_seconds + serving
+    reading = read(triton_metrics_text(QUICK, t, model="tensorrt_llm", total_bytes=TOTAL))
+    (model,) = reading.models
+    figures = QUICK.engine(t)
+    assert model.model_name == "tensorrt_llm"
+    assert (model.requests_running, model.requests_waiting) == (figures.running, figures.waiting)
+    blocks = kv_blocks(QUICK, TOTAL)
+    assert model.kv_cache_usage_ratio == pytest.approx(figures.kv_cache_usage, abs=1 / blocks)
+    assert (reading.kv_cache_blocks, reading.kv_cache_block_size_tokens) == (blocks, 64.0)
+    # A share of what the weights leave: no reservation is passed off as gpu_memory_utilization.
+    assert reading.memory_utilization_ratio is None
+
+
+def http_get(port: int, path: str) -> tuple[int | None, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except OSError:
+        return None, ""
+
+
+def figures_around(scenario: Scenario, t0: float, t1: float) -> list[EngineFigures]:
+    """The scenario's figures at any time between t0 and t1 (the request's time is known to that window)."""
+    return [scenario.engine(t0 + (t1 - t0) * i / 40) for i in range(41)]
+
+
+def run_life(scenario: Scenario, scale: float) -> tuple[int, str, list[tuple[int | None, int | None]], int]:
+    """Runs one life of the simulator as the runner does; returns its exit code, its log, the (/metrics,
+    /v2/health/ready) statuses seen in turn, and how many /metrics bodies matched the scenario's figures."""
+    port = free_port()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "oomguard.engines.triton.simulator", "--scenario", scenario.name,
+         "--port", str(port), "--time-scale", str(scale)],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen: list[tuple[int | None, int | None]] = []
+    matched = 0
+    try:
+        while child.poll() is None:
+            before = time.time()
+            status, body = http_get(port, "/metrics")
+            after = time.time()
+            health, _ = http_get(port, "/v2/health/ready")
+            if not seen or seen[-1] != (status, health):
+                seen.append((status, health))
+            launched = start_time(child.pid)
+            if status == 200 and launched is not None:
+                # The simulator's clock starts with its process, known to a clock tick: a window around it.
+                window = ((before - launched) * scale - 2.0, (after - launched) * scale + 2.0)
+                (model,) = read(body).models
+                got = (model.requests_running, model.requests_waiting)
+                assert got in {(f.running, f.waiting) for f in figures_around(scenario, *window)}, (got, window)
+                matched += 1
+            time.sleep(0.05)
+        _, log = child.communicate(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return child.returncode, log, seen, matched
+
+
+def test_one_life_refuses_while_loading_serves_then_dies_of_its_oom() -> None:
+    code, log, seen, matched = run_life(QUICK, 100.0)
+    assert code == 1, log
+    # Nothing listens while the model loads; then /metrics, and the metrics port's 404 for /v2/health/ready.
+    assert seen[0] == (None, None), seen
+    assert (200, 404) in seen, seen
+    assert matched >= 5, matched
+    lines = log.splitlines()
+    assert "[TensorRT-LLM][ERROR] CUDA runtime error in" in lines[-1] and "out of memory" in lines[-1], log
+    assert kinds_in(log) == (["cuda_oom"], 1), log  # its OOM, once; its gRPC service line, a start
+
+
+def test_a_start_without_its_memory_fails_the_load_and_exits() -> None:
+    scenario = SCENARIOS["startup-oom"]
+    code, log, seen, _ = run_life(scenario, 100.0)
+    assert code == 1, log
+    assert set(seen) == {(None, None)}, seen  # it never listened
+    assert log.splitlines()[-1] == "error: creating server: Internal - failed to load all models", log
+    assert kinds_in(log) == (["startup_memory"], 0), log
+
+
+async def test_serve_simulate_runs_triton_through_its_oom_and_restart(tmp_path: Path) -> None:
+    scale = 60.0
+    config_values = {
+        "simulation": {"scenario": QUICK.name, "engine": "triton", "time_scale": scale},
+        "trend": {"enabled": False},
+        "events": {"kernel_log": False, "xid": False},
+    }
+    runtime = Runtime(load_config(None, config_values), simulation_log=tmp_path / "engine.log")
+    assert [t.name for t in runtime.config.targets] == ["sim-triton"]
+    await runtime.start()
+    try:
+        states: list[str] = []
+        peak_waiting = peak_kv = 0.0
+        deadline = time.time() + ((QUICK.oom_at or 0) + QUICK.restart_delay + QUICK.load_seconds) / scale + 15
+        while time.time() < deadline:
+            snapshot = await runtime.collection.snapshot()
+            (target,) = snapshot.targets
+            if not states or states[-1] != target.state:
+                states.append(target.state)
+            if target.state == "up":
+                assert target.health_status == 404  # the metrics port's answer, counted as up with a good body
+                text = render(snapshot).decode()
+                labels = {"target": "sim-triton", "model_name": "tensorrt_llm"}
+                assert value(text, "oomguard_engine_requests_running", **labels) >= 4
+                peak_waiting = max(peak_waiting, value(text, "oomguard_engine_requests_waiting", **labels))
+                peak_kv = max(peak_kv, value(text, "oomguard_engine_kv_cache_usage_ratio", **labels))
+            if states[-3:] == ["down", "loading", "up"]:
+                break
+            await asyncio.sleep(0.2)
+        assert states[:2] == ["loading", "up"], states
+        assert states[-3:] == ["down", "loading", "up"], states
+        assert peak_waiting > 10 and peak_kv == 1.0, (peak_waiting, peak_kv)
+        await asyncio.sleep(1.0)  # the event poller reads the log every half second
+        text = render(await runtime.collection.snapshot()).decode()
+        assert value(text, "oomguard_target_events_total", target="sim-triton", kind="cuda_oom") == 1.0, text
+        assert value(text, "oomguard_target_restarts_total", target="sim-triton") == 1.0, text
+    finally:
+        await runtime.stop()
