@@ -16,10 +16,12 @@ import pytest
 from support import value
 
 from oomguard.config import load_config
+from oomguard.engines import ENGINES
 from oomguard.engines.llamacpp.reader import LlamaCppReader
 from oomguard.engines.llamacpp.simulator import SLOTS, llamacpp_metrics_text, processing_deferred, slots_body
 from oomguard.engines.llamacpp.slots import kv_usage_ratio
 from oomguard.events.catalogue import load_catalogue
+from oomguard.events.detector import IncidentDetector
 from oomguard.ports import free_port
 from oomguard.promtext import FamilyExtractor
 from oomguard.runtime import Runtime
@@ -161,3 +163,21 @@ def counted(text: str, kind: str) -> float:
         return value(text, "oomguard_target_events_total", target="sim-llamacpp", kind=kind)
     except KeyError:
         return 0.0
+
+
+def test_a_start_without_memory_writes_the_kv_failure_and_exits() -> None:
+    """startup-oom: the weights load, the KV cache cannot be allocated: one startup_memory event, exit 1."""
+    scenario = SCENARIOS["startup-oom"]
+    port = free_port()
+    done = subprocess.run(
+        [sys.executable, "-m", "oomguard.engines.llamacpp.simulator", "--scenario", scenario.name,
+         "--port", str(port), "--time-scale", "60"],
+        stderr=subprocess.PIPE, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    detector = IncidentDetector(load_catalogue("llamacpp"), line_prefix=ENGINES["llamacpp"].log_line_prefix)
+    for line in done.stderr.splitlines():
+        detector.feed(line, 0.0)
+    assert [e.kind for e in detector.take_starts()] == ["startup"]  # its start, for the restart count
+    assert [e.kind for e in detector.tick(60.0)] == ["startup_memory"], done.stderr
+    assert done.stderr.splitlines()[-1] == "main: exiting due to model loading error"
