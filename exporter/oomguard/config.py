@@ -156,7 +156,7 @@ class SimulationConfig(StrictModel):
     time_scale: float = Field(
         1.0, gt=0, description="Speed of the simulated clock (10 = ten simulated seconds per second)."
     )
-    engine: str = Field("vllm", description="Which engine the simulation runs: one with a simulator (vllm, sglang).")
+    engine: str = Field("vllm", description="Which engine the simulation runs: vllm, sglang, tgi, triton or llamacpp.")
 
     @field_validator("engine")
     @classmethod

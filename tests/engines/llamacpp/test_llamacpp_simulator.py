@@ -6,23 +6,18 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
+from simulated_engines import http_get, log_events, run_life
 from support import value
 
 from oomguard.config import load_config
-from oomguard.engines import ENGINES
 from oomguard.engines.llamacpp.reader import LlamaCppReader
 from oomguard.engines.llamacpp.simulator import SLOTS, llamacpp_metrics_text, processing_deferred, slots_body
 from oomguard.engines.llamacpp.slots import kv_usage_ratio
 from oomguard.events.catalogue import load_catalogue
-from oomguard.events.detector import IncidentDetector
-from oomguard.ports import free_port
 from oomguard.promtext import FamilyExtractor
 from oomguard.runtime import Runtime
 from oomguard.simulate.scenarios import SCENARIOS
@@ -56,16 +51,6 @@ def test_its_bodies_are_read_as_llamacpp(name: str) -> None:
     assert overloaded > 0 if name == "overcommit" else overloaded == 0
 
 
-def http_get(port: int, path: str) -> tuple[int | None, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return None, ""
-
-
 def around(t0: float, t1: float) -> list[float]:
     """Moments of the scenario's clock about [t0, t1]: the process's start time is known to a jiffy or so."""
     return [t0 - 1 + i * 0.05 for i in range(int((t1 - t0 + 2) / 0.05) + 1)]
@@ -73,39 +58,30 @@ def around(t0: float, t1: float) -> list[float]:
 
 def test_one_life_loads_serves_and_dies_of_cudamalloc() -> None:
     scale = 60.0  # the load in 2 s, the death 12.3 s after launch
-    port = free_port()
-    child = subprocess.Popen(
-        [sys.executable, "-m", "oomguard.engines.llamacpp.simulator", "--scenario", QUICK.name,
-         "--port", str(port), "--time-scale", str(scale)],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
     health: list[tuple[int | None, str]] = []
     checked = 0
-    try:
-        while child.poll() is None:
-            answer = http_get(port, "/health")
-            if not health or health[-1] != answer:
-                health.append(answer)
-            launched = start_time(child.pid)
-            if answer[0] == 200 and launched is not None and checked < 5:
-                t0 = (time.time() - launched) * scale
-                status, metrics = http_get(port, "/metrics")
-                _, slots = http_get(port, "/slots")
-                t1 = (time.time() - launched) * scale
-                if status == 200:
-                    window = around(t0, t1)
-                    assert read(metrics) in {processing_deferred(QUICK, t) for t in window}, (t0, metrics)
-                    ratio = kv_usage_ratio(json.loads(slots))
-                    kv = [QUICK.engine(t).kv_cache_usage for t in window]
-                    assert min(kv) - 1e-3 <= ratio <= max(kv) + 1e-3, (t0, ratio, kv)
-                    checked += 1
-            time.sleep(0.02)
-        _, log = child.communicate(timeout=10)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert child.returncode == 1, log
+
+    def watch(port: int, child: subprocess.Popen[str]) -> None:
+        nonlocal checked
+        answer = http_get(port, "/health")
+        if not health or health[-1] != answer:
+            health.append(answer)
+        launched = start_time(child.pid)
+        if answer[0] == 200 and launched is not None and checked < 5:
+            t0 = (time.time() - launched) * scale
+            status, metrics = http_get(port, "/metrics")
+            _, slots = http_get(port, "/slots")
+            t1 = (time.time() - launched) * scale
+            if status == 200:
+                window = around(t0, t1)
+                assert read(metrics) in {processing_deferred(QUICK, t) for t in window}, (t0, metrics)
+                ratio = kv_usage_ratio(json.loads(slots))
+                kv = [QUICK.engine(t).kv_cache_usage for t in window]
+                assert min(kv) - 1e-3 <= ratio <= max(kv) + 1e-3, (t0, ratio, kv)
+                checked += 1
+
+    code, log = run_life("llamacpp", QUICK.name, scale, watch)
+    assert code == 1, log
     assert checked == 5, health
     statuses = [status for status, _ in health]
     assert statuses[-1] in (200, None) and 503 in statuses, health  # it listens while it loads
@@ -168,16 +144,8 @@ def counted(text: str, kind: str) -> float:
 def test_a_start_without_memory_writes_the_kv_failure_and_exits() -> None:
     """startup-oom: the weights load, the KV cache cannot be allocated: one startup_memory event, exit 1."""
     scenario = SCENARIOS["startup-oom"]
-    port = free_port()
-    done = subprocess.run(
-        [sys.executable, "-m", "oomguard.engines.llamacpp.simulator", "--scenario", scenario.name,
-         "--port", str(port), "--time-scale", "60"],
-        stderr=subprocess.PIPE, text=True, timeout=30,
-    )  # fmt: skip
-    assert done.returncode == 1, done.stderr
-    detector = IncidentDetector(load_catalogue("llamacpp"), line_prefix=ENGINES["llamacpp"].log_line_prefix)
-    for line in done.stderr.splitlines():
-        detector.feed(line, 0.0)
-    assert [e.kind for e in detector.take_starts()] == ["startup"]  # its start, for the restart count
-    assert [e.kind for e in detector.tick(60.0)] == ["startup_memory"], done.stderr
-    assert done.stderr.splitlines()[-1] == "main: exiting due to model loading error"
+    code, log = run_life("llamacpp", scenario.name, 60.0)
+    assert code == 1, log
+    # Its start (for the restart count), then the KV cache's failure as one startup_memory event.
+    assert log_events("llamacpp", log) == (["startup_memory"], 1), log
+    assert log.splitlines()[-1] == "main: exiting due to model loading error"

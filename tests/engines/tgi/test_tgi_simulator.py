@@ -4,39 +4,22 @@ the end), and `serve --simulate` running it through the OOM and the relaunch."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
+from simulated_engines import http_get, log_events, run_life
 from support import value
 
 from oomguard.config import load_config
-from oomguard.engines import ENGINES
 from oomguard.engines.tgi.reader import TgiReader
 from oomguard.engines.tgi.simulator import max_total_tokens, tgi_metrics_text
-from oomguard.events.catalogue import load_catalogue
-from oomguard.events.detector import IncidentDetector
 from oomguard.exposition import render
-from oomguard.ports import free_port
 from oomguard.promtext import FamilyExtractor
 from oomguard.runtime import Runtime
 from oomguard.simulate.scenarios import GIB, SCENARIOS
 
 QUICK = SCENARIOS["overcommit-quick"]  # loads in 120 s, dies of CUDA OOM ~12 simulated minutes after launch
-
-
-def get(port: int, path: str) -> tuple[int | None, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-    except OSError:
-        return None, ""  # refused: the router is not started yet
 
 
 def test_its_body_is_read_as_tgi_with_the_scenarios_figures() -> None:
@@ -55,30 +38,19 @@ def test_its_body_is_read_as_tgi_with_the_scenarios_figures() -> None:
 
 
 def test_one_life_refuses_while_loading_serves_then_dies_of_its_oom() -> None:
-    scale = 100.0  # 12.3 simulated minutes in ~7.4 s
-    port = free_port()
-    child = subprocess.Popen(
-        [sys.executable, "-m", "oomguard.engines.tgi.simulator", "--scenario", QUICK.name, "--port", str(port),
-         "--time-scale", str(scale)],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    started = time.time()
     seen: list[int | None] = []
     body = ""
-    try:
-        while child.poll() is None and time.time() - started < 30:
-            status, _ = get(port, "/health")
-            if not seen or seen[-1] != status:
-                seen.append(status)
-            if status == 200 and not body:
-                _, body = get(port, "/metrics")
-            time.sleep(0.02)
-        _, log = child.communicate(timeout=10)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert child.returncode == 1, log
+
+    def watch(port: int, _: object) -> None:
+        nonlocal body
+        status, _ = http_get(port, "/health")
+        if not seen or seen[-1] != status:
+            seen.append(status)
+        if status == 200 and not body:
+            _, body = http_get(port, "/metrics")
+
+    code, log = run_life("tgi", QUICK.name, 100.0, watch)  # 12.3 simulated minutes in ~7.4 s
+    assert code == 1, log
     assert seen[0] is None and 200 in seen, seen  # refused while loading, then healthy
     (model,) = TgiReader().read(FamilyExtractor(TgiReader.families).extract(body)).models
     assert model.requests_running is not None and model.requests_running >= 4
@@ -88,26 +60,14 @@ def test_one_life_refuses_while_loading_serves_then_dies_of_its_oom() -> None:
     assert any("torch.OutOfMemoryError: CUDA out of memory" in line for line in lines)
     assert "Shard 0 crashed" in log
     # Read by TGI's patterns: one start, then one CUDA OOM for the whole death.
-    detector = IncidentDetector(load_catalogue("tgi"), line_prefix=ENGINES["tgi"].log_line_prefix)
-    for line in lines:
-        detector.feed(line, 0.0)
-    assert [e.kind for e in detector.take_starts()] == ["startup"]
-    assert [e.kind for e in detector.tick(600.0)] == ["cuda_oom"]
+    assert log_events("tgi", log) == (["cuda_oom"], 1), log
 
 
 def test_a_start_without_its_memory_fails_the_warm_up_and_exits() -> None:
     scenario = next(s for s in SCENARIOS.values() if s.startup_fails_from_life == 0)
-    port = free_port()
-    result = subprocess.run(
-        [sys.executable, "-m", "oomguard.engines.tgi.simulator", "--scenario", scenario.name, "--port", str(port),
-         "--time-scale", str(max(100.0, scenario.load_seconds))],
-        stderr=subprocess.PIPE, text=True, timeout=30,
-    )  # fmt: skip
-    assert result.returncode == 1, result.stderr
-    detector = IncidentDetector(load_catalogue("tgi"), line_prefix=ENGINES["tgi"].log_line_prefix)
-    for line in result.stderr.splitlines():
-        detector.feed(line, 0.0)
-    assert [e.kind for e in detector.tick(600.0)] == ["startup_memory"], result.stderr
+    code, log = run_life("tgi", scenario.name, max(100.0, scenario.load_seconds))
+    assert code == 1, log
+    assert log_events("tgi", log)[0] == ["startup_memory"], log
 
 
 async def test_serve_simulate_runs_tgi_through_its_oom_and_restart(tmp_path: Path) -> None:

@@ -5,24 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
+from simulated_engines import http_get, log_events, run_life
 from support import value
 
 from oomguard.config import load_config
-from oomguard.engines import ENGINES
 from oomguard.engines.triton.reader import TritonReader
 from oomguard.engines.triton.simulator import kv_blocks, triton_metrics_text
-from oomguard.events.catalogue import load_catalogue
-from oomguard.events.detector import IncidentDetector
 from oomguard.exposition import render
 from oomguard.model import EngineReading
-from oomguard.ports import free_port
 from oomguard.promtext import FamilyExtractor
 from oomguard.runtime import Runtime
 from oomguard.simulate.scenarios import GIB, SCENARIOS, EngineFigures, Scenario
@@ -34,14 +28,6 @@ TOTAL = 80 * GIB
 
 def read(body: str) -> EngineReading:
     return TritonReader().read(FamilyExtractor(TritonReader.families).extract(body))
-
-
-def kinds_in(log: str) -> tuple[list[str], int]:
-    """The event kinds the triton patterns find in a log, and how many startup lines it has."""
-    detector = IncidentDetector(load_catalogue("triton"), line_prefix=ENGINES["triton"].log_line_prefix)
-    for line in log.splitlines():
-        detector.feed(line, 0.0)
-    return [e.kind for e in detector.tick(600.0)], len(detector.take_starts())
 
 
 @pytest.mark.parametrize("serving", [30.0, 200.0, 500.0])  # churning, then overloaded with a full pool
@@ -59,59 +45,40 @@ def test_its_bodies_are_read_as_triton_with_the_scenarios_figures(serving: float
     assert reading.memory_utilization_ratio is None
 
 
-def http_get(port: int, path: str) -> tuple[int | None, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-    except OSError:
-        return None, ""
-
-
 def figures_around(scenario: Scenario, t0: float, t1: float) -> list[EngineFigures]:
     """The scenario's figures at any time between t0 and t1 (the request's time is known to that window)."""
     return [scenario.engine(t0 + (t1 - t0) * i / 40) for i in range(41)]
 
 
-def run_life(scenario: Scenario, scale: float) -> tuple[int, str, list[tuple[int | None, int | None]], int]:
+def run_triton_life(scenario: Scenario, scale: float) -> tuple[int, str, list[tuple[int | None, int | None]], int]:
     """Runs one life of the simulator as the runner does; returns its exit code, its log, the (/metrics,
     /v2/health/ready) statuses seen in turn, and how many /metrics bodies matched the scenario's figures."""
-    port = free_port()
-    child = subprocess.Popen(
-        [sys.executable, "-m", "oomguard.engines.triton.simulator", "--scenario", scenario.name,
-         "--port", str(port), "--time-scale", str(scale)],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
     seen: list[tuple[int | None, int | None]] = []
     matched = 0
-    try:
-        while child.poll() is None:
-            before = time.time()
-            status, body = http_get(port, "/metrics")
-            after = time.time()
-            health, _ = http_get(port, "/v2/health/ready")
-            if not seen or seen[-1] != (status, health):
-                seen.append((status, health))
-            launched = start_time(child.pid)
-            if status == 200 and launched is not None:
-                # The simulator's clock starts with its process, known to a clock tick: a window around it.
-                window = ((before - launched) * scale - 2.0, (after - launched) * scale + 2.0)
-                (model,) = read(body).models
-                got = (model.requests_running, model.requests_waiting)
-                assert got in {(f.running, f.waiting) for f in figures_around(scenario, *window)}, (got, window)
-                matched += 1
-            time.sleep(0.05)
-        _, log = child.communicate(timeout=10)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    return child.returncode, log, seen, matched
+
+    def watch(port: int, child: subprocess.Popen[str]) -> None:
+        nonlocal matched
+        before = time.time()
+        status, body = http_get(port, "/metrics")
+        after = time.time()
+        health, _ = http_get(port, "/v2/health/ready")
+        if not seen or seen[-1] != (status, health):
+            seen.append((status, health))
+        launched = start_time(child.pid)
+        if status == 200 and launched is not None:
+            # The simulator's clock starts with its process, known to a clock tick: a window around it.
+            window = ((before - launched) * scale - 2.0, (after - launched) * scale + 2.0)
+            (model,) = read(body).models
+            got = (model.requests_running, model.requests_waiting)
+            assert got in {(f.running, f.waiting) for f in figures_around(scenario, *window)}, (got, window)
+            matched += 1
+
+    code, log = run_life("triton", scenario.name, scale, watch, poll_seconds=0.05)
+    return code, log, seen, matched
 
 
 def test_one_life_refuses_while_loading_serves_then_dies_of_its_oom() -> None:
-    code, log, seen, matched = run_life(QUICK, 100.0)
+    code, log, seen, matched = run_triton_life(QUICK, 100.0)
     assert code == 1, log
     # Nothing listens while the model loads; then /metrics, and the metrics port's 404 for /v2/health/ready.
     assert seen[0] == (None, None), seen
@@ -119,16 +86,16 @@ def test_one_life_refuses_while_loading_serves_then_dies_of_its_oom() -> None:
     assert matched >= 5, matched
     lines = log.splitlines()
     assert "[TensorRT-LLM][ERROR] CUDA runtime error in" in lines[-1] and "out of memory" in lines[-1], log
-    assert kinds_in(log) == (["cuda_oom"], 1), log  # its OOM, once; its gRPC service line, a start
+    assert log_events("triton", log) == (["cuda_oom"], 1), log  # its OOM, once; its gRPC service line, a start
 
 
 def test_a_start_without_its_memory_fails_the_load_and_exits() -> None:
     scenario = SCENARIOS["startup-oom"]
-    code, log, seen, _ = run_life(scenario, 100.0)
+    code, log, seen, _ = run_triton_life(scenario, 100.0)
     assert code == 1, log
     assert set(seen) == {(None, None)}, seen  # it never listened
     assert log.splitlines()[-1] == "error: creating server: Internal - failed to load all models", log
-    assert kinds_in(log) == (["startup_memory"], 0), log
+    assert log_events("triton", log) == (["startup_memory"], 0), log
 
 
 async def test_serve_simulate_runs_triton_through_its_oom_and_restart(tmp_path: Path) -> None:

@@ -1,0 +1,70 @@
+"""What the simulator tests share: one life of a simulated engine as the runner runs it, and its log read by the
+engine's own patterns.
+
+Each engine's test says what it watches while the life runs (`watch(port)` every `poll_seconds`) and what its
+log must hold; this starts the process on a free port, kills it if the test fails, and returns its end.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from oomguard.engines import ENGINES
+from oomguard.events.catalogue import load_catalogue
+from oomguard.events.detector import IncidentDetector
+from oomguard.ports import free_port
+
+
+def http_get(port: int, path: str) -> tuple[int | None, str]:
+    """(status, body) of a GET on the simulator; status None when nothing listens (it is still loading)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()  # a loading engine's 503 says so in its body
+    except OSError:
+        return None, ""
+
+
+def run_life(
+    engine: str,
+    scenario: str,
+    scale: float,
+    watch: Callable[[int, subprocess.Popen[str]], None] | None = None,
+    *,
+    poll_seconds: float = 0.02,
+    timeout: float = 30.0,
+) -> tuple[int, str]:
+    """Runs one life of `engine`'s simulator (`python -m oomguard.engines.<engine>.simulator`) to its end, calling
+    `watch(port, child)` while it lives; returns its exit code and its log (stderr)."""
+    port = free_port()
+    child = subprocess.Popen(
+        [sys.executable, "-m", f"oomguard.engines.{engine}.simulator", "--scenario", scenario,
+         "--port", str(port), "--time-scale", str(scale)],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    try:
+        while child.poll() is None and time.monotonic() < deadline:
+            if watch is not None:
+                watch(port, child)
+            time.sleep(poll_seconds)
+        _, log = child.communicate(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return child.returncode, log
+
+
+def log_events(engine: str, log: str) -> tuple[list[str], int]:
+    """The event kinds `engine`'s patterns find in a log (each incident closed), and how many startup lines."""
+    detector = IncidentDetector(load_catalogue(engine), line_prefix=ENGINES[engine].log_line_prefix)
+    for line in log.splitlines():
+        detector.feed(line, 0.0)
+    return [e.kind for e in detector.tick(600.0)], len(detector.take_starts())
