@@ -196,6 +196,12 @@ class TrendConfig(StrictModel):
     saturated_ratio: float = Field(_TREND.saturated_ratio, gt=0, le=1)
     sawtooth_span_ratio: float = Field(_TREND.sawtooth_span_ratio, gt=0, lt=1)
     restart_drop_ratio: float = Field(_TREND.restart_drop_ratio, gt=0, le=1)
+    analysis_interval_seconds: float = Field(
+        10.0,
+        ge=0,
+        description="How often each series is analysed (its share of the ticks), at most a quarter of the short "
+        "window; 0: every sample. Samples are taken every interval_seconds all the same.",
+    )
 
     @model_validator(mode="after")
     def _windows(self) -> TrendConfig:

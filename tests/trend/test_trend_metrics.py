@@ -66,7 +66,11 @@ async def test_sampler_flags_the_simulated_leak(aiohttp_client) -> None:
         for _ in range(200):
             text = await (await client.get("/metrics")).text()
             found = samples(text)
-            if found.get(("oomguard_gpu_memory_trend_state", (("gpu", "0"), ("state", "climbing")))) == 1.0:
+            # Both series climb; each is analysed in its turn (analysis_interval_seconds), so one may be a turn behind.
+            climbing = ("oomguard_gpu_memory_trend_state", (("gpu", "0"), ("state", "climbing")))
+            if found.get(climbing) == 1.0 and value(
+                text, "oomguard_target_memory_trend_state", target="sim", memory="gpu", state="climbing"
+            ):
                 break
             await asyncio.sleep(0.1)
         else:

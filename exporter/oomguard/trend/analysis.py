@@ -42,6 +42,10 @@ class TrendSettings:
     sawtooth_span_ratio: float = 0.04
     # A fall this large within one interval is a restart (memory freed at once), not churn: history restarts.
     restart_drop_ratio: float = 0.5
+    # How often each series is analysed; 0: at every sample. The samples are taken every interval all the same;
+    # the analysis of the series is spread over the ticks (each tick analyses its share), so one tick holds the
+    # GIL for a share of the series, not for all of them (docs/trend.md, "Cost").
+    analysis_interval_seconds: float = 0.0
 
     def time_scaled(self, scale: float) -> TrendSettings:
         """The same analysis on a clock `scale` times faster (the drill's): times divided, the slope
@@ -54,7 +58,15 @@ class TrendSettings:
             long_window_seconds=max(30.0, self.long_window_seconds / scale),
             climb_min_seconds=max(3.0, self.climb_min_seconds / scale),
             climb_min_slope_ratio_per_minute=self.climb_min_slope_ratio_per_minute * scale,
+            analysis_interval_seconds=self.analysis_interval_seconds / scale,
         )
+
+    @property
+    def analysis_every(self) -> int:
+        """Each series is analysed every this many samples (1: every sample); a spike is judged within a quarter
+        of the short window at the latest, whatever the setting."""
+        interval = min(self.analysis_interval_seconds, self.short_window_seconds / 4)
+        return max(1, int(interval / self.interval_seconds + 1e-9))
 
 
 def median_of_sorted(data: list[float]) -> float:

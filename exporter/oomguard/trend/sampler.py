@@ -35,6 +35,8 @@ class TrendTracker:
         self.latest: dict[TrendKey, TrendReading] = {}
         self.samples_total = 0
         self.errors_total = 0
+        self._phase: dict[TrendKey, int] = {}  # the tick (modulo analysis_every) at which each series is analysed
+        self._next_phase = 0
 
     def forget(self, keys: set[TrendKey]) -> None:
         """Start these series afresh: what came before says nothing of what comes now (an engine woke up)."""
@@ -42,6 +44,7 @@ class TrendTracker:
             self._series.pop(key, None)
             self._capacity.pop(key, None)
             self.latest.pop(key, None)
+            self._phase.pop(key, None)
 
     def record(self, t: float, observations: dict[TrendKey, Observation]) -> None:
         for key, obs in observations.items():
@@ -50,6 +53,9 @@ class TrendTracker:
             series = self._series.get(key)
             if series is None:
                 series = self._series[key] = Series(self.settings)
+                # Series are analysed in turn: spread them evenly over the ticks of one analysis interval.
+                self._phase[key] = self._next_phase
+                self._next_phase = (self._next_phase + 1) % self.settings.analysis_every
             series.add(t, obs.used_bytes / obs.capacity_bytes)
             self._capacity[key] = obs.capacity_bytes
         # A series not observed for a whole long window is gone (GPU removed, target renamed).
@@ -58,8 +64,15 @@ class TrendTracker:
         ]:
             del self._series[key]
             del self._capacity[key]
+            self._phase.pop(key, None)
+        every, tick = self.settings.analysis_every, self.samples_total
         latest = {}
         for key, series in self._series.items():
+            previous = self.latest.get(key)
+            # Not this series' turn: its last analysis stands (a new series is analysed at once).
+            if previous is not None and every > 1 and tick % every != self._phase.get(key, 0):
+                latest[key] = TrendReading(previous.trend, self._capacity[key])
+                continue
             trend = series.trend()
             if trend is not None:
                 latest[key] = TrendReading(trend, self._capacity[key])
