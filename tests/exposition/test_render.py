@@ -20,6 +20,7 @@ from oomguard.model import (
     HOST,
     Counts,
     EngineReading,
+    EngineSetting,
     EventSourceHealth,
     GpuProcess,
     GpuReading,
@@ -83,6 +84,10 @@ def busy_snapshot() -> Snapshot:
                 last_restart_at=1.7e9 + 3600,
                 startup_seconds=95.5,
                 probe_grace_seconds=65.0,
+                settings={
+                    "max_num_seqs": EngineSetting(256.0, "flag"),
+                    "gpu_memory_utilization": EngineSetting(0.9, "default"),
+                },
             ),
             TargetReading("vllm-1", "vllm", "http://gpu-2:8000", (), False, "down", 1.0, error_kind="timeout"),
         ),
