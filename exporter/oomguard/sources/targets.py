@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from oomguard.capped import BodyTooLarge, read_capped
 from oomguard.config import TargetConfig
 from oomguard.engines import ENGINES
 from oomguard.engines.base import KvUsageError, ReservationError
@@ -251,17 +252,10 @@ class TargetScraper:
             raise ScrapeError("parse", f"{url}: {exc}") from None
 
     async def _read_capped(self, response: aiohttp.ClientResponse, url: str) -> bytes:
-        cap = self.max_body_bytes
-        too_large = ScrapeError(
-            "too_large", f"{url} sent more than {cap} bytes; raise scrape.max_body_bytes if this is expected"
-        )
-        if response.content_length is not None and response.content_length > cap:
-            raise too_large
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.content.iter_chunked(64 * 1024):
-            size += len(chunk)
-            if size > cap:
-                raise too_large
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            return await read_capped(response, self.max_body_bytes)
+        except BodyTooLarge:
+            raise ScrapeError(
+                "too_large",
+                f"{url} sent more than {self.max_body_bytes} bytes; raise scrape.max_body_bytes if this is expected",
+            ) from None

@@ -4,6 +4,7 @@ and never failing a scrape."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 
 import aiohttp
@@ -211,3 +212,23 @@ async def test_503_after_a_restart_is_loading_again(sglang: FakeSglang, new_proc
         sglang.health, sglang.metrics_ok = 503, False
         finder.new_process = new_process
         assert (await s.scrape(session)).state == state
+
+
+async def test_a_body_that_arrives_in_parts_is_read_whole(aiohttp_server) -> None:
+    """The answer in three writes, 50 ms apart (chunked): a single read of the stream gave the first part only."""
+    body = json.dumps({**INFO, "padding": "x" * 200_000}).encode()
+
+    async def info(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for start in range(0, len(body), len(body) // 3 + 1):
+            await response.write(body[start : start + len(body) // 3 + 1])
+            await asyncio.sleep(0.05)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/server_info", info)
+    server = await aiohttp_server(app)
+    assert await fetch(f"http://127.0.0.1:{server.port}") == 0.871

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from oomguard.capped import BodyTooLarge, read_capped
 from oomguard.engines.base import KvUsageError
 
 SLOTS_PATH = "/slots"
@@ -65,11 +66,12 @@ async def fetch_kv_usage_ratio(
         if response.status != 200:
             raise SlotsError(f"GET {url}{SLOTS_PATH} answered HTTP {response.status}")
         # Each slot carries its sampling parameters: a few KB a slot. The cap is the scrape's body cap.
-        body = bytearray()
-        async for chunk in response.content.iter_chunked(64 * 1024):
-            body += chunk
-            if len(body) > max_body_bytes:
-                raise SlotsError(f"GET {url}{SLOTS_PATH} sent more than {max_body_bytes} bytes (scrape.max_body_bytes)")
+        try:
+            body = await read_capped(response, max_body_bytes)
+        except BodyTooLarge:
+            raise SlotsError(
+                f"GET {url}{SLOTS_PATH} sent more than {max_body_bytes} bytes (scrape.max_body_bytes)"
+            ) from None
     try:
         return kv_usage_ratio(json.loads(body))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

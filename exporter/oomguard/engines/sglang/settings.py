@@ -12,6 +12,7 @@ import json
 
 import aiohttp
 
+from oomguard.capped import BodyTooLarge, read_capped
 from oomguard.engines.base import ReservationError
 from oomguard.promtext import finite
 
@@ -29,9 +30,10 @@ async def mem_fraction_static(session: aiohttp.ClientSession, base_url: str, tim
                     continue  # a version without this path: try the older one
                 if response.status != 200:
                     raise ReservationError(f"GET {url} answered HTTP {response.status}")
-                body = await response.content.read(MAX_BODY_BYTES + 1)
-        if len(body) > MAX_BODY_BYTES:
-            raise ReservationError(f"{url} sent more than {MAX_BODY_BYTES} bytes")
+                try:
+                    body = await read_capped(response, MAX_BODY_BYTES)
+                except BodyTooLarge:
+                    raise ReservationError(f"{url} sent more than {MAX_BODY_BYTES} bytes") from None
         try:
             info = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
