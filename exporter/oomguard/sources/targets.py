@@ -102,6 +102,9 @@ class TargetScraper:
             error_kind, error = exc.kind, str(exc)
             self.errors_total[exc.kind] += 1
         health_status, health_latency = await health_task
+        # When the engine answered: a startup ends there, not when the process lookup below is done (on a host
+        # saturated by a loading engine the lookup took seconds, and counted them into the startup).
+        answered_at = time.time()
         if kv_task is not None:
             kv_usage, kv_error = await kv_task
             reading = self._with_kv_usage(reading, kv_usage, kv_error)
@@ -112,7 +115,7 @@ class TargetScraper:
         self.state = await self._next_state(healthy, health_status, process)
         # The start time of the process found on this host is the most precise; else the engine's own.
         start = process.start_time_seconds if process else (reading.process_start_time_seconds if reading else None)
-        self.restarts.observe(time.time(), self.state, start, process.root_pid if process else None)
+        self.restarts.observe(answered_at, self.state, start, process.root_pid if process else None)
         if reading is not None and self.fetch_reservation is not None:
             reading = await self._with_reservation(session, reading)
         if error and error != self._last_error:
