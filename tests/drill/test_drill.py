@@ -4,19 +4,25 @@ Each scenario runs at 30x (a 40-minute scenario takes 80 s), the hour-long stead
 alerts must reach the expected receivers through Alertmanager, the quiet ones must never fire, where nothing is
 expected to be delivered nothing is, and in the incident, the slow leak and the tensor-parallel skew a memory
 alert must arrive before the first OOM.
+
+A drill waits on the wall clock (it uses about 15 % of a core), so the selected scenarios run three at a time, each
+with its own chain and ports, and each test checks its own report: the first test to ask waits for its scenario,
+and the durations pytest prints fall mostly on the first ones.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from support import REPO
 
 from oomguard.cli import main
-from oomguard.drill.run import drill_alertmanager_config, run
+from oomguard.drill.run import DrillReport, drill_alertmanager_config, run
 from oomguard.drill.scenarios import NOT_DELIVERED, SCENARIOS
 
 ROUTING = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
@@ -24,14 +30,42 @@ ROUTING = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
 # Nothing happens in an hour of a steady server: faster, measured stable (docs/drill.md).
 TIME_SCALES = {"default-steady": 60.0, "tight-steady": 60.0}
+DRILLS_AT_ONCE = 3
+
+
+def _time_scale(name: str) -> float:
+    return TIME_SCALES.get(name, 30.0)
+
+
+@pytest.fixture(scope="module")
+def drills(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, tuple[Path, Future[DrillReport]]]]:
+    """The scenarios selected in this session, started three at a time, the longest first."""
+    selected = [item.callspec.params["name"] for item in request.session.items
+                if item.module is request.module and item.originalname == "test_drill"]  # fmt: skip
+    longest_first = sorted(selected, key=lambda name: -SCENARIOS[name].minutes / _time_scale(name))
+    pool = ThreadPoolExecutor(max_workers=DRILLS_AT_ONCE, thread_name_prefix="drill")
+    started: dict[str, tuple[Path, Future[DrillReport]]] = {}
+    for name in longest_first:
+        workdir = tmp_path_factory.mktemp(f"drill-{name}")
+        diagnosis = workdir / "diagnosis.md" if name == "incident" else None
+        started[name] = workdir, pool.submit(
+            run, SCENARIOS[name], workdir, alertmanager_config=ROUTING, time_scale=_time_scale(name),
+            diagnosis_report=diagnosis,
+        )  # fmt: skip
+    try:
+        yield started
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_drill(name: str, tmp_path: Path) -> None:
+def test_drill(name: str, drills: dict[str, tuple[Path, Future[DrillReport]]]) -> None:
     scenario = SCENARIOS[name]
+    tmp_path, future = drills[name]
     diagnosis = tmp_path / "diagnosis.md" if name == "incident" else None
-    report = run(scenario, tmp_path, alertmanager_config=ROUTING, time_scale=TIME_SCALES.get(name, 30.0),
-                 diagnosis_report=diagnosis)  # fmt: skip
+    report = future.result()
     print(report.markdown())
     assert report.ok, report.markdown()
     # `oomguard diagnose` on the drill's Prometheus: one diagnosis, of the scenario's verdict.
