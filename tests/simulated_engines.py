@@ -7,17 +7,23 @@ log must hold; this starts the process on a free port, kills it if the test fail
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
+
+from support import value
 
 from oomguard.engines import ENGINES
 from oomguard.events.catalogue import load_catalogue
 from oomguard.events.detector import IncidentDetector
+from oomguard.exposition import render
 from oomguard.ports import free_port
+from oomguard.runtime import Runtime
 
 
 def http_get(port: int, path: str) -> tuple[int | None, str]:
@@ -68,3 +74,22 @@ def log_events(engine: str, log: str) -> tuple[list[str], int]:
     for line in log.splitlines():
         detector.feed(line, 0.0)
     return [e.kind for e in detector.tick(600.0)], len(detector.take_starts())
+
+
+async def oom_events_after_stop(runtime: Runtime, log: Path, oom_line: str, target: str) -> tuple[float, int]:
+    """Stops the simulated engine (no more lives, so its log is final), then reads the exporter until its event
+    poller has caught up: (cuda_oom events it counted, lives in the log that died writing `oom_line`).
+
+    A relaunch of the quick scenario dies sooner than the first life (some 1.6 s at 60x), so a count taken at a
+    fixed delay after the relaunch is up may or may not hold its death: compare with the log instead."""
+    assert runtime.simulation is not None
+    await runtime.simulation.stop()
+    written = log.read_text().count(oom_line)  # the simulators write it once per death
+    counted = 0.0
+    for _ in range(40):  # the log is read on the event poller's own beat (0.5 s)
+        text = render(await runtime.collection.snapshot()).decode()
+        counted = value(text, "oomguard_target_events_total", target=target, kind="cuda_oom")
+        if counted >= written:
+            break
+        await asyncio.sleep(0.25)
+    return counted, written
