@@ -71,25 +71,29 @@ def run_life(
 def log_events(engine: str, log: str) -> tuple[list[str], int]:
     """The event kinds `engine`'s patterns find in a log (each incident closed), and how many startup lines."""
     detector = IncidentDetector(load_catalogue(engine), line_prefix=ENGINES[engine].log_line_prefix)
+    events = []
     for line in log.splitlines():
-        detector.feed(line, 0.0)
-    return [e.kind for e in detector.tick(600.0)], len(detector.take_starts())
+        events += detector.feed(line, 0.0)  # a startup line closes the incident before it
+    return [e.kind for e in events + detector.tick(600.0)], len(detector.take_starts())
 
 
-async def oom_events_after_stop(runtime: Runtime, log: Path, oom_line: str, target: str) -> tuple[float, int]:
-    """Stops the simulated engine (no more lives, so its log is final), then reads the exporter until its event
-    poller has caught up: (cuda_oom events it counted, lives in the log that died writing `oom_line`).
+async def counts_after_stop(runtime: Runtime, log: Path, engine: str, target: str) -> dict[str, tuple[float, int]]:
+    """Stops the simulated engine (no more lives, so its log is final), then reads the exporter until it has caught
+    up with that log: {"cuda_oom": (events counted, CUDA OOMs the log holds), "restarts": (restarts counted, starts
+    in the log - 1)}, the log read by `engine`'s own patterns.
 
-    A relaunch of the quick scenario dies sooner than the first life (some 1.6 s at 60x), so a count taken at a
-    fixed delay after the relaunch is up may or may not hold its death: compare with the log instead."""
+    A relaunch of the quick scenario dies sooner than the first life (some 2 s at 60x), so what a snapshot holds at
+    a given moment after a relaunch depends on that moment: compare with the final log instead."""
     assert runtime.simulation is not None
     await runtime.simulation.stop()
-    written = log.read_text().count(oom_line)  # the simulators write it once per death
-    counted = 0.0
+    kinds, starts = log_events(engine, log.read_text())
+    written = {"cuda_oom": kinds.count("cuda_oom"), "restarts": starts - 1}
+    counted: dict[str, float] = {}
     for _ in range(40):  # the log is read on the event poller's own beat (0.5 s)
         text = render(await runtime.collection.snapshot()).decode()
-        counted = value(text, "oomguard_target_events_total", target=target, kind="cuda_oom")
-        if counted >= written:
+        counted = {"cuda_oom": value(text, "oomguard_target_events_total", target=target, kind="cuda_oom"),
+                   "restarts": value(text, "oomguard_target_restarts_total", target=target)}  # fmt: skip
+        if counted == written:
             break
         await asyncio.sleep(0.25)
-    return counted, written
+    return {name: (counted[name], written[name]) for name in written}
