@@ -77,6 +77,13 @@ def log_events(engine: str, log: str) -> tuple[list[str], int]:
     return [e.kind for e in events + detector.tick(600.0)], len(detector.take_starts())
 
 
+def came_back_up(states: list[str]) -> bool:
+    """`states` (each change of a target's state once) went up, then not up, then up again. What lies between
+    is down, then loading; or loading alone when the orchestrator relaunched the engine between two looks (its
+    back-off is half a second at 60x), so a test cannot count on seeing down."""
+    return len(states) >= 4 and states[1] == "up" and states[-1] == "up"
+
+
 async def counts_after_stop(runtime: Runtime, log: Path, engine: str, target: str) -> dict[str, tuple[float, int]]:
     """Stops the simulated engine (no more lives, so its log is final), then reads the exporter until it has caught
     up with that log: {"cuda_oom": (events counted, CUDA OOMs the log holds), "restarts": (restarts counted, starts

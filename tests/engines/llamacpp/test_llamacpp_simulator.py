@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from simulated_engines import http_get, log_events, run_life
-from support import value
+from simulated_engines import counts_after_stop, http_get, log_events, run_life
+from support import samples, value
 
 from oomguard.config import load_config
 from oomguard.engines.llamacpp.reader import LlamaCppReader
@@ -115,22 +115,24 @@ async def test_serve_simulate_runs_llamacpp_through_its_oom(tmp_path: Path, aioh
     deadline = time.time() + (QUICK.oom_at + QUICK.restart_delay + QUICK.load_seconds) / scale + 15
     while time.time() < deadline:
         text = await (await client.get("/metrics")).text()
-        if value(text, "oomguard_target_state", target="sim-llamacpp", state="up") == 1.0:
+        # Its /metrics read (the state is /health's word: at the end of a load the two may differ for a scrape).
+        if value(text, "oomguard_target_up", target="sim-llamacpp") == 1.0:
             peak_running = max(peak_running, value(text, "oomguard_engine_requests_running", target="sim-llamacpp"))
             peak_waiting = max(peak_waiting, value(text, "oomguard_engine_requests_waiting", target="sim-llamacpp"))
-            peak_kv = max(peak_kv, value(text, "oomguard_engine_kv_cache_usage_ratio", target="sim-llamacpp"))
+            # /slots is a request of its own: one that the engine's death refuses leaves the ratio out, not at 0.
+            kv = samples(text).get(("oomguard_engine_kv_cache_usage_ratio", (("target", "sim-llamacpp"),)))
+            peak_kv = max(peak_kv, kv if kv is not None else 0.0)
         if value(text, "oomguard_target_restarts_total", target="sim-llamacpp") >= 1.0:
             break
         await asyncio.sleep(0.2)
     # The overload: every slot at work and full, the scenario's queue and the requests beyond the slots deferred.
     assert (peak_running, peak_waiting, peak_kv) == (SLOTS, 48 + 16 - SLOTS, 1.0)
-    assert value(text, "oomguard_target_restarts_total", target="sim-llamacpp") == 1.0, text
-    for _ in range(20):  # the log is read on the event poller's own beat
-        if counted(text, "cuda_oom"):
-            break
-        await asyncio.sleep(0.25)
-        text = await (await client.get("/metrics")).text()
-    assert counted(text, "cuda_oom") == 1.0, text
+    assert value(text, "oomguard_target_restarts_total", target="sim-llamacpp") >= 1.0, text
+    # Every OOM and every relaunch its log holds counted once (the engine stopped, the log final): a relaunch
+    # dies some 2 s after its load, so a count at a given moment depends on that moment.
+    counts = await counts_after_stop(runtime, tmp_path / "engine.log", "llamacpp", "sim-llamacpp")
+    assert all(read == written >= 1 for read, written in counts.values()), counts
+    text = await (await client.get("/metrics")).text()
     assert counted(text, "startup_memory") == 0.0  # the death's buffer line is part of the one CUDA OOM
 
 
