@@ -4,6 +4,7 @@ half-written file is not taken for a working one."""
 from __future__ import annotations
 
 from oomguard.config import Config, TargetConfig
+from oomguard.events.cgroup import V2_FILE, counter_file
 
 
 def _logs(target: TargetConfig) -> str:
@@ -13,7 +14,22 @@ def _logs(target: TargetConfig) -> str:
     if target.k8s_pod_logs is not None:
         p = target.k8s_pod_logs
         sources.append(f"pod logs {p.namespace}/{p.pod}/{p.container}")
-    return ", log: " + ", ".join(sources) if sources else ", no log (its OOMs are not counted: add logs:)"
+    text = ", log: " + ", ".join(sources) if sources else ", no log (its OOMs are not counted: add logs:)"
+    return text + _cgroup(target)
+
+
+def _cgroup(target: TargetConfig) -> str:
+    """Which counter of the target's cgroup its kernel OOM kills are read from (v2 or v1), or why none."""
+    if not target.cgroup:
+        return ""
+    found = counter_file(target.cgroup)
+    if found is None:
+        return (
+            f", cgroup {target.cgroup}: neither memory.events (v2) nor memory.oom_control (v1) there, its kills "
+            "are not counted until one appears: is it the engine's cgroup, with the memory controller?"
+        )
+    version = "cgroup v2" if found.endswith(V2_FILE) else "cgroup v1"
+    return f", OOM kills: oom_kill of {found} ({version})"
 
 
 def describe(config: Config) -> list[str]:
@@ -55,7 +71,8 @@ def describe(config: Config) -> list[str]:
         else "GPUs: none (nvml.enabled is false): no GPU memory, no memory alerts"
     )
     lines.append(
-        f"kernel OOM kills: from {config.events.kernel_log_path} where readable"
+        f"kernel OOM kills: from {config.events.kernel_log_path} where readable, each also counted for the target "
+        "whose process or pod it killed"
         if config.events.kernel_log
         else "kernel OOM kills: not counted (events.kernel_log is false)"
     )

@@ -236,7 +236,8 @@ class Event:
     kind: str
     timestamp: float  # when its first line was read (logs carry no reliable clock)
     count: int = 1
-    pid: int | None = None  # a `startup` line's process, where it names one: two lines of one start are one life
+    pid: int | None = None  # a `startup` line's process, or a kernel OOM kill's victim
+    cgroup: str | None = None  # a kernel OOM kill's victim's memory cgroup, as the kernel wrote it
 
 
 @dataclass

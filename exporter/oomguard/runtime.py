@@ -162,17 +162,20 @@ class Runtime:
             sampler = Sampler(tracker, TrendObserver(nvml, processes, scrapers, tracker, pod_processes).observe)
             self._tasks.append(asyncio.ensure_future(sampler.run()))
         if events.sources or discovery is not None:
-            self._tasks.append(asyncio.ensure_future(self._follow_events(events, scrapers)))
+            self._tasks.append(asyncio.ensure_future(self._follow_events(events, scrapers, processes)))
         if discovery is not None:
             self._tasks.append(asyncio.ensure_future(discovery.run()))
         if xid is not None:
             xid.start()
 
-    async def _follow_events(self, events: EventRunner, scrapers: list[TargetScraper]) -> None:
+    async def _follow_events(
+        self, events: EventRunner, scrapers: list[TargetScraper], processes: ProcessLookup
+    ) -> None:
         """The background loop reading logs, journals, cgroups and the kernel log; the engines' starts read there
         go to their targets' restart trackers (a life that never serves is seen nowhere else)."""
         interval = self.config.events.poll_interval_seconds
         while True:
+            _update_kill_owners(events, scrapers, processes)
             await asyncio.to_thread(self.registry.run_blocking, "events", events.poll)
             by_name = {s.name: s for s in scrapers}  # discovered pods come and go
             for target, at, pid in events.take_starts():
@@ -200,3 +203,13 @@ class Runtime:
             self._xid.stop()
         if self._nvml is not None:
             self._nvml.close()
+
+
+def _update_kill_owners(events: EventRunner, scrapers: list[TargetScraper], processes: ProcessLookup) -> None:
+    """Tell the event runner whose processes and pods a kernel OOM kill may be (events/kill_owners.py)."""
+    found = processes.latest()
+    for scraper in scrapers:
+        tree = found.get(scraper.port) if scraper.finder is not None else None
+        pod_uid = scraper.pod.uid if scraper.pod is not None else None
+        events.kill_owners.update(scraper.name, tree.pids if tree is not None else (), pod_uid)
+    events.kill_owners.keep_only(s.name for s in scrapers)

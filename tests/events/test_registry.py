@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kmsg_stand_in import kmsg_record
 
 from oomguard.config import Config, EventsConfig, TargetConfig, load_config
 from oomguard.engines import ENGINES
-from oomguard.events import kernel
 from oomguard.events.cgroup import CgroupSource
 from oomguard.events.cri import PodLogReader
 from oomguard.events.follow import FileFollower
 from oomguard.events.journald import JournaldReader
-from oomguard.events.kernel import KernelLogSource
+from oomguard.events.kernel import KernelLogSource, read_boot_id
 from oomguard.events.registry import HOST_SOURCES, TARGET_SOURCES, SavedState, build_sources
 from oomguard.events.runner import STATE_FILE, EventRunner
 from oomguard.events.source import LogSource
@@ -40,34 +39,6 @@ class Clock:
 def write(path: Path, lines: list[str]) -> None:
     with path.open("a") as f:
         f.write("".join(line + "\n" for line in lines))
-
-
-def kmsg_record(seq: int, message: str) -> str:
-    return f"6,{seq},{seq * 1000},-;{message}\n"
-
-
-class _OneRecordPerRead:
-    """The os module as kernel.py sees it, with a read that returns one record (a line), as /dev/kmsg does."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os, name)
-
-    @staticmethod
-    def read(fd: int, size: int) -> bytes:
-        record = b""
-        while not record.endswith(b"\n") and len(record) < size:
-            byte = os.read(fd, 1)
-            if not byte:
-                break
-            record += byte
-        return record
-
-
-@pytest.fixture
-def kmsg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A regular file standing in for /dev/kmsg: records appended to it are read one by one."""
-    monkeypatch.setattr(kernel, "os", _OneRecordPerRead())
-    return tmp_path / "kmsg"
 
 
 def memory_events(directory: Path, oom_kill: int) -> None:
@@ -307,7 +278,9 @@ def test_a_state_file_of_the_old_layout_resumes_without_recounting(tmp_path: Pat
     assert set(saved) == {"positions", "incidents", "counts"}
     assert set(saved["positions"]) == {f"vllm|file:{log}", f"vllm|cgroup:{cgroup}", f"|kernel:{kmsg}"}
     assert set(saved["incidents"]) == {f"vllm|file:{log}"}
-    assert saved["positions"][f"|kernel:{kmsg}"] == {"last_seq": 101}
+    kernel_position = saved["positions"][f"|kernel:{kmsg}"]
+    assert kernel_position["last_seq"] == 101 and kernel_position["boot_id"] == read_boot_id()
+    assert [pids for pids, _usec, _memcg in kernel_position["kills"]] == [[2]]  # the last minute's kills
     assert saved["positions"][f"vllm|cgroup:{cgroup}"] == {"oom_kill": 3}
     assert saved["incidents"][f"vllm|file:{log}"] == {"open": None, "dead_until_startup": 1000.0}
     assert saved["counts"][""] == {"total": {"kernel_oom_kill": 2}, "last": {"kernel_oom_kill": 1000.0}}

@@ -12,7 +12,7 @@ import pytest
 
 from oomguard.events.cgroup import CgroupOomReader
 from oomguard.events.journald import JournaldReader, parse_json_lines
-from oomguard.events.kernel import KmsgReader, is_oom_kill
+from oomguard.events.kernel import KmsgReader
 from oomguard.events.xid import XidWatcher
 from oomguard.model import ReadStats
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
@@ -99,25 +99,16 @@ def test_cgroup_oom_kills(tmp_path: Path) -> None:
     events.write_text("low 0\nhigh 0\nmax 15\noom 6\noom_kill 5\noom_group_kill 0\n")
     assert resumed.read_new() == 1
     events.unlink()
-    assert resumed.read_new() == 0 and resumed.stats.read_errors == 1 and "cgroup v2" in resumed.stats.last_error
-
-
-def test_kernel_oom_kill_lines() -> None:
-    assert is_oom_kill("Out of memory: Killed process 4242 (python3) total-vm:1234kB, anon-rss:99kB")
-    assert is_oom_kill("Memory cgroup out of memory: Killed process 77 (vllm)")
-    assert is_oom_kill(
-        "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,task=python3,pid=4242"
-    )
-    assert not is_oom_kill("usb 1-1: new high-speed USB device")
+    assert resumed.read_new() == 0 and resumed.stats.read_errors == 1 and "memory controller" in resumed.stats.last_error
 
 
 def test_kmsg_reader_on_the_real_device() -> None:
     if not os.access("/dev/kmsg", os.R_OK):
-        pytest.skip("/dev/kmsg is not readable here: the line matcher above is still tested")
+        pytest.skip("/dev/kmsg is not readable here: the record forms are tested in test_kernel_kills.py")
     reader = KmsgReader(from_start=True)
-    lines = reader.poll()
+    records = reader.poll()
     assert reader.stats.read_errors == 0
-    assert lines and reader.last_seq is not None  # the boot messages
+    assert records and reader.last_seq is not None  # the boot messages
     resumed = KmsgReader(from_start=True, state=reader.state())
     assert resumed.poll() == []  # nothing is read twice
     fresh = KmsgReader()

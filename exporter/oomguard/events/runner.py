@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.config import Config
-from oomguard.events.kinds import STARTUP
+from oomguard.events.kill_owners import KillOwners
+from oomguard.events.kinds import CGROUP_OOM_KILL, KERNEL_OOM_KILL, STARTUP
 from oomguard.events.registry import COUNTS, SavedState, build_sources
 from oomguard.events.source import INCIDENTS, POSITIONS, EventSource
 from oomguard.model import Counts, Event, EventSourceHealth
@@ -54,6 +55,8 @@ class EventRunner:
         self._failures = [0] * len(self.sources)  # polls that raised (a bug): counted as read errors
         self._states = [source.state() for source in self.sources]  # as last saved or seen
         self.starts: list[tuple[str, float, int | None]] = []  # (target, when, pid) of each start read: take_starts
+        # Whose processes and pods a kernel OOM kill may be: the runtime updates it from the scrapers.
+        self.kill_owners = KillOwners()
         # A poll runs in a worker thread; discovered pods' sources come and go (set_sources) between polls.
         self._lock = threading.RLock()
 
@@ -102,6 +105,19 @@ class EventRunner:
                 continue
             self.counts.setdefault(source.target, Counts()).add(event.kind, event.count, event.timestamp)
             log.warning("event: %s %s x%d", source.target or "host", event.kind, event.count)
+            if event.kind == KERNEL_OOM_KILL:
+                self._count_for_owner(event)
+
+    def _count_for_owner(self, event: Event) -> None:
+        """A kernel OOM kill of a target's process or pod is also the target's, counted as its cgroup's kills are;
+        but not for a target with a cgroup source: that counter has counted it already."""
+        owner = self.kill_owners.owner_of(event.pid, event.cgroup)
+        if owner is None or any(s.target == owner and CGROUP_OOM_KILL in s.kinds for s in self.sources):
+            return
+        self.counts.setdefault(owner, Counts()).add(CGROUP_OOM_KILL, event.count, event.timestamp)
+        log.warning(
+            "event: %s %s x%d (the kernel log's kill of pid %s)", owner, CGROUP_OOM_KILL, event.count, event.pid
+        )
 
     def take_starts(self) -> list[tuple[str, float, int | None]]:
         """(target, when, pid or None) of each engine start read in the logs since the last call."""

@@ -52,6 +52,10 @@ class ProcessLookup:
         # A failed lookup (logged by the registry): the engines' metrics still go out, without their processes.
         return found if found is not None else {}
 
+    def latest(self) -> Lookup:
+        """The last lookup that completed, without looking again ({} before the first)."""
+        return self._last[1] if self._last is not None else {}
+
     def _keep(self, lookup: asyncio.Future[Lookup | None]) -> None:
         self._in_flight = None
         if not lookup.cancelled() and lookup.exception() is None and lookup.result() is not None:
