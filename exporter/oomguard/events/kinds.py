@@ -11,7 +11,7 @@ from collections.abc import Iterable
 CUDA_OOM = "cuda_oom"  # the engine's allocator ran out of memory while serving
 STARTUP_MEMORY = "startup_memory"  # the engine could not allocate what it needs to start
 ENGINE_DEATH = "engine_death"  # the engine died of a fatal error with no memory line
-CGROUP_OOM_KILL = "cgroup_oom_kill"  # the kernel killed a process of the engine's cgroup
+CGROUP_OOM_KILL = "cgroup_oom_kill"  # the kernel killed one of the engine's processes (its cgroup, or the kernel log)
 KERNEL_OOM_KILL = "kernel_oom_kill"  # the kernel's OOM killer ran on the host
 XID = "xid"  # a GPU XID error from NVML
 # From the Kubernetes API, for a discovered pod (sources/kubernetes/):

@@ -15,7 +15,7 @@ TARGET_EVENTS = metric(
     "counter",
     "",
     "target kind",
-    "Events of the target by kind: cuda_oom, startup_memory, engine_death (from its logs, one per incident however many lines), cgroup_oom_kill (its cgroup's memory.events); for a discovered pod, from the API: container_oom_killed (its engine container ended OOMKilled or with exit code 137), probe_failure (a failed liveness or startup probe), probe_kill (the kubelet killed it for one). Zero from the start for every kind its sources can see.",
+    "Events of the target by kind: cuda_oom, startup_memory, engine_death (from its logs, one per incident however many lines), cgroup_oom_kill (the kernel killed one of its processes: its cgroup's oom_kill counter, or the kernel log); for a discovered pod, from the API: container_oom_killed (its engine container ended OOMKilled or with exit code 137), probe_failure (a failed liveness or startup probe), probe_kill (the kubelet killed it for one). Zero from the start for every kind its sources can see.",
 )
 TARGET_LAST_EVENT_TIMESTAMP_SECONDS = metric(
     SECTION,
@@ -58,7 +58,7 @@ TARGET_PROBE_GRACE_SECONDS = metric(
     "A discovered pod's time from its engine container's start to the first kill a failing probe can cause: initialDelaySeconds + failureThreshold x periodSeconds of its startupProbe, else of its livenessProbe (Kubernetes' defaults 0, 3, 10 where absent). Absent without such a probe. A start (target_startup_seconds) longer than this is killed while loading.",
 )
 HOST_EVENTS = metric(
-    SECTION, "host_events", "counter", "", "kind", "Host events by kind: kernel_oom_kill (from the kernel log)."
+    SECTION, "host_events", "counter", "", "kind", "Host events by kind: kernel_oom_kill (one per kill)."
 )
 HOST_LAST_EVENT_TIMESTAMP_SECONDS = metric(
     SECTION,
