@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from oomguard.engines import ENGINE_NAMES, ENGINES
 from oomguard.events.catalogue import check_patterns
+from oomguard.promtext import LABEL_VALUE_LENGTH_LIMIT, SAMPLE_LIMIT, Limits
 from oomguard.simulate.scenarios import SCENARIOS as SIMULATIONS
 from oomguard.trend.analysis import TrendSettings
 
@@ -88,6 +89,10 @@ class TargetConfig(StrictModel):
     journald_unit: str | None = Field(None, description="systemd unit whose journal is the engine's log.")
     k8s_pod_logs: PodLogsConfig | None = Field(None, description="The engine's container logs under /var/log/pods.")
     cgroup: str | None = Field(None, description="cgroup v2 directory of the engine: its OOM kills are counted.")
+    sample_limit: int | None = Field(None, gt=0, description="The target's own scrape.sample_limit.")
+    label_value_length_limit: int | None = Field(
+        None, gt=0, description="The target's own scrape.label_value_length_limit."
+    )
     local_process: Literal["auto", "yes", "no"] = Field(
         "auto",
         description="Find the engine's processes on this host (RSS, GPU memory by pid, "
@@ -148,6 +153,17 @@ class TargetConfig(StrictModel):
 class ScrapeConfig(StrictModel):
     timeout_seconds: float = Field(3.0, gt=0, description="Default per-target timeout.")
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0, description="Largest /metrics body read from a target.")
+    sample_limit: int = Field(
+        SAMPLE_LIMIT,
+        gt=0,
+        description="Most samples of the families oomguard reads in one target's body (as Prometheus's "
+        "sample_limit); over it the reading is dropped whole and counted as kind=\"limit\".",
+    )
+    label_value_length_limit: int = Field(
+        LABEL_VALUE_LENGTH_LIMIT,
+        gt=0,
+        description="Longest label value in those samples, in characters; over it, the same.",
+    )
 
 
 class SimulationConfig(StrictModel):
@@ -335,6 +351,12 @@ class Config(StrictModel):
 
     def target_timeout(self, target: TargetConfig) -> float:
         return target.timeout_seconds or self.scrape.timeout_seconds
+
+    def target_limits(self, target: TargetConfig) -> Limits:
+        return Limits(
+            samples=target.sample_limit or self.scrape.sample_limit,
+            label_value_length=target.label_value_length_limit or self.scrape.label_value_length_limit,
+        )
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:

@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 TARGET_STATES = ("up", "loading", "down")
 # tls: the target's certificate or handshake was refused (an unknown CA, a wrong name): a fix of trust, not
 # of a down engine, so not "refused".
-ERROR_KINDS = ("timeout", "refused", "tls", "http_status", "too_large", "parse", "other")
+# limit: over the target's sample_limit or label_value_length_limit (promtext.Limits): the reading dropped whole.
+ERROR_KINDS = ("timeout", "refused", "tls", "http_status", "too_large", "limit", "parse", "other")
+# Why an engine's value was dropped from its reading (engines/base.py): NaN or infinite, negative, a ratio over 1.
+VALUE_REJECT_REASONS = ("non_finite", "negative", "out_of_range")
 TREND_STATES = ("steady", "sawtooth", "climbing", "spike", "saturated")
 # vLLM's sleep mode: level 1 offloads the weights, level 2 discards them; both free the KV cache.
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
@@ -139,6 +142,7 @@ class TargetReading:
     error: str = ""
     process: ProcessTree | None = None
     errors_total: dict[str, int] = field(default_factory=dict)
+    values_rejected_total: dict[str, int] = field(default_factory=dict)  # by VALUE_REJECT_REASONS
     restarts_total: int = 0
     last_restart_at: float | None = None
     startup_seconds: float | None = None  # the last start we watched, launch to first /health 200

@@ -118,7 +118,11 @@ class Runtime:
 
         def make_scraper(t: TargetConfig) -> TargetScraper:
             return TargetScraper(
-                t, timeout=config.target_timeout(t), max_body_bytes=config.scrape.max_body_bytes, finder=finder
+                t,
+                timeout=config.target_timeout(t),
+                max_body_bytes=config.scrape.max_body_bytes,
+                finder=finder,
+                limits=config.target_limits(t),
             )
 
         # The one list of targets: pod discovery adds to it and removes from it, on the event loop.

@@ -22,13 +22,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import vllm_body
 
 from oomguard.config import TargetConfig
+from oomguard.engines.base import Rejected, read_checked
 from oomguard.engines.vllm import reader as vllm
 from oomguard.model import ERROR_KINDS, EngineReading
-from oomguard.promtext import ExpositionError, FamilyExtractor
+from oomguard.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits
 from oomguard.sources.targets import TargetScraper
 
 READER = vllm.VllmReader()
-EXTRACTOR = FamilyExtractor(READER.families)
+EXTRACTOR = FamilyExtractor(READER.families, Limits())  # the scraper's default limits
 FAMILIES = sorted(READER.families)
 REAL_BODY = vllm_body("vllm-0.32.0-cpu-under-load.txt")
 
@@ -107,8 +108,8 @@ def mutated_real_body(draw: st.DrawFn) -> str:
 
 
 def parse(text: str) -> EngineReading:
-    """What the scraper does with a decoded body (TargetScraper._fetch_metrics)."""
-    return READER.read(EXTRACTOR.extract(text))
+    """What the scraper does with a decoded body (TargetScraper._fetch_metrics): the values checked."""
+    return read_checked(READER, EXTRACTOR.extract(text), Rejected())
 
 
 def check_reading(reading: EngineReading) -> None:
@@ -123,7 +124,11 @@ def check_reading(reading: EngineReading) -> None:
     for model in reading.models:
         assert isinstance(model.model_name, str)
         numbers += [model.kv_cache_usage_ratio, model.requests_waiting, model.requests_running]
+        assert model.kv_cache_usage_ratio is None or 0 <= model.kv_cache_usage_ratio <= 1
     assert all(n is None or isinstance(n, float | int) for n in numbers), numbers
+    # Every value checked (engines/base.py): finite and not negative, or absent.
+    assert all(n is None or (math.isfinite(n) and n >= 0) for n in numbers), numbers
+    assert reading.memory_utilization_ratio is None or 0 < reading.memory_utilization_ratio <= 1
     # Values read from labels ("None" included) and the start time are finite or absent, never NaN.
     config = numbers[:5]
     assert all(n is None or math.isfinite(n) for n in config), config
@@ -160,6 +165,7 @@ def test_a_body_is_a_reading_or_an_exposition_error(body: str, end: str) -> None
         ),
         min_size=1,
         max_size=20,
+        unique_by=lambda sample: sample[:2],  # a series written twice is malformed, not summed
     ),
     noise=st.lists(
         st.one_of(
@@ -173,8 +179,8 @@ def test_a_body_is_a_reading_or_an_exposition_error(body: str, end: str) -> None
     end=LINE_ENDS,
 )
 def test_no_sample_is_lost_or_added_among_noise(samples, noise, order, end) -> None:
-    """Every well-formed sample line counts once, whatever lines surround it; the text parser of
-    prometheus_client reads the same samples where it can read the body at all."""
+    """Every well-formed sample line counts once (a negative one not at all), whatever lines surround it; the
+    text parser of prometheus_client reads the same samples where it can read the body at all."""
     lines = [f'{name}{{model_name="{_escape(model)}",engine="0"}} {value}' for name, model, value in samples]
     body = lines + noise
     order.shuffle(body)
@@ -183,8 +189,9 @@ def test_no_sample_is_lost_or_added_among_noise(samples, noise, order, end) -> N
     by_model = {m.model_name: m for m in reading.models}
     for name, field in ((vllm.WAITING, "requests_waiting"), (vllm.RUNNING, "requests_running")):
         for model in {m for n, m, _ in samples if n == name}:
-            expected = sum(float(v) for n, m, v in samples if n == name and m == model)
-            assert getattr(by_model[model], field) == expected, (name, model)
+            [value] = [float(v) for n, m, v in samples if n == name and m == model]
+            got = getattr(by_model[model], field) if model in by_model else None
+            assert got == (value if value >= 0 else None), (name, model)
     extracted = EXTRACTOR.extract(text)
     got = sorted((s.name, sorted(s.labels.items()), s.value) for found in extracted.values() for s in found)
     # The extractor reads no TYPE line (a wrong one included): the reference parser is given none.
@@ -256,8 +263,11 @@ def test_the_scraper_counts_every_failed_body(served: tuple[bytes, int], length:
     body, cap = served
     chunks = data.draw(chunked(body)) if data is not None else [body]
     readings = asyncio.run(_serve_and_scrape(chunks, length=length, cap=cap, times=2))
+    kind = "parse"
     try:
         expected = parse(body.decode("utf-8"))
+    except LimitExceeded:
+        expected, kind = None, "limit"
     except (UnicodeDecodeError, ExpositionError):
         expected = None
     for n, reading in enumerate(readings, 1):
@@ -266,7 +276,7 @@ def test_the_scraper_counts_every_failed_body(served: tuple[bytes, int], length:
         if len(body) > cap:
             assert (reading.up, reading.error_kind) == (False, "too_large"), reading.error
         elif expected is None:
-            assert (reading.up, reading.error_kind) == (False, "parse"), reading.error
+            assert (reading.up, reading.error_kind) == (False, kind), reading.error
         else:
             assert reading.up and reading.error_kind == "" and reading.engine_reading == expected, reading.error
         if reading.error_kind:

@@ -6,15 +6,17 @@ An engine lives in one package, `engines/<name>/`, whose `PLUGIN` is listed in
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import yaml
 
 from oomguard.engines.cmdline import Matcher, SettingsParser
-from oomguard.model import EngineReading
+from oomguard.model import VALUE_REJECT_REASONS, EngineReading, ModelReading
 from oomguard.promtext import Sample
 
 if TYPE_CHECKING:
@@ -101,3 +103,81 @@ def total(samples: Iterable[Sample]) -> float | None:
 def mean(samples: Iterable[Sample]) -> float | None:
     values = [s.value for s in samples]
     return sum(values) / len(values) if values else None
+
+
+# -- the values checked, for every engine ----------------------------------------------------------------------
+# Every family an engine reader keeps is a count, a size, a ratio, a setting or a timestamp: none is negative, and
+# none is NaN or infinite. The readers see only the samples that pass; their readings then pass `_check_reading`,
+# which bounds the ratios. The scraper calls `read_checked` for every engine (docs/engines.md, "Values checked").
+_RATIO_FIELDS = frozenset({"kv_cache_usage_ratio"})  # of ModelReading; 0 to 1
+_MODEL_FIELDS = ("kv_cache_usage_ratio", "requests_waiting", "requests_running", "preemptions_total",
+                 "prefix_cache_queries_total", "prefix_cache_hits_total")  # fmt: skip
+_ENGINE_FIELDS = ("kv_cache_blocks", "kv_cache_block_size_tokens", "kv_cache_memory_bytes",
+                  "process_start_time_seconds")  # fmt: skip
+
+
+@dataclass(slots=True)
+class Rejected:
+    """The values dropped from one reading, by reason (VALUE_REJECT_REASONS), and the first few, for the log."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, reason: str, what: str, value: float) -> None:
+        assert reason in VALUE_REJECT_REASONS, reason
+        self.counts[reason] += 1
+        if len(self.examples) < 3:
+            self.examples.append(f"{what} {value!r} ({reason})")
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+
+def checked_value(value: float | None, what: str, rejected: Rejected, *, ratio: bool = False) -> float | None:
+    """The value, or None (counted) when it is not finite, negative, or a ratio above 1."""
+    if value is None:
+        return None
+    if math.isnan(value) or math.isinf(value):
+        rejected.add("non_finite", what, value)
+        return None
+    if value < 0:
+        rejected.add("negative", what, value)
+        return None
+    if ratio and value > 1:
+        rejected.add("out_of_range", what, value)
+        return None
+    return value
+
+
+def read_checked(reader: EngineReader, samples: dict[str, list[Sample]], rejected: Rejected) -> EngineReading:
+    """The engine's reading of the samples that pass, checked in its turn; what was dropped is added to `rejected`.
+    A family whose every sample is dropped stays present, empty: the reader tells its absence from a bad value."""
+    kept = {name: [s for s in found if checked_value(s.value, name, rejected) is not None]
+            for name, found in samples.items()}  # fmt: skip
+    return _check_reading(reader.read(kept), rejected)
+
+
+def _check_reading(reading: EngineReading, rejected: Rejected) -> EngineReading:
+    """The reading with the values that are no reading dropped: a sum that overflowed, a ratio out of 0-1, a
+    setting read from a label (vLLM's gpu_memory_utilization="7")."""
+    models = tuple(_check_model(m, rejected) for m in reading.models)
+    changes: dict[str, object] = {
+        name: checked_value(getattr(reading, name), name, rejected) for name in _ENGINE_FIELDS
+    }
+    share = checked_value(reading.memory_utilization_ratio, "memory_utilization_ratio", rejected, ratio=True)
+    if share == 0:  # no share of a GPU: a budget of 0 bytes
+        rejected.add("out_of_range", "memory_utilization_ratio", share)
+        share = None
+    memory = tuple((c, b) for c, b in reading.memory_bytes if checked_value(b, c, rejected) is not None)
+    if not rejected:
+        return reading  # the usual case: no copy
+    return replace(reading, models=models, memory_utilization_ratio=share, memory_bytes=memory, **changes)
+
+
+def _check_model(model: ModelReading, rejected: Rejected) -> ModelReading:
+    changes = {
+        name: checked_value(value, name, rejected, ratio=name in _RATIO_FIELDS)
+        for name in _MODEL_FIELDS
+        if (value := getattr(model, name)) is not None
+    }
+    return replace(model, **changes) if any(changes[n] is None for n in changes) else model

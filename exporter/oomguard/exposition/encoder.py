@@ -24,21 +24,38 @@ def _escape(value: str) -> str:
     return value
 
 
-# "name{labels} " by metric and label values: the same series come back at every scrape.
+# "name{labels} " by metric and label values: the same series come back at every scrape. Label values churn (pids,
+# restarts, an engine's model names: tenant-controlled): the cache is bounded in entries and in bytes (each prefix
+# and the label values its key holds), and emptied when either is full, never grown forever. A host's series take
+# a few MB at most (docs/engines.md, "Values checked"); a prefix alone over PREFIX_MAX_BYTES is written, not kept.
 _PREFIXES: dict[tuple[MetricSpec, tuple[str, ...]], str] = {}
-_PREFIXES_MAX = 50_000  # label values churn (pids, restarts): cleared when this full, not grown forever
+_PREFIXES_MAX = 50_000
+PREFIX_CACHE_MAX_BYTES = 16 * 1024 * 1024
+PREFIX_MAX_BYTES = 64 * 1024
+_cached_bytes = 0
 
 
 def _prefix(spec: MetricSpec, labels: tuple[str, ...]) -> str:
+    global _cached_bytes
     if spec.label_order:
         pairs = ",".join(f'{label}="{_escape(labels[i])}"' for i, label in spec.label_order)
         prefix = f"{spec.sample_name}{{{pairs}}} "
     else:
         prefix = f"{spec.sample_name} "
-    if len(_PREFIXES) >= _PREFIXES_MAX:
+    size = len(prefix) + sum(len(v) for v in labels)  # characters: bytes for the ASCII of names and most values
+    if len(prefix) > PREFIX_MAX_BYTES:
+        return prefix
+    if len(_PREFIXES) >= _PREFIXES_MAX or _cached_bytes + size > PREFIX_CACHE_MAX_BYTES:
         _PREFIXES.clear()
+        _cached_bytes = 0
     _PREFIXES[(spec, labels)] = prefix
+    _cached_bytes += size
     return prefix
+
+
+def prefix_cache_bytes() -> int:
+    """What the label-prefix cache holds, as it counts it (at most PREFIX_CACHE_MAX_BYTES)."""
+    return _cached_bytes
 
 
 class Exposition:

@@ -7,7 +7,7 @@ import platform
 from oomguard import __version__
 from oomguard.exposition.encoder import Exposition
 from oomguard.exposition.spec import metric
-from oomguard.model import ERROR_KINDS, TARGET_STATES, Snapshot, TargetReading
+from oomguard.model import ERROR_KINDS, TARGET_STATES, VALUE_REJECT_REASONS, Snapshot, TargetReading
 
 SECTION = "Exporter health"
 BUILD_INFO = metric(SECTION, "build_info", "info", "", "version python_version", "The running oomguard.")
@@ -65,7 +65,18 @@ TARGET_SCRAPE_ERRORS = metric(
     "counter",
     "",
     "target kind",
-    "Failed reads of a target by kind: " + ", ".join(ERROR_KINDS) + ".",
+    "Failed reads of a target by kind: " + ", ".join(ERROR_KINDS) + " (limit: over the target's sample_limit or "
+    "label_value_length_limit, the reading dropped whole).",
+)
+TARGET_VALUES_REJECTED = metric(
+    SECTION,
+    "target_values_rejected",
+    "counter",
+    "",
+    "target reason",
+    "Values of a target's engine dropped from its reading, by reason: non_finite (NaN, +Inf, -Inf), negative (a "
+    "count, size or ratio below 0), out_of_range (a ratio above 1, a reservation of 0). The rest of the reading "
+    "is kept.",
 )
 TARGET_HEALTH_STATUS_CODE = metric(
     SECTION,
@@ -104,7 +115,8 @@ WEB_CONFIG_METRICS = (WEB_CONFIG_LAST_RELOAD_SUCCESSFUL, WEB_CONFIG_LAST_RELOAD_
 _WEB_CONFIG_DECLARED = frozenset(WEB_CONFIG_METRICS)
 METRICS = (
     BUILD_INFO, SOURCE_SUCCESS, SOURCE_DURATION_SECONDS, NVML_UP, TARGET_UP, TARGET_STATE,
-    TARGET_SCRAPE_DURATION_SECONDS, TARGET_SCRAPE_ERRORS, TARGET_HEALTH_STATUS_CODE, TARGET_HEALTH_LATENCY_SECONDS,
+    TARGET_SCRAPE_DURATION_SECONDS, TARGET_SCRAPE_ERRORS, TARGET_VALUES_REJECTED, TARGET_HEALTH_STATUS_CODE,
+    TARGET_HEALTH_LATENCY_SECONDS,
     *WEB_CONFIG_METRICS,
 )  # fmt: skip
 
@@ -126,6 +138,8 @@ def add_target(out: Exposition, target: TargetReading) -> None:
     out.add(TARGET_SCRAPE_DURATION_SECONDS, (t,), target.scrape_duration_seconds)
     for kind in ERROR_KINDS:
         out.add(TARGET_SCRAPE_ERRORS, (t, kind), float(target.errors_total.get(kind, 0)))
+    for reason in VALUE_REJECT_REASONS:
+        out.add(TARGET_VALUES_REJECTED, (t, reason), float(target.values_rejected_total.get(reason, 0)))
     out.add(TARGET_HEALTH_STATUS_CODE, (t,), target.health_status)
     out.add(TARGET_HEALTH_LATENCY_SECONDS, (t,), target.health_latency_seconds)
 

@@ -1,7 +1,9 @@
 """Scrape one engine target: its /metrics (only the families we read) and its /health.
 
-Each target has its own timeout and body size cap; a failure becomes `up=0` with
-an error kind, never an exception out of `scrape`. The target's state tells
+Each target has its own timeout, body size cap and limits (samples, label value length); every request
+goes through `capped.get`. A failure becomes `up=0` with an error kind, never an exception out of `scrape`;
+a value that is no reading (NaN, negative, a ratio over 1) is dropped and counted, the rest kept
+(engines/base.py). The target's state tells
 "loading" (no answer yet since we first saw it, or since its process restarted)
 from "down" (it was up, and now refuses, times out or answers 5xx).
 """
@@ -19,12 +21,13 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from oomguard.capped import BodyTooLarge, read_capped
+from oomguard import capped
+from oomguard.capped import BodyTooLarge
 from oomguard.config import TargetConfig
 from oomguard.engines import ENGINES
-from oomguard.engines.base import KvUsageError, ReservationError
-from oomguard.model import ERROR_KINDS, EngineReading, ProcessTree, TargetReading
-from oomguard.promtext import ExpositionError, FamilyExtractor
+from oomguard.engines.base import KvUsageError, Rejected, ReservationError, checked_value, read_checked
+from oomguard.model import ERROR_KINDS, VALUE_REJECT_REASONS, EngineReading, ProcessTree, TargetReading
+from oomguard.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits
 from oomguard.sources.processes import ProcessFinder
 from oomguard.sources.restarts import RestartTracker
 
@@ -34,6 +37,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESERVATION_RETRY_SECONDS = 60.0  # after a failed fetch of an engine's reservation
+# /health's body is not read: its status tells. The first few kB are read (a small answer leaves the connection
+# reusable), then the read stops and the connection is closed: a longer body is no fault of the engine's health.
+HEALTH_BODY_BYTES = 4096
 
 
 class ScrapeError(Exception):
@@ -51,6 +57,7 @@ class TargetScraper:
         timeout: float,
         max_body_bytes: int,
         finder: ProcessFinder | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.config = config
         self.name = config.label
@@ -66,12 +73,15 @@ class TargetScraper:
         self.fetch_kv_usage = ENGINES[config.engine].kv_usage
         self._kv_usage_error = ""
         # Only the families the engine's reader needs are extracted from a body (docs/performance.md).
-        self.extractor = FamilyExtractor(self.engine.families)
+        self.limits = limits or Limits()
+        self.extractor = FamilyExtractor(self.engine.families, self.limits)
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self.port = urlsplit(config.url).port or (443 if config.url.startswith("https") else 80)
         self.finder = finder if config.is_local else None
         self.errors_total: Counter[str] = Counter({kind: 0 for kind in ERROR_KINDS})
+        self.values_rejected_total: Counter[str] = Counter({reason: 0 for reason in VALUE_REJECT_REASONS})
+        self._rejected_logged: frozenset[str] = frozenset()  # the reasons of the last scrape's rejections logged
         self.ever_up = False
         self.restarts = RestartTracker()
         self.state = "loading"
@@ -96,8 +106,9 @@ class TargetScraper:
         kv_task = asyncio.ensure_future(self._kv_usage(session)) if self.fetch_kv_usage is not None else None
         reading: EngineReading | None = None
         error_kind = error = ""
+        rejected = Rejected()
         try:
-            reading = await self._fetch_metrics(session)
+            reading = await self._fetch_metrics(session, rejected)
         except ScrapeError as exc:
             error_kind, error = exc.kind, str(exc)
             self.errors_total[exc.kind] += 1
@@ -107,7 +118,8 @@ class TargetScraper:
         answered_at = time.time()
         if kv_task is not None:
             kv_usage, kv_error = await kv_task
-            reading = self._with_kv_usage(reading, kv_usage, kv_error)
+            reading = self._with_kv_usage(reading, checked_value(kv_usage, "kv_usage", rejected, ratio=True), kv_error)
+        self._count_rejected(rejected if reading is not None else Rejected())  # a reading dropped whole: its error
         if reading is not None:
             self.asleep = reading.asleep
         process = (await processes).get(self.port) if self.finder and processes is not None else None
@@ -142,6 +154,7 @@ class TargetScraper:
             error=error,
             process=process,
             errors_total=dict(self.errors_total),
+            values_rejected_total=dict(self.values_rejected_total),
             restarts_total=restarts_total,
             last_restart_at=last_restart_at,
             startup_seconds=self.restarts.startup_seconds,
@@ -151,6 +164,16 @@ class TargetScraper:
             probe_grace_seconds=pod.probe_grace_seconds if pod else None,
         )
 
+    def _count_rejected(self, rejected: Rejected) -> None:
+        """Counted on each scrape; logged when the reasons change (not on every scrape of one bad engine)."""
+        self.values_rejected_total.update(rejected.counts)
+        reasons = frozenset(rejected.counts)
+        if reasons and reasons != self._rejected_logged:
+            log.warning("target %s: dropped %d value(s) that are no reading: %s (counted in "
+                        "oomguard_target_values_rejected_total)", self.name, rejected.counts.total(),
+                        "; ".join(rejected.examples))  # fmt: skip
+        self._rejected_logged = reasons
+
     async def _kv_usage(self, session: aiohttp.ClientSession) -> tuple[float | None, str]:
         """The engine's KV cache use, and why not when it could not be read (never raising into the scrape)."""
         assert self.fetch_kv_usage is not None
@@ -158,7 +181,7 @@ class TargetScraper:
             return await self.fetch_kv_usage(session, self.config.url, self.timeout, self.max_body_bytes), ""
         except TimeoutError:
             return None, f"took longer than {self.timeout:g}s (timeout_seconds)"
-        except (KvUsageError, aiohttp.ClientError, OSError) as exc:
+        except (KvUsageError, BodyTooLarge, aiohttp.ClientError, OSError) as exc:
             return None, str(exc) or type(exc).__name__
 
     def _with_kv_usage(self, reading: EngineReading | None, ratio: float | None, error: str) -> EngineReading | None:
@@ -187,7 +210,7 @@ class TargetScraper:
             try:
                 self._reservation = await self.fetch_reservation(session, self.config.url, self.timeout)
                 self._reservation_life = life
-            except (ReservationError, TimeoutError, aiohttp.ClientError, OSError) as exc:
+            except (ReservationError, BodyTooLarge, TimeoutError, aiohttp.ClientError, OSError) as exc:
                 self._reservation_retry_at = time.monotonic() + RESERVATION_RETRY_SECONDS
                 log.warning("target %s: cannot read its reservation (retried in %.0fs): %s",
                             self.name, RESERVATION_RETRY_SECONDS, exc or type(exc).__name__)  # fmt: skip
@@ -217,24 +240,26 @@ class TargetScraper:
     async def _probe_health(self, session: aiohttp.ClientSession) -> tuple[int | None, float | None]:
         started = time.perf_counter()
         try:
-            async with session.get(
-                self.config.url + self.engine.health_path,
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
-                allow_redirects=False,
-            ) as response:
-                await response.read()
-                return response.status, time.perf_counter() - started
+            answer = await capped.get(
+                session, self.config.url + self.engine.health_path, timeout=self.timeout, cap=HEALTH_BODY_BYTES,
+                truncate=True,
+            )  # fmt: skip
         except (TimeoutError, aiohttp.ClientError, OSError):
             return None, None
+        return answer.status, time.perf_counter() - started
 
-    async def _fetch_metrics(self, session: aiohttp.ClientSession) -> EngineReading:
+    async def _fetch_metrics(self, session: aiohttp.ClientSession, rejected: Rejected) -> EngineReading:
         url = self.config.url + self.engine.metrics_path
         try:
-            async with asyncio.timeout(self.timeout):
-                async with session.get(url, allow_redirects=False) as response:
-                    if response.status != 200:
-                        raise ScrapeError("http_status", f"GET {url} answered HTTP {response.status}")
-                    body = await self._read_capped(response, url)
+            answer = await capped.get(session, url, timeout=self.timeout, cap=self.max_body_bytes)
+            if answer.status != 200:
+                raise ScrapeError("http_status", f"GET {url} answered HTTP {answer.status}")
+            body = answer.body
+        except BodyTooLarge:
+            raise ScrapeError(
+                "too_large",
+                f"{url} sent more than {self.max_body_bytes} bytes; raise scrape.max_body_bytes if this is expected",
+            ) from None
         except TimeoutError:
             raise ScrapeError("timeout", f"GET {url} took longer than {self.timeout:g}s (timeout_seconds)") from None
         except aiohttp.ClientSSLError as exc:  # before its base class, ClientConnectorError
@@ -250,15 +275,8 @@ class TargetScraper:
                 "parse", f"{url} sent a body that is not UTF-8 text ({exc.reason} at byte {exc.start})"
             ) from None
         try:
-            return self.engine.read(self.extractor.extract(text))
+            return read_checked(self.engine, self.extractor.extract(text), rejected)
+        except LimitExceeded as exc:  # before its base class: dropped whole, never half-exported
+            raise ScrapeError("limit", f"{url}: {exc}") from None
         except ExpositionError as exc:
             raise ScrapeError("parse", f"{url}: {exc}") from None
-
-    async def _read_capped(self, response: aiohttp.ClientResponse, url: str) -> bytes:
-        try:
-            return await read_capped(response, self.max_body_bytes)
-        except BodyTooLarge:
-            raise ScrapeError(
-                "too_large",
-                f"{url} sent more than {self.max_body_bytes} bytes; raise scrape.max_body_bytes if this is expected",
-            ) from None

@@ -18,7 +18,8 @@ from typing import Any
 
 import aiohttp
 
-from oomguard.capped import BodyTooLarge, read_capped
+from oomguard import capped
+from oomguard.capped import BodyTooLarge
 from oomguard.engines.base import KvUsageError
 
 SLOTS_PATH = "/slots"
@@ -58,21 +59,18 @@ async def fetch_kv_usage_ratio(
 ) -> float | None:
     """GET <url>/slots and its KV use; None when the server has the endpoint off (501) or its slots do not tell.
     SlotsError when the answer is another status, too large, or not the slots' JSON."""
-    async with session.get(
-        url + SLOTS_PATH, timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False
-    ) as response:
-        if response.status == 501:  # started with --no-slots
-            return None
-        if response.status != 200:
-            raise SlotsError(f"GET {url}{SLOTS_PATH} answered HTTP {response.status}")
-        # Each slot carries its sampling parameters: a few KB a slot. The cap is the scrape's body cap.
-        try:
-            body = await read_capped(response, max_body_bytes)
-        except BodyTooLarge:
-            raise SlotsError(
-                f"GET {url}{SLOTS_PATH} sent more than {max_body_bytes} bytes (scrape.max_body_bytes)"
-            ) from None
+    # Each slot carries its sampling parameters: a few KB a slot. The cap is the scrape's body cap.
     try:
-        return kv_usage_ratio(json.loads(body))
+        answer = await capped.get(session, url + SLOTS_PATH, timeout=timeout, cap=max_body_bytes)
+    except BodyTooLarge:
+        raise SlotsError(
+            f"GET {url}{SLOTS_PATH} sent more than {max_body_bytes} bytes (scrape.max_body_bytes)"
+        ) from None
+    if answer.status == 501:  # started with --no-slots
+        return None
+    if answer.status != 200:
+        raise SlotsError(f"GET {url}{SLOTS_PATH} answered HTTP {answer.status}")
+    try:
+        return kv_usage_ratio(json.loads(answer.body))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SlotsError(f"GET {url}{SLOTS_PATH} sent no JSON: {exc}") from None

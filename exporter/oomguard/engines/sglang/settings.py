@@ -7,12 +7,12 @@ total memory that weights and the KV cache pool take from the start.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
 
-from oomguard.capped import BodyTooLarge, read_capped
+from oomguard import capped
+from oomguard.capped import BodyTooLarge
 from oomguard.engines.base import ReservationError
 from oomguard.promtext import finite
 
@@ -24,18 +24,16 @@ async def mem_fraction_static(session: aiohttp.ClientSession, base_url: str, tim
     """The fraction, or None when the server publishes none; ReservationError when it could not be read now."""
     for path in PATHS:
         url = base_url + path
-        async with asyncio.timeout(timeout):
-            async with session.get(url, allow_redirects=False) as response:
-                if response.status == 404:
-                    continue  # a version without this path: try the older one
-                if response.status != 200:
-                    raise ReservationError(f"GET {url} answered HTTP {response.status}")
-                try:
-                    body = await read_capped(response, MAX_BODY_BYTES)
-                except BodyTooLarge:
-                    raise ReservationError(f"{url} sent more than {MAX_BODY_BYTES} bytes") from None
         try:
-            info = json.loads(body)
+            answer = await capped.get(session, url, timeout=timeout, cap=MAX_BODY_BYTES)
+        except BodyTooLarge:
+            raise ReservationError(f"{url} sent more than {MAX_BODY_BYTES} bytes") from None
+        if answer.status == 404:
+            continue  # a version without this path: try the older one
+        if answer.status != 200:
+            raise ReservationError(f"GET {url} answered HTTP {answer.status}")
+        try:
+            info = json.loads(answer.body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ReservationError(f"{url} sent a body that is not JSON: {exc}") from None
         value = info.get("mem_fraction_static") if isinstance(info, dict) else None
