@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from oomguard.engines import ENGINE_NAMES, ENGINES
 from oomguard.events.catalogue import check_patterns
+from oomguard.excerpt import LIMIT, excerpt
 from oomguard.promtext import LABEL_VALUE_LENGTH_LIMIT, SAMPLE_LIMIT, Limits
 from oomguard.simulate.scenarios import SCENARIOS as SIMULATIONS
 from oomguard.trend.analysis import TrendSettings
@@ -86,6 +87,11 @@ class TargetConfig(StrictModel):
         None, gt=0, description="Per-target scrape timeout; defaults to scrape.timeout_seconds."
     )
     logs: tuple[str, ...] = Field((), description="Log files or globs of the engine, followed like tail -F.")
+    follow_symlinks: bool = Field(
+        False,
+        description="Follow a file of `logs`, or a directory a wildcard of it matches, that is a symbolic link; "
+        "off: skipped, and logged once (a link planted in a log folder is never read).",
+    )
     journald_unit: str | None = Field(None, description="systemd unit whose journal is the engine's log.")
     k8s_pod_logs: PodLogsConfig | None = Field(None, description="The engine's container logs under /var/log/pods.")
     cgroup: str | None = Field(None, description="cgroup v2 directory of the engine: its OOM kills are counted.")
@@ -186,7 +192,7 @@ class SimulationConfig(StrictModel):
     @classmethod
     def _known_scenario(cls, value: str | None) -> str | None:
         if value is not None and value not in SIMULATIONS:
-            close = difflib.get_close_matches(value, list(SIMULATIONS), n=1)
+            close = difflib.get_close_matches(value, list(SIMULATIONS), n=1) if len(value) <= LIMIT else []
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"unknown scenario {value!r}; {hint}choose one of: {', '.join(SIMULATIONS)}")
         return value
@@ -391,7 +397,8 @@ def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
 def _format_location(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        name = excerpt(str(part))  # a key is as long as the file makes it
+        out += f"[{part}]" if isinstance(part, int) else (f".{name}" if out else name)
     return out or "(top level)"
 
 
@@ -405,13 +412,24 @@ def explain(
         where = _format_location(loc)
         if item["type"] == "extra_forbidden":
             known = _known_keys(model or Config, loc)
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            key = str(loc[-1])
+            close = difflib.get_close_matches(key, known, n=1) if len(key) <= LIMIT else []
             hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
             lines.append(f"  {where}: unknown key; {hint}")
         else:
-            message = _fix(item) or item["msg"].removeprefix("Value error, ")
+            message = _cut_quotes(_fix(item) or item["msg"].removeprefix("Value error, "), item.get("input"))
             lines.append(f"  {where}: {message}{_got(item.get('input'))}")
     return "\n".join(lines)
+
+
+def _cut_quotes(message: str, value: Any) -> str:
+    """`message` with each long string of the input it quotes (a validator's f"{value!r}") cut to its head, then
+    bounded whole: a 10 MB value gives an error of a few lines, not of 10 MB."""
+    values = value.values() if isinstance(value, dict) else (value,)
+    for text in values:
+        if isinstance(text, str) and len(text) > LIMIT:
+            message = message.replace(repr(text), f"{text[:LIMIT]!r}... ({len(text)} characters)")
+    return excerpt(message, 5 * LIMIT)
 
 
 # pydantic's bounds, said as what to write instead.
@@ -470,7 +488,7 @@ def read_yaml(path: Path, what: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: not valid YAML: {excerpt(str(exc), 5 * LIMIT)}") from None
     except RecursionError:  # PyYAML's parser recurses once per level: [[[[... 500 deep
         raise ConfigError(f"{path}: not valid YAML: nested hundreds of levels deep") from None
 

@@ -110,7 +110,8 @@ class PodLogReader:
     """Kubernetes container logs: CRI-format files under /var/log/pods, rotated by the kubelet."""
 
     def __init__(self, pattern: str, *, state: dict | None = None, from_start: bool = False) -> None:
-        self.follower = FileFollower(pattern, state=state, from_start=from_start)
+        # The kubelet's own folders (a tenant writes none of them); with cri-dockerd each log is a link.
+        self.follower = FileFollower(pattern, state=state, from_start=from_start, follow_symlinks=True)
         self.stats = self.follower.stats  # the decoders count their malformed and truncated lines in it
         # One per file, by the name it was first seen at: a record cut by a rotation goes on in its successor.
         self.decoders: dict[str, CriDecoder] = {}

@@ -80,6 +80,7 @@ import time
 
 from oomguard.events.followed import STATE_VERSION, FollowedFile, find_by_inode, open_regular
 from oomguard.events.scan import Key, age, real_dir, scan, under
+from oomguard.excerpt import excerpt
 from oomguard.model import ReadStats
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,8 @@ _TAIL_BYTES = 64
 
 
 class FileFollower:
-    """Follow every regular file matched by `pattern` (a path or a glob, no `**`)."""
+    """Follow every regular file matched by `pattern` (a path or a glob, no `**`); a symbolic link only when
+    `follow_symlinks` (scan.py: a skipped one is reported once, as an error)."""
 
     # How long a rotated-away file must stay without new bytes before it is closed: a
     # writer that has not reopened its log yet still writes to the old inode.
@@ -103,8 +105,10 @@ class FileFollower:
         from_start: bool = False,
         max_line_bytes: int = 1024 * 1024,
         max_read_bytes: int = 8 * 1024 * 1024,
+        follow_symlinks: bool = False,
     ) -> None:
         self.pattern = pattern
+        self.follow_symlinks = follow_symlinks
         self.from_start = from_start
         self.max_line_bytes = max(1, int(max_line_bytes))
         self.max_read_bytes = max(1, int(max_read_bytes))
@@ -190,7 +194,7 @@ class FileFollower:
                 files[f.key] = f
             self._files = files
             self._started = bool(state.get("started", True))
-        except (TypeError, ValueError, KeyError, AttributeError, binascii.Error) as exc:
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError, binascii.Error) as exc:
             # A state we cannot trust is dropped whole: starting from the end (as on a
             # first start) may miss events; reading everything again would count old
             # ones a second time.
@@ -205,7 +209,7 @@ class FileFollower:
 
     def _poll(self) -> list[tuple[str, list[str]]]:
         now = time.monotonic()
-        matched, uncertain = scan(self.pattern, self._error)
+        matched, uncertain = scan(self.pattern, self._error, follow_symlinks=self.follow_symlinks)
         first = not self._started
         self._started = True
         out: list[tuple[str, list[str]]] = []
@@ -302,7 +306,7 @@ class FileFollower:
 
     def _open_new(self, key: Key, path: str, *, at_end: bool) -> FollowedFile | None:
         try:
-            fd, st = open_regular(path)
+            fd, st = open_regular(path, follow_symlinks=self.follow_symlinks)
         except FileNotFoundError:
             return None  # gone between the scan and the open: it will be seen again, or not
         except OSError as exc:
@@ -331,7 +335,7 @@ class FileFollower:
         """A file known from the state (or from before `close()`) without a descriptor."""
         if hit is not None:
             try:
-                fd, st = open_regular(hit[0])
+                fd, st = open_regular(hit[0], follow_symlinks=self.follow_symlinks)
             except OSError as exc:
                 self._error(hit[0], "open", exc)
                 return False
@@ -379,7 +383,7 @@ class FileFollower:
             return
         self.stats.read_errors += 1
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        self.stats.last_error = f"{what} {path}: {reason}"
+        self.stats.last_error = f"{what} {excerpt(path)}: {excerpt(reason)}"  # a name as long as a tenant makes it
         log.warning("log follower: %s", self.stats.last_error)
 
 

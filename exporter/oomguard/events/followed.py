@@ -7,7 +7,8 @@ resolved to: where `find_by_inode` looks for it after a restart, once it has lef
 pattern (rotation by rename keeps it in its directory: `app.log.1`).
 
 Files are opened non-blocking (a fifo must never block the follower) and only when they
-are regular files (`open_regular`).
+are regular files (`open_regular`); unless the follower follows symbolic links, with
+O_NOFOLLOW, so that a link swapped in between the scan and the open is not opened.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 
 from oomguard.events.lines import PendingLine
 from oomguard.events.scan import Key, NotRegular, kind
+from oomguard.excerpt import excerpt
 
 STATE_VERSION = 1
 NAMES = 4  # the names kept per file
@@ -103,13 +105,14 @@ class FollowedFile:
             real_dir=str(entry.get("dir", "")),
         )
         if f.offset < 0:
-            raise ValueError(f"negative offset for {f.path}")
+            raise ValueError(f"negative offset for {excerpt(f.path)}")
         del f.line.partial[max_line_bytes:]
         return f
 
 
-def open_regular(path: str) -> tuple[int, os.stat_result]:
-    fd = os.open(path, _OPEN_FLAGS)  # O_NONBLOCK: a fifo must never block us
+def open_regular(path: str, *, follow_symlinks: bool = True) -> tuple[int, os.stat_result]:
+    flags = _OPEN_FLAGS if follow_symlinks else _OPEN_FLAGS | os.O_NOFOLLOW
+    fd = os.open(path, flags)  # O_NONBLOCK: a fifo must never block us
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -129,7 +132,7 @@ def find_by_inode(f: FollowedFile) -> tuple[int, str] | None:
                     try:
                         if entry.inode() != f.ino or not entry.is_file(follow_symlinks=False):
                             continue
-                        fd, st = open_regular(entry.path)
+                        fd, st = open_regular(entry.path, follow_symlinks=False)  # a regular file, as checked
                     except OSError:
                         continue
                     if (st.st_dev, st.st_ino) == f.key:

@@ -11,15 +11,21 @@ neither loses nor recounts an event.
 The state file: {"positions": {KEY: ...}, "incidents": {KEY: ...}, "counts": {TARGET:
 {"total": {KIND: N}, "last": {KIND: T}}}}, KEY being "target|source" (target "" for
 the host). Its layout is kept as it is: an upgraded exporter resumes from an old one's.
+It is checked whole when read (`read_state`): a file that is not a regular file, is over
+MAX_STATE_BYTES, is not JSON, or has a wrong shape or type anywhere is set aside as
+*.corrupt, counted, and the exporter starts afresh; nothing of it is half-trusted.
 """
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -28,15 +34,22 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.config import Config
+from oomguard.events.follow import FileFollower
+from oomguard.events.followed import STATE_VERSION, FollowedFile
 from oomguard.events.kill_owners import KillOwners
 from oomguard.events.kinds import CGROUP_OOM_KILL, KERNEL_OOM_KILL, STARTUP
 from oomguard.events.registry import COUNTS, SavedState, build_sources
+from oomguard.events.scan import kind
 from oomguard.events.source import INCIDENTS, POSITIONS, EventSource
+from oomguard.excerpt import excerpt
 from oomguard.model import Counts, Event, EventSourceHealth
 
 log = logging.getLogger(__name__)
 STATE_FILE = "events-state.json"
 TEMPORARY = ".events-state."  # the prefix of the file written before it is renamed over STATE_FILE
+# Read no more than this (docs/events.md): a partial line kept per followed file is at most 1 MiB (1.4 in base64).
+MAX_STATE_BYTES = 64 * 1024 * 1024
+MAX_COUNT = 2**53  # the largest count a float64 sample holds exactly
 
 
 class EventRunner:
@@ -51,6 +64,7 @@ class EventRunner:
             name: Counts(dict(c.get("total", {})), dict(c.get("last", {}))) for name, c in saved.get(COUNTS, {}).items()
         }
         self.sources: list[EventSource] = build_sources(config, self.saved)
+        _follow_symlinks(config, self.sources)
         self.state_write_errors = 0
         self._failures = [0] * len(self.sources)  # polls that raised (a bug): counted as read errors
         self._states = [source.state() for source in self.sources]  # as last saved or seen
@@ -142,11 +156,8 @@ class EventRunner:
         if not self.state_path.exists():
             return {}
         try:
-            saved = json.loads(self.state_path.read_text())
-            if not isinstance(saved, dict):
-                raise ValueError("not a JSON object")
-            return saved
-        except (OSError, ValueError) as exc:
+            return read_state(self.state_path)
+        except (OSError, ValueError, RecursionError) as exc:
             # Unreadable state: start at the end of every log (no recount), and say so. The file is kept
             # aside, not overwritten by the next save, and the metric tells the counts started afresh.
             self.state_read_errors += 1
@@ -158,7 +169,7 @@ class EventRunner:
                 kept = f"and it could not be kept aside ({move})"
             log.error(
                 "cannot read %s (%s), %s: counts start afresh, events before now are not recounted",
-                self.state_path, exc, kept,
+                self.state_path, excerpt(str(exc) or type(exc).__name__), kept,
             )  # fmt: skip
             return {}
 
@@ -204,3 +215,136 @@ class EventRunner:
             except Exception:
                 log.exception("event source %s of %r failed to close", source.name, source.target or "host")
         self._save()
+
+
+# -- the state file, checked whole ----------------------------------------------------------------
+class BadState(ValueError):
+    """The state file is not what this exporter writes: set aside whole."""
+
+
+# Positions the sources take as they are: source name prefix -> field -> the JSON types it may hold (or null).
+SCALAR_POSITIONS: dict[str, dict[str, tuple[type, ...]]] = {
+    "cgroup:": {"oom_kill": (int,)},
+    "kernel:": {"last_seq": (int,), "boot_id": (str,), "kills": (list,)},  # each kill checked by KillDedupe
+    "journald:": {"cursor": (str,)},
+    "k8s-api:": {"last_termination": (str,)},
+}
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """The state file, read and checked: raises BadState (or OSError) when it cannot be trusted whole."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a fifo must not block the start
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadState(f"{kind(st.st_mode)}, not a regular file")
+        if st.st_size > MAX_STATE_BYTES:
+            raise BadState(f"{st.st_size} bytes, over the {MAX_STATE_BYTES} read at most (docs/events.md)")
+        data = _read_capped(fd)  # and if it grows meanwhile, no further either
+    finally:
+        os.close(fd)
+    # NaN, Infinity and 1e999 (a float too large): no count, time or offset is one.
+    saved = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
+    check_state(saved)
+    return saved
+
+
+def _read_capped(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := os.read(fd, min(1024 * 1024, MAX_STATE_BYTES + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_STATE_BYTES:
+            raise BadState(f"over {MAX_STATE_BYTES} bytes, the most read (docs/events.md)")
+    return b"".join(chunks)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise BadState(f"{name} where a number is expected")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadState(f"{excerpt(text)} is too large a number")
+    return value
+
+
+def check_state(saved: Any) -> None:
+    """Raise BadState naming the first entry of a wrong shape or type."""
+    _object(saved, "the file")
+    for section in (POSITIONS, INCIDENTS):
+        for key, entry in _object(saved.get(section, {}), section).items():
+            if entry is None:
+                continue
+            _object(entry, f"{section}[{key!r}]")
+            if section == POSITIONS:
+                _check_position(key, entry)
+            else:
+                _check_incident(key, entry)
+    for target, counts in _object(saved.get(COUNTS, {}), COUNTS).items():
+        where = f"counts[{target!r}]"
+        _object(counts, where)
+        for kind_, n in _object(counts.get("total", {}), f"{where}.total").items():
+            if not (type(n) is int and 0 <= n <= MAX_COUNT):
+                raise BadState(f"{where}.total[{kind_!r}] is {n!r}, not a whole number from 0 to {MAX_COUNT}")
+        for kind_, t in _object(counts.get("last", {}), f"{where}.last").items():
+            if not _time(t):
+                raise BadState(f"{where}.last[{kind_!r}] is {t!r}, not a time in seconds")
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadState(f"{where} is {type(value).__name__}, not a JSON object")
+    return value
+
+
+def _check_position(key: str, entry: dict[str, Any]) -> None:
+    if "|file:" in key or "|k8s:" in key:  # a log file follower's: each file as the follower reads it back
+        files = entry.get("files", [])
+        if entry.get("version") != STATE_VERSION or not isinstance(files, list):
+            raise BadState(f"positions[{key!r}] is not a log follower's state of version {STATE_VERSION}")
+        for i, file in enumerate(files):
+            try:
+                FollowedFile.from_state(file, 1)
+            except (TypeError, ValueError, KeyError, AttributeError, OverflowError, binascii.Error) as exc:
+                raise BadState(f"positions[{key!r}].files[{i}]: {exc!r}") from None
+    for prefix, fields in SCALAR_POSITIONS.items():
+        if f"|{prefix}" in key:
+            for name, types in fields.items():
+                value = entry.get(name)
+                if value is not None and (type(value) not in types or (type(value) is int and value < 0)):
+                    raise BadState(f"positions[{key!r}].{name} is {value!r}")
+
+
+def _check_incident(key: str, entry: dict[str, Any]) -> None:
+    """An incident detector's: {"open": null or [started, last line, [kind, ...]], "dead_until_startup": null or T}."""
+    incident, dead = entry.get("open"), entry.get("dead_until_startup")
+    ok = dead is None or _time(dead)
+    if incident is not None:
+        ok = ok and isinstance(incident, list) and len(incident) == 3 and _time(incident[0]) and _time(incident[1])
+        ok = ok and isinstance(incident[2], list) and all(isinstance(k, str) for k in incident[2])
+    if not ok:
+        raise BadState(f"incidents[{key!r}] is not an incident detector's state")
+
+
+def _time(value: Any) -> bool:
+    """A time in seconds: a finite number, 0 or more."""
+    return type(value) in (int, float) and _finite(value) and value >= 0
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _follow_symlinks(config: Config, sources: list[EventSource]) -> None:
+    """Each target's `follow_symlinks` to the followers of its `logs:` (registry.py builds them without it)."""
+    follow = {target.label: target.follow_symlinks for target in config.targets}
+    for source in sources:
+        reader = getattr(source, "reader", None)
+        if isinstance(reader, FileFollower) and source.name.startswith("file:"):
+            reader.follow_symlinks = follow.get(source.target, False)

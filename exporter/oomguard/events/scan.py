@@ -6,6 +6,12 @@ starting with "." are matched only by a pattern part that starts with "." (as gl
 Only regular files are followed: a directory, fifo, socket or device matched by the
 pattern, and a dangling symbolic link, are errors, never opened.
 
+Symbolic links: unless `follow_symlinks`, a matched file that is a link, and a directory
+matched by a wildcard part that is a link, are skipped and reported (an error, counted
+once per cause): a link planted in a log folder (`app.log.evil -> /etc/shadow`) is never
+read. Directories written out in the pattern (`/var/log/vllm` of `/var/log/vllm/*.log`)
+are the configuration's own and resolved as the system does.
+
 A directory that cannot be listed, and a path that cannot be stat'ed, are returned as
 "uncertain": whether a followed file under them is still there cannot be told, so it is
 not taken as rotated away (`under`); it is looked at again on the next poll.
@@ -31,6 +37,9 @@ class NotRegular(OSError):
     pass
 
 
+SYMLINK_SKIPPED = "a symbolic link, not followed (set follow_symlinks: true on the target to follow it)"
+
+
 def kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
@@ -43,13 +52,13 @@ def kind(mode: int) -> str:
     return "not a regular file"
 
 
-def scan(pattern: str, error: ErrorSink) -> tuple[Matched, list[str]]:
+def scan(pattern: str, error: ErrorSink, *, follow_symlinks: bool = True) -> tuple[Matched, list[str]]:
     """Regular files matched now, by (dev, inode); and the paths we could not look into."""
     uncertain: list[str] = []
     matched: Matched = {}
-    for path in expand(pattern, uncertain, error):
+    for path in expand(pattern, uncertain, error, follow_symlinks=follow_symlinks):
         try:
-            st = os.stat(path)
+            st = os.stat(path) if follow_symlinks else os.lstat(path)
         except FileNotFoundError:
             if os.path.islink(path):
                 error(path, "stat", OSError(errno.ENOENT, "dangling symbolic link"))
@@ -58,6 +67,9 @@ def scan(pattern: str, error: ErrorSink) -> tuple[Matched, list[str]]:
             error(path, "stat", exc)
             uncertain.append(path)
             continue
+        if stat.S_ISLNK(st.st_mode):
+            error(path, "stat", NotRegular(errno.ELOOP, SYMLINK_SKIPPED))
+            continue
         if not stat.S_ISREG(st.st_mode):
             error(path, "stat", NotRegular(errno.EINVAL, f"{kind(st.st_mode)}, not followed"))
             continue
@@ -65,8 +77,9 @@ def scan(pattern: str, error: ErrorSink) -> tuple[Matched, list[str]]:
     return matched, uncertain
 
 
-def expand(pattern: str, uncertain: list[str], error: ErrorSink) -> list[str]:
-    """glob.glob without `**`, but reporting the directories it cannot read."""
+def expand(pattern: str, uncertain: list[str], error: ErrorSink, *, follow_symlinks: bool = True) -> list[str]:
+    """glob.glob without `**`, but reporting the directories it cannot read (and, unless `follow_symlinks`, the
+    linked directories a wildcard matched, skipped)."""
     if not _MAGIC.search(pattern):
         return [pattern]
     parts = pattern.split(os.sep)
@@ -87,8 +100,13 @@ def expand(pattern: str, uncertain: list[str], error: ErrorSink) -> list[str]:
                             continue
                         if not fnmatch.fnmatchcase(entry.name, part):
                             continue
-                        if last or _is_dir(entry):
-                            found.append(os.path.join(base, entry.name))
+                        path = os.path.join(base, entry.name)
+                        if last:
+                            found.append(path)
+                        elif not follow_symlinks and _is_linked_dir(entry):
+                            error(path, "list", NotRegular(errno.ELOOP, SYMLINK_SKIPPED))
+                        elif _is_dir(entry):
+                            found.append(path)
             except (FileNotFoundError, NotADirectoryError):
                 continue
             except OSError as exc:
@@ -133,4 +151,12 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-__all__ = ["ErrorSink", "Key", "Matched", "NotRegular", "age", "expand", "kind", "real_dir", "scan", "under"]
+def _is_linked_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_symlink() and entry.is_dir()
+    except OSError:
+        return False
+
+
+__all__ = ["SYMLINK_SKIPPED", "ErrorSink", "Key", "Matched", "NotRegular", "age", "expand", "kind", "real_dir"]
+__all__ += ["scan", "under"]

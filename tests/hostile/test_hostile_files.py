@@ -1,0 +1,318 @@
+"""Hostile files: the event state file, what is planted in a log folder, a configuration of huge values.
+
+Each case goes through the real code path: the real EventRunner over real files in a temporary state_dir
+and log folders, the real Runtime behind make_app for `/metrics`, the real CLI (`python -m oomguard
+check-config`) in a subprocess. The table of cases is `CASES`; docs/faults.md prints it, and
+`test_docs_table_is_current` keeps the two equal. Each case failed on the code before its fix. Waits are
+on conditions with a deadline, never a bare sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from support import REPO
+
+from oomguard.config import load_config
+from oomguard.events.runner import MAX_STATE_BYTES, STATE_FILE, EventRunner
+from oomguard.runtime import Runtime
+from oomguard.web import make_app
+
+
+@dataclass(frozen=True)
+class Case:
+    area: str
+    case: str  # the hostile input
+    defence: str  # what the exporter does now
+    test: str  # the test below that plants it
+
+
+CASES = [
+    Case("state", "a state file of a wrong shape or type: `counts` a list, a count `\"x\"`, -3, `Infinity` or "
+         "`1e999`, a last-event time `\"x\"`, a position a list, a follower's files a string, a cgroup's "
+         "position `\"x\"`, an incident of a wrong shape, arrays nested 100,000 deep",
+         "set aside whole as `events-state.json.corrupt`, `oomguard_event_state_read_errors_total` 1, an error "
+         "logged; the start and every poll go on, counting afresh; nothing of it written back",
+         "test_a_wrong_state_file_is_set_aside_whole"),
+    Case("state", "a count `\"x\"` in the state file, then a scrape", "`/metrics` answers 200 (it answered "
+         "500 for ever) with `oomguard_event_state_read_errors_total 1`",
+         "test_a_wrong_count_does_not_break_metrics"),
+    Case("state", "a state file over 64 MiB", "not read (its size is checked first): set aside, counted",
+         "test_a_huge_state_file_is_not_read"),
+    Case("state", "a FIFO as the state file", "opened non-blocking, refused as not a regular file: the start "
+         "does not hang", "test_a_fifo_state_file_does_not_hang_the_start"),
+    Case("logs", "a symbolic link planted in a log folder (`app.log.evil -> secret`), or a linked directory "
+         "matched by a wildcard", "skipped, logged once naming the path and `follow_symlinks`, "
+         "`event_source_read_errors_total` +1; followed where the target sets `follow_symlinks: true`",
+         "test_a_planted_symlink_is_not_read"),
+    Case("config", "a 10 MB string as a value or a key of the configuration", "the error quotes its first "
+         "200 characters and its length: `... (10000000 characters)`", "test_a_huge_config_string_gives_a_short_error"),
+]  # fmt: skip
+
+
+def table() -> str:
+    rows = ["| area | hostile input | defence | test |", "|---|---|---|---|"]
+    rows += [f"| {c.area} | {c.case} | {c.defence} | `{c.test}` |" for c in CASES]
+    return "\n".join(rows) + "\n"
+
+
+def test_docs_table_is_current() -> None:
+    assert table() in (REPO / "docs" / "faults.md").read_text(), (
+        "docs/faults.md: paste tests/hostile/test_hostile_files.table()"
+    )
+    names = {name for name in globals() if name.startswith("test_")}
+    assert {c.test for c in CASES} <= names
+
+
+def until(condition: Callable[[], object], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {seconds}s: {what}")
+        time.sleep(0.01)
+
+
+OOM = [
+    "ERROR 05-01 12:00:0{i} [engine.py:1] Traceback (most recent call last):",
+    "ERROR 05-01 12:00:0{i} [engine.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+]
+
+
+def oom(path: Path, i: int = 0) -> None:
+    with path.open("a") as f:
+        f.write("".join(line.format(i=i) + "\n" for line in OOM))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def settle(r: EventRunner, clock: Clock) -> None:
+    """Polled, then past the quiet time: open incidents are closed and counted."""
+    r.poll()
+    clock.now += 10
+    r.poll()
+
+
+# -- the state file ---------------------------------------------------------------------------------------------
+def runner(tmp_path: Path, clock: Clock | None = None, **target: object) -> EventRunner:
+    """A target "a" with a log (a.log) and a cgroup (a fake memory.events), its state in tmp_path/state."""
+    (tmp_path / "a.log").touch()
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir(exist_ok=True)
+    (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+    config = load_config(
+        None,
+        {
+            "state_dir": str(tmp_path / "state"),
+            "events": {"kernel_log": False, "quiet_seconds": 5},
+            "targets": [
+                {"name": "a", "url": "http://127.0.0.1:8000", "logs": [str(tmp_path / "a.log")],
+                 "cgroup": str(cgroup), **target}
+            ],
+        },
+    )  # fmt: skip
+    return EventRunner(config, clock=clock or Clock())
+
+
+def write_state(tmp_path: Path, text: str) -> Path:
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    (state / STATE_FILE).write_text(text)
+    return state / STATE_FILE
+
+
+def follower_key(tmp_path: Path) -> str:
+    return f"a|file:{tmp_path / 'a.log'}"
+
+
+WRONG_STATES: dict[str, Callable[[Path], str]] = {
+    "counts a list": lambda _: '{"counts": []}',
+    "a string count": lambda _: '{"counts": {"ctl": {"total": {"cuda_oom": "x"}}}}',
+    "a negative count": lambda _: '{"counts": {"a": {"total": {"cuda_oom": -3}}}}',
+    "an infinite count": lambda _: '{"counts": {"a": {"total": {"cuda_oom": Infinity}}}}',
+    "a count too large for a float": lambda _: '{"counts": {"a": {"total": {"cuda_oom": 1e999}}}}',
+    "a last time a string": lambda _: '{"counts": {"a": {"total": {"cuda_oom": 1}, "last": {"cuda_oom": "x"}}}}',
+    "a position a list": lambda p: json.dumps({"positions": {follower_key(p): [1, 2]}}),
+    "positions a list": lambda _: '{"positions": [1]}',
+    "a follower's files a string": lambda p: json.dumps({"positions": {follower_key(p): {"version": 1,
+                                                                                        "files": "zz"}}}),
+    "a follower's offset a string": lambda p: json.dumps({"positions": {follower_key(p): {
+        "version": 1, "files": [{"dev": 1, "ino": 2, "path": "x", "offset": "far"}]}}}),
+    "a cgroup position a string": lambda p: json.dumps({"positions": {f"a|cgroup:{p / 'cgroup'}": {
+        "oom_kill": "x"}}}),
+    "a cgroup position a list": lambda p: json.dumps({"positions": {f"a|cgroup:{p / 'cgroup'}": [3]}}),
+    "an incident of a wrong shape": lambda p: json.dumps({"incidents": {follower_key(p): {"open": 5}}}),
+    "arrays nested 100,000 deep": lambda _: "[" * 100_000 + "]" * 100_000,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(WRONG_STATES))
+def test_a_wrong_state_file_is_set_aside_whole(tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture) -> None:
+    text = WRONG_STATES[name](tmp_path)
+    path = write_state(tmp_path, text)
+    clock = Clock()
+    with caplog.at_level(logging.ERROR, "oomguard.events.runner"):
+        r = runner(tmp_path, clock)
+    assert r.state_read_errors == 1
+    assert "cannot read" in caplog.text and ".corrupt" in caplog.text
+    assert path.with_name(STATE_FILE + ".corrupt").read_text() == text  # kept aside as it was
+    assert r.counts == {}  # nothing of it trusted
+    # Every poll goes on: the log and the cgroup are read, no source raises, and counting starts afresh.
+    r.poll()
+    oom(tmp_path / "a.log")
+    settle(r, clock)
+    assert r.counts["a"].total == {"cuda_oom": 1}
+    assert sum(h.read_errors for h in r.health()) == 0
+    r.close()
+    saved = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} written back"))
+    assert saved["counts"] == {"a": {"total": {"cuda_oom": 1}, "last": {"cuda_oom": 1000.0}}}  # afresh
+
+
+async def test_a_wrong_count_does_not_break_metrics(aiohttp_client, tmp_path: Path) -> None:
+    write_state(tmp_path, '{"counts": {"ctl": {"total": {"cuda_oom": "x"}}}}')
+    config = load_config(
+        None,
+        {
+            "state_dir": str(tmp_path / "state"),
+            "nvml": {"enabled": False},
+            "events": {"kernel_log": False, "xid": False},
+            "trend": {"enabled": False},
+            "targets": [{"name": "ctl", "url": "http://127.0.0.1:9", "local_process": "no"}],  # nothing listens
+        },
+    )
+    client = await aiohttp_client(make_app(Runtime(config)))
+    for _ in range(2):  # not only the first scrape
+        response = await client.get("/metrics")
+        assert response.status == 200, await response.text()
+        body = await response.text()
+        assert "oomguard_event_state_read_errors_total 1" in body
+        assert 'oomguard_target_events_total{target="ctl",kind="cuda_oom"}' not in body  # the bad count is gone
+
+
+def test_a_huge_state_file_is_not_read(tmp_path: Path) -> None:
+    # Valid JSON, padded past the cap: the code before read it whole (and accepted it).
+    path = write_state(tmp_path, '{"counts": {"a": {"total": {"cuda_oom": 5}}}}')
+    with path.open("a") as f:
+        f.write(" " * MAX_STATE_BYTES)
+    tracemalloc.start()
+    try:
+        r = runner(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < MAX_STATE_BYTES // 4, f"{peak} bytes allocated while reading the state file"
+    assert r.state_read_errors == 1 and r.counts == {}
+    assert path.with_name(STATE_FILE + ".corrupt").stat().st_size > MAX_STATE_BYTES
+    r.close()
+
+
+def test_a_fifo_state_file_does_not_hang_the_start(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    fifo = state / STATE_FILE
+    os.mkfifo(fifo)
+    made: list[EventRunner] = []
+    thread = threading.Thread(target=lambda: made.append(runner(tmp_path)), daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():  # release the reader blocked in open() or read(): a writer that closes at once
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("the start hung on a FIFO as the state file")
+    (r,) = made
+    assert r.state_read_errors == 1
+    assert not fifo.exists() and fifo.with_name(STATE_FILE + ".corrupt").is_fifo()
+    r.close()
+    assert json.loads(fifo.read_text())["counts"] == {}
+
+
+# -- logs ------------------------------------------------------------------------------------------------------
+def symlink_runner(tmp_path: Path, clock: Clock, pattern: str, **target: object) -> EventRunner:
+    config = load_config(
+        None,
+        {
+            "events": {"kernel_log": False, "quiet_seconds": 5, "from_start": True},
+            "targets": [{"name": "a", "url": "http://127.0.0.1:8000", "logs": [pattern], **target}],
+        },
+    )
+    return EventRunner(config, clock=clock)
+
+
+@pytest.mark.parametrize("planted", ["file", "directory"])
+@pytest.mark.parametrize("follow", [False, True])
+def test_a_planted_symlink_is_not_read(
+    tmp_path: Path, planted: str, follow: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = tmp_path / "secret"  # what the link points to: a file the exporter must not read
+    secret.mkdir()
+    oom(secret / "app.log")
+    logs = tmp_path / "logs"
+    (logs / "engine").mkdir(parents=True)
+    (logs / "engine" / "app.log").touch()
+    if planted == "file":
+        (logs / "engine" / "app.log.evil").symlink_to(secret / "app.log")
+        pattern, link = logs / "engine" / "app.log*", logs / "engine" / "app.log.evil"
+    else:
+        (logs / "evil").symlink_to(secret)
+        pattern, link = logs / "*" / "app.log", logs / "evil"
+    clock = Clock()
+
+    def skipped() -> list[str]:
+        return [r.message for r in caplog.records if r.name == "oomguard.events.follow" and str(link) in r.message]
+
+    with caplog.at_level(logging.WARNING, "oomguard.events"):
+        r = symlink_runner(tmp_path, clock, str(pattern), follow_symlinks=follow)
+        for _ in range(3):
+            settle(r, clock)
+    counted = r.counts["a"].total.get("cuda_oom", 0) if "a" in r.counts else 0
+    errors = sum(h.read_errors for h in r.health())
+    if follow:
+        assert (counted, errors) == (1, 0)
+    else:
+        assert (counted, errors) == (0, 1)
+        assert len(skipped()) == 1 and "follow_symlinks" in skipped()[0], caplog.messages  # once, not per poll
+        oom(logs / "engine" / "app.log")  # the real log is read all the same
+        settle(r, clock)
+        assert r.counts["a"].total == {"cuda_oom": 1}
+    r.close()
+
+
+# -- configuration -----------------------------------------------------------------------------------------------
+BIG = 10_000_000
+
+
+@pytest.mark.parametrize("where", ["value", "key"])
+def test_a_huge_config_string_gives_a_short_error(tmp_path: Path, where: str) -> None:
+    target: dict[str, object] = {"url": "http://127.0.0.1:8000"}
+    if where == "value":
+        target["engine"] = "x" * BIG
+    else:
+        target["x" * BIG] = 1
+    path = tmp_path / "oomguard.yaml"
+    path.write_text(yaml.safe_dump({"targets": [target]}, width=2**31))
+    result = subprocess.run(
+        [sys.executable, "-m", "oomguard", "check-config", str(path)],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert len(result.stdout) + len(result.stderr) < 2000, f"{len(result.stderr)} characters of error"
+    assert f"... ({BIG} characters)" in result.stderr
+    assert "targets[0]" in result.stderr
+    if where == "value":
+        assert "known engines: vllm" in result.stderr  # the fix is still named
