@@ -758,3 +758,57 @@ def test_poll_by_file_names_a_rotated_file_by_its_first_name(tmp_path: Path) -> 
     assert follower.poll_by_file() == [(str(path), [line(1)]), (str(path), [line(2)])]
     follower.close()
     writer.close()
+
+
+# -- symbolic links (follow_symlinks) ---------------------------------------------------------------------------
+def test_a_directory_written_out_in_the_pattern_is_resolved_even_as_a_link(tmp_path: Path) -> None:
+    """Only what a wildcard matches is checked for links: a directory the configuration names is its own."""
+    real = tmp_path / "data"
+    real.mkdir()
+    (tmp_path / "logs").symlink_to(real)
+    (real / "app.log").write_text("")
+    follower = FileFollower(str(tmp_path / "logs" / "*.log"))
+    assert follower.poll() == []
+    with open(real / "app.log", "a") as f:
+        f.write("read through the named link\n")
+    assert follower.poll() == ["read through the named link"]
+    assert follower.stats.read_errors == 0
+    follower.close()
+
+
+def test_a_link_swapped_in_after_the_listing_is_not_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan saw a regular file; by the open it is a link: O_NOFOLLOW refuses it."""
+    from oomguard.events import follow
+
+    secret = tmp_path / "secret"
+    secret.write_text("never read\n")
+    log = tmp_path / "app.log"
+    log.write_text("")
+    real_scan = follow.scan
+
+    def scan_then_swap(*args: object, **kwargs: object) -> object:
+        found = real_scan(*args, **kwargs)  # type: ignore[arg-type]
+        log.unlink()
+        log.symlink_to(secret)
+        return found
+
+    monkeypatch.setattr(follow, "scan", scan_then_swap)
+    follower = FileFollower(str(log), from_start=True)
+    assert follower.poll() == []
+    assert follower.open_fds() == 0 and follower.stats.read_errors == 1
+    follower.close()
+
+
+def test_a_skipped_link_replaced_by_a_file_is_read(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("never read\n")
+    log = tmp_path / "app.log"
+    log.symlink_to(secret)
+    follower = FileFollower(str(log), from_start=True)
+    assert [follower.poll() for _ in range(3)] == [[]] * 3
+    assert follower.stats.read_errors == 1 and "follow_symlinks" in follower.stats.last_error
+    log.unlink()
+    log.write_text("a regular log again\n")
+    assert follower.poll() == ["a regular log again"]
+    assert follower.stats.read_errors == 1
+    follower.close()

@@ -200,9 +200,9 @@ class FileFollower:
             # ones a second time.
             self._files = {}
             self._started = False
-            self.stats.last_error = f"state ignored: {exc}"
+            self.stats.last_error = f"state ignored: {excerpt(str(exc))}"  # its values are the state file's
             log.warning(
-                "log follower for %s: saved state ignored (%s); starting at the end of the files", self.pattern, exc
+                "log follower for %s: %s; starting at the end of the files", self.pattern, self.stats.last_error
             )
 
     # ------------------------------------------------------------------- poll
