@@ -131,7 +131,14 @@ def _parser() -> argparse.ArgumentParser:
     drill.add_argument(
         "--check",
         metavar="PROMETHEUS_URL",
-        help="instead of a scenario: check that a running Prometheus has the bundle's rules and their inputs",
+        help="instead of a scenario: will this deployment page? The bundle's rules loaded, the exporter scraped "
+        "under the job they select and up, its targets up, every alert's inputs where they should be (exit 1 on a gap)",
+    )
+    drill.add_argument(
+        "--alertmanager",
+        metavar="ALERTMANAGER_URL",
+        help="with --check: also read this Alertmanager's routing: where each severity goes, and whether critical "
+        "reaches a receiver that sends somewhere",
     )
 
     diagnose = commands.add_parser(
@@ -215,13 +222,11 @@ def _drill(args: argparse.Namespace) -> int:
         return 0
     if args.check:
         from oomguard.bundle.config import load_bundle_config
-        from oomguard.drill.run import check_deployment
+        from oomguard.drill.check import check_deployment
 
-        problems = check_deployment(args.check, load_bundle_config())
-        print(
-            "\n".join(problems) if problems else f"{args.check}: every rule of the bundle is loaded and has its inputs"
-        )
-        return 1 if problems else 0
+        checked = check_deployment(args.check, load_bundle_config(), alertmanager_url=args.alertmanager)
+        sys.stdout.write(checked.text())
+        return 0 if checked.ok else 1
     if args.scenario not in DRILLS:
         print(f"choose a scenario with --scenario: {', '.join(DRILLS)} (or --list, or --check URL)", file=sys.stderr)
         return 2

@@ -94,7 +94,11 @@ class TargetConfig(StrictModel):
     )
     journald_unit: str | None = Field(None, description="systemd unit whose journal is the engine's log.")
     k8s_pod_logs: PodLogsConfig | None = Field(None, description="The engine's container logs under /var/log/pods.")
-    cgroup: str | None = Field(None, description="cgroup v2 directory of the engine: its OOM kills are counted.")
+    cgroup: str | None = Field(
+        None,
+        description="The engine's cgroup directory (v2, or v1's memory controller): its OOM kills are counted "
+        "from its own counter, not from the kernel log.",
+    )
     sample_limit: int | None = Field(None, gt=0, description="The target's own scrape.sample_limit.")
     label_value_length_limit: int | None = Field(
         None, gt=0, description="The target's own scrape.label_value_length_limit."

@@ -10,10 +10,7 @@ import copy
 import dataclasses
 import json
 import logging
-import re
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +19,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from oomguard.bundle.config import BundleConfig, load_bundle_config
+from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
 from oomguard.config import load_config
 from oomguard.diagnose import DiagnoseError, diagnose_prometheus
@@ -388,52 +385,6 @@ def _report(
         scenario.name, scenario.summary, scale, "the first OOM event" if oom_times else "the start of the drill",
         timeline, results, lead, problems,
     )  # fmt: skip
-
-
-def check_deployment(prometheus_url: str, bundle: BundleConfig) -> list[str]:
-    """Against a running Prometheus: are the bundle's rules loaded, and do their inputs exist?"""
-    problems: list[str] = []
-
-    def get(path: str) -> Any:
-        with urllib.request.urlopen(f"{prometheus_url.rstrip('/')}/api/v1/{path}", timeout=10) as response:
-            return json.load(response)["data"]
-
-    try:
-        loaded = {r.get("name") for g in get("rules")["groups"] for r in g["rules"]}
-    except (OSError, ValueError, KeyError) as exc:
-        return [f"cannot read the rules of {prometheus_url}: {exc}"]
-    ours = [r for g in yaml.safe_load(render(bundle)[ALERTS_FILE])["groups"] for r in g["rules"]]
-    ours += [r for g in yaml.safe_load(render(bundle)[RECORDS_FILE])["groups"] for r in g["rules"]]
-    names = {r.get("alert") or r.get("record") for r in ours}
-    for name in sorted(names - loaded):
-        problems.append(
-            f"rule {name} is not loaded: add the generated rules/ files to rule_files (or the PrometheusRule)"
-        )
-    inputs = sorted({m for r in ours for m in re.findall(r"\b(oomguard_\w+|up)\{", r["expr"])})
-    # Exported only on a GPU where an awake engine with a known gpu_memory_utilization runs: absent on a host
-    # without one, where the memory alerts judge used/total instead. Their absence is not a fault.
-    conditional = {
-        "oomguard_gpu_memory_engine_reserved_bytes",
-        "oomguard_gpu_memory_engine_used_bytes",
-        "oomguard_gpu_memory_engine_over_reservation_bytes",
-        "oomguard_gpu_memory_other_used_bytes",
-        "oomguard_gpu_memory_unreserved_used_bytes",
-        "oomguard_gpu_memory_headroom_used_ratio",
-        "oomguard_target_probe_grace_seconds",  # only for the pods the Kubernetes discovery finds
-        # Read from a local engine's command line: absent for pods, remote engines and settings left at a default
-        # oomguard cannot know (vLLM 0.8+ without --max-num-seqs); ConcurrencyOverKvCache is quiet then.
-        "oomguard_engine_setting",
-    }
-    for metric in (m for m in inputs if m not in conditional):
-        query = urllib.parse.quote(f"count({metric}{{{bundle.selector}}})")
-        try:
-            found = get(f"query?query={query}")["result"]
-        except (OSError, ValueError, KeyError) as exc:
-            problems.append(f"cannot query {metric}: {exc}")
-            continue
-        if not found:
-            problems.append(f"no series {metric}{{{bundle.selector}}}: the alerts that read it can never fire")
-    return problems
 
 
 def run(scenario: DrillScenario, workdir: Path, **kwargs: Any) -> DrillReport:

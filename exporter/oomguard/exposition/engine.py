@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from oomguard.exposition.encoder import Exposition
-from oomguard.exposition.spec import metric
+from oomguard.exposition.spec import CONDITIONAL, metric
 from oomguard.model import MEMORY_COMPONENTS, SLEEP_STATES, TargetReading
 
 SECTION = "Engine (per target)"
@@ -34,6 +34,7 @@ ENGINE_PREEMPTIONS = metric(
     "",
     "target model_name",
     "Requests preempted because the KV cache was full (the engine's own counter, summed over engines).",
+    presence=CONDITIONAL,
 )
 ENGINE_PREFIX_CACHE_QUERIES_TOKENS = metric(
     SECTION,
@@ -42,6 +43,7 @@ ENGINE_PREFIX_CACHE_QUERIES_TOKENS = metric(
     "tokens",
     "target model_name",
     "Tokens looked up in the prefix cache.",
+    presence=CONDITIONAL,
 )
 ENGINE_PREFIX_CACHE_HITS_TOKENS = metric(
     SECTION,
@@ -50,6 +52,7 @@ ENGINE_PREFIX_CACHE_HITS_TOKENS = metric(
     "tokens",
     "target model_name",
     "Tokens found in the prefix cache.",
+    presence=CONDITIONAL,
 )
 ENGINE_GPU_MEMORY_UTILIZATION_RATIO = metric(
     SECTION,
@@ -58,6 +61,7 @@ ENGINE_GPU_MEMORY_UTILIZATION_RATIO = metric(
     "ratio",
     "target",
     "The engine's configured share of each GPU's total memory (vLLM `gpu_memory_utilization`, SGLang `mem_fraction_static`).",
+    presence=CONDITIONAL,
 )
 ENGINE_KV_CACHE_BLOCKS = metric(
     SECTION,
@@ -66,9 +70,16 @@ ENGINE_KV_CACHE_BLOCKS = metric(
     "blocks",
     "target",
     "KV cache blocks the engine allocated at start (vLLM `num_gpu_blocks`).",
+    presence=CONDITIONAL,
 )
 ENGINE_KV_CACHE_BLOCK_SIZE_TOKENS = metric(
-    SECTION, "engine_kv_cache_block_size_tokens", "gauge", "tokens", "target", "Tokens per KV cache block."
+    SECTION,
+    "engine_kv_cache_block_size_tokens",
+    "gauge",
+    "tokens",
+    "target",
+    "Tokens per KV cache block.",
+    presence=CONDITIONAL,
 )
 ENGINE_KV_CACHE_MEMORY_BYTES = metric(
     SECTION,
@@ -77,6 +88,7 @@ ENGINE_KV_CACHE_MEMORY_BYTES = metric(
     "bytes",
     "target",
     "Memory the engine reserved for its KV cache (recent vLLM only).",
+    presence=CONDITIONAL,
 )
 ENGINE_PROCESS_START_TIME_SECONDS = metric(
     SECTION,
@@ -85,6 +97,7 @@ ENGINE_PROCESS_START_TIME_SECONDS = metric(
     "seconds",
     "target",
     "Start time of the engine's API server process, Unix time; a change is a restart.",
+    presence=CONDITIONAL,
 )
 ENGINE_SLEEP_STATE = metric(
     SECTION,
@@ -93,6 +106,7 @@ ENGINE_SLEEP_STATE = metric(
     "",
     "target state",
     "1 for the engine's sleep state (vLLM sleep mode: awake, weights_offloaded, discard_all), 0 for the others. A sleeping engine has released its memory: memory near zero is then no fault, and its reservation does not count.",
+    presence=CONDITIONAL,
 )
 ENGINE_MEMORY_BYTES = metric(
     SECTION,
@@ -101,6 +115,7 @@ ENGINE_MEMORY_BYTES = metric(
     "bytes",
     "target component",
     "GPU memory the engine says each part of it holds on each of its GPUs (the largest over its ranks): component weights, kv_cache or cuda_graphs (SGLang's `*_memory_usage_gb`, GiB converted to bytes). Only the parts the engine reports; they need not add up to its whole use.",
+    presence=CONDITIONAL,
 )
 ENGINE_SETTING = metric(
     SECTION,
@@ -114,6 +129,7 @@ ENGINE_SETTING = metric(
     "max_batch_total_tokens, max_concurrent_requests; llama.cpp ctx_size, parallel. origin=flag when on its "
     "command line, default when the engine's default for its version; a setting neither given nor of a known "
     "default is absent (docs/engines.md).",
+    presence=CONDITIONAL,
 )
 METRICS = (
     TARGET_INFO, ENGINE_KV_CACHE_USAGE_RATIO, ENGINE_REQUESTS_WAITING, ENGINE_REQUESTS_RUNNING, ENGINE_PREEMPTIONS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from oomguard.events.kinds import XID
 from oomguard.exposition.encoder import Exposition
-from oomguard.exposition.spec import metric
+from oomguard.exposition.spec import CONDITIONAL, EVENT, metric
 from oomguard.model import HOST, Counts, Snapshot
 
 SECTION = "Events: OOMs, restarts, kernel OOM kills, XIDs (see docs/events.md)"
@@ -16,6 +16,7 @@ TARGET_EVENTS = metric(
     "",
     "target kind",
     "Events of the target by kind: cuda_oom, startup_memory, engine_death (from its logs, one per incident however many lines), cgroup_oom_kill (the kernel killed one of its processes: its cgroup's oom_kill counter, or the kernel log); for a discovered pod, from the API: container_oom_killed (its engine container ended OOMKilled or with exit code 137), probe_failure (a failed liveness or startup probe), probe_kill (the kubelet killed it for one). Zero from the start for every kind its sources can see.",
+    presence=EVENT,
 )
 TARGET_LAST_EVENT_TIMESTAMP_SECONDS = metric(
     SECTION,
@@ -24,6 +25,7 @@ TARGET_LAST_EVENT_TIMESTAMP_SECONDS = metric(
     "seconds",
     "target kind",
     "When the last event of the kind was seen, Unix time: `time() - x < window` catches the first event of a new series, which increase() misses.",
+    presence=EVENT,
 )
 TARGET_RESTARTS = metric(
     SECTION,
@@ -40,6 +42,7 @@ TARGET_LAST_RESTART_TIMESTAMP_SECONDS = metric(
     "seconds",
     "target",
     "When the engine last restarted (its new process start), Unix time.",
+    presence=EVENT,
 )
 TARGET_STARTUP_SECONDS = metric(
     SECTION,
@@ -48,6 +51,7 @@ TARGET_STARTUP_SECONDS = metric(
     "seconds",
     "target",
     "The last start watched: from the process start (to a clock tick, local targets) or from the first scrape that saw it not up, to the first /health 200. Compare with the probe's initial delay.",
+    presence=EVENT,
 )
 TARGET_PROBE_GRACE_SECONDS = metric(
     SECTION,
@@ -56,9 +60,16 @@ TARGET_PROBE_GRACE_SECONDS = metric(
     "seconds",
     "target",
     "A discovered pod's time from its engine container's start to the first kill a failing probe can cause: initialDelaySeconds + failureThreshold x periodSeconds of its startupProbe, else of its livenessProbe (Kubernetes' defaults 0, 3, 10 where absent). Absent without such a probe. A start (target_startup_seconds) longer than this is killed while loading.",
+    presence=CONDITIONAL,
 )
 HOST_EVENTS = metric(
-    SECTION, "host_events", "counter", "", "kind", "Host events by kind: kernel_oom_kill (one per kill)."
+    SECTION,
+    "host_events",
+    "counter",
+    "",
+    "kind",
+    "Host events by kind: kernel_oom_kill (one per kill).",
+    presence=CONDITIONAL,
 )
 HOST_LAST_EVENT_TIMESTAMP_SECONDS = metric(
     SECTION,
@@ -67,6 +78,7 @@ HOST_LAST_EVENT_TIMESTAMP_SECONDS = metric(
     "seconds",
     "kind",
     "When the last host event of the kind was seen, Unix time.",
+    presence=EVENT,
 )
 GPU_EVENTS = metric(
     SECTION,
@@ -75,6 +87,7 @@ GPU_EVENTS = metric(
     "",
     "gpu kind xid",
     "GPU events from NVML: kind xid, by XID code (31 page fault, 43 GPU stopped, 48 double-bit ECC, 79 fell off the bus).",
+    presence=EVENT,
 )
 GPU_LAST_EVENT_TIMESTAMP_SECONDS = metric(
     SECTION,
@@ -83,6 +96,7 @@ GPU_LAST_EVENT_TIMESTAMP_SECONDS = metric(
     "seconds",
     "gpu kind",
     "When the GPU's last XID was seen, Unix time.",
+    presence=EVENT,
 )
 EVENT_SOURCE_LINES_READ = metric(
     SECTION,
@@ -91,6 +105,7 @@ EVENT_SOURCE_LINES_READ = metric(
     "",
     "target source",
     "Lines read from an event source (file:GLOB, journald:UNIT, k8s:NS/POD/CONTAINER, kernel:PATH; for k8s-api:NS/POD, the API objects that told of an event); target is empty for the host.",
+    presence=CONDITIONAL,
 )
 EVENT_SOURCE_BYTES_BEHIND = metric(
     SECTION,
@@ -99,6 +114,7 @@ EVENT_SOURCE_BYTES_BEHIND = metric(
     "bytes",
     "target source",
     "Bytes written to the source's files and not read yet.",
+    presence=CONDITIONAL,
 )
 EVENT_SOURCE_READ_ERRORS = metric(
     SECTION,
@@ -107,9 +123,16 @@ EVENT_SOURCE_READ_ERRORS = metric(
     "",
     "target source",
     "Failed reads of the source (vanished file, permission, journalctl error): rising means events may be missed.",
+    presence=CONDITIONAL,
 )
 EVENT_SOURCE_READ_BYTES = metric(
-    SECTION, "event_source_read_bytes", "counter", "bytes", "target source", "Bytes read from an event source."
+    SECTION,
+    "event_source_read_bytes",
+    "counter",
+    "bytes",
+    "target source",
+    "Bytes read from an event source.",
+    presence=CONDITIONAL,
 )
 EVENT_SOURCE_LINES_TRUNCATED = metric(
     SECTION,
@@ -118,6 +141,7 @@ EVENT_SOURCE_LINES_TRUNCATED = metric(
     "",
     "target source",
     "Lines longer than the reader's limit, of which only the head was read: a pattern past the cut is missed.",
+    presence=CONDITIONAL,
 )
 EVENT_SOURCE_LINES_MALFORMED = metric(
     SECTION,
@@ -126,6 +150,7 @@ EVENT_SOURCE_LINES_MALFORMED = metric(
     "",
     "target source",
     "Lines not in the source's format (a Kubernetes log line without its CRI header), read as they are.",
+    presence=CONDITIONAL,
 )
 EVENT_STATE_WRITE_ERRORS = metric(
     SECTION,
@@ -134,6 +159,7 @@ EVENT_STATE_WRITE_ERRORS = metric(
     "",
     "",
     "Failed writes of the event state file in state_dir: rising means a restart of the exporter will recount events.",
+    presence=CONDITIONAL,
 )
 EVENT_STATE_READ_ERRORS = metric(
     SECTION,
@@ -143,6 +169,7 @@ EVENT_STATE_READ_ERRORS = metric(
     "",
     "1 when the event state file in state_dir was unreadable at start: it was kept aside as *.corrupt and the counts "
     "started afresh (no log is read again, so nothing is recounted).",
+    presence=CONDITIONAL,
 )
 GPU_EVENT_READ_ERRORS = metric(
     SECTION,
@@ -151,6 +178,7 @@ GPU_EVENT_READ_ERRORS = metric(
     "",
     "",
     "Failed waits for NVML's XID events (other than its timeout): rising means XIDs may be missed.",
+    presence=CONDITIONAL,
 )
 METRICS = (
     TARGET_EVENTS, TARGET_LAST_EVENT_TIMESTAMP_SECONDS, TARGET_RESTARTS, TARGET_LAST_RESTART_TIMESTAMP_SECONDS,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from oomguard.exposition.encoder import Exposition
-from oomguard.exposition.spec import metric
+from oomguard.exposition.spec import CONDITIONAL, metric
 from oomguard.model import NvmlReading
 
 SECTION = "GPU (NVML)"
@@ -40,6 +40,7 @@ GPU_MEMORY_RESERVED_BYTES = metric(
     "bytes",
     "gpu",
     "Memory reserved by the driver and firmware (NVML memory info v2; absent on drivers with v1 only).",
+    presence=CONDITIONAL,
 )
 GPU_MEMORY_USED_RATIO = metric(
     SECTION, "gpu_memory_used_ratio", "gauge", "ratio", "gpu", "used / total, 0-1: the figure the 90 % alert watches."
@@ -54,6 +55,7 @@ GPU_PROCESS_MEMORY_USED_BYTES = metric(
     "bytes",
     "gpu pid process_name",
     "GPU memory used by one compute process (absent when NVML cannot say).",
+    presence=CONDITIONAL,
 )
 GPU_PROCESS_QUERY_SUCCESS = metric(
     SECTION,

@@ -6,7 +6,7 @@ import platform
 
 from oomguard import __version__
 from oomguard.exposition.encoder import Exposition
-from oomguard.exposition.spec import metric
+from oomguard.exposition.spec import CONDITIONAL, metric
 from oomguard.model import ERROR_KINDS, TARGET_STATES, VALUE_REJECT_REASONS, Snapshot, TargetReading
 
 SECTION = "Exporter health"
@@ -85,6 +85,7 @@ TARGET_HEALTH_STATUS_CODE = metric(
     "",
     "target",
     "HTTP status of the target's /health (absent when it did not answer).",
+    presence=CONDITIONAL,
 )
 TARGET_HEALTH_LATENCY_SECONDS = metric(
     SECTION,
@@ -93,6 +94,7 @@ TARGET_HEALTH_LATENCY_SECONDS = metric(
     "seconds",
     "target",
     "Time for /health to answer (absent when it did not answer).",
+    presence=CONDITIONAL,
 )
 WEB_CONFIG_LAST_RELOAD_SUCCESSFUL = metric(
     SECTION,
@@ -101,6 +103,7 @@ WEB_CONFIG_LAST_RELOAD_SUCCESSFUL = metric(
     "",
     "",
     "1 when the last read of --web.config.file (and the files it names) succeeded; 0 while a bad change is refused and the last good configuration serves. Only with --web.config.file.",
+    presence=CONDITIONAL,
 )
 WEB_CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS = metric(
     SECTION,
@@ -109,6 +112,7 @@ WEB_CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS = metric(
     "seconds",
     "",
     "When the web configuration in force was read (Unix time). Only with --web.config.file.",
+    presence=CONDITIONAL,
 )
 # Last in the section, and the section last of all: the web layer appends them after the snapshot's render.
 WEB_CONFIG_METRICS = (WEB_CONFIG_LAST_RELOAD_SUCCESSFUL, WEB_CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS)

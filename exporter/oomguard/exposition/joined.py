@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from oomguard.exposition.encoder import Exposition
-from oomguard.exposition.spec import metric
+from oomguard.exposition.spec import CONDITIONAL, metric
 from oomguard.model import GpuMemory, TargetMemory, TargetReading
 
 SECTION = "Joined: GPU x engine"
@@ -14,6 +14,7 @@ TARGET_GPU_INFO = metric(
     "",
     "target gpu",
     "Which GPUs a target runs on (from `gpus:` in the config, else from NVML's process list).",
+    presence=CONDITIONAL,
 )
 TARGET_GPU_MEMORY_USED_BYTES = metric(
     SECTION,
@@ -22,12 +23,25 @@ TARGET_GPU_MEMORY_USED_BYTES = metric(
     "bytes",
     "target",
     "Memory used on the target's worst GPU (highest used/total), all processes together: with tensor parallelism CUDA runs out on one device, so one GPU is judged, not the sum.",
+    presence=CONDITIONAL,
 )
 TARGET_GPU_MEMORY_TOTAL_BYTES = metric(
-    SECTION, "target_gpu_memory_total_bytes", "gauge", "bytes", "target", "Total memory of the target's worst GPU."
+    SECTION,
+    "target_gpu_memory_total_bytes",
+    "gauge",
+    "bytes",
+    "target",
+    "Total memory of the target's worst GPU.",
+    presence=CONDITIONAL,
 )
 TARGET_GPU_MEMORY_USED_RATIO = metric(
-    SECTION, "target_gpu_memory_used_ratio", "gauge", "ratio", "target", "Used / total of the target's worst GPU, 0-1."
+    SECTION,
+    "target_gpu_memory_used_ratio",
+    "gauge",
+    "ratio",
+    "target",
+    "Used / total of the target's worst GPU, 0-1.",
+    presence=CONDITIONAL,
 )
 TARGET_PROCESS_GPU_MEMORY_BYTES = metric(
     SECTION,
@@ -36,6 +50,7 @@ TARGET_PROCESS_GPU_MEMORY_BYTES = metric(
     "bytes",
     "target",
     "GPU memory used by the target's own processes on all its GPUs (local targets, from NVML's per-process list).",
+    presence=CONDITIONAL,
 )
 TARGET_MEMORY_BUDGET_BYTES = metric(
     SECTION,
@@ -44,6 +59,7 @@ TARGET_MEMORY_BUDGET_BYTES = metric(
     "bytes",
     "target",
     "The engine's memory budget on its worst GPU: gpu_memory_utilization x that GPU's total (the budget holds per GPU).",
+    presence=CONDITIONAL,
 )
 TARGET_MEMORY_OVER_BUDGET_BYTES = metric(
     SECTION,
@@ -52,6 +68,7 @@ TARGET_MEMORY_OVER_BUDGET_BYTES = metric(
     "bytes",
     "target",
     "Memory in use minus the budget, on the GPU where it is largest (the target's processes where known, else the whole GPU). Above 0 is memory the KV cache cannot explain: activations, another process, a leak.",
+    presence=CONDITIONAL,
 )
 TARGET_RESIDENT_MEMORY_BYTES = metric(
     SECTION,
@@ -60,6 +77,7 @@ TARGET_RESIDENT_MEMORY_BYTES = metric(
     "bytes",
     "target",
     "Host RSS of the target's processes (the listener and its children), for CPU deployments and host-memory leaks.",
+    presence=CONDITIONAL,
 )
 GPU_MEMORY_ENGINE_RESERVED_BYTES = metric(
     SECTION,
@@ -68,6 +86,7 @@ GPU_MEMORY_ENGINE_RESERVED_BYTES = metric(
     "bytes",
     "gpu",
     "Memory the engines on this GPU reserve from their start (gpu_memory_utilization x total, summed over the awake engines that say it). Only on a GPU with such an engine.",
+    presence=CONDITIONAL,
 )
 GPU_MEMORY_ENGINE_USED_BYTES = metric(
     SECTION,
@@ -76,6 +95,7 @@ GPU_MEMORY_ENGINE_USED_BYTES = metric(
     "bytes",
     "gpu",
     "Memory the engines' own processes use on this GPU (NVML's per-process list); only where every engine on it is a local one whose pids NVML lists.",
+    presence=CONDITIONAL,
 )
 GPU_MEMORY_ENGINE_OVER_RESERVATION_BYTES = metric(
     SECTION,
@@ -84,6 +104,7 @@ GPU_MEMORY_ENGINE_OVER_RESERVATION_BYTES = metric(
     "bytes",
     "gpu",
     "The engines' own use beyond their reservations, summed over engines (activations, late CUDA graphs, NCCL buffers, a leak); where attributable.",
+    presence=CONDITIONAL,
 )
 GPU_MEMORY_OTHER_USED_BYTES = metric(
     SECTION,
@@ -92,6 +113,7 @@ GPU_MEMORY_OTHER_USED_BYTES = metric(
     "bytes",
     "gpu",
     "Memory used on this GPU by anything but its engines (other processes, driver contexts); where attributable.",
+    presence=CONDITIONAL,
 )
 GPU_MEMORY_UNRESERVED_USED_BYTES = metric(
     SECTION,
@@ -100,6 +122,7 @@ GPU_MEMORY_UNRESERVED_USED_BYTES = metric(
     "bytes",
     "gpu",
     "What can still grow on a GPU with a reservation: the engines' use beyond it plus every other use; where that cannot be attributed, used minus reserved.",
+    presence=CONDITIONAL,
 )
 GPU_MEMORY_HEADROOM_USED_RATIO = metric(
     SECTION,
@@ -108,6 +131,7 @@ GPU_MEMORY_HEADROOM_USED_RATIO = metric(
     "ratio",
     "gpu",
     "Unreserved use / (total - reserved): the share of the headroom the reservations leave that is in use, what the memory alerts judge on a reserved GPU. Above 1: the reservation cannot be honoured.",
+    presence=CONDITIONAL,
 )
 METRICS = (
     TARGET_GPU_INFO, TARGET_GPU_MEMORY_USED_BYTES, TARGET_GPU_MEMORY_TOTAL_BYTES, TARGET_GPU_MEMORY_USED_RATIO,

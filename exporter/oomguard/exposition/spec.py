@@ -13,6 +13,18 @@ from dataclasses import dataclass, field
 POD_LABELS = ("namespace", "pod", "container")
 
 
+# When a metric has series, for `oomguard drill --check` (drill/check.py): a missing input of an alert is a
+# gap only where its series should exist. Each declaration has one; metric() derives the usual one from the
+# labels and the section, and a declaration names the others.
+ALWAYS = "always"  # while the exporter runs
+PER_GPU = "gpu"  # while NVML reads a GPU
+PER_TARGET = "target"  # while a target is known (configured or discovered)
+ENGINE_UP = "engine"  # while a target's engine is up and gives the figure
+EVENT = "event"  # born with its first event: an XID, a kernel OOM kill, an OOM, a start watched, a climb
+CONDITIONAL = "conditional"  # only where its condition holds, which its help text says
+PRESENCE = (ALWAYS, PER_GPU, PER_TARGET, ENGINE_UP, EVENT, CONDITIONAL)
+
+
 # eq=False: specs are compared and hashed by identity, which is what a key needs and costs nothing.
 @dataclass(frozen=True, eq=False, slots=True)
 class MetricSpec:
@@ -22,6 +34,7 @@ class MetricSpec:
     labels: tuple[str, ...]
     help: str
     section: str
+    presence: str = ALWAYS  # one of PRESENCE
     # Computed once: the text format's header, the sample name, the labels in sorted order.
     header: str = field(init=False, repr=False)
     # Where the `target` label is in a per-target metric's labels (-1: not one): the encoder appends that
@@ -43,9 +56,19 @@ class MetricSpec:
         object.__setattr__(self, "target_index", self.labels.index("target") if per_target else -1)
 
 
-def metric(section: str, name: str, kind: str, unit: str, labels: str, help_text: str) -> MetricSpec:
-    """A spec; `name` without the oomguard_ prefix, `labels` space-separated (POD_LABELS added after `target`'s)."""
+def metric(
+    section: str, name: str, kind: str, unit: str, labels: str, help_text: str, *, presence: str | None = None
+) -> MetricSpec:
+    """A spec; `name` without the oomguard_ prefix, `labels` space-separated (POD_LABELS added after `target`'s).
+    `presence`: when it has series (PRESENCE); by default an engine's figure is there while the engine is up,
+    a per-target series while the target is known, a per-GPU one while NVML reads the GPU, any other always."""
     names = tuple(labels.split()) if labels else ()
     if "target" in names:
         names += POD_LABELS
-    return MetricSpec(f"oomguard_{name}", kind, unit, names, help_text, section)
+    if presence is None:
+        if "target" in names:
+            presence = ENGINE_UP if name.startswith("engine_") else PER_TARGET
+        else:
+            presence = PER_GPU if "gpu" in names else ALWAYS
+    assert presence in PRESENCE, presence
+    return MetricSpec(f"oomguard_{name}", kind, unit, names, help_text, section, presence)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from oomguard.exposition.encoder import Exposition
-from oomguard.exposition.spec import MetricSpec, metric
+from oomguard.exposition.spec import CONDITIONAL, EVENT, MetricSpec, metric
 from oomguard.model import TREND_STATES, Snapshot
 
 SECTION = "Memory trend (see docs/trend.md)"
 _STATE_HELP = "1 for the current trend state (steady, sawtooth, climbing, spike, saturated; defined in docs/trend.md), 0 for the others."
-GPU_MEMORY_TREND_STATE = metric(SECTION, "gpu_memory_trend_state", "gauge", "", "gpu state", _STATE_HELP)
+GPU_MEMORY_TREND_STATE = metric(
+    SECTION, "gpu_memory_trend_state", "gauge", "", "gpu state", _STATE_HELP, presence=CONDITIONAL
+)
 GPU_MEMORY_SLOPE_BYTES_PER_SECOND = metric(
     SECTION,
     "gpu_memory_slope_bytes_per_second",
@@ -16,6 +18,7 @@ GPU_MEMORY_SLOPE_BYTES_PER_SECOND = metric(
     "bytes/s",
     "gpu window",
     "Robust slope (Theil-Sen over bucket medians) of used memory over the short or long window.",
+    presence=CONDITIONAL,
 )
 GPU_MEMORY_CLIMB_SECONDS = metric(
     SECTION,
@@ -24,6 +27,7 @@ GPU_MEMORY_CLIMB_SECONDS = metric(
     "seconds",
     "gpu",
     "How long used memory has risen without falling back by more than the tolerance.",
+    presence=CONDITIONAL,
 )
 GPU_MEMORY_SECONDS_TO_FULL = metric(
     SECTION,
@@ -32,6 +36,7 @@ GPU_MEMORY_SECONDS_TO_FULL = metric(
     "seconds",
     "gpu",
     "At the current pace, time until the GPU is full; only while climbing or spiking.",
+    presence=EVENT,
 )
 TARGET_MEMORY_TREND_STATE = metric(
     SECTION,
@@ -40,6 +45,7 @@ TARGET_MEMORY_TREND_STATE = metric(
     "",
     "target memory state",
     _STATE_HELP + " `memory` is gpu (the target's GPUs) or host (its processes' RSS against host memory).",
+    presence=CONDITIONAL,
 )
 TARGET_MEMORY_SLOPE_BYTES_PER_SECOND = metric(
     SECTION,
@@ -48,6 +54,7 @@ TARGET_MEMORY_SLOPE_BYTES_PER_SECOND = metric(
     "bytes/s",
     "target memory window",
     "Robust slope of the target's memory over the short or long window.",
+    presence=CONDITIONAL,
 )
 TARGET_MEMORY_CLIMB_SECONDS = metric(
     SECTION,
@@ -56,6 +63,7 @@ TARGET_MEMORY_CLIMB_SECONDS = metric(
     "seconds",
     "target memory",
     "How long the target's memory has risen without falling back.",
+    presence=CONDITIONAL,
 )
 TARGET_MEMORY_SECONDS_TO_FULL = metric(
     SECTION,
@@ -64,6 +72,7 @@ TARGET_MEMORY_SECONDS_TO_FULL = metric(
     "seconds",
     "target memory",
     "At the current pace, time until the target's GPUs (or the host) are full; only while climbing or spiking.",
+    presence=EVENT,
 )
 TARGET_MEMORY_SECONDS_TO_BUDGET = metric(
     SECTION,
@@ -72,11 +81,20 @@ TARGET_MEMORY_SECONDS_TO_BUDGET = metric(
     "seconds",
     "target",
     "At the current pace, time until the target's GPUs pass the engine's budget (gpu_memory_utilization); 0 when already past; only while climbing or spiking.",
+    presence=EVENT,
 )
 TREND_SAMPLES = metric(
-    SECTION, "trend_samples", "counter", "", "", "Background memory samples taken (every trend.interval_seconds)."
+    SECTION,
+    "trend_samples",
+    "counter",
+    "",
+    "",
+    "Background memory samples taken (every trend.interval_seconds).",
+    presence=CONDITIONAL,
 )
-TREND_SAMPLE_ERRORS = metric(SECTION, "trend_sample_errors", "counter", "", "", "Background samples that failed.")
+TREND_SAMPLE_ERRORS = metric(
+    SECTION, "trend_sample_errors", "counter", "", "", "Background samples that failed.", presence=CONDITIONAL
+)
 METRICS = (
     GPU_MEMORY_TREND_STATE, GPU_MEMORY_SLOPE_BYTES_PER_SECOND, GPU_MEMORY_CLIMB_SECONDS, GPU_MEMORY_SECONDS_TO_FULL,
     TARGET_MEMORY_TREND_STATE, TARGET_MEMORY_SLOPE_BYTES_PER_SECOND, TARGET_MEMORY_CLIMB_SECONDS,

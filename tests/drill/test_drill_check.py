@@ -1,0 +1,216 @@
+"""`oomguard drill --check`: right about a correctly wired deployment, and names each gap of a wrong one.
+
+Real parts: two live exporters on their simulation (a steady engine that is up, and one that loads
+for two hours), real Prometheus servers with and without the generated rules, under the job the
+rules select or another, and real Alertmanagers with the shipped routing or one that sends
+critical nowhere. The check runs as a user runs it: `oomguard drill --check URL`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+from support import REPO
+
+from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
+from oomguard.config import load_config
+from oomguard.drill.check import _matches, _route
+from oomguard.drill.services import Alertmanager, Prometheus
+from oomguard.exposition import METRICS
+from oomguard.exposition.spec import ALWAYS, ENGINE_UP, PER_GPU, PER_TARGET
+from oomguard.ports import free_port
+from oomguard.runtime import Runtime
+from oomguard.web import make_app
+
+ROUTING = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
+
+
+async def _exporter(scenario: str) -> tuple[web.AppRunner, str]:
+    config = load_config(
+        None,
+        {
+            "simulation": {"scenario": scenario, "time_scale": 60},
+            "events": {"kernel_log": False, "xid": False},
+            "discovery": {"local": "off"},
+        },
+    )
+    runner = web.AppRunner(make_app(Runtime(config)))
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"127.0.0.1:{port}"
+
+
+def _check(url: str, *extra: str) -> tuple[int, str]:
+    """`oomguard drill --check URL`, as a user runs it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "oomguard", "drill", "--check", url, *extra],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Prometheus servers over a steady exporter (its engine up) and a loading one, each wired its own way."""
+    tmp = tmp_path_factory.mktemp("check")
+    bundle = load_bundle_config()
+    for name, text in render(bundle).items():
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_text(text)
+    both = [tmp / ALERTS_FILE, tmp / RECORDS_FILE]
+    loop = asyncio.new_event_loop()
+    steady, steady_at = loop.run_until_complete(_exporter("steady"))
+    loading, loading_at = loop.run_until_complete(_exporter("loading"))
+    # The exporters serve from this loop, run in a thread while the Prometheus servers scrape them.
+    import threading
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    servers = {
+        "up": Prometheus(tmp / "up", [steady_at], rule_files=both),
+        "loading": Prometheus(tmp / "loading", [loading_at], rule_files=both),
+        "no-rules": Prometheus(tmp / "no-rules", [steady_at]),
+        "no-records": Prometheus(tmp / "no-records", [steady_at], rule_files=[tmp / ALERTS_FILE]),
+        "wrong-job": Prometheus(tmp / "wrong-job", [steady_at], rule_files=both, job="gpu-exporter"),
+    }
+    routing = yaml.safe_load(ROUTING.read_text())
+    nowhere = {
+        "route": {"receiver": "team", "routes": [{"matchers": ['severity="critical"'], "receiver": "void"}]},
+        "receivers": [{"name": "team", "webhook_configs": [{"url": "http://127.0.0.1:9/hook"}]}, {"name": "void"}],
+    }
+    managers = {"shipped": Alertmanager(tmp / "am-shipped", routing), "void": Alertmanager(tmp / "am-void", nowhere)}
+    try:
+        for service in [*servers.values(), *managers.values()]:
+            service.start()
+        for name, server in servers.items():
+            job = "gpu-exporter" if name == "wrong-job" else "oomguard"
+            state = "loading" if name == "loading" else "up"
+            # The engine's state as the exporter says it, and (up) its figures read: what the check judges.
+            server.wait_for(f'oomguard_target_state{{job="{job}",state="{state}"}} == 1', 60)
+            if state == "up":
+                server.wait_for(f'oomguard_engine_requests_running{{job="{job}"}}', 60)
+        yield servers, managers
+    finally:
+        for service in [*servers.values(), *managers.values()]:
+            service.stop()
+        for runner in (steady, loading):
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def test_a_correct_deployment_with_its_engine_up_and_no_event_yet_passes(deployments: Any) -> None:
+    servers, _ = deployments
+    code, out = _check(servers["up"].url)
+    assert code == 0, out
+    first = out.splitlines()[0]
+    assert first.startswith(f"{servers['up'].url}: OK, the bundle is loaded and fed"), out
+    assert "Gaps" not in out
+    # Born with their first event: armed, not missing.
+    for name in ("oomguard_gpu_events_total", "oomguard_gpu_last_event_timestamp_seconds",
+                 "oomguard_gpu_memory_seconds_to_full", "oomguard_host_last_event_timestamp_seconds",
+                 "oomguard_target_last_event_timestamp_seconds"):  # fmt: skip
+        assert f"{name}: armed: appears with its first event" in out, out
+    present = out.split("Present:\n", 1)[1].replace("\n  ", " ")
+    assert "oomguard_engine_kv_cache_usage_ratio," in present and "oomguard_gpu_memory_used_ratio," in present
+    assert "the bundle's" in out and "alerts and" in out and "recording rules are loaded" in out
+    assert "sends alerts to no Alertmanager" in out  # said, not a gap
+
+
+def test_an_engine_that_loads_reads_as_loading_not_as_a_gap(deployments: Any) -> None:
+    servers, _ = deployments
+    code, out = _check(servers["loading"].url)
+    assert code == 0, out
+    assert "is loading: its engine's figures appear when it answers" in out
+    assert "oomguard_engine_kv_cache_usage_ratio: loading: appears when the engine answers" in out
+    assert "oomguard_engine_requests_waiting: loading" in out
+
+
+def test_rules_missing_is_a_gap_in_one_line_after_the_summary(deployments: Any) -> None:
+    servers, _ = deployments
+    code, out = _check(servers["no-rules"].url)
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{servers['no-rules'].url}: FAIL, 2 gaps"), out
+    assert "none of its" in out and "alerts loaded" in out and "rules/oomguard-alerts.yaml" in out
+    assert "recording rules not loaded" in out
+    assert len(lines) < 60, f"{len(lines)} lines"
+
+
+def test_recording_rules_missing_names_what_the_dashboards_lose(deployments: Any) -> None:
+    servers, _ = deployments
+    code, out = _check(servers["no-records"].url)
+    assert code == 1
+    assert out.splitlines()[0].startswith(f"{servers['no-records'].url}: FAIL, 1 gap"), out
+    assert "the dashboards read instance_" in out and "No data" in out
+
+
+def test_a_job_the_rules_do_not_select_is_a_gap(deployments: Any) -> None:
+    servers, _ = deployments
+    code, out = _check(servers["wrong-job"].url)
+    assert code == 1
+    assert 'the exporter is scraped as job="gpu-exporter", but the rules select {job="oomguard"}' in out, out
+
+
+def test_nothing_to_ask_is_a_gap_with_the_reason() -> None:
+    code, out = _check(f"http://127.0.0.1:{free_port()}")
+    assert code == 1
+    assert "FAIL, 1 gap" in out.splitlines()[0] and "cannot read the rules of" in out
+
+
+def test_the_routing_of_each_severity(deployments: Any) -> None:
+    servers, managers = deployments
+    code, out = _check(servers["up"].url, "--alertmanager", managers["shipped"].url)
+    assert code == 0, out
+    assert "severity critical (" in out and "severity warning (" in out
+    code, out = _check(servers["up"].url, "--alertmanager", managers["void"].url)
+    assert code == 1
+    assert "critical alerts (" in out and "go to receiver 'void', which sends nowhere: nobody is paged" in out
+    assert "severity warning (" in out and "goes to receiver 'team' (webhook)" in out
+
+
+def test_route_matching_follows_alertmanager() -> None:
+    tree = {
+        "receiver": "default",
+        "routes": [
+            {"match": {"team": "db"}, "receiver": "db"},
+            {"matchers": ['severity=~"crit.*"', 'alertname!="Quiet"'], "receiver": "pager",
+             "routes": [{"match_re": {"gpu": "[0-3]"}, "receiver": "pager-low"}]},
+        ],
+    }  # fmt: skip
+    assert _route(tree, {"severity": "critical", "alertname": "A"}, "") == "pager"
+    assert _route(tree, {"severity": "critical", "alertname": "A", "gpu": "2"}, "") == "pager-low"
+    assert _route(tree, {"severity": "critical", "alertname": "Quiet"}, "") == "default"
+    assert _route(tree, {"severity": "warning", "team": "db"}, "") == "db"
+    assert not _matches({"matchers": ["severity = critical"]}, {"severity": "warning"})
+
+
+async def test_each_declared_presence_holds_on_a_live_exporter(aiohttp_client) -> None:
+    """What the check relies on: a metric declared always there, per GPU, per target or while the engine is up
+    is there, on a live exporter whose engine is up."""
+    config = load_config(
+        None,
+        {
+            "simulation": {"scenario": "steady", "time_scale": 60},
+            "events": {"kernel_log": False, "xid": False},
+            "discovery": {"local": "off"},
+        },
+    )
+    client = await aiohttp_client(make_app(Runtime(config)))
+    expected = {m.sample_name for m in METRICS if m.presence in (ALWAYS, PER_GPU, PER_TARGET, ENGINE_UP)}
+    found: set[str] = set()
+    for _ in range(200):  # until the engine is up and read (a deadline of 20 s)
+        text = await (await client.get("/metrics")).text()
+        found = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"}
+        if "oomguard_target_up{" in text and "oomguard_engine_requests_running{" in text:
+            break
+        await asyncio.sleep(0.1)
+    assert expected - found == set()
