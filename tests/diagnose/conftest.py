@@ -30,7 +30,8 @@ def backfilled(promtool: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     # Two hours before the others: no window of theirs sees them, even through Prometheus' 5-minute lookback.
     compressed_end = end - 2 * 3600
     compressed = (compressed_end - histories.SPAN / histories.TIME_SCALE, histories.TIME_SCALE)
-    source.write_text(histories.openmetrics(histories.all_histories(), end - histories.SPAN, compressed))
+    # Each history also without its per-GPU join (instances NAME-nojoin), over the same hour.
+    source.write_text(histories.openmetrics(histories.all_histories(), end - histories.SPAN, compressed, nojoin=True))
     subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(work / "data")],
                    check=True, capture_output=True, timeout=120)  # fmt: skip
     # It scrapes nothing of ours: a closed port, once an hour.

@@ -3,6 +3,10 @@
 Each scenario is one `instance` (its name) with one target `vllm` on GPU 0 of 80 GiB, sampled every
 15 s over one hour: what a Prometheus scraping that exporter would hold.
 
+Without the per-GPU join (`join=False`), a history is what a Prometheus holds of an older exporter, or of a GPU
+whose join could not be written: instance `NAME-nojoin`, the same series less the `oomguard_gpu_memory_engine_*`,
+`..._other_used_bytes`, `..._unreserved_used_bytes` and `..._headroom_used_ratio` ones (JOIN_SERIES).
+
 Compressed (`time_scale` > 1), a history is what a drill's Prometheus would hold of the same scenario run that
 many times faster than life: instance `NAME-xSCALE`, its timestamps divided by the scale from its start, and so
 are the times the exporter measures on its own (real) clock: the startup, the last event's timestamp.
@@ -21,6 +25,15 @@ SPAN = 3600.0
 STATES = ("steady", "sawtooth", "climbing", "spike", "saturated")
 LOG_KINDS = ("cuda_oom", "startup_memory", "engine_death")
 TIME_SCALE = 30.0  # the drill's clock: the histories are also backfilled this many times faster
+# The per-GPU join of a GPU with its engines (docs/metrics.md, "Joined: GPU x engine"): left out with join=False.
+JOIN_SERIES = (
+    "oomguard_gpu_memory_engine_reserved_bytes",
+    "oomguard_gpu_memory_engine_used_bytes",
+    "oomguard_gpu_memory_engine_over_reservation_bytes",
+    "oomguard_gpu_memory_other_used_bytes",
+    "oomguard_gpu_memory_unreserved_used_bytes",
+    "oomguard_gpu_memory_headroom_used_ratio",
+)
 
 
 def _jitter(t: float, scale: float) -> float:
@@ -57,6 +70,8 @@ class History:
     engine: str = "vllm"
     # oomguard_engine_setting: setting -> (value, origin), as the exporter reads them from a local engine's command line
     settings: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # NVML lists the engine's pids (a local engine): its own processes' memory is known, and the join attributes.
+    own_processes: bool = True
 
 
 def _lives(t: float, durations: list[float], delay: float) -> tuple[int, float, bool]:
@@ -218,6 +233,16 @@ def healthy() -> History:
     return History("healthy", 0.9, moment, startup_seconds=[(0.0, 30.0)])
 
 
+def tight_steady() -> History:
+    """The same at 0.95: 95.6 % of the GPU all hour, which is the reservation, not the top."""
+
+    def moment(t: float) -> Moment:
+        kv, waiting, running = _churn(t)
+        return Moment(0.95 + 0.002 * math.sin(t / 7.0), kv=kv, waiting=waiting, running=running, trend="sawtooth")
+
+    return History("tight-steady", 0.95, moment, startup_seconds=[(0.0, 30.0)])
+
+
 def _admitting(t: float, held: float = 16.0, few: bool = False) -> Moment:
     """A steady server whose KV cache holds about `held` requests of the size it serves: 8-14 requests fill
     50-92 % of it (`few`: 1-3 requests, 6-19 %, too few to size the cache from); memory at its reservation."""
@@ -266,29 +291,32 @@ def bare() -> History:
 
 def all_histories() -> list[History]:
     liveness = probe_kill("probe-kill-liveness", load=40.0, kill_after=120.0)
-    return [incident(), slow_leak(), foreign_process(), probe_kill(), liveness, startup_memory(), healthy(), bare(),
-            over_admitted(), within_cap(), few_running(), sglang_over()]  # fmt: skip
+    return [incident(), slow_leak(), foreign_process(), probe_kill(), liveness, startup_memory(), healthy(),
+            tight_steady(), bare(), over_admitted(), within_cap(), few_running(), sglang_over()]  # fmt: skip
 
 
 # ---- rendering ---------------------------------------------------------------------------------
 
 
-def instance(name: str, time_scale: float = 1.0) -> str:
-    """The instance label of a history, compressed or not."""
-    return name if time_scale == 1 else f"{name}-x{time_scale:g}"
+def instance(name: str, time_scale: float = 1.0, join: bool = True) -> str:
+    """The instance label of a history, compressed or not, with its per-GPU join or without."""
+    return (name if time_scale == 1 else f"{name}-x{time_scale:g}") + ("" if join else "-nojoin")
 
 
 def samples(
-    h: History, start: float, time_scale: float = 1.0
+    h: History, start: float, time_scale: float = 1.0, join: bool = True
 ) -> dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]]:
-    """Every series of one history: (name, labels) -> [(unix time, value)], on a clock `time_scale` times faster."""
+    """Every series of one history: (name, labels) -> [(unix time, value)], on a clock `time_scale` times faster;
+    without the per-GPU join series (JOIN_SERIES) where `join` is False."""
     out: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]] = {}
-    base = {"instance": instance(h.name, time_scale), "job": "oomguard"}
+    base = {"instance": instance(h.name, time_scale, join), "job": "oomguard"}
 
     def real(t: float) -> float:
         return start + t / time_scale
 
     def add(name: str, t: float, value: float, **labels: str) -> None:
+        if not join and name in JOIN_SERIES:
+            return
         key = (name, tuple(sorted((base | labels).items())))
         out.setdefault(key, []).append((real(t), value))
 
@@ -314,16 +342,28 @@ def samples(
         for state in ("up", "loading", "down"):
             now = "up" if m.up else "loading" if m.loading else "down"
             add("oomguard_target_state", t, float(state == now), target="vllm", state=state)
+        # NVML lists the engine's processes while they live (join.py: no pid matched, no figure).
+        own = m.engine_use if h.own_processes and m.engine_use > 0 else None
+        if own is not None:
+            add("oomguard_target_process_gpu_memory_bytes", t, own * TOTAL, target="vllm")
         if m.up and h.util is not None:
-            # The reservation counts only an awake engine that says it: while it answers.
+            # The reservation counts only an awake engine that says it: while it answers (join.py's join_gpu).
             reserved = h.util
-            over = max(0.0, m.engine_use - reserved)
             add("oomguard_gpu_memory_engine_reserved_bytes", t, reserved * TOTAL, gpu="0")
-            add("oomguard_gpu_memory_engine_over_reservation_bytes", t, over * TOTAL, gpu="0")
-            add("oomguard_gpu_memory_other_used_bytes", t, m.other_use * TOTAL, gpu="0")
-            add("oomguard_gpu_memory_unreserved_used_bytes", t, (over + m.other_use) * TOTAL, gpu="0")
-            add("oomguard_gpu_memory_headroom_used_ratio", t, (over + m.other_use) / (1 - reserved), gpu="0")
-            add("oomguard_target_memory_over_budget_bytes", t, (used - reserved) * TOTAL, target="vllm")
+            if own is not None:
+                over = max(0.0, own - reserved)
+                add("oomguard_gpu_memory_engine_used_bytes", t, own * TOTAL, gpu="0")
+                add("oomguard_gpu_memory_engine_over_reservation_bytes", t, over * TOTAL, gpu="0")
+                add("oomguard_gpu_memory_other_used_bytes", t, (used - own) * TOTAL, gpu="0")
+                unreserved = over + used - own
+            else:
+                unreserved = max(0.0, used - reserved)
+            add("oomguard_gpu_memory_unreserved_used_bytes", t, unreserved * TOTAL, gpu="0")
+            add("oomguard_gpu_memory_headroom_used_ratio", t, unreserved / (1 - reserved), gpu="0")
+            add("oomguard_target_memory_budget_bytes", t, reserved * TOTAL, target="vllm")
+            # join.py's join: the target's own processes minus the budget where known, else the whole GPU's use.
+            add("oomguard_target_memory_over_budget_bytes", t, ((used if own is None else own) - reserved) * TOTAL,
+                target="vllm")  # fmt: skip
             add("oomguard_engine_gpu_memory_utilization_ratio", t, h.util, target="vllm")
             if h.kv_pool_bytes:
                 add("oomguard_engine_kv_cache_memory_bytes", t, h.kv_pool_bytes, target="vllm")
@@ -344,12 +384,17 @@ def samples(
     return out
 
 
-def openmetrics(histories: list[History], start: float, compressed: tuple[float, float] | None = None) -> str:
-    """The histories from `start`; with `compressed` (start, time_scale), each also compressed, from that start."""
+def openmetrics(
+    histories: list[History], start: float, compressed: tuple[float, float] | None = None, nojoin: bool = False
+) -> str:
+    """The histories from `start`; with `compressed` (start, time_scale), each also compressed, from that start;
+    with `nojoin`, each also without its per-GPU join (instances NAME-nojoin), from `start`."""
     lines = []
     merged: dict = {}
     for h in histories:
         merged.update(samples(h, start))
+        if nojoin:
+            merged.update(samples(h, start, join=False))
         if compressed is not None:
             merged.update(samples(h, *compressed))
     for name in sorted({k[0] for k in merged}):

@@ -48,6 +48,11 @@ class Diagnosis:
             "concurrency_check": None
             if self.facts is None or self.target is None
             else self.facts.capacity_check.json(),
+            # What step 1 stood on (gpu_join, target_level where the per-GPU join was missing, gpu_used where no
+            # reservation is known; null without memory series), the series read, and those it lacked.
+            "memory_evidence": None if self.facts is None else self.facts.memory_evidence,
+            "evidence_used": [] if self.facts is None else sorted(self.facts.evidence_used),
+            "evidence_missing": [] if self.facts is None else list(self.facts.evidence_missing),
             "probe_delay_seconds": self.probe_delay,
             "probe_delay_source": self.probe_source,
             "time_scale": self.time_scale,

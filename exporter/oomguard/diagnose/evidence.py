@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from oomguard.diagnose import capacity
@@ -37,6 +38,31 @@ CLIMB_MIN_RISE = 0.03  # docs/trend.md's climb_min_rise_ratio
 CLIMB_MAX_FALLBACK = 0.02  # docs/trend.md's tolerance_ratio
 CLIMB_MIN_SECONDS = 600.0  # simulated seconds: judged as Clock.real(CLIMB_MIN_SECONDS)
 RESTART_DROP = 0.3  # a fall of this share of the GPU between two points is a process exiting
+
+# The per-GPU join (join.py's join_gpu), written where an engine's reservation on the GPU is known. Where it is
+# missing (an older exporter's history, a GPU whose join could not be written), step 1 is derived from the
+# target-level series instead, with the same arithmetic, and the confidence lowered.
+JOIN_SERIES = (
+    "oomguard_gpu_memory_engine_reserved_bytes",
+    "oomguard_gpu_memory_engine_used_bytes",
+    "oomguard_gpu_memory_engine_over_reservation_bytes",
+    "oomguard_gpu_memory_other_used_bytes",
+    "oomguard_gpu_memory_unreserved_used_bytes",
+    "oomguard_gpu_memory_headroom_used_ratio",
+)
+BUDGET = "oomguard_target_memory_budget_bytes"
+OWN = "oomguard_target_process_gpu_memory_bytes"
+OVER_BUDGET = "oomguard_target_memory_over_budget_bytes"
+UTILIZATION = "oomguard_engine_gpu_memory_utilization_ratio"
+# What step 1's memory figures were judged on (Facts.memory_evidence):
+GPU_JOIN = "gpu_join"  # the per-GPU join
+TARGET_LEVEL = "target_level"  # the fallback: the target's budget and its own processes' memory
+GPU_USED = "gpu_used"  # no reservation known: used / total alone, as the exporter judges such a GPU
+# The confidence where the fallback stood in for the join: the same arithmetic on coarser series (one budget per
+# target, its processes summed over its GPUs); lower still where its own processes' memory is unknown too, and
+# the engine cannot be told apart from other processes.
+FALLBACK_FACTOR = 0.9
+UNATTRIBUTED_FACTOR = 0.8
 
 
 Points = list[tuple[float, float]]
@@ -104,6 +130,11 @@ class Facts:
     ever_up: bool | None = None
     states: Points = field(default_factory=list)  # 1 up, 0 loading/down
     clock: Clock = REAL  # the clock the history was recorded on (a drill's is compressed)
+    # What the diagnosis read: GPU_JOIN, TARGET_LEVEL or GPU_USED (None without memory series); the series found
+    # for this target or GPU, and those step 1 looked for and did not find.
+    memory_evidence: str | None = None
+    evidence_used: set[str] = field(default_factory=set)
+    evidence_missing: list[str] = field(default_factory=list)
 
     # Derived figures the verdict and recommendations share.
     @property
@@ -177,6 +208,13 @@ class Facts:
     @property
     def climbing(self) -> bool:
         return "climbing" in self.trend_states or self.climb is not None
+
+    @property
+    def evidence_factor(self) -> float:
+        """What the confidence is multiplied by for the evidence step 1 stood on (1 on the join)."""
+        if self.memory_evidence != TARGET_LEVEL:
+            return 1.0
+        return UNATTRIBUTED_FACTOR if OWN in self.evidence_missing else FALLBACK_FACTOR
 
     @property
     def capacity_points(self) -> Points:
@@ -288,6 +326,65 @@ def _ratio(points: Points, total: float | None) -> Points:
     return [(t, v / total) for t, v in points] if total else []
 
 
+def _attribute(facts: Facts, reserved: Points, unreserved: Points, headroom: Points, other: Points,
+               over: Points) -> None:  # fmt: skip
+    """Step 1's figures from the engines' reservation and the use beyond it (bytes; headroom a ratio)."""
+    total = facts.total_bytes
+    if reserved and total:
+        facts.reserved_ratio = max(v for _, v in reserved) / total
+    if unreserved and total:
+        facts.unreserved_peak_ratio = max(v for _, v in unreserved) / total
+    if headroom:
+        facts.headroom_used_peak = max(v for _, v in headroom)
+    others = _ratio(other, total)
+    if others:
+        peak_i = max(range(len(others)), key=lambda i: others[i][1])
+        facts.other_peak_ratio = others[peak_i][1]
+        facts.other_growth_ratio = others[peak_i][1] - min(v for _, v in others[: peak_i + 1])
+    beyond = _ratio(over, total)
+    if beyond:
+        facts.engine_over_reservation_peak_ratio = max(v for _, v in beyond)
+
+
+def _fallback(facts: Facts, select: Callable[..., list[Series]], on: dict[str, str], used_ratio: Points) -> None:
+    """The per-GPU join derived from the target-level series, as join.py's join_gpu computes it, for a target whose
+    worst GPU has no join series: its budget (else gpu_memory_utilization x total) is the reservation, its own
+    processes' memory (oomguard_target_process_gpu_memory_bytes) the engine's use, the rest of the GPU's use the
+    others'. Without its own processes' memory, everything above the reservation may grow (join_gpu's else)."""
+    total = facts.total_bytes
+    if not total or total <= 0:
+        return
+    reserved = dict(merge(select(BUDGET, **on)))
+    if not reserved:
+        reserved = {t: v * total for t, v in merge(select(UTILIZATION, **on))}
+    if not reserved:
+        return  # no reservation known: no join was due, used / total is the judgement (GPU_USED)
+    own = dict(merge(select(OWN, **on)))
+    if len(facts.gpus) > 1 and own:
+        # Own memory is summed over the target's GPUs; over-budget is its largest per GPU: own on that GPU.
+        over_budget = dict(merge(select(OVER_BUDGET, **on)))
+        own = {t: reserved[t] + over_budget[t] for t in own if t in reserved and t in over_budget}
+    used = {t: v * total for t, v in used_ratio}
+    unreserved, headroom, other, over = [], [], [], []
+    for t, mine_reserved in sorted(reserved.items()):
+        if t not in used:
+            continue
+        mine = own.get(t)
+        if mine is not None:
+            beyond, others = max(0.0, mine - mine_reserved), max(0.0, used[t] - mine)
+            over.append((t, beyond))
+            other.append((t, others))
+            free = beyond + others
+        else:
+            free = max(0.0, used[t] - mine_reserved)
+        room = total - mine_reserved
+        unreserved.append((t, free))
+        headroom.append((t, free / room if room > 0 else float(free > 0)))
+    facts.memory_evidence = TARGET_LEVEL
+    facts.evidence_missing = [*JOIN_SERIES, *(name for name in (BUDGET, OWN) if name not in facts.evidence_used)]
+    _attribute(facts, sorted(reserved.items()), unreserved, headroom, other, over)
+
+
 # ---- gathering ---------------------------------------------------------------------------------
 
 
@@ -296,8 +393,14 @@ def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]
     facts = Facts(target, instance, gpus, data.history, data.start, data.end, clock=clock)
     where = {"instance": instance} if instance is not None else {}
 
+    def select(name: str, **labels: str) -> list[Series]:
+        found = data.select(name, **labels)
+        if any(s.values() for s in found):
+            facts.evidence_used.add(name)
+        return found
+
     def gpu_series(name: str, gpu: str) -> list[Series]:
-        return data.select(name, gpu=gpu, **where)
+        return select(name, gpu=gpu, **where)
 
     # 1. memory, per GPU then the worst GPU's
     worst_gpu, worst_peak = None, -1.0
@@ -317,27 +420,18 @@ def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]
     if worst_gpu is not None:
         totals = [v for _, v in merge(gpu_series("oomguard_gpu_memory_total_bytes", worst_gpu))]
         facts.total_bytes = totals[-1] if totals else None
-        total = facts.total_bytes
-        reserved = [v for _, v in merge(gpu_series("oomguard_gpu_memory_engine_reserved_bytes", worst_gpu))]
-        if reserved and total:
-            facts.reserved_ratio = max(reserved) / total
-        unreserved = merge(gpu_series("oomguard_gpu_memory_unreserved_used_bytes", worst_gpu))
-        if unreserved and total:
-            facts.unreserved_peak_ratio = max(v for _, v in unreserved) / total
-        headroom = merge(gpu_series("oomguard_gpu_memory_headroom_used_ratio", worst_gpu))
-        if headroom:
-            facts.headroom_used_peak = max(v for _, v in headroom)
-        other = _ratio(merge(gpu_series("oomguard_gpu_memory_other_used_bytes", worst_gpu)), total)
-        if other:
-            peak_i = max(range(len(other)), key=lambda i: other[i][1])
-            facts.other_peak_ratio = other[peak_i][1]
-            facts.other_growth_ratio = other[peak_i][1] - min(v for _, v in other[: peak_i + 1])
-        over = _ratio(merge(gpu_series("oomguard_gpu_memory_engine_over_reservation_bytes", worst_gpu)), total)
-        if over:
-            facts.engine_over_reservation_peak_ratio = max(v for _, v in over)
+        joined = {name: merge(gpu_series(name, worst_gpu)) for name in JOIN_SERIES}
+        if any(joined.values()):
+            facts.memory_evidence = GPU_JOIN
+            # An unattributed join (an engine whose pids NVML does not list) has no engine_used, over, other.
+            facts.evidence_missing = [name for name in JOIN_SERIES if not joined[name]]
+            reserved, _, over, other, unreserved, headroom = (joined[name] for name in JOIN_SERIES)
+            _attribute(facts, reserved, unreserved, headroom, other, over)
+        else:
+            facts.memory_evidence = GPU_USED  # until the fallback finds a reservation (below)
     trend = [s for g in gpus for s in gpu_series("oomguard_gpu_memory_trend_state", g)]
     if target is not None:
-        trend += data.select("oomguard_target_memory_trend_state", target=target, memory="gpu", **where)
+        trend += select("oomguard_target_memory_trend_state", target=target, memory="gpu", **where)
     for s in trend:
         first = _first_time(s.points, lambda v: v >= 1)
         state = s.labels.get("state", "")
@@ -349,15 +443,15 @@ def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]
     if target is None:
         return facts
     on = {"target": target, **where}
-    over_budget = merge(data.select("oomguard_target_memory_over_budget_bytes", **on))
+    over_budget = merge(select("oomguard_target_memory_over_budget_bytes", **on))
     if over_budget:
         facts.over_budget_peak_bytes = max(v for _, v in over_budget)
 
     # 2. events from the engine's log and the kernel, restarts
     for kind in kinds.TARGET_EVENT_KINDS:
-        counter = merge(data.select("oomguard_target_events_total", kind=kind, **on), "sum")
+        counter = merge(select("oomguard_target_events_total", kind=kind, **on), "sum")
         count, times = increases(counter, data.start, include_first=not data.history)
-        last = merge(data.select("oomguard_target_last_event_timestamp_seconds", kind=kind, **on))
+        last = merge(select("oomguard_target_last_event_timestamp_seconds", kind=kind, **on))
         last_at = max((v for _, v in last), default=0.0)
         if data.history and count == 0 and data.start <= last_at <= data.end:
             # The counter's first increment is invisible to a difference; the timestamp is not.
@@ -367,33 +461,35 @@ def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]
         if counter or last:
             facts.event_counts[kind] = count
             facts.events[kind] = times
-    restarts = merge(data.select("oomguard_target_restarts_total", **on), "sum")
+    restarts = merge(select("oomguard_target_restarts_total", **on), "sum")
     facts.restart_count, facts.restarts = increases(restarts, data.start, include_first=not data.history)
 
     # 3. the engine's concurrency and configuration
-    facts.kv = merge(data.select("oomguard_engine_kv_cache_usage_ratio", **on), "mean")
-    facts.waiting = merge(data.select("oomguard_engine_requests_waiting", **on), "sum")
-    facts.running = merge(data.select("oomguard_engine_requests_running", **on), "sum")
-    preempt = merge(data.select("oomguard_engine_preemptions_total", **on), "sum")
+    facts.kv = merge(select("oomguard_engine_kv_cache_usage_ratio", **on), "mean")
+    facts.waiting = merge(select("oomguard_engine_requests_waiting", **on), "sum")
+    facts.running = merge(select("oomguard_engine_requests_running", **on), "sum")
+    preempt = merge(select("oomguard_engine_preemptions_total", **on), "sum")
     facts.preemptions = increases(preempt, data.start, include_first=not data.history)[0]
-    util = [v for _, v in merge(data.select("oomguard_engine_gpu_memory_utilization_ratio", **on))]
+    util = [v for _, v in merge(select("oomguard_engine_gpu_memory_utilization_ratio", **on))]
     facts.gpu_memory_utilization = util[-1] if util else None
-    kv_bytes = [v for _, v in merge(data.select("oomguard_engine_kv_cache_memory_bytes", **on))]
+    kv_bytes = [v for _, v in merge(select("oomguard_engine_kv_cache_memory_bytes", **on))]
     facts.kv_cache_memory_bytes = kv_bytes[-1] if kv_bytes else None
+    if facts.memory_evidence == GPU_USED and worst_gpu is not None:
+        _fallback(facts, select, on, facts.per_gpu[worst_gpu])
     if facts.reserved_ratio is None and facts.gpu_memory_utilization is not None:
         facts.reserved_ratio = facts.gpu_memory_utilization
-    info = data.select("oomguard_target_info", **on)
+    info = select("oomguard_target_info", **on)
     facts.engine = next((s.labels["engine"] for s in info if s.labels.get("engine")), None)
-    for s in data.select("oomguard_engine_setting", **on):
+    for s in select("oomguard_engine_setting", **on):
         name, values = s.labels.get("setting"), [v for v in s.values() if math.isfinite(v) and v > 0]
         if name and values:
             facts.settings[name] = Setting(name, values[-1], s.labels.get("origin", ""))
             facts.engine = facts.engine or s.labels.get("engine") or None
 
     # 4. startup and state
-    startup = [v for _, v in merge(data.select("oomguard_target_startup_seconds", **on))]
+    startup = [v for _, v in merge(select("oomguard_target_startup_seconds", **on))]
     facts.startup_seconds = clock.simulated(max(startup)) if startup else None
-    up = merge(data.select("oomguard_target_state", state="up", **on))
+    up = merge(select("oomguard_target_state", state="up", **on))
     if up:
         facts.states = up
         facts.up_fraction = sum(v for _, v in up) / len(up)
@@ -474,6 +570,19 @@ def _capacity_items(facts: Facts) -> list[Item]:
     return items
 
 
+def _fallback_text(facts: Facts) -> str:
+    """What step 1 stood on where the per-GPU join was missing, and what that costs the confidence."""
+    join = ", ".join(name for name in facts.evidence_missing if name in JOIN_SERIES)
+    budget = BUDGET if BUDGET in facts.evidence_used else f"{UTILIZATION} x the GPU's total ({BUDGET} missing)"
+    text = f"no per-GPU join series ({join}) on the worst GPU: the reservation is the target's budget, {budget}"
+    if OWN in facts.evidence_missing:
+        text += (f"; {OWN} missing too: whose memory is whose is unknown, so all use above the reservation counts "
+                 "as headroom in use, and other processes are not told apart from the engine")  # fmt: skip
+    else:
+        text += f"; the engine's own use is {OWN}, the rest of the GPU's use the other processes'"
+    return text + f"; confidence x{facts.evidence_factor:g}"
+
+
 def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
     items: list[Item] = []
     # 1. memory trend
@@ -491,6 +600,8 @@ def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
             if facts.headroom_used_peak is not None:
                 text += f", {_pct(facts.headroom_used_peak)} of the headroom it leaves"
             items.append(Item(1, text, beyond, "ratio", t_peak))
+        if facts.memory_evidence == TARGET_LEVEL:
+            items.append(Item(1, _fallback_text(facts), facts.evidence_factor, "factor"))
         if facts.other_growth_ratio is not None and facts.other_growth_ratio >= 0.01:
             items.append(Item(1, f"other processes on the GPU grew by {_pct(facts.other_growth_ratio)} of it "
                                  f"(to {_pct(facts.other_peak_ratio or 0)}); the engine's own use beyond its "

@@ -23,6 +23,7 @@ METRICS = (
     "oomguard_gpu_memory_total_bytes",
     "oomguard_gpu_memory_used_ratio",
     "oomguard_gpu_memory_engine_reserved_bytes",
+    "oomguard_gpu_memory_engine_used_bytes",
     "oomguard_gpu_memory_unreserved_used_bytes",
     "oomguard_gpu_memory_headroom_used_ratio",
     "oomguard_gpu_memory_other_used_bytes",
@@ -44,6 +45,9 @@ METRICS = (
     "oomguard_target_state",
     "oomguard_target_memory_trend_state",
     "oomguard_target_memory_over_budget_bytes",
+    # Where the per-GPU join is missing, step 1 is judged on these (evidence.py's fallback).
+    "oomguard_target_memory_budget_bytes",
+    "oomguard_target_process_gpu_memory_bytes",
 )
 # At most this many points per series: Prometheus refuses more than 11,000.
 MAX_POINTS = 1000

@@ -44,6 +44,8 @@ def confidence_label(confidence: float) -> str:
 
 def _make(name: str, summary: str, facts: Facts, criteria: dict[str, bool]) -> Verdict:
     confidence = sum(criteria.values()) / len(criteria)
+    # Judged without the per-GPU join: the same criteria on coarser evidence (evidence.py's fallback).
+    confidence *= facts.evidence_factor
     if not facts.history:
         confidence *= NO_HISTORY_FACTOR
     return Verdict(name, round(confidence, 2), summary, criteria)
