@@ -167,7 +167,7 @@ class ScrapeConfig(StrictModel):
         SAMPLE_LIMIT,
         gt=0,
         description="Most samples of the families oomguard reads in one target's body (as Prometheus's "
-        "sample_limit); over it the reading is dropped whole and counted as kind=\"limit\".",
+        'sample_limit); over it the reading is dropped whole and counted as kind="limit".',
     )
     label_value_length_limit: int = Field(
         LABEL_VALUE_LENGTH_LIMIT,

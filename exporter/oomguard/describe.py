@@ -25,8 +25,8 @@ def _cgroup(target: TargetConfig) -> str:
     found = counter_file(target.cgroup)
     if found is None:
         return (
-            f", cgroup {target.cgroup}: neither memory.events (v2) nor memory.oom_control (v1) there, its kills "
-            "are not counted until one appears: is it the engine's cgroup, with the memory controller?"
+            f", cgroup {target.cgroup}: no memory.events (v2) or memory.oom_control (v1) there yet, its OOM kills "
+            "are counted once one appears (is it the engine's cgroup, with the memory controller?)"
         )
     version = "cgroup v2" if found.endswith(V2_FILE) else "cgroup v1"
     return f", OOM kills: oom_kill of {found} ({version})"

@@ -99,7 +99,9 @@ def test_cgroup_oom_kills(tmp_path: Path) -> None:
     events.write_text("low 0\nhigh 0\nmax 15\noom 6\noom_kill 5\noom_group_kill 0\n")
     assert resumed.read_new() == 1
     events.unlink()
-    assert resumed.read_new() == 0 and resumed.stats.read_errors == 1 and "memory controller" in resumed.stats.last_error
+    assert (
+        resumed.read_new() == 0 and resumed.stats.read_errors == 1 and "memory controller" in resumed.stats.last_error
+    )
 
 
 def test_kmsg_reader_on_the_real_device() -> None:

@@ -52,7 +52,8 @@ class JournaldReader:
         self.unit = unit
         self.binary = binary
         self.stats = ReadStats()
-        self.cursor: str | None = (state or {}).get("cursor")
+        cursor = state.get("cursor") if isinstance(state, dict) else None
+        self.cursor: str | None = cursor if isinstance(cursor, str) else None  # a wrong type: start afresh
         self._from_start = from_start or self.cursor is not None
 
     def _run(self, *args: str) -> str | None:

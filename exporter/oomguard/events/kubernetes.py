@@ -23,7 +23,8 @@ class PodApiEvents:
         self.target = target
         self.name = name  # "k8s-api:NAMESPACE/POD"
         self.stats = ReadStats()  # lines_read: API events and terminations received
-        self.last_termination: str | None = (saved or {}).get("last_termination")
+        last = saved.get("last_termination") if isinstance(saved, dict) else None
+        self.last_termination: str | None = last if isinstance(last, str) else None  # a wrong type: none counted yet
         self._pending: list[Event] = []
         self._lock = threading.Lock()
 

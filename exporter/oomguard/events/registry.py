@@ -70,7 +70,9 @@ def file_logs(target: TargetConfig, events: EventsConfig, saved: SavedState) -> 
     for pattern in target.logs:
         name = f"file:{pattern}"
         state = saved.of(target.label, name)
-        reader = FileFollower(pattern, state=state.get(POSITIONS), from_start=events.from_start)
+        reader = FileFollower(
+            pattern, state=state.get(POSITIONS), from_start=events.from_start, follow_symlinks=target.follow_symlinks
+        )
         out.append(log_source(target, events, name, reader, state))
     return out
 

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.config import Config
-from oomguard.events.follow import FileFollower
 from oomguard.events.followed import STATE_VERSION, FollowedFile
 from oomguard.events.kill_owners import KillOwners
 from oomguard.events.kinds import CGROUP_OOM_KILL, KERNEL_OOM_KILL, STARTUP
@@ -64,7 +63,6 @@ class EventRunner:
             name: Counts(dict(c.get("total", {})), dict(c.get("last", {}))) for name, c in saved.get(COUNTS, {}).items()
         }
         self.sources: list[EventSource] = build_sources(config, self.saved)
-        _follow_symlinks(config, self.sources)
         self.state_write_errors = 0
         self._failures = [0] * len(self.sources)  # polls that raised (a bug): counted as read errors
         self._states = [source.state() for source in self.sources]  # as last saved or seen
@@ -339,12 +337,3 @@ def _finite(value: float) -> bool:
         return math.isfinite(value)
     except OverflowError:  # an integer too large for a float
         return False
-
-
-def _follow_symlinks(config: Config, sources: list[EventSource]) -> None:
-    """Each target's `follow_symlinks` to the followers of its `logs:` (registry.py builds them without it)."""
-    follow = {target.label: target.follow_symlinks for target in config.targets}
-    for source in sources:
-        reader = getattr(source, "reader", None)
-        if isinstance(reader, FileFollower) and source.name.startswith("file:"):
-            reader.follow_symlinks = follow.get(source.target, False)

@@ -167,7 +167,8 @@ EVENT_STATE_READ_ERRORS = metric(
     "counter",
     "",
     "",
-    "1 when the event state file in state_dir was unreadable at start: it was kept aside as *.corrupt and the counts "
+    "1 when the event state file in state_dir could not be trusted at start (unreadable, not a regular file, too "
+    "large, not JSON, or of a wrong shape or type anywhere): it was kept aside as *.corrupt and the counts "
     "started afresh (no log is read again, so nothing is recounted).",
     presence=CONDITIONAL,
 )
