@@ -252,7 +252,7 @@ async def test_rotating_label_values_keep_the_prefix_cache_bounded(aiohttp_clien
         assert prefix_cache_bytes() == encoder.prefix_cache_bytes() <= 16 * MIB
 
 
-async def test_a_long_label_value_drops_the_reading(aiohttp_client, aiohttp_server) -> None:
+async def test_a_long_label_value_drops_the_reading(aiohttp_client, aiohttp_server, caplog) -> None:
     long = VLLM.replace(RUNNING_LINE, RUNNING_LINE.replace('model_name="tiny"', f'model_name="{"y" * 100_000}"'))
     base = await serve(aiohttp_server, Bodies({"long": lambda: long, "good": lambda: VLLM}))
     client = await aiohttp_client(runtime_app({"long": (f"{base}/long", "vllm"), "good": (f"{base}/good", "vllm")}))
@@ -264,6 +264,9 @@ async def test_a_long_label_value_drops_the_reading(aiohttp_client, aiohttp_serv
         assert series(text, "oomguard_engine_kv_cache_usage_ratio", "long") == []
         assert series(text, "oomguard_engine_requests_running", "good") == [4.0]
     assert "y" * 1000 not in text
+    # Logged once (the same error again is not repeated), naming the limit and the settings that raise it.
+    [line] = [r.getMessage() for r in caplog.records if "target long:" in r.getMessage()]
+    assert "label value length limit of 1024" in line and "scrape.label_value_length_limit" in line, line
 
 
 async def test_too_many_samples_drop_the_reading(aiohttp_client, aiohttp_server) -> None:

@@ -98,3 +98,43 @@ async def test_health_404_falls_back_to_metrics(zoo: Zoo) -> None:
     async with aiohttp.ClientSession() as session:
         reading = await s.scrape(session)
     assert reading.state == "up" and reading.health_status == 404
+
+
+def test_limits_default_to_the_scrape_section_and_a_target_overrides_them() -> None:
+    from oomguard.config import load_config
+    from oomguard.promtext import Limits
+
+    config = load_config(
+        None,
+        {
+            "scrape": {"sample_limit": 7, "label_value_length_limit": 64},
+            "targets": [
+                {"name": "a", "url": "http://127.0.0.1:8000"},
+                {"name": "b", "url": "http://127.0.0.1:8001", "sample_limit": 500, "label_value_length_limit": 9},
+            ],
+        },
+    )
+    assert [config.target_limits(t) for t in config.targets] == [Limits(7, 64), Limits(500, 9)]
+    assert load_config(None, {}).scrape.sample_limit == Limits().samples == 5000
+
+
+async def test_a_body_over_a_limit_is_dropped_whole_and_says_which_setting(zoo: Zoo) -> None:
+    from oomguard.promtext import Limits
+
+    async with aiohttp.ClientSession() as session:
+        for limits, setting in ((Limits(samples=5), "sample_limit"), (Limits(label_value_length=3), "label_value")):
+            s = TargetScraper(
+                TargetConfig(url=zoo.base, name="limited", local_process="no"),
+                timeout=TIMEOUT,
+                max_body_bytes=8 * 1024 * 1024,
+                limits=limits,
+            )
+            s.config = s.config.model_copy(update={"url": f"{zoo.base}/good"})
+            reading = await s.scrape(session)
+            assert (reading.up, reading.error_kind, reading.engine_reading) == (False, "limit", None)
+            assert setting in reading.error and "scrape." in reading.error
+        # The same body under the defaults: 11 samples of the families read, labels of 17 characters at most.
+        s = scraper(zoo.base, "default")
+        s.config = s.config.model_copy(update={"url": f"{zoo.base}/good"})
+        reading = await s.scrape(session)
+        assert reading.up and reading.errors_total["limit"] == 0
