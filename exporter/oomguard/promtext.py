@@ -87,7 +87,7 @@ def _check_limits(name: str, labels: dict[str, str], label_text: str | None, cou
         for key, value in labels.items():
             if len(value) > limits.label_value_length:
                 raise LimitExceeded(
-                    f"{name} has a label {key} of {len(value)} characters, over the label value length limit of "
+                    f"{name} has a label {key[:60]} of {len(value)} characters, over the label value length limit of "
                     f"{limits.label_value_length}: raise label_value_length_limit (the target's, or "
                     "scrape.label_value_length_limit) if this engine really writes such values"
                 )
@@ -95,7 +95,7 @@ def _check_limits(name: str, labels: dict[str, str], label_text: str | None, cou
 
 def _show(labels: dict[str, str]) -> str:
     """Labels as written, each value cut short: for a message."""
-    shown = ",".join(f'{k}="{v[:40]}"' for k, v in sorted(labels.items())[:8])
+    shown = ",".join(f'{k[:40]}="{v[:40]}"' for k, v in sorted(labels.items())[:8])
     return f"{{{shown}}}" if labels else ""
 
 
