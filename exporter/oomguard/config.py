@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from oomguard.engines import ENGINE_NAMES, ENGINES
 from oomguard.events.catalogue import check_patterns
 from oomguard.excerpt import LIMIT, excerpt
-from oomguard.promtext import LABEL_VALUE_LENGTH_LIMIT, SAMPLE_LIMIT, Limits
+from oomguard.promtext import LABEL_LIMIT, LABEL_VALUE_LENGTH_LIMIT, SAMPLE_LIMIT, Limits
 from oomguard.simulate.scenarios import SCENARIOS as SIMULATIONS
 from oomguard.trend.analysis import TrendSettings
 
@@ -103,6 +103,7 @@ class TargetConfig(StrictModel):
     label_value_length_limit: int | None = Field(
         None, gt=0, description="The target's own scrape.label_value_length_limit."
     )
+    label_limit: int | None = Field(None, gt=0, description="The target's own scrape.label_limit.")
     local_process: Literal["auto", "yes", "no"] = Field(
         "auto",
         description="Find the engine's processes on this host (RSS, GPU memory by pid, "
@@ -173,6 +174,11 @@ class ScrapeConfig(StrictModel):
         LABEL_VALUE_LENGTH_LIMIT,
         gt=0,
         description="Longest label value in those samples, in characters; over it, the same.",
+    )
+    label_limit: int = Field(
+        LABEL_LIMIT,
+        gt=0,
+        description="Most labels of one of those samples (as Prometheus's label_limit); over it, the same.",
     )
 
 
@@ -366,6 +372,7 @@ class Config(StrictModel):
         return Limits(
             samples=target.sample_limit or self.scrape.sample_limit,
             label_value_length=target.label_value_length_limit or self.scrape.label_value_length_limit,
+            labels=target.label_limit or self.scrape.label_limit,
         )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 TARGET_STATES = ("up", "loading", "down")
 # tls: the target's certificate or handshake was refused (an unknown CA, a wrong name): a fix of trust, not
 # of a down engine, so not "refused".
-# limit: over the target's sample_limit or label_value_length_limit (promtext.Limits): the reading dropped whole.
+# limit: over one of the target's limits (promtext.Limits: samples, label value length, labels): dropped whole.
 ERROR_KINDS = ("timeout", "refused", "tls", "http_status", "too_large", "limit", "parse", "other")
 # Why an engine's value was dropped from its reading (engines/base.py): NaN or infinite, negative, a ratio over 1.
 VALUE_REJECT_REASONS = ("non_finite", "negative", "out_of_range")

@@ -25,6 +25,9 @@ class ExpositionError(ValueError):
 # (48 with dp 2, tp 2 and priorities: 64 ranks stay under 1,000); model names and paths are under 200 characters.
 SAMPLE_LIMIT = 5000
 LABEL_VALUE_LENGTH_LIMIT = 1024
+# vLLM's cache_config_info, the widest series read, has 37 labels (0.32): a series with more is not an engine's,
+# and is refused before its labels are parsed (one line of a million labels took 2 s and 158 MB to parse).
+LABEL_LIMIT = 128
 
 
 class LimitExceeded(ExpositionError):
@@ -33,11 +36,13 @@ class LimitExceeded(ExpositionError):
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """A target's bounds on what is kept of its body: samples of the families read, characters of a label value.
-    Their defaults are scrape.sample_limit and scrape.label_value_length_limit's (docs/configuration.md)."""
+    """A target's bounds on what is kept of its body: samples of the families read, characters of a label value,
+    labels of a sample. Their defaults are scrape.sample_limit, scrape.label_value_length_limit and
+    scrape.label_limit's (docs/configuration.md)."""
 
     samples: int = SAMPLE_LIMIT
     label_value_length: int = LABEL_VALUE_LENGTH_LIMIT
+    labels: int = LABEL_LIMIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,11 @@ class FamilyExtractor:
         limits = self.limits
         for match in self._line.finditer(body):
             name, label_text, value_text = match.groups()
+            if limits is not None and label_text and label_text.count('="') > limits.labels:  # before parsing them
+                raise LimitExceeded(
+                    f"{name} has more than {limits.labels} labels, over the label limit: raise label_limit (the "
+                    "target's, or scrape.label_limit) if this engine really writes such series"
+                )
             labels = _parse_labels(label_text) if label_text else {}
             if limits is not None:
                 _check_limits(name, labels, label_text, len(seen), limits)

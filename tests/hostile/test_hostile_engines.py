@@ -48,6 +48,8 @@ CASES = [
          "(`label_value_length_limit`)", "test_a_long_label_value_drops_the_reading"),
     Case("limits", "10,000 `model_name` values", 'the reading dropped whole, `kind="limit"` (`sample_limit`)',
          "test_too_many_samples_drop_the_reading"),
+    Case("limits", "one series with 700,000 labels (6.6 MB)", 'the reading dropped whole, `kind="limit"` '
+         "(`label_limit`), counted before a label is parsed", "test_a_series_with_too_many_labels_drops_the_reading"),
     Case("values", "KV cache use NaN, +Inf, -5 or 1e308 (vLLM, SGLang, TGI, Triton), llama.cpp's running "
          "requests NaN, +Inf or -5 (its KV use is `/slots`' JSON), vLLM's `gpu_memory_utilization` 7",
          "the value dropped, `oomguard_target_values_rejected_total{reason}` +1; the rest of the reading kept",
@@ -278,6 +280,17 @@ async def test_too_many_samples_drop_the_reading(aiohttp_client, aiohttp_server)
     assert errors(text, "many") == {"limit": 1}
     assert series(text, "oomguard_engine_requests_running", "many") == []
     assert len(text) < 200_000, f"the exposition grew to {len(text)} bytes"
+
+
+async def test_a_series_with_too_many_labels_drops_the_reading(aiohttp_client, aiohttp_server) -> None:
+    wide = "vllm:num_requests_running{" + ",".join(f'l{i}=""' for i in range(700_000)) + "} 1\n"
+    assert len(wide) < 8 * MIB  # under the body cap: the limit must stop it
+    base = await serve(aiohttp_server, Bodies({"wide": lambda: VLLM + wide}))
+    client = await aiohttp_client(runtime_app({"wide": (f"{base}/wide", "vllm")}))
+    text = await (await client.get("/metrics")).text()
+    assert series(text, "oomguard_target_up", "wide") == [0.0]
+    assert errors(text, "wide") == {"limit": 1}
+    assert series(text, "oomguard_engine_requests_running", "wide") == []
 
 
 # -- values -------------------------------------------------------------------------------------------------

@@ -107,14 +107,20 @@ def test_limits_default_to_the_scrape_section_and_a_target_overrides_them() -> N
     config = load_config(
         None,
         {
-            "scrape": {"sample_limit": 7, "label_value_length_limit": 64},
+            "scrape": {"sample_limit": 7, "label_value_length_limit": 64, "label_limit": 20},
             "targets": [
                 {"name": "a", "url": "http://127.0.0.1:8000"},
-                {"name": "b", "url": "http://127.0.0.1:8001", "sample_limit": 500, "label_value_length_limit": 9},
+                {
+                    "name": "b",
+                    "url": "http://127.0.0.1:8001",
+                    "sample_limit": 500,
+                    "label_value_length_limit": 9,
+                    "label_limit": 3,
+                },
             ],
         },
     )
-    assert [config.target_limits(t) for t in config.targets] == [Limits(7, 64), Limits(500, 9)]
+    assert [config.target_limits(t) for t in config.targets] == [Limits(7, 64, 20), Limits(500, 9, 3)]
     assert load_config(None, {}).scrape.sample_limit == Limits().samples == 5000
 
 
@@ -122,7 +128,9 @@ async def test_a_body_over_a_limit_is_dropped_whole_and_says_which_setting(zoo: 
     from oomguard.promtext import Limits
 
     async with aiohttp.ClientSession() as session:
-        for limits, setting in ((Limits(samples=5), "sample_limit"), (Limits(label_value_length=3), "label_value")):
+        cases = ((Limits(samples=5), "sample_limit"), (Limits(label_value_length=3), "label_value"),
+                 (Limits(labels=2), "label_limit"))  # fmt: skip
+        for limits, setting in cases:
             s = TargetScraper(
                 TargetConfig(url=zoo.base, name="limited", local_process="no"),
                 timeout=TIMEOUT,

@@ -65,8 +65,8 @@ TARGET_SCRAPE_ERRORS = metric(
     "counter",
     "",
     "target kind",
-    "Failed reads of a target by kind: " + ", ".join(ERROR_KINDS) + " (limit: over the target's sample_limit or "
-    "label_value_length_limit, the reading dropped whole).",
+    "Failed reads of a target by kind: " + ", ".join(ERROR_KINDS) + " (limit: over the target's sample_limit, "
+    "label_value_length_limit or label_limit, the reading dropped whole).",
 )
 TARGET_VALUES_REJECTED = metric(
     SECTION,
