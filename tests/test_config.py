@@ -100,6 +100,8 @@ def test_check_config_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "engines: llama-70b (vllm at http://127.0.0.1:8000, log: /var/log/vllm/llama-70b*.log, cgroup " in out
     # Not a cgroup on this machine: said, with what it means (tests/events/test_kernel_kills.py: v1 and v2).
     assert "vllm-llama.service: no memory.events (v2) or memory.oom_control (v1) there yet" in out
+    # Valid, but its log pattern matches nothing here: a warning naming it, not an error.
+    assert "warning: logs pattern '/var/log/vllm/llama-70b*.log' of llama-70b matches no file now" in out
     assert main(["check-config", str(write(tmp_path, "targets:\n  - url: ftp://x\n"))]) == 1
     assert "targets[0].url" in capsys.readouterr().err
 
@@ -208,3 +210,28 @@ def test_a_whole_section_is_never_echoed_back(tmp_path: Path) -> None:
         load_config(path)
     lines = str(error.value).splitlines()[1:]
     assert lines == ["  (top level): two targets are named 'x'; give each a distinct `name:`"]
+
+
+def test_check_config_warns_of_a_log_pattern_that_matches_no_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "vllm.log").write_text("")
+    (tmp_path / "logs" / "link.log").symlink_to(tmp_path / "logs" / "vllm.log")
+    good, typo, links = tmp_path / "logs" / "*.log", tmp_path / "logz" / "*.log", tmp_path / "logs" / "link*.log"
+    body = (
+        "targets:\n"
+        f"  - {{url: 'http://127.0.0.1:8000', name: good, logs: ['{good}']}}\n"
+        f"  - {{url: 'http://127.0.0.1:8001', name: typo, logs: ['{typo}']}}\n"
+        f"  - {{url: 'http://127.0.0.1:8002', name: links, logs: ['{links}']}}\n"
+        f"  - {{url: 'http://127.0.0.1:8003', name: followed, logs: ['{links}'], follow_symlinks: true}}\n"
+    )
+    assert main(["check-config", str(write(tmp_path, body))]) == 0  # valid: a warning, not an error
+    warned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert warned == [
+        f"warning: logs pattern '{typo}' of typo matches no file now: if it is not the engine's log (a typo?), its "
+        "OOMs are never counted; while it runs, oomguard_event_source_files says how many files it follows",
+        f"warning: logs pattern '{links}' of links matches only symbolic links (1), which are skipped "
+        "(follow_symlinks: false): if it is not the engine's log (a typo?), its OOMs are never counted; while it "
+        "runs, oomguard_event_source_files says how many files it follows",
+    ]

@@ -195,11 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return 1
-        from oomguard.describe import describe
+        from oomguard.describe import describe, warnings
 
         print(f"{args.file}: valid. It will watch:")
         for line in describe(config):
             print(f"  {line}")
+        for line in warnings(config):
+            print(line)
         return 0
 
     _from_environment(args)

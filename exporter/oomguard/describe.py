@@ -3,6 +3,9 @@ half-written file is not taken for a working one."""
 
 from __future__ import annotations
 
+import glob
+import os
+
 from oomguard.config import Config, TargetConfig
 from oomguard.events.cgroup import V2_FILE, counter_file
 
@@ -82,3 +85,25 @@ def describe(config: Config) -> list[str]:
         else "state: in memory only (no state_dir): event counts start from zero at each restart"
     )
     return lines
+
+
+def warnings(config: Config) -> list[str]:
+    """What is valid but will count nothing: a `logs:` pattern that matches no file now (a typo there means no OOM
+    is ever counted, and nothing else says so)."""
+    out = []
+    for target in config.targets:
+        for pattern in target.logs:
+            matched = [p for p in glob.glob(pattern) if os.path.isfile(p)]
+            followed = [p for p in matched if target.follow_symlinks or not os.path.islink(p)]
+            if followed:
+                continue
+            why = (
+                f"matches only symbolic links ({len(matched)}), which are skipped (follow_symlinks: false)"
+                if matched
+                else "matches no file now"
+            )
+            out.append(
+                f"warning: logs pattern {pattern!r} of {target.label} {why}: if it is not the engine's log (a typo?), "
+                "its OOMs are never counted; while it runs, oomguard_event_source_files says how many files it follows"
+            )
+    return out

@@ -270,6 +270,7 @@ class ReadStats:
     lines_truncated: int = 0  # lines longer than the reader's limit, cut
     lines_malformed: int = 0  # lines not in the source's format (a CRI line without its header)
     last_error: str = ""
+    files_followed: int | None = None  # files its pattern matches, after the last poll (None: not a file source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +284,7 @@ class EventSourceHealth:
     read_errors: int = 0
     lines_truncated: int = 0
     lines_malformed: int = 0
+    files: int | None = None  # the files it follows now (file and pod log sources; None for the others)
 
 
 # -- one collection --------------------------------------------------------------------------

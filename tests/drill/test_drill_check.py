@@ -27,21 +27,19 @@ from oomguard.exposition import METRICS
 from oomguard.exposition.spec import ALWAYS, ENGINE_UP, PER_GPU, PER_TARGET
 from oomguard.ports import free_port
 from oomguard.runtime import Runtime
-from oomguard.web import make_app
+from oomguard.web import RUNTIME, make_app
 
 ROUTING = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
 
-async def _exporter(scenario: str) -> tuple[web.AppRunner, str]:
+async def _exporter(scenario: str | None, **settings: Any) -> tuple[web.AppRunner, str]:
+    """A live exporter on its simulation (`scenario`), or on the targets of `settings` with no GPU."""
+    simulated = {"simulation": {"scenario": scenario, "time_scale": 60}} if scenario else {"nvml": {"enabled": False}}
     config = load_config(
         None,
-        {
-            "simulation": {"scenario": scenario, "time_scale": 60},
-            "events": {"kernel_log": False, "xid": False},
-            "discovery": {"local": "off"},
-        },
+        {**simulated, "events": {"kernel_log": False, "xid": False}, "discovery": {"local": "off"}, **settings},
     )
-    runner = web.AppRunner(make_app(Runtime(config)))
+    runner = web.AppRunner(make_app(Runtime(config, **({} if scenario else {"nvml_lib": None}))))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -69,6 +67,11 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
     loop = asyncio.new_event_loop()
     steady, steady_at = loop.run_until_complete(_exporter("steady"))
     loading, loading_at = loop.run_until_complete(_exporter("loading"))
+    # The steady engine again, under a target whose logs: has a typo.
+    simulation = steady.app[RUNTIME].simulation
+    assert simulation is not None
+    typo_target = {"name": "typo", "url": simulation.url, "local_process": "no", "logs": [str(tmp / "vlm" / "*.log")]}
+    typo, typo_at = loop.run_until_complete(_exporter(None, targets=[typo_target]))
     # The exporters serve from this loop, run in a thread while the Prometheus servers scrape them.
     import threading
 
@@ -80,6 +83,7 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "no-rules": Prometheus(tmp / "no-rules", [steady_at]),
         "no-records": Prometheus(tmp / "no-records", [steady_at], rule_files=[tmp / ALERTS_FILE]),
         "wrong-job": Prometheus(tmp / "wrong-job", [steady_at], rule_files=both, job="gpu-exporter"),
+        "typo": Prometheus(tmp / "typo", [typo_at], rule_files=both),
     }
     routing = yaml.safe_load(ROUTING.read_text())
     nowhere = {
@@ -97,11 +101,12 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
             server.wait_for(f'oomguard_target_state{{job="{job}",state="{state}"}} == 1', 60)
             if state == "up":
                 server.wait_for(f'oomguard_engine_requests_running{{job="{job}"}}', 60)
+        servers["typo"].wait_for('oomguard_event_source_files{job="oomguard"} == 0', 60)
         yield servers, managers
     finally:
         for service in [*servers.values(), *managers.values()]:
             service.stop()
-        for runner in (steady, loading):
+        for runner in (steady, loading, typo):
             asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
@@ -158,6 +163,14 @@ def test_a_job_the_rules_do_not_select_is_a_gap(deployments: Any) -> None:
     code, out = _check(servers["wrong-job"].url)
     assert code == 1
     assert 'the exporter is scraped as job="gpu-exporter", but the rules select {job="oomguard"}' in out, out
+
+
+def test_a_log_pattern_that_follows_no_file_while_the_engine_is_up_is_a_gap(deployments: Any) -> None:
+    servers, _ = deployments
+    code, out = _check(servers["typo"].url)
+    assert code == 1, out
+    assert out.splitlines()[0].startswith(f"{servers['typo'].url}: FAIL, 1 gap"), out
+    assert "/vlm/*.log of target typo on 127.0.0.1:" in out and "follows no file while its engine is up" in out
 
 
 def test_nothing_to_ask_is_a_gap_with_the_reason() -> None:

@@ -222,3 +222,28 @@ def test_a_partial_record_held_when_the_exporter_stops_is_not_lost(tmp_path: Pat
     r.poll()
     assert r.counts["vllm"].total == {"cuda_oom": 1}
     assert r.counts["vllm"].last["cuda_oom"] == 1000.0
+
+
+def test_a_pattern_that_matches_no_file_is_said_once_and_counted_as_following_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A typo in logs: fails nothing: the files followed say it (0), and the log says it once, not every poll."""
+    typo = str(tmp_path / "vlm" / "*.log")
+    r = runner(tmp_path, Clock(), [typo])
+    assert [h.files for h in r.health()] == [None]  # not polled yet: nothing known
+    with caplog.at_level("INFO", logger="oomguard.events.source"):
+        for _ in range(3):
+            r.poll()
+    assert [h.files for h in r.health()] == [0]
+    said = [rec.getMessage() for rec in caplog.records if "follows no file" in rec.getMessage()]
+    assert len(said) == 1 and f"file:{typo}" in said[0] and "matches nothing" in said[0]
+    (tmp_path / "vlm").mkdir()
+    write(tmp_path / "vlm" / "a.log", ["x"])
+    caplog.clear()
+    with caplog.at_level("INFO", logger="oomguard.events.source"):
+        r.poll()
+        r.poll()
+    assert [h.files for h in r.health()] == [1]
+    assert [rec.getMessage() for rec in caplog.records].count(
+        f"event source file:{typo} of 'vllm' now follows 1 file(s)"
+    ) == 1

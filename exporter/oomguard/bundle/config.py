@@ -162,6 +162,7 @@ class Alerts(StrictModel):
     nvml_down: _Sustained
     source_failing: _Sustained
     event_source_errors: EventSourceErrorsAlert
+    event_source_reads_nothing: _Sustained
     xid_error: _Recent
 
 

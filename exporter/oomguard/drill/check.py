@@ -7,7 +7,8 @@ should. Each input is judged by its metric's declared presence (exposition/spec.
 input that exists whenever the exporter runs, a GPU is read, a target is known or an engine
 is up is a gap when missing; one born with its first event is *armed*; one that exists only
 where its condition holds is *absent here*; an engine's figure while the engine loads is
-*loading*. With `--alertmanager URL`, it also says where each severity is routed and whether
+*loading*. A log source of an engine that is up and follows no file is a gap too. With
+`--alertmanager URL`, it also says where each severity is routed and whether
 critical reaches a receiver that sends somewhere.
 
 Exit 1 only for gaps: what makes an alert unable to fire on this deployment.
@@ -136,6 +137,7 @@ def check_deployment(
         state = _check_scrape(report, api, selector)
         if state is not None:
             _check_inputs(report, api, selector, alerts + records, state)
+            _check_event_sources(report, api, selector)
     except (OSError, ValueError, KeyError) as exc:
         report.add(GAP, f"cannot query {prometheus_url}: {exc}")
     if alertmanager_url:
@@ -294,6 +296,25 @@ def _judge(spec: MetricSpec, state: _State) -> tuple[str, str]:
         return ABSENT, "no GPU is read here"
     assert spec.presence == ALWAYS
     return GAP, "exported whenever the exporter runs, and missing: the alerts that read it can never fire"
+
+
+def _check_event_sources(report: CheckReport, api: _Api, selector: str) -> None:
+    """A log source that follows no file counts nothing and fails nothing: a gap while its engine is up."""
+    up = {
+        (r["metric"].get("instance"), r["metric"].get("target"))
+        for r in api.query(f'oomguard_target_state{{state="up",{selector}}} == 1')
+    }
+    for r in api.query(f"oomguard_event_source_files{{{selector}}} == 0"):
+        m = r["metric"]
+        where = f"{m.get('source', '?')} of target {m.get('target', '?')} on {m.get('instance', '?')}"
+        if (m.get("instance"), m.get("target")) in up:
+            report.add(
+                GAP,
+                f"{where} follows no file while its engine is up: its OOMs are never counted (a typo in logs:? "
+                "`oomguard check-config` names the pattern)",
+            )
+        else:
+            report.add(NOTE, f"{where} follows no file yet (its engine is not up)")
 
 
 # -- where alerts go ---------------------------------------------------------------------------------

@@ -257,6 +257,7 @@ class FileFollower:
                 out.append((f.stream_name, lines))
 
         self.stats.bytes_behind = sum(max(0, f.size - f.offset) for f in self._files.values() if f.fd is not None)
+        self.stats.files_followed = sum(1 for f in self._files.values() if not f.rotated)
         return out
 
     def _service(self, f: FollowedFile, now: float, lines: list[str]) -> None:

@@ -71,6 +71,7 @@ def source_health(source: EventSource, stats: ReadStats, read_errors: int = 0) -
         read_errors=stats.read_errors + read_errors,
         lines_truncated=stats.lines_truncated,
         lines_malformed=stats.lines_malformed,
+        files=stats.files_followed,
     )
 
 
@@ -100,13 +101,29 @@ class LogSource:
         self.detector = detector
         self._now = 0.0  # the time of the last poll
         self._report = ErrorReport()
+        self._said_empty = False  # said once that its pattern matches no file
 
     def poll(self, now: float) -> list[Event]:
         self._now = now
         lines = self.reader.poll()
         self._report(self, self.reader.stats.last_error)
+        self._say_when_empty(self.reader.stats.files_followed)
         events = [event for line in lines for event in self.detector.feed(line, now)]
         return events + self.detector.tick(now) + self.detector.take_starts()
+
+    def _say_when_empty(self, files: int | None) -> None:
+        """A pattern that matches no file counts nothing, silently: say so once (a typo is the usual cause), and
+        once more when it matches at last. oomguard_event_source_files says it all along."""
+        if files == 0 and not self._said_empty:
+            self._said_empty = True
+            log.warning(
+                "event source %s of %r follows no file: its pattern matches nothing (a typo? the engine not started "
+                "yet?), so its OOMs are not counted until a file matches",
+                self.name, self.target,
+            )  # fmt: skip
+        elif files and self._said_empty:
+            self._said_empty = False
+            log.info("event source %s of %r now follows %d file(s)", self.name, self.target, files)
 
     def health(self) -> EventSourceHealth:
         return source_health(self, self.reader.stats)

@@ -152,6 +152,16 @@ EVENT_SOURCE_LINES_MALFORMED = metric(
     "Lines not in the source's format (a Kubernetes log line without its CRI header), read as they are.",
     presence=CONDITIONAL,
 )
+EVENT_SOURCE_FILES = metric(
+    SECTION,
+    "event_source_files",
+    "gauge",
+    "",
+    "target source",
+    "Files the source follows now (a log file glob, a pod's logs): 0 means its pattern matches no file (a typo, or "
+    "the engine not started yet), and nothing there is counted. Absent for journald, cgroup and kernel sources.",
+    presence=CONDITIONAL,
+)
 EVENT_STATE_WRITE_ERRORS = metric(
     SECTION,
     "event_state_write_errors",
@@ -185,8 +195,8 @@ METRICS = (
     TARGET_EVENTS, TARGET_LAST_EVENT_TIMESTAMP_SECONDS, TARGET_RESTARTS, TARGET_LAST_RESTART_TIMESTAMP_SECONDS,
     TARGET_STARTUP_SECONDS, TARGET_PROBE_GRACE_SECONDS, HOST_EVENTS, HOST_LAST_EVENT_TIMESTAMP_SECONDS, GPU_EVENTS,
     GPU_LAST_EVENT_TIMESTAMP_SECONDS, EVENT_SOURCE_LINES_READ, EVENT_SOURCE_BYTES_BEHIND, EVENT_SOURCE_READ_ERRORS,
-    EVENT_SOURCE_READ_BYTES, EVENT_SOURCE_LINES_TRUNCATED, EVENT_SOURCE_LINES_MALFORMED, EVENT_STATE_WRITE_ERRORS,
-    EVENT_STATE_READ_ERRORS, GPU_EVENT_READ_ERRORS,
+    EVENT_SOURCE_READ_BYTES, EVENT_SOURCE_LINES_TRUNCATED, EVENT_SOURCE_LINES_MALFORMED, EVENT_SOURCE_FILES,
+    EVENT_STATE_WRITE_ERRORS, EVENT_STATE_READ_ERRORS, GPU_EVENT_READ_ERRORS,
 )  # fmt: skip
 
 
@@ -201,6 +211,8 @@ def add(out: Exposition, snapshot: Snapshot) -> None:
         out.add(EVENT_SOURCE_READ_BYTES, labels, float(health.bytes_read))
         out.add(EVENT_SOURCE_LINES_TRUNCATED, labels, float(health.lines_truncated))
         out.add(EVENT_SOURCE_LINES_MALFORMED, labels, float(health.lines_malformed))
+        if health.files is not None:
+            out.add(EVENT_SOURCE_FILES, labels, float(health.files))
     for target in snapshot.targets:
         counts = snapshot.events.get(target.name, Counts())
         # Zeros from the start for every kind its sources can see: increase() then sees the first event.

@@ -33,7 +33,9 @@ NVML_UP = metric(
     "gauge",
     "",
     "",
-    "1 when the NVML library is loaded and answering; 0 on a host without an NVIDIA driver.",
+    "1 when the NVML library is loaded and answering; 0 on a host without an NVIDIA driver. Absent when "
+    "nvml.enabled is false (a CPU deployment).",
+    presence=CONDITIONAL,
 )
 TARGET_UP = metric(
     SECTION,
