@@ -1,6 +1,6 @@
 """Scrape one engine target: its /metrics (only the families we read) and its /health.
 
-Each target has its own timeout, body size cap and limits (samples, label value length); every request
+Each target has its own timeout, body size cap and limits (samples, label values, labels); every request
 goes through `capped.get`. A failure becomes `up=0` with an error kind, never an exception out of `scrape`;
 a value that is no reading (NaN, negative, a ratio over 1) is dropped and counted, the rest kept
 (engines/base.py). The target's state tells
