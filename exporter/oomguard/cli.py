@@ -266,8 +266,6 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def serve(config: Any, web_config_file: Path | None = None) -> int:
-    from aiohttp import web
-
     from oomguard.runtime import Runtime
     from oomguard.web import make_app
     from oomguard.web_config import WebConfigState, load_web_config
@@ -280,10 +278,11 @@ def serve(config: Any, web_config_file: Path | None = None) -> int:
         except ConfigError as exc:  # a bad file at start stops here; on reload the last good one stays
             print(exc, file=sys.stderr)
             return 1
+        except Exception as exc:  # whatever else the file does: one line, not a traceback
+            print(f"{web_config_file}: cannot load the web configuration: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
     runtime = Runtime(config)
     host, port = parse_listen_address(config.web.listen_address)
     log.info("oomguard %s listening on %s:%d, %d target(s)", __version__, host, port, len(runtime.config.targets))
-    if web_config is None:
-        web.run_app(make_app(runtime), host=host, port=port, print=None, access_log=None)
-        return 0
+    # One listener for both: the connection limit and the header timeout hold without a web configuration too.
     return run(make_app(runtime, web_config), host, port, web_config)

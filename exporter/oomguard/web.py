@@ -19,6 +19,8 @@ from oomguard.exposition.health import render_web_config
 from oomguard.model import Snapshot
 from oomguard.runtime import Runtime
 from oomguard.web_config import WebConfigState
+from oomguard.web_config.auth import AuthBusy
+from oomguard.web_config.server import SERVER_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,7 @@ def make_app(runtime: Runtime, web_config: WebConfigState | None = None) -> web.
     app = web.Application(middlewares=[_guard(web_config)] if web_config else [])
     app[RUNTIME] = runtime
     app[RENDERED] = _Rendered()
+    app.on_response_prepare.append(_server_header)
     if web_config is not None:
         app[WEB_CONFIG] = web_config
 
@@ -57,12 +60,24 @@ def make_app(runtime: Runtime, web_config: WebConfigState | None = None) -> web.
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = SERVER_HEADER  # aiohttp's default names Python's and its own versions
+
+
 def _guard(web_config: WebConfigState) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        auth = web_config.current.auth  # read per request: a reload applies to the next one
-        if auth is not None and not await auth.check(request.headers.get("Authorization")):
-            raise web.HTTPUnauthorized(headers={"WWW-Authenticate": "Basic"}, text="Unauthorized\n")
+        settings = web_config.current  # read per request: a reload applies to the next one
+        # rate_limit before basic auth, as in the toolkit: a refused request costs no bcrypt.
+        if settings.limiter is not None and not settings.limiter.allow():
+            raise web.HTTPTooManyRequests(headers={"Retry-After": "1"}, text="Too Many Requests\n")
+        if settings.auth is not None:
+            try:
+                allowed = await settings.auth.check(request.headers.get("Authorization"), request.remote or "")
+            except AuthBusy:
+                raise web.HTTPTooManyRequests(headers={"Retry-After": "1"}, text="Too Many Requests\n") from None
+            if not allowed:
+                raise web.HTTPUnauthorized(headers={"WWW-Authenticate": "Basic"}, text="Unauthorized\n")
         return await handler(request)
 
     return guard

@@ -11,6 +11,7 @@ from conftest import Pki, bcrypt_hash, web_config_text
 
 from oomguard.config import ConfigError
 from oomguard.web_config import load_web_config
+from oomguard.web_config.model import parse
 from oomguard.web_config.tls import VERIFY_MODES
 
 
@@ -52,12 +53,19 @@ def test_unknown_keys_are_refused_with_a_suggestion(tmp_path: Path, pki: Pki) ->
 
 
 def test_toolkit_keys_oomguard_does_not_serve_are_refused_by_name(tmp_path: Path, pki: Pki) -> None:
-    text = web_config_text(pki) + "rate_limit: {interval: 1s, burst: 20}\n"
-    document = yaml.safe_load(text)
+    document = yaml.safe_load(web_config_text(pki))
     document["tls_server_config"]["cipher_suites"] = ["TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"]
     message = error(tmp_path, yaml.safe_dump(document))
     assert "tls_server_config.cipher_suites: known to the exporter toolkit, not served by oomguard" in message
-    assert "rate_limit: known to the exporter toolkit, not served by oomguard" in message
+
+
+def test_rate_limit_is_read_as_the_toolkit_writes_it(tmp_path: Path, pki: Pki) -> None:
+    file = tmp_path / "web.yml"
+    file.write_text(web_config_text(pki) + "rate_limit: {interval: 1m30s, burst: 20}\n")
+    limit = parse(file).rate_limit
+    assert limit is not None and limit.interval_seconds == 90 and limit.burst == 20
+    assert "rate_limit.interval" in error(tmp_path, "rate_limit: {interval: often, burst: 2}\n")
+    assert "burst: 0 would refuse every request" in error(tmp_path, "rate_limit: {interval: 1s, burst: 0}\n")
 
 
 @pytest.mark.parametrize(
@@ -101,7 +109,7 @@ def test_tls_mistakes_the_toolkit_refuses(tmp_path: Path, pki: Pki) -> None:
 
 def test_unreadable_certificates_are_named(tmp_path: Path, pki: Pki) -> None:
     message = error(tmp_path, web_config_text(pki).replace(str(pki.server.cert), "/nonexistent/server.crt"))
-    assert "tls_server_config.cert_file/key_file" in message and "/nonexistent/server.crt" in message
+    assert "tls_server_config.cert_file" in message and "/nonexistent/server.crt" in message
     message = error(tmp_path, web_config_text(pki).replace(str(pki.server.key), str(pki.client.key)))
     assert "cannot load the pair" in message  # a key that is not the certificate's
 

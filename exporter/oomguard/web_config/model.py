@@ -9,7 +9,9 @@ folder, as the toolkit does.
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,8 +53,17 @@ _NOT_SERVED = {
     "tls_server_config.curve_preferences": "Python's ssl cannot set a list of curves; remove it",
     "tls_server_config.client_allowed_sans": "not implemented: restrict clients with client_ca_file "
     "(a CA that signs only the clients allowed)",
-    "rate_limit": "not implemented; rate-limit in front of oomguard if needed",
 }
+
+# The file is a few hundred bytes; a bound keeps a huge or endless file (/dev/zero) from filling memory.
+MAX_FILE_BYTES = 1 << 20
+# bcrypt doubles its work per cost step: cost 10 took 125 ms, 14 1.5 s on a shared test core, 31 days. Above 14
+# one check holds a core for seconds (every wrong guess costs as much), so such a hash is refused at load.
+MAX_BCRYPT_COST = 14
+# Go's time.Duration text, as the toolkit reads rate_limit.interval: "1s", "250ms", "1m30s".
+_GO_DURATION = re.compile(r"(?:(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))+")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class TlsServerConfig(StrictModel):
@@ -101,12 +112,41 @@ class HttpServerConfig(StrictModel):
         return headers
 
 
+def go_duration_seconds(text: str) -> float:
+    """Seconds of a Go duration ("1s", "1m30s"; "0" is zero); ValueError names the format."""
+    if text.strip() == "0":
+        return 0.0
+    if not _GO_DURATION.fullmatch(text.strip()):
+        raise ValueError(f"{text!r} is not a duration; write it as Go does: 1s, 250ms, 1m30s")
+    return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text.strip()))
+
+
+class RateLimit(StrictModel):
+    """The toolkit's `rate_limit`: one token bucket for the whole listener, a token every `interval`."""
+
+    interval: str = Field("0", description="A token every INTERVAL (a Go duration); 0 turns the limit off.")
+    burst: int = Field(0, ge=0, description="Tokens the bucket holds: requests allowed at once.")
+
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> str:
+        text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+        if text is None:
+            raise ValueError("must be a duration such as 1s or 250ms")
+        go_duration_seconds(text)
+        return text
+
+    @property
+    def interval_seconds(self) -> float:
+        return go_duration_seconds(self.interval)
+
+
 class WebConfigFile(StrictModel):
     tls_server_config: TlsServerConfig | None = None
     http_server_config: HttpServerConfig | None = None
     # Values are secrets: checked after validation, by messages that never print them.
     basic_auth_users: dict[str, str] | None = None
-    rate_limit: Any = None
+    rate_limit: RateLimit | None = None
 
 
 def bcrypt_cost(hashed: str) -> int | None:
@@ -121,15 +161,48 @@ def resolve(base: Path, name: str) -> Path:
     return path if path.is_absolute() else base / path
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
+def read_regular(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """A regular file's bytes, at most `limit`. Opened non-blocking and checked with fstat, so a FIFO,
+    a device or a socket at the path is an error at once instead of a read that never returns."""
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the web configuration file: {exc.strerror}") from None
+        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path}: the {what} is not a regular file (a FIFO, device or socket?); point at a file")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 16, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise ConfigError(f"{path}: the {what} is over {limit} bytes; is it the right file?")
+    return b"".join(chunks)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """The file's top-level mapping; every failure, whatever the bytes, is a ConfigError (never another exception)."""
+    raw = read_regular(path, "web configuration file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 (byte {exc.start} is {raw[exc.start]:#04x}); save it as UTF-8") from None
     try:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML: nested too deep") from None
+    except Exception as exc:  # a parser bug on hostile bytes must not escape a reload
+        raise ConfigError(f"{path}: cannot be read as YAML: {type(exc).__name__}: {exc}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -145,6 +218,8 @@ def parse(path: Path) -> WebConfigFile:
         model = WebConfigFile.model_validate(read_yaml(path))
     except ValidationError as exc:
         raise ConfigError(explain(exc, str(path), WebConfigFile, what="web configuration")) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: the web configuration is nested too deep") from None
     problems = _problems(model)
     if problems:
         raise ConfigError("\n".join([f"{path}: the web configuration is not valid:", *(f"  {p}" for p in problems)]))
@@ -155,8 +230,6 @@ def _problems(model: WebConfigFile) -> list[str]:
     out: list[str] = []
     tls = model.tls_server_config
     set_keys = {f"tls_server_config.{k}" for k in (tls.model_fields_set if tls else ())}
-    if model.rate_limit is not None:
-        set_keys.add("rate_limit")
     out += [f"{key}: known to the exporter toolkit, not served by oomguard: {why}"
             for key, why in _NOT_SERVED.items() if key in set_keys]  # fmt: skip
     if tls is not None and tls.enabled:
@@ -175,9 +248,18 @@ def _problems(model: WebConfigFile) -> list[str]:
     for user, hashed in (model.basic_auth_users or {}).items():
         if ":" in user:
             out.append(f"basic_auth_users.{user}: a user name cannot hold ':' (basic auth splits on it)")
-        if bcrypt_cost(hashed) is None:
+        cost = bcrypt_cost(hashed)
+        if cost is None:
             out.append(
                 f"basic_auth_users.{user}: not a bcrypt hash ($2y$, $2b$ or $2a$, cost 4-31; value not shown); "
                 "make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'"
             )
+        elif cost > MAX_BCRYPT_COST:
+            out.append(
+                f"basic_auth_users.{user}: bcrypt cost {cost} is above {MAX_BCRYPT_COST} (each check would take "
+                f"seconds, each wrong guess too); make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'"
+            )
+    limit = model.rate_limit
+    if limit is not None and limit.interval_seconds > 0 and limit.burst < 1:
+        out.append("rate_limit.burst: 0 would refuse every request; set burst: 1 or more (or interval: 0 for no limit)")
     return out

@@ -1,9 +1,21 @@
-"""Serving the app under a web configuration: the listener, and the loop that reloads the file.
+"""Serving the app: the listener, its guards against hostile clients, and the loop that reloads the web configuration.
 
-A reload that changes only certificates, keys, client CAs, users or headers takes effect
-without touching the listener. One that changes what OpenSSL fixes when a connection begins
-(client_auth_type, TLS versions, TLS on or off: tls.Handshake) replaces the listener on the
+A reload that changes only certificates, keys, users or headers takes effect without
+touching the listener. One that changes what OpenSSL fixes when a connection begins
+(client_auth_type, TLS versions, TLS on or off: tls.Handshake) or the client CAs (a session
+saved under the old CAs would resume without a certificate) replaces the listener on the
 same port; connections already open finish under the old settings, as in the toolkit.
+
+The listener is asyncio's, with a protocol in front of aiohttp's (`_Gate`):
+
+- **A connection limit** below the process's file-descriptor limit (`connection_limit`):
+  a connection over it is closed at once, before any TLS handshake, so slow clients can
+  never take the descriptors a scrape (or a log file) needs.
+- **A header-read timeout**: the TLS handshake, and each request's head (from the
+  connection's start, or the end of the last response), must arrive within
+  `header_timeout` seconds, or the connection is closed.
+- No version in the `Server` header; errors of the loop (an accept that fails) logged once
+  per interval with a count, never once per connection.
 """
 
 from __future__ import annotations
@@ -11,14 +23,140 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
+import ssl
+import time
+from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from oomguard.web_config.state import WebConfigState
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 3.0
+# Prometheus sends a request's head in one packet; 15 s is far above any real client and closes a slow one.
+HEADER_TIMEOUT_SECONDS = 15.0
+SERVER_HEADER = "oomguard"  # no versions: they tell an attacker which CVEs to try
+LOG_EVERY_SECONDS = 60.0
+
+
+def connection_limit(soft_limit: int | None = None) -> int:
+    """Connections served at once: the descriptor limit less a quarter (at least 64) kept for everything
+    else (NVML, /proc, logs, the engines' scrapes). 768 under systemd's default of 1024."""
+    if soft_limit is None:
+        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft_limit == resource.RLIM_INFINITY or soft_limit > 1 << 20:
+        soft_limit = 1 << 20
+    return max(8, soft_limit - max(64, soft_limit // 4))
+
+
+class Throttled:
+    """One log line per key per interval, with how many were not logged since: a flood never floods the log."""
+
+    def __init__(self, every: float = LOG_EVERY_SECONDS) -> None:
+        self._every = every
+        self._last: dict[str, float] = {}
+        self._skipped: dict[str, int] = {}
+
+    def log(self, level: int, key: str, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last.get(key, -self._every) < self._every:
+            self._skipped[key] = self._skipped.get(key, 0) + 1
+            return
+        skipped = self._skipped.pop(key, 0)
+        self._last[key] = now
+        more = f" ({skipped} more in the last {self._every:g} s)" if skipped else ""
+        log.log(level, "%s%s", message, more)
+
+
+class _Handler(RequestHandler):
+    """aiohttp's request handler, telling the gate when its connection ends, and with no versions in the
+    Server header of the errors it answers itself (400 for a malformed request)."""
+
+    release: Any = None
+
+    def handle_error(self, request: Any, status: int = 500, exc: Any = None, message: Any = None) -> web.StreamResponse:
+        response = super().handle_error(request, status, exc, message)
+        response.headers["Server"] = SERVER_HEADER
+        return response
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.release is not None:
+            self.release()
+            self.release = None
+        super().connection_lost(exc)
+
+
+class Listener:
+    """One listening socket and its connections' accounting; `connections` counts those open (TLS handshakes too)."""
+
+    def __init__(self, server: Server, context: ssl.SSLContext | None) -> None:
+        self._server = server
+        self.context = context
+        self.asyncio_server: asyncio.Server | None = None
+
+    def __call__(self) -> asyncio.Protocol:
+        return _Gate(self._server, self.context)
+
+    async def close(self) -> None:
+        if self.asyncio_server is not None:
+            self.asyncio_server.close()
+
+
+class _Gate(asyncio.Protocol):
+    """Admits a connection or closes it at once; then hands it (after the TLS handshake) to aiohttp."""
+
+    def __init__(self, server: Server, context: ssl.SSLContext | None) -> None:
+        self._server = server
+        self._context = context
+        self._released = False
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._server.connections -= 1
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self._server
+        if server.connections >= server.connection_limit:
+            server.refused_connections += 1
+            server.throttled.log(
+                logging.WARNING,
+                "refused",
+                f"refused a connection: {server.connections} open, the limit is {server.connection_limit}",
+            )
+            transport.abort()
+            return
+        server.connections += 1
+        handler = server.new_handler()
+        handler.release = self._release
+        assert isinstance(transport, asyncio.Transport)
+        if self._context is None:
+            transport.set_protocol(handler)
+            handler.connection_made(transport)
+            return
+        transport.pause_reading()  # no byte for this protocol: start_tls reads the handshake
+        server.track(asyncio.get_running_loop().create_task(self._start_tls(transport, handler)))
+
+    async def _start_tls(self, transport: asyncio.Transport, handler: _Handler) -> None:
+        assert self._context is not None
+        loop = asyncio.get_running_loop()
+        try:
+            secured = await loop.start_tls(
+                transport, handler, self._context, server_side=True, ssl_handshake_timeout=self._server.header_timeout
+            )
+        except Exception:  # a failed handshake (no certificate, a stranger's, too slow) is routine: no log line
+            secured = None
+        if secured is None:
+            transport.abort()
+            self._release()
+            return
+        handler.connection_made(secured)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        pass  # before start_tls took the transport over: start_tls fails, and releases
 
 
 class Server:
@@ -27,24 +165,43 @@ class Server:
         app: web.Application,
         host: str,
         port: int,
-        state: WebConfigState,
+        state: WebConfigState | None,
         *,
         poll_seconds: float = POLL_SECONDS,
         handle_signals: bool = False,
+        header_timeout: float = HEADER_TIMEOUT_SECONDS,
+        max_connections: int | None = None,
     ) -> None:
-        self._runner = web.AppRunner(app, handle_signals=handle_signals, access_log=None)
+        # keepalive_timeout is aiohttp's wait for the next request's head, from the connection's start
+        # and after each response: the header-read timeout.
+        self._handler_kwargs: dict[str, Any] = {"access_log": None, "keepalive_timeout": header_timeout}
+        self._runner = web.AppRunner(app, handle_signals=handle_signals, **self._handler_kwargs)
         self._host = host
         self._port = port
         self._state = state
         self._poll_seconds = poll_seconds
-        self._site: web.TCPSite | None = None
-        self._handshake = state.current.handshake
+        self.header_timeout = header_timeout
+        self.connection_limit = max_connections if max_connections is not None else connection_limit()
+        self.connections = 0
+        self.refused_connections = 0
+        self.throttled = Throttled()
+        self._listener: Listener | None = None
+        self._listener_key = state.current.listener_key if state else None
         self._watch: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def port(self) -> int:
         """The bound port (the one asked for, or the one given for port 0)."""
         return self._port
+
+    def new_handler(self) -> _Handler:
+        assert self._runner.server is not None
+        return _Handler(self._runner.server, loop=asyncio.get_running_loop(), **self._handler_kwargs)
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def start(self) -> None:
         await self._runner.setup()  # starts the runtime (the app's cleanup context)
@@ -52,10 +209,15 @@ class Server:
         self._watch = asyncio.get_running_loop().create_task(self._reload_forever(), name="web-config-reload")
 
     async def stop(self) -> None:
+        """Always reaches the runner's cleanup (the runtime's stop: the simulated engine's children)."""
         if self._watch is not None:
             self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._watch
+        if self._listener is not None:
+            await self._listener.close()
+        for task in list(self._tasks):
+            task.cancel()
         await self._runner.cleanup()
 
     async def serve_forever(self) -> None:
@@ -67,30 +229,48 @@ class Server:
             await self.stop()
 
     async def _listen(self) -> None:
-        settings = self._state.current
-        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=settings.ssl_context)
-        await site.start()
-        self._site, self._handshake = site, settings.handshake
+        context = self._state.current.ssl_context if self._state else None
+        listener = Listener(self, context)
+        loop = asyncio.get_running_loop()
+        listener.asyncio_server = await loop.create_server(listener, self._host, self._port, reuse_address=True)
+        self._listener = listener
+        self._listener_key = self._state.current.listener_key if self._state else None
         # A restart must come back on the same port, also when 0 asked for any.
-        self._port = self._runner.addresses[-1][1]
-        scheme = "https" if settings.ssl_context else "http"
-        log.info("serving %s on %s:%d: %s", scheme, self._host, self._port, settings.describe())
+        self._port = listener.asyncio_server.sockets[0].getsockname()[1]
+        scheme = "https" if context else "http"
+        what = self._state.current.describe() if self._state else "no web configuration"
+        log.info(
+            "serving %s on %s:%d: %s; at most %d connections, %g s for a request's head",
+            scheme, self._host, self._port, what, self.connection_limit, self.header_timeout,
+        )  # fmt: skip
 
     async def _reload_forever(self) -> None:
+        if self._state is None:
+            await asyncio.Event().wait()  # nothing to reload: serve until cancelled
+        assert self._state is not None
         while True:
             await asyncio.sleep(self._poll_seconds)
-            if await self._state.poll() and self._state.current.handshake != self._handshake:
-                assert self._site is not None
-                log.info("the TLS handshake settings changed: replacing the listener")
-                await self._site.stop()
+            if await self._state.poll() and self._state.current.listener_key != self._listener_key:
+                assert self._listener is not None
+                log.info("the TLS handshake settings or client CAs changed: replacing the listener")
+                await self._listener.close()
                 # An error here ends serve_forever: better an exit (and a restart by systemd) than no listener.
                 await self._listen()
 
 
-def run(app: web.Application, host: str, port: int, state: WebConfigState) -> int:
-    """Serve until SIGINT or SIGTERM, as web.run_app does, with the web configuration's listener and reloads."""
+def run(app: web.Application, host: str, port: int, state: WebConfigState | None) -> int:
+    """Serve until SIGINT or SIGTERM, as web.run_app does, with the guarded listener and the reloads."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    throttled = Throttled()
+
+    def loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        # asyncio logs each failed accept (EMFILE) with a traceback: one line per kind per interval instead.
+        exc = context.get("exception")
+        message = str(context.get("message", "event loop error"))
+        throttled.log(logging.ERROR, message, f"{message}: {exc!r}" if exc else message)
+
+    loop.set_exception_handler(loop_error)
     main = loop.create_task(Server(app, host, port, state, handle_signals=True).serve_forever())
     status = 0
     try:
@@ -100,10 +280,13 @@ def run(app: web.Application, host: str, port: int, state: WebConfigState) -> in
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", host, port, exc)
         status = 1
+    except Exception as exc:  # one line, never a traceback; stop() has run (serve_forever's finally)
+        log.error("oomguard stops: %s: %s", type(exc).__name__, exc)
+        status = 1
     finally:
         if not main.done():
             main.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 loop.run_until_complete(main)
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()

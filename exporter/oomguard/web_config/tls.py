@@ -12,7 +12,9 @@ Python's ssl cannot do what Go does, the mapping errs on the strict side (docs/s
 from __future__ import annotations
 
 import logging
+import os
 import ssl
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +71,16 @@ def _encrypted_key() -> bytes:
     raise ConfigError("the key is encrypted; the toolkit's format takes an unencrypted key_file")
 
 
+def _regular(path: Path, key: str, source: str) -> None:
+    """OpenSSL reads the files itself, with blocking reads: a FIFO there would hang a reload for good."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ConfigError(f"{source}: tls_server_config.{key} ({path}): cannot read it: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{source}: tls_server_config.{key} ({path}): not a regular file; point at a PEM file")
+
+
 def build_context(tls: TlsServerConfig, base: Path, source: str) -> ssl.SSLContext:
     """Reads the certificate, key and client CAs now (blocking: call it off the event loop)."""
     shape = handshake(tls)
@@ -84,6 +96,8 @@ def build_context(tls: TlsServerConfig, base: Path, source: str) -> ssl.SSLConte
         context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
     assert tls.cert_file and tls.key_file, "model.parse refuses TLS without them"
     cert, key = resolve(base, tls.cert_file), resolve(base, tls.key_file)
+    _regular(cert, "cert_file", source)
+    _regular(key, "key_file", source)
     try:
         context.load_cert_chain(cert, key, password=_encrypted_key)
     except ConfigError as exc:
@@ -96,6 +110,7 @@ def build_context(tls: TlsServerConfig, base: Path, source: str) -> ssl.SSLConte
     if shape.verify_mode != ssl.CERT_NONE:
         if tls.client_ca_file:
             ca = resolve(base, tls.client_ca_file)
+            _regular(ca, "client_ca_file", source)
             try:
                 context.load_verify_locations(cafile=ca)
             except OSError as exc:
