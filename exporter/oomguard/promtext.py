@@ -59,7 +59,12 @@ class FamilyExtractor:
     def __init__(self, names: Iterable[str], limits: Limits | None = None) -> None:
         self.names = frozenset(names)
         self.limits = limits
-        alternation = "|".join(re.escape(n) for n in sorted(self.names, key=len, reverse=True))
+        # `vllm:num_requests_waiting` is also served as `vllm_num_requests_waiting` (some prometheus_client versions,
+        # OpenMetrics' underscore escaping, a relabelling proxy): both spellings read, under the engine's name.
+        self._canonical = {n.replace(":", "_"): n for n in self.names if ":" in n}
+        self._canonical = {alias: n for alias, n in self._canonical.items() if alias not in self.names}
+        spellings = self.names | self._canonical.keys()
+        alternation = "|".join(re.escape(n) for n in sorted(spellings, key=len, reverse=True))
         # name, optional {labels}, value; a timestamp may follow and is ignored.
         self._line = re.compile(rf"^({alternation})(?:\{{([^\n]*)\}})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*\r?$", re.M)
 
@@ -67,10 +72,11 @@ class FamilyExtractor:
         """The samples of the families, by name. ExpositionError on a malformed sample or a series written twice
         (the same name and labels: a broken or hostile body, never summed)."""
         found: dict[str, list[Sample]] = {}
-        seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+        seen: dict[tuple[str, frozenset[tuple[str, str]]], str] = {}  # each series -> the spelling it came in
         limits = self.limits
         for match in self._line.finditer(body):
-            name, label_text, value_text = match.groups()
+            spelled, label_text, value_text = match.groups()
+            name = self._canonical.get(spelled, spelled)
             if limits is not None and label_text and label_text.count('="') > limits.labels:  # before parsing them
                 raise LimitExceeded(
                     f"{name} has more than {limits.labels} labels, over the label limit: raise label_limit (the "
@@ -81,8 +87,10 @@ class FamilyExtractor:
                 _check_limits(name, labels, label_text, len(seen), limits)
             key = (name, frozenset(labels.items()))
             if key in seen:
+                if seen[key] != spelled:
+                    continue  # the same series in both spellings (a proxy that adds one): read once, the first
                 raise ExpositionError(f"the series {name}{_show(labels)} is written more than once")
-            seen.add(key)
+            seen[key] = spelled
             found.setdefault(name, []).append(Sample(name, labels, _parse_value(value_text, name)))
         return found
 

@@ -102,7 +102,7 @@ def busy_snapshot() -> Snapshot:
         trend_errors_total=1,
         events={"vllm-0": Counts({"cuda_oom": 4}, {"cuda_oom": 1.7e9 + 3000}), HOST: Counts({"kernel_oom_kill": 1})},
         event_sources=(
-            EventSourceHealth("vllm-0", "file:/var/log/vllm.log", LOG_EVENT_KINDS, 10, 2048, 0, 0, 1, 0),
+            EventSourceHealth("vllm-0", "file:/var/log/vllm.log", LOG_EVENT_KINDS, 10, 2048, 0, 0, 1, 0, files=1),
             EventSourceHealth(HOST, "kernel:/dev/kmsg", HOST_EVENT_KINDS, 3, 300, 0, 1),
         ),
         event_state_write_errors=0,

@@ -2,7 +2,7 @@
 
 The server writes one unlabelled series per family under the `llamacpp:` prefix
 (tools/server/server-task.cpp). Its KV cache ratio (`llamacpp:kv_cache_usage_ratio`) was
-removed upstream; the slots' state is read apart, from `/slots` (slots.py).
+removed upstream: read where an older build still writes it, else from `/slots` (slots.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from oomguard.promtext import ExpositionError, Sample, finite
 
 RUNNING = "llamacpp:requests_processing"  # slots working on a request
 WAITING = "llamacpp:requests_deferred"  # requests waiting for a free slot
+KV_USAGE_OLD = "llamacpp:kv_cache_usage_ratio"  # removed upstream in 2025; older builds still write it
 
 
 def _value(samples: dict[str, list[Sample]], name: str) -> float | None:
@@ -25,7 +26,7 @@ class LlamaCppReader:
     metrics_path: ClassVar[str] = "/metrics"
     # 503 {"error": {"message": "Loading model"}} while it loads, then 200: never up yet reads "loading".
     health_path: ClassVar[str] = "/health"
-    families: ClassVar[frozenset[str]] = frozenset({RUNNING, WAITING})
+    families: ClassVar[frozenset[str]] = frozenset({RUNNING, WAITING, KV_USAGE_OLD})
 
     def read(self, samples: dict[str, list[Sample]]) -> EngineReading:
         if RUNNING not in samples and WAITING not in samples:
@@ -35,7 +36,7 @@ class LlamaCppReader:
             )
         model = ModelReading(
             model_name="",  # its metrics name no model
-            kv_cache_usage_ratio=None,  # not in /metrics any more: /slots (slots.py)
+            kv_cache_usage_ratio=_value(samples, KV_USAGE_OLD),  # else /slots (slots.py), as in current builds
             requests_waiting=_value(samples, WAITING),
             requests_running=_value(samples, RUNNING),
         )
