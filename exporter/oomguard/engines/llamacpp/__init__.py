@@ -16,15 +16,17 @@ PLUGIN = EnginePlugin(
     families_table=(
         FamilyRow(
             "`oomguard_engine_kv_cache_usage_ratio`",
-            "`GET /slots` on each scrape: the tokens of the slots at work (`n_prompt_tokens`) over all slots' "
-            "`n_ctx`; absent with `--no-slots` (501)",
+            "`llamacpp:kv_cache_usage_ratio` where an older build still writes it; else `GET /slots` on each "
+            "scrape: the tokens of the slots at work (`n_prompt_tokens`) over all slots' `n_ctx`; absent with "
+            "`--no-slots` (501)",
         ),
         FamilyRow("`oomguard_engine_requests_waiting`", "`llamacpp:requests_deferred`"),
         FamilyRow("`oomguard_engine_requests_running`", "`llamacpp:requests_processing`"),
     ),
     aggregation_note=(
         "llama-server exports unlabelled series: nothing to aggregate, and `model_name` is empty.\n"
-        "Its KV cache ratio was removed upstream (read from `/slots` instead); its context is allocated whole at\n"
+        "Its KV cache ratio was removed upstream (read where an older build has it, else from `/slots`); its\n"
+        "context is allocated whole at "
         "start, so it has no reservation."
     ),
     kv_usage=fetch_kv_usage_ratio,
