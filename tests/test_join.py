@@ -3,11 +3,14 @@ parallelism with one GPU climbing, remote engines, sleep mode, reservations that
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from oomguard.join import join_gpus, join_targets
 from oomguard.model import (
     EngineReading,
+    EngineSetting,
     GpuProcess,
     GpuReading,
     NvmlReading,
@@ -125,3 +128,66 @@ def test_reservations_that_take_the_whole_gpu() -> None:
     _, gpus = joined([gpu(0, (WORKER_0, 0.6 * TOTAL), (2000, 0.35 * TOTAL), (OTHER, IDLE))], a, b)
     assert gpus[0].reserved_bytes == pytest.approx(1.1 * TOTAL)
     assert gpus[0].headroom_used_ratio == 1.0  # no headroom at all, and something else is in use
+
+
+# -- the reservation an engine was told, while it does not report one (issue 24: warm-up) ---------------------------
+def warming(
+    settings: dict[str, EngineSetting], *, state: str = "loading", reading: EngineReading | None = None
+) -> TargetReading:
+    """A local vLLM whose /metrics refuses (loading: its KV cache allocated, its CUDA graphs being captured)."""
+    process = ProcessTree(ENGINE, frozenset({ENGINE, WORKER_0}), 2 * GIB, 0.0)
+    return TargetReading("vllm", "vllm", "http://127.0.0.1:8000", (), reading is not None, state, 0.01, None, None,
+                         reading, error_kind="refused", process=process, settings=settings)  # fmt: skip
+
+
+def test_a_warming_engine_is_judged_above_the_reservation_it_was_told() -> None:
+    # 0.95 told on its command line, the pool allocated: NVML reads 95.6 %, of which 0.5 GiB is not the engine's.
+    memory, gpus = joined(
+        [gpu(0, (WORKER_0, 0.95 * TOTAL), (OTHER, IDLE))],
+        warming({"gpu_memory_utilization": EngineSetting(0.95, "flag")}),
+    )
+    g = gpus[0]
+    assert g.used_bytes / g.total_bytes == pytest.approx(0.956, abs=1e-3)
+    assert g.reserved_bytes == pytest.approx(0.95 * TOTAL)
+    assert g.headroom_used_ratio == pytest.approx(IDLE / (0.05 * TOTAL))  # 12.5 %: far from any threshold
+    assert memory["vllm"].budget_bytes == pytest.approx(0.95 * TOTAL)
+    assert memory["vllm"].over_budget_bytes == pytest.approx(0.0)
+
+
+def test_sglangs_mem_fraction_static_is_a_reservation_too() -> None:
+    target = replace(warming({"mem_fraction_static": EngineSetting(0.88, "flag")}), engine="sglang")
+    _, gpus = joined([gpu(0, (WORKER_0, 0.88 * TOTAL))], target)
+    assert gpus[0].reserved_bytes == pytest.approx(0.88 * TOTAL)
+
+
+def test_the_value_the_engine_reports_wins_over_the_one_it_was_told() -> None:
+    reading = EngineReading((), memory_utilization_ratio=0.80)
+    target = warming({"gpu_memory_utilization": EngineSetting(0.95, "flag")}, state="up", reading=reading)
+    _, gpus = joined([gpu(0, (WORKER_0, 0.80 * TOTAL))], target)
+    assert gpus[0].reserved_bytes == pytest.approx(0.80 * TOTAL)
+
+
+def test_an_engine_up_without_its_own_value_keeps_the_one_it_was_told() -> None:
+    # SGLang before its /server_info answered: its /metrics has no reservation yet.
+    target = warming({"mem_fraction_static": EngineSetting(0.9, "flag")}, state="up", reading=EngineReading(()))
+    _, gpus = joined([gpu(0, (WORKER_0, 0.90 * TOTAL))], target)
+    assert gpus[0].reserved_bytes == pytest.approx(0.90 * TOTAL)
+
+
+@pytest.mark.parametrize(
+    ("state", "reading"),
+    [("down", None), ("up", EngineReading((), sleep_state="discard_all"))],
+    ids=["down: its memory went with it", "asleep: its memory released"],
+)
+def test_no_told_reservation_for_an_engine_that_holds_nothing(state: str, reading: EngineReading | None) -> None:
+    target = warming({"gpu_memory_utilization": EngineSetting(0.95, "flag")}, state=state, reading=reading)
+    _, gpus = joined([gpu(0, (WORKER_0, 1 * GIB), (OTHER, 0.9 * TOTAL))], target)
+    assert gpus == {}  # judged on used/total: 91 %, which is someone else's
+
+
+@pytest.mark.parametrize("value", [0.0, 1.5])
+def test_a_told_value_that_is_no_share_is_no_reservation(value: float) -> None:
+    _, gpus = joined(
+        [gpu(0, (WORKER_0, 0.95 * TOTAL))], warming({"gpu_memory_utilization": EngineSetting(value, "flag")})
+    )
+    assert gpus == {}

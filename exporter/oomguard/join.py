@@ -9,6 +9,12 @@ grow on such a GPU, and run it out of memory, is the use beyond the reservations
 engines' own beyond theirs (activations, late CUDA graphs, NCCL buffers, a leak) and
 every other process. `GpuMemory.headroom_used_ratio` judges that against the headroom
 the reservations leave; docs/runbooks.md works the numbers.
+
+The reservation is the engine's own (its /metrics, or SGLang's /server_info) once it reports
+one; until then (an engine loading or warming up refuses /metrics for minutes, with its KV
+cache already allocated) it is the one it was told: its setting from its command line or its
+pod's container args (`TargetReading.settings`, RESERVATION_SETTINGS). `reservation` is that
+one rule, for both joins.
 """
 
 from __future__ import annotations
@@ -16,6 +22,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from oomguard.model import GpuMemory, GpuReading, NvmlReading, ProcessTree, TargetMemory, TargetReading
+
+# The settings that are a share of each GPU's total taken at start, as the engine reports it (vLLM, SGLang).
+RESERVATION_SETTINGS = ("gpu_memory_utilization", "mem_fraction_static")
+# The states in which a target's processes hold what they were told: loading (the pool is allocated before the
+# engine serves) and up. A down engine's memory is gone with it, or its state unknown: no reservation assumed.
+_TOLD_STATES = ("loading", "up")
+
+
+def reservation(t: TargetReading, *, awake: bool = True) -> float | None:
+    """The target's reservation ratio: the engine's own once it reports one, else its setting as started while it
+    loads or is up. `awake`: None for an engine asleep (its memory released), as the engine's own value is."""
+    reading = t.engine_reading
+    if reading is not None and reading.memory_utilization_ratio is not None:
+        return reading.reservation_ratio if awake else reading.memory_utilization_ratio
+    if awake and reading is not None and reading.asleep:
+        return None
+    if t.state not in _TOLD_STATES:
+        return None
+    told = [s.value for name in RESERVATION_SETTINGS if (s := t.settings.get(name)) is not None]
+    # Only a share of the total: a value outside (0, 1] is no reservation (the engine would refuse it too).
+    return told[0] if told and 0 < told[0] <= 1 else None
 
 
 def target_gpus(configured: tuple[int, ...], process: ProcessTree | None, gpus: Mapping[int, GpuReading]) -> list[int]:
@@ -97,21 +124,18 @@ def up_gpus(gpus: tuple[GpuReading, ...]) -> dict[int, GpuReading]:
 def join_targets(nvml: NvmlReading | None, targets: Iterable[TargetReading]) -> dict[str, TargetMemory]:
     """Every target of a collection joined with the GPUs NVML read (none when it did not)."""
     gpus = up_gpus(nvml.gpus) if nvml is not None else {}
-    return {
-        t.name: join(t.gpus, t.process, gpus, t.engine_reading.memory_utilization_ratio if t.engine_reading else None)
-        for t in targets
-    }
+    return {t.name: join(t.gpus, t.process, gpus, reservation(t, awake=False)) for t in targets}
 
 
 def join_gpus(
     nvml: NvmlReading | None, targets: Iterable[TargetReading], memory: Mapping[str, TargetMemory]
 ) -> dict[int, GpuMemory]:
-    """Every GPU on which an awake engine with a known gpu_memory_utilization runs, with its engines."""
+    """Every GPU on which an awake engine with a known reservation (`reservation`) runs, with its engines."""
     if nvml is None:
         return {}
     engines_on: dict[int, list[tuple[float, dict[int, float] | None]]] = {}
     for t in targets:
-        ratio = t.engine_reading.reservation_ratio if t.engine_reading else None
+        ratio = reservation(t)
         joined = memory.get(t.name)
         if ratio is None or joined is None:
             continue
