@@ -18,6 +18,8 @@ ERROR_KINDS = ("timeout", "refused", "tls", "http_status", "too_large", "limit",
 # Why an engine's value was dropped from its reading (engines/base.py): NaN or infinite, negative, a ratio over 1.
 VALUE_REJECT_REASONS = ("non_finite", "negative", "out_of_range")
 TREND_STATES = ("steady", "sawtooth", "climbing", "spike", "saturated")
+# The figures of an engine the alerts read (oomguard_engine_figure_read{figure}); each engine gives some of them.
+FIGURES = ("kv_cache_usage", "requests_waiting", "requests_running", "preemptions", "reservation")
 # vLLM's sleep mode: level 1 offloads the weights, level 2 discards them; both free the KV cache.
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 # The parts of an engine's GPU memory it can tell apart (oomguard_engine_memory_bytes{component}).
@@ -143,6 +145,8 @@ class TargetReading:
     process: ProcessTree | None = None
     errors_total: dict[str, int] = field(default_factory=dict)
     values_rejected_total: dict[str, int] = field(default_factory=dict)  # by VALUE_REJECT_REASONS
+    # Each figure its engine gives (EnginePlugin.figures) -> whether this reading has it; empty when not read.
+    figures_read: dict[str, bool] = field(default_factory=dict)
     restarts_total: int = 0
     last_restart_at: float | None = None
     startup_seconds: float | None = None  # the last start we watched, launch to first /health 200

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from aiohttp import web
-from support import REPO
+from support import FIXTURES, REPO
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
@@ -46,6 +46,27 @@ async def _exporter(scenario: str | None, **settings: Any) -> tuple[web.AppRunne
     return runner, f"127.0.0.1:{port}"
 
 
+async def _renamed_engine() -> tuple[web.AppRunner, str]:
+    """A vLLM /metrics whose KV family has a name no version of oomguard reads, and a /health that says 200."""
+    body = (FIXTURES / "vllm" / "vllm-0.32.0-cpu-under-load.txt").read_text()
+    body = body.replace("vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_fraction")
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=body)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
 def _check(url: str, *extra: str) -> tuple[int, str]:
     """`oomguard drill --check URL`, as a user runs it."""
     done = subprocess.run(
@@ -72,6 +93,11 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
     assert simulation is not None
     typo_target = {"name": "typo", "url": simulation.url, "local_process": "no", "logs": [str(tmp / "vlm" / "*.log")]}
     typo, typo_at = loop.run_until_complete(_exporter(None, targets=[typo_target]))
+    # A vLLM whose KV family was renamed by an upgrade: up, read, and its KV alerts blind.
+    engine, engine_url = loop.run_until_complete(_renamed_engine())
+    renamed, renamed_at = loop.run_until_complete(
+        _exporter(None, targets=[{"name": "renamed", "url": engine_url, "local_process": "no"}])
+    )
     # The exporters serve from this loop, run in a thread while the Prometheus servers scrape them.
     import threading
 
@@ -84,6 +110,7 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "no-records": Prometheus(tmp / "no-records", [steady_at], rule_files=[tmp / ALERTS_FILE]),
         "wrong-job": Prometheus(tmp / "wrong-job", [steady_at], rule_files=both, job="gpu-exporter"),
         "typo": Prometheus(tmp / "typo", [typo_at], rule_files=both),
+        "renamed": Prometheus(tmp / "renamed", [renamed_at], rule_files=both),
     }
     routing = yaml.safe_load(ROUTING.read_text())
     nowhere = {
@@ -102,11 +129,12 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
             if state == "up":
                 server.wait_for(f'oomguard_engine_requests_running{{job="{job}"}}', 60)
         servers["typo"].wait_for('oomguard_event_source_files{job="oomguard"} == 0', 60)
+        servers["renamed"].wait_for('oomguard_engine_figure_read{job="oomguard"} == 0', 60)
         yield servers, managers
     finally:
         for service in [*servers.values(), *managers.values()]:
             service.stop()
-        for runner in (steady, loading, typo):
+        for runner in (steady, loading, typo, renamed, engine):
             asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
@@ -171,6 +199,14 @@ def test_a_log_pattern_that_follows_no_file_while_the_engine_is_up_is_a_gap(depl
     assert code == 1, out
     assert out.splitlines()[0].startswith(f"{servers['typo'].url}: FAIL, 1 gap"), out
     assert "/vlm/*.log of target typo on 127.0.0.1:" in out and "follows no file while its engine is up" in out
+
+
+def test_an_up_engine_without_a_figure_it_gives_is_a_gap(deployments: Any) -> None:
+    servers, _ = deployments
+    code, out = _check(servers["renamed"].url)
+    assert code == 1, out
+    assert out.splitlines()[0].startswith(f"{servers['renamed'].url}: FAIL, 1 gap"), out
+    assert "target renamed on 127.0.0.1:" in out and "answers without its kv_cache_usage" in out
 
 
 def test_nothing_to_ask_is_a_gap_with_the_reason() -> None:

@@ -84,6 +84,7 @@ def busy_snapshot() -> Snapshot:
                 last_restart_at=1.7e9 + 3600,
                 startup_seconds=95.5,
                 probe_grace_seconds=65.0,
+                figures_read={"kv_cache_usage": True, "preemptions": False},
                 settings={
                     "max_num_seqs": EngineSetting(256.0, "flag"),
                     "gpu_memory_utilization": EngineSetting(0.9, "default"),

@@ -163,6 +163,7 @@ class Alerts(StrictModel):
     source_failing: _Sustained
     event_source_errors: EventSourceErrorsAlert
     event_source_reads_nothing: _Sustained
+    engine_figure_missing: _Sustained
     xid_error: _Recent
 
 

@@ -4,10 +4,12 @@ It asks, in order: are the bundle's alerts and recording rules loaded, and are t
 bundle's (not an older one's); does Prometheus scrape an exporter under the job the rules
 select, and is it up; are its targets up; does every input of every alert exist where it
 should. Each input is judged by its metric's declared presence (exposition/spec.py): an
-input that exists whenever the exporter runs, a GPU is read, a target is known or an engine
-is up is a gap when missing; one born with its first event is *armed*; one that exists only
+input that exists whenever the exporter runs, a GPU is read or a target is known is a gap when
+missing; an engine's figure, when an up engine that gives it lacks it
+(oomguard_engine_figure_read); one born with its first event is *armed*; one that exists only
 where its condition holds is *absent here*; an engine's figure while the engine loads is
-*loading*. A log source of an engine that is up and follows no file is a gap too. With
+*loading*. A log source of an engine that is up and follows no file is a gap too, and so is
+an up engine's figure that its /metrics lacks (a renamed metric). With
 `--alertmanager URL`, it also says where each severity is routed and whether
 critical reaches a receiver that sends somewhere.
 
@@ -138,6 +140,7 @@ def check_deployment(
         if state is not None:
             _check_inputs(report, api, selector, alerts + records, state)
             _check_event_sources(report, api, selector)
+            _check_figures(report, api, selector)
     except (OSError, ValueError, KeyError) as exc:
         report.add(GAP, f"cannot query {prometheus_url}: {exc}")
     if alertmanager_url:
@@ -282,7 +285,9 @@ def _judge(spec: MetricSpec, state: _State) -> tuple[str, str]:
         return ABSENT, "only where its condition holds (docs/metrics.md)"
     if spec.presence == ENGINE_UP:
         if state.up:
-            return GAP, f"{state.up} target(s) up, and none gives it: the alerts that read it can never fire"
+            # Not every engine gives every figure (TGI no KV use): one that should and does not is a gap of its own,
+            # from oomguard_engine_figure_read (below).
+            return ABSENT, f"none of the {state.up} engine(s) up gives it"
         if state.loading:
             return LOADING, "loading: appears when the engine answers"
         return ABSENT, "no engine target is up here"
@@ -315,6 +320,18 @@ def _check_event_sources(report: CheckReport, api: _Api, selector: str) -> None:
             )
         else:
             report.add(NOTE, f"{where} follows no file yet (its engine is not up)")
+
+
+def _check_figures(report: CheckReport, api: _Api, selector: str) -> None:
+    """A figure its engine gives, missing from an up target's /metrics: a renamed metric, its alerts silent."""
+    for r in api.query(f"oomguard_engine_figure_read{{{selector}}} == 0"):
+        m = r["metric"]
+        report.add(
+            GAP,
+            f"target {m.get('target', '?')} on {m.get('instance', '?')} answers without its {m.get('figure', '?')} "
+            "under any name oomguard reads: the alerts on it cannot fire (an engine upgrade renamed it? "
+            "docs/runbooks.md#oomguardenginefiguremissing)",
+        )
 
 
 # -- where alerts go ---------------------------------------------------------------------------------

@@ -78,6 +78,9 @@ class EnginePlugin:
     reservation: ReservationFetcher | None = None
     # Called by the scraper on each scrape, beside /metrics, None when /metrics has the KV cache use.
     kv_usage: KvUsageFetcher | None = None
+    # The figures (model.FIGURES) every version of the engine gives once it serves: one missing from an up
+    # target's reading is a name the reader no longer finds (an upgrade renamed it), and its alerts cannot fire.
+    figures: tuple[str, ...] = ("requests_waiting", "requests_running")
     # Its local process (sources/local/): which command lines are this engine (engines/<name>/cmdline.py), the
     # settings read from one (None: none on its command line), the flags naming its port, the environment variable
     # naming it, and its port without either, and the Python distributions (any build of it) whose installed
@@ -181,3 +184,15 @@ def _check_model(model: ModelReading, rejected: Rejected) -> ModelReading:
         if (value := getattr(model, name)) is not None
     }
     return replace(model, **changes) if any(changes[n] is None for n in changes) else model
+
+
+def figures_read(figures: Iterable[str], reading: EngineReading) -> dict[str, bool]:
+    """Which of the engine's figures this reading has (any of its models, for the per-model ones)."""
+
+    def has(figure: str) -> bool:
+        if figure == "reservation":  # what it was told, asleep or awake
+            return reading.memory_utilization_ratio is not None
+        attr = {"kv_cache_usage": "kv_cache_usage_ratio", "preemptions": "preemptions_total"}.get(figure, figure)
+        return any(getattr(m, attr) is not None for m in reading.models)
+
+    return {figure: has(figure) for figure in figures}

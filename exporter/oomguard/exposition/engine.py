@@ -131,12 +131,23 @@ ENGINE_SETTING = metric(
     "default is absent (docs/engines.md).",
     presence=CONDITIONAL,
 )
+ENGINE_FIGURE_READ = metric(
+    SECTION,
+    "engine_figure_read",
+    "gauge",
+    "",
+    "target figure",
+    "1 when the target's last reading had the figure, 0 when not, for each figure its engine gives once it serves "
+    "(kv_cache_usage, requests_waiting, requests_running, preemptions, reservation: docs/engines.md); only while "
+    "its /metrics is read. 0 means a name the reader no longer finds (an engine upgrade renamed it): the alerts "
+    "on that figure cannot fire for this target.",
+)
 METRICS = (
     TARGET_INFO, ENGINE_KV_CACHE_USAGE_RATIO, ENGINE_REQUESTS_WAITING, ENGINE_REQUESTS_RUNNING, ENGINE_PREEMPTIONS,
     ENGINE_PREFIX_CACHE_QUERIES_TOKENS, ENGINE_PREFIX_CACHE_HITS_TOKENS, ENGINE_GPU_MEMORY_UTILIZATION_RATIO,
     ENGINE_KV_CACHE_BLOCKS, ENGINE_KV_CACHE_BLOCK_SIZE_TOKENS, ENGINE_KV_CACHE_MEMORY_BYTES,
     ENGINE_PROCESS_START_TIME_SECONDS, ENGINE_SLEEP_STATE,
-    ENGINE_MEMORY_BYTES, ENGINE_SETTING,
+    ENGINE_MEMORY_BYTES, ENGINE_SETTING, ENGINE_FIGURE_READ,
 )  # fmt: skip
 
 
@@ -148,6 +159,8 @@ def add(out: Exposition, target: TargetReading) -> None:
     reading = target.engine_reading
     if reading is None:
         return
+    for figure, read in target.figures_read.items():
+        out.add(ENGINE_FIGURE_READ, (t, figure), float(read))
     for model in reading.models:
         labels = (t, model.model_name)
         out.add(ENGINE_KV_CACHE_USAGE_RATIO, labels, model.kv_cache_usage_ratio)

@@ -25,7 +25,7 @@ from oomguard import capped
 from oomguard.capped import BodyTooLarge
 from oomguard.config import TargetConfig
 from oomguard.engines import ENGINES
-from oomguard.engines.base import KvUsageError, Rejected, ReservationError, checked_value, read_checked
+from oomguard.engines.base import KvUsageError, Rejected, ReservationError, checked_value, figures_read, read_checked
 from oomguard.model import ERROR_KINDS, VALUE_REJECT_REASONS, EngineReading, ProcessTree, TargetReading
 from oomguard.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits
 from oomguard.sources.processes import ProcessFinder
@@ -130,6 +130,7 @@ class TargetScraper:
         self.restarts.observe(answered_at, self.state, start, process.root_pid if process else None)
         if reading is not None and self.fetch_reservation is not None:
             reading = await self._with_reservation(session, reading)
+        figures = figures_read(ENGINES[self.config.engine].figures, reading) if reading is not None else {}
         if error and error != self._last_error:
             log.warning("target %s: %s error: %s", self.name, error_kind, error)
         self._last_error = error
@@ -155,6 +156,7 @@ class TargetScraper:
             process=process,
             errors_total=dict(self.errors_total),
             values_rejected_total=dict(self.values_rejected_total),
+            figures_read=figures,
             restarts_total=restarts_total,
             last_restart_at=last_restart_at,
             startup_seconds=self.restarts.startup_seconds,

@@ -34,4 +34,6 @@ PLUGIN = EnginePlugin(
     settings=cmdline.parse_settings,
     port_env="LLAMA_ARG_PORT",
     default_port=8080,
+    # The KV use from /slots (on unless --no-slots) where /metrics no longer has it.
+    figures=("kv_cache_usage", "requests_waiting", "requests_running"),
 )

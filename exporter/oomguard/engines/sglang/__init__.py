@@ -48,4 +48,6 @@ PLUGIN = EnginePlugin(
     settings=cmdline.parse_settings,
     default_port=30000,
     distributions=("sglang",),
+    # Not preemptions: 0.4 has no retraction counter. The reservation comes from /server_info.
+    figures=("kv_cache_usage", "requests_waiting", "requests_running", "reservation"),
 )

@@ -29,4 +29,6 @@ PLUGIN = EnginePlugin(
     settings=cmdline.parse_settings,
     port_env="PORT",
     default_port=3000,
+    # Not the KV use: tgi_batch_max_total_tokens is set by the v3 backend's warm-up only.
+    figures=("requests_waiting", "requests_running"),
 )

@@ -33,4 +33,6 @@ PLUGIN = EnginePlugin(
     matches=cmdline.matches,
     port_flags=("--metrics-port",),
     default_port=8002,
+    # Not waiting: older TensorRT-LLM backends have no "waiting" request type.
+    figures=("kv_cache_usage", "requests_running"),
 )

