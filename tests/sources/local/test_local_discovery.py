@@ -18,7 +18,7 @@ from support import samples
 from oomguard.config import load_config
 from oomguard.exposition import render
 from oomguard.runtime import Runtime
-from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
+from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from oomguard.sources.local.cmdline import engine_port, find_engines, listening_ports
 from oomguard.sources.local.settings import read_settings
 
@@ -224,3 +224,40 @@ def test_tgi_is_found_by_its_launcher_with_its_router_port_and_environment(tmp_p
 def test_a_listener_that_is_not_the_engine_gives_no_settings() -> None:
     """A configured vLLM target whose port is held by another program (a proxy, this test) claims no defaults."""
     assert read_settings("vllm", os.getpid(), (sys.executable, "-m", "pytest", "--max-num-seqs", "8")) == {}
+
+
+async def test_a_loading_engine_is_judged_above_the_reservation_its_command_line_tells(stub, runtime) -> None:
+    """Issue 24: vLLM allocates its KV cache, then warms up for minutes without listening. Its process is found
+    by the port its command line names, its reservation read there: the GPU (95.6 % used, the engine's 0.95 and
+    another process's 0.5 GiB) is judged above the reservation, not on its total."""
+    engine = stub("--gpu-memory-utilization", "0.95")
+    engine.start(load_seconds=120.0)  # never listens within this test
+    assert engine.proc is not None
+    total = 80 * 2**30
+    held = [FakeProcess(engine.proc.pid, int(0.95 * total)), FakeProcess(4_194_311, 2**29)]  # the engine, another
+    gpu = FakeGpu(0, total_bytes=total, used_bytes=sum(p.used_bytes or 0 for p in held), processes=held)
+    rt = Runtime(
+        load_config(None, {**QUIET, "targets": [{"url": f"http://127.0.0.1:{engine.port}", "name": "warming"}]}),
+        nvml_lib=FakeNvml([gpu]),
+    )
+    await rt.start()
+    try:
+        got = await until(rt, lambda g: of(g, "oomguard_gpu_memory_headroom_used_ratio", gpu="0") is not None)
+    finally:
+        await rt.stop()
+    assert state(got, "warming") == "loading"
+    assert of(got, "oomguard_engine_setting", target="warming", setting="gpu_memory_utilization", origin="flag") == 0.95
+    assert of(got, "oomguard_gpu_memory_engine_reserved_bytes", gpu="0") == pytest.approx(0.95 * total)
+    # The other process's 0.5 GiB of the 4 GiB headroom: 12.5 %, where used/total reads 95.6 %.
+    assert of(got, "oomguard_gpu_memory_headroom_used_ratio", gpu="0") == pytest.approx(0.125)
+    assert of(got, "oomguard_engine_gpu_memory_utilization_ratio", target="warming") is None  # not reported yet
+
+
+async def test_a_loading_engine_on_another_port_is_not_the_targets(stub, runtime) -> None:
+    engine = stub("--gpu-memory-utilization", "0.95")
+    engine.start(load_seconds=120.0)
+    rt = await runtime({"targets": [{"url": f"http://127.0.0.1:{free_port()}", "name": "other"}]})
+    got = await until(rt, lambda g: state(g, "other") == "loading")
+    await asyncio.sleep(0.3)  # a few more collections
+    got = await metrics(rt)
+    assert of(got, "oomguard_engine_setting", target="other") is None

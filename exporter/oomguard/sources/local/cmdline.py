@@ -28,21 +28,31 @@ class EngineProcess:
     pids: frozenset[int]  # the process and its descendants: the listener may be a child (TGI's router)
 
 
-def engine_of(argv: Cmdline) -> str | None:
-    """The engine whose command line `argv` is, or None."""
-    for name, plugin in ENGINES.items():
-        if plugin.matches is not None and plugin.matches(argv):
+def engine_of(argv: Cmdline, *, simulators: bool = False) -> str | None:
+    """The engine whose command line `argv` is, or None. `simulators`: oomguard's simulator of an engine
+    (`python -m oomguard.engines.vllm.simulator`, which takes the engine's memory flags) counts as that engine."""
+    for name in ENGINES:
+        if is_engine(name, argv, simulators=simulators):
             return name
     return None
 
 
-def find_engines(proc_dir: str = "/proc") -> list[EngineProcess]:
-    """Every engine process on this host whose command line can be read, outermost first."""
+def is_engine(engine: str, argv: Cmdline, *, simulators: bool = False) -> bool:
+    """Whether `argv` is `engine`'s own command line (or, with `simulators`, its simulator's)."""
+    plugin = ENGINES[engine]
+    if plugin.matches is not None and plugin.matches(argv):
+        return True
+    return simulators and plugin.simulator is not None and program(argv)[0] == f"-m {plugin.simulator}"
+
+
+def find_engines(proc_dir: str = "/proc", *, simulators: bool = False) -> list[EngineProcess]:
+    """Every engine process on this host whose command line can be read, outermost first (`simulators`:
+    `engine_of`'s)."""
     parents: dict[int, int] = {}
     matched: dict[int, tuple[str, Cmdline]] = {}
     for pid, ppid, argv in _processes(proc_dir):
         parents[pid] = ppid
-        if argv and (engine := engine_of(argv)) is not None:
+        if argv and (engine := engine_of(argv, simulators=simulators)) is not None:
             matched[pid] = (engine, argv)
     children: dict[int, list[int]] = {}
     for pid, ppid in parents.items():
@@ -119,11 +129,7 @@ def engine_port(
     """The port to scrape and its address: the one its command line names, else its environment (`env`, the
     process's), else the engine's default; None while nothing of its family listens there (a vLLM loading its
     model). Never another port of its family: while vLLM or TGI loads, torch.distributed's store listens on one."""
-    plugin = ENGINES[engine.engine]
-    named = number(flag(program(engine.cmdline)[1], *plugin.port_flags))
-    if named is None and plugin.port_env and env:
-        named = number(env.get(plugin.port_env))
-    wanted = int(named) if named is not None else plugin.default_port
+    wanted = wanted_port(engine, env)
     if wanted is None:
         return None
     for pid in sorted(engine.pids):
@@ -131,6 +137,16 @@ def engine_port(
         if address is not None:
             return wanted, address
     return None
+
+
+def wanted_port(engine: EngineProcess, env: dict[str, str] | None = None) -> int | None:
+    """The port the engine is told to listen on: its command line's, else its environment's (`env`), else the
+    engine's default; None where the engine has no default."""
+    plugin = ENGINES[engine.engine]
+    named = number(flag(program(engine.cmdline)[1], *plugin.port_flags))
+    if named is None and plugin.port_env and env:
+        named = number(env.get(plugin.port_env))
+    return int(named) if named is not None else plugin.default_port
 
 
 def url_host(address: str) -> str:
