@@ -283,6 +283,7 @@ def serve(config: Any, web_config_file: Path | None = None) -> int:
             return 1
     runtime = Runtime(config)
     host, port = parse_listen_address(config.web.listen_address)
-    log.info("oomguard %s listening on %s:%d, %d target(s)", __version__, host, port, len(runtime.config.targets))
+    # "serving ... on HOST:PORT" follows once the port is bound; a port in use is one error line, nothing started.
+    log.info("oomguard %s starting on %s:%d, %d target(s)", __version__, host, port, len(runtime.config.targets))
     # One listener for both: the connection limit and the header timeout hold without a web configuration too.
     return run(make_app(runtime, web_config), host, port, web_config)

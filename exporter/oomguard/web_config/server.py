@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import resource
 import ssl
@@ -204,8 +205,12 @@ class Server:
         task.add_done_callback(self._tasks.discard)
 
     async def start(self) -> None:
+        # The port first: one held by another process stops here, before the runtime starts anything (the
+        # simulated engine's child), and the listener accepts nothing until aiohttp's server exists.
+        await self._listen(start_serving=False)
         await self._runner.setup()  # starts the runtime (the app's cleanup context)
-        await self._listen()
+        assert self._listener is not None and self._listener.asyncio_server is not None
+        await self._listener.asyncio_server.start_serving()
         self._watch = asyncio.get_running_loop().create_task(self._reload_forever(), name="web-config-reload")
 
     async def stop(self) -> None:
@@ -221,18 +226,20 @@ class Server:
         await self._runner.cleanup()
 
     async def serve_forever(self) -> None:
-        await self.start()
-        assert self._watch is not None
         try:
+            await self.start()
+            assert self._watch is not None
             await self._watch  # ends only if the listener could not be replaced
         finally:
             await self.stop()
 
-    async def _listen(self) -> None:
+    async def _listen(self, *, start_serving: bool = True) -> None:
         context = self._state.current.ssl_context if self._state else None
         listener = Listener(self, context)
         loop = asyncio.get_running_loop()
-        listener.asyncio_server = await loop.create_server(listener, self._host, self._port, reuse_address=True)
+        listener.asyncio_server = await loop.create_server(
+            listener, self._host, self._port, reuse_address=True, start_serving=start_serving
+        )
         self._listener = listener
         self._listener_key = self._state.current.listener_key if self._state else None
         # A restart must come back on the same port, also when 0 asked for any.
@@ -278,7 +285,7 @@ def run(app: web.Application, host: str, port: int, state: WebConfigState | None
     except (web.GracefulExit, KeyboardInterrupt):
         pass
     except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", host, port, exc)
+        log.error("cannot listen on %s:%d: %s", host, port, _why(exc))
         status = 1
     except Exception as exc:  # one line, never a traceback; stop() has run (serve_forever's finally)
         log.error("oomguard stops: %s: %s", type(exc).__name__, exc)
@@ -291,3 +298,15 @@ def run(app: web.Application, host: str, port: int, state: WebConfigState | None
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
     return status
+
+
+def _why(exc: OSError) -> str:
+    """asyncio's bind error in a user's words: "[Errno 98] error while attempting to bind on address ..." repeats
+    the address the line already gives."""
+    if exc.errno == errno.EADDRINUSE:
+        return "the port is already in use (another process listens on it; choose another with --web.listen-address)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "no interface of this host has that address"
+    if exc.errno == errno.EACCES:
+        return "permission denied (ports below 1024 need privileges)"
+    return exc.strerror or str(exc)
