@@ -20,7 +20,7 @@ from oomguard.model import Snapshot
 from oomguard.runtime import Runtime
 from oomguard.web_config import WebConfigState
 from oomguard.web_config.auth import AuthBusy
-from oomguard.web_config.server import SERVER_HEADER
+from oomguard.web_config.server import COUNTERS, SERVER_HEADER, WebCounters
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +31,11 @@ EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def make_app(runtime: Runtime, web_config: WebConfigState | None = None) -> web.Application:
-    app = web.Application(middlewares=[_guard(web_config)] if web_config else [])
+    counters = WebCounters()
+    app = web.Application(middlewares=[_guard(web_config, counters)] if web_config else [])
     app[RUNTIME] = runtime
     app[RENDERED] = _Rendered()
+    app[COUNTERS] = counters
     app.on_response_prepare.append(_server_header)
     if web_config is not None:
         app[WEB_CONFIG] = web_config
@@ -64,19 +66,24 @@ async def _server_header(request: web.Request, response: web.StreamResponse) -> 
     response.headers["Server"] = SERVER_HEADER  # aiohttp's default names Python's and its own versions
 
 
-def _guard(web_config: WebConfigState) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def _guard(
+    web_config: WebConfigState, counters: WebCounters
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         settings = web_config.current  # read per request: a reload applies to the next one
         # rate_limit before basic auth, as in the toolkit: a refused request costs no bcrypt.
         if settings.limiter is not None and not settings.limiter.allow():
+            counters.refuse("rate_limit")
             raise web.HTTPTooManyRequests(headers={"Retry-After": "1"}, text="Too Many Requests\n")
         if settings.auth is not None:
             try:
                 allowed = await settings.auth.check(request.headers.get("Authorization"), request.remote or "")
             except AuthBusy:
+                counters.refuse("busy")
                 raise web.HTTPTooManyRequests(headers={"Retry-After": "1"}, text="Too Many Requests\n") from None
             if not allowed:
+                counters.refuse("unauthorized")
                 raise web.HTTPUnauthorized(headers={"WWW-Authenticate": "Basic"}, text="Unauthorized\n")
         return await handler(request)
 
@@ -110,8 +117,14 @@ async def metrics(request: web.Request) -> web.Response:
     snapshot = await _collection(request).snapshot()
     body = request.app[RENDERED].of(snapshot)
     web_config = request.app.get(WEB_CONFIG)
-    if web_config is not None:
-        body += render_web_config(web_config.last_reload_successful, web_config.last_success_timestamp)
+    counters = request.app[COUNTERS]
+    if web_config is not None or counters.listening:
+        body += render_web_config(
+            web_config.last_reload_successful if web_config else None,
+            web_config.last_success_timestamp if web_config else None,
+            counters.requests_refused if web_config else None,
+            counters.connections_refused if counters.listening else None,
+        )
     return web.Response(body=body, headers={"Content-Type": EXPOSITION_CONTENT_TYPE})
 
 

@@ -639,6 +639,7 @@ async def test_rate_limit_as_the_toolkit(serve: Serve, bcrypt_work: list[int]) -
     status, headers, _ = await get(served.url, False, ("prometheus", "wrong"), "/-/healthy")
     assert status == 429 and headers.get("Retry-After") == "1"
     assert len(bcrypt_work) == work  # refused before any bcrypt
+    assert served.server.counters.requests_refused == {"unauthorized": 1, "rate_limit": 1}
     # An unchanged rate_limit keeps its bucket over a reload (a fresh one would hand out a fresh burst).
     before = served.state.last_success_timestamp
     write_atomically(served.file, text + "http_server_config: {headers: {X-Frame-Options: deny}}\n")
@@ -688,7 +689,8 @@ async def test_connections_over_the_limit_are_closed_at_once(serve: Serve, caplo
         for _, writer in held:
             writer.close()
     await wait_until(lambda: served.server.connections == 0, what="the held connections to close")
-    assert (await get(served.url, False, path="/-/healthy"))[0] == 200
+    status, _, body = await get(served.url, False)
+    assert status == 200 and "oomguard_web_connections_refused_total 3.0" in body
 
 
 @pytest.mark.parametrize("with_file", [False, True], ids=["no web config", "web config"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping
 
 from oomguard import __version__
 from oomguard.exposition.encoder import Exposition
@@ -116,8 +117,35 @@ WEB_CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS = metric(
     "When the web configuration in force was read (Unix time). Only with --web.config.file.",
     presence=CONDITIONAL,
 )
+WEB_REQUESTS_REFUSED = metric(
+    SECTION,
+    "web_requests_refused",
+    "counter",
+    "",
+    "reason",
+    "Requests refused before their handler: unauthorized (401: no or a wrong basic auth password), "
+    "rate_limit (429: rate_limit's bucket was empty), busy (429: too many password checks from that "
+    "address already waited for bcrypt). Only with --web.config.file.",
+    presence=CONDITIONAL,
+)
+WEB_CONNECTIONS_REFUSED = metric(
+    SECTION,
+    "web_connections_refused",
+    "counter",
+    "",
+    "",
+    "Connections closed as soon as accepted: the exporter already served its limit (the file-descriptor "
+    "limit less a quarter, docs/security.md). Only where oomguard serve runs the listener.",
+    presence=CONDITIONAL,
+)
+WEB_REQUEST_REFUSAL_REASONS = ("unauthorized", "rate_limit", "busy")
 # Last in the section, and the section last of all: the web layer appends them after the snapshot's render.
-WEB_CONFIG_METRICS = (WEB_CONFIG_LAST_RELOAD_SUCCESSFUL, WEB_CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS)
+WEB_CONFIG_METRICS = (
+    WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
+    WEB_CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS,
+    WEB_REQUESTS_REFUSED,
+    WEB_CONNECTIONS_REFUSED,
+)
 _WEB_CONFIG_DECLARED = frozenset(WEB_CONFIG_METRICS)
 METRICS = (
     BUILD_INFO, SOURCE_SUCCESS, SOURCE_DURATION_SECONDS, NVML_UP, TARGET_UP, TARGET_STATE,
@@ -150,9 +178,18 @@ def add_target(out: Exposition, target: TargetReading) -> None:
     out.add(TARGET_HEALTH_LATENCY_SECONDS, (t,), target.health_latency_seconds)
 
 
-def render_web_config(successful: bool, success_timestamp: float) -> bytes:
-    """The web configuration's state, which is the web layer's and not in a snapshot."""
+def render_web_config(
+    successful: bool | None,
+    success_timestamp: float | None,
+    requests_refused: Mapping[str, int] | None = None,
+    connections_refused: int | None = None,
+) -> bytes:
+    """The web layer's state, which is not in a snapshot; None: not served (no web configuration, no listener)."""
     out = Exposition(WEB_CONFIG_METRICS, _WEB_CONFIG_DECLARED)
-    out.add(WEB_CONFIG_LAST_RELOAD_SUCCESSFUL, (), 1.0 if successful else 0.0)
+    out.add(WEB_CONFIG_LAST_RELOAD_SUCCESSFUL, (), None if successful is None else float(successful))
     out.add(WEB_CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS, (), success_timestamp)
+    if requests_refused is not None:
+        for reason in WEB_REQUEST_REFUSAL_REASONS:
+            out.add(WEB_REQUESTS_REFUSED, (reason,), float(requests_refused.get(reason, 0)))
+    out.add(WEB_CONNECTIONS_REFUSED, (), None if connections_refused is None else float(connections_refused))
     return out.render()

@@ -27,6 +27,7 @@ import logging
 import resource
 import ssl
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -51,6 +52,22 @@ def connection_limit(soft_limit: int | None = None) -> int:
     if soft_limit == resource.RLIM_INFINITY or soft_limit > 1 << 20:
         soft_limit = 1 << 20
     return max(8, soft_limit - max(64, soft_limit // 4))
+
+
+@dataclass
+class WebCounters:
+    """What the web layer refused, for /metrics (oomguard_web_requests_refused_total and
+    oomguard_web_connections_refused_total). `listening`: a Server runs the app's listener."""
+
+    requests_refused: dict[str, int] = field(default_factory=dict)
+    connections_refused: int = 0
+    listening: bool = False
+
+    def refuse(self, reason: str) -> None:
+        self.requests_refused[reason] = self.requests_refused.get(reason, 0) + 1
+
+
+COUNTERS = web.AppKey("web_counters", WebCounters)
 
 
 class Throttled:
@@ -122,7 +139,7 @@ class _Gate(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = self._server
         if server.connections >= server.connection_limit:
-            server.refused_connections += 1
+            server.counters.connections_refused += 1
             server.throttled.log(
                 logging.WARNING,
                 "refused",
@@ -184,12 +201,17 @@ class Server:
         self.header_timeout = header_timeout
         self.connection_limit = max_connections if max_connections is not None else connection_limit()
         self.connections = 0
-        self.refused_connections = 0
+        self.counters = app[COUNTERS] if COUNTERS in app else WebCounters()
+        self.counters.listening = True
         self.throttled = Throttled()
         self._listener: Listener | None = None
         self._listener_key = state.current.listener_key if state else None
         self._watch: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def refused_connections(self) -> int:
+        return self.counters.connections_refused
 
     @property
     def port(self) -> int:
