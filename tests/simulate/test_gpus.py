@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from itertools import pairwise
 
 import pytest
@@ -189,3 +191,45 @@ def test_the_tp_oom_traceback_names_its_gpu_and_is_one_cuda_oom() -> None:
     kinds = [e.kind for line in text.splitlines() for e in detector.feed(line, 100.0)]
     kinds += [e.kind for e in detector.tick(200.0)]
     assert kinds == ["cuda_oom"]
+
+
+def test_long_warmup_holds_its_reservation_from_the_pool_on_while_its_port_is_closed() -> None:
+    sim = simulation("long-warmup")
+    scenario = sim.scenario
+    assert scenario.kv_allocated_at is not None and scenario.load_seconds - scenario.kv_allocated_at >= 5 * MINUTE
+    sim.show(scenario.kv_allocated_at / 2, pid=PID)
+    assert used(sim)[0] < 0.2  # the weights
+    for t in (scenario.kv_allocated_at, scenario.load_seconds - 1, scenario.load_seconds + 600):
+        sim.show(t, pid=PID)
+        assert 0.955 < used(sim)[0] < 0.957, t  # the pool at 0.95: NVML reads 95.6 % while it warms up
+
+
+async def test_a_warming_simulated_engine_is_judged_above_the_reservation_on_its_command_line() -> None:
+    """Issue 24, end to end: the simulated vLLM (a real process, told --gpu-memory-utilization 0.95) has allocated
+    its pool and does not listen yet; the exporter finds it by its port flag and judges GPU 0 above 0.95."""
+    config = load_config(None, {
+        "simulation": {"scenario": "long-warmup", "time_scale": 30.0},
+        "events": {"kernel_log": False, "xid": False}, "trend": {"enabled": False},
+    })  # fmt: skip
+    runtime = Runtime(config)
+    await runtime.start()
+    try:
+        assert runtime.collection is not None and runtime.simulation is not None
+        scenario = runtime.simulation.scenario
+        # The warm-up lasts (330 - 30) / 30 = 10 s here: long enough to see it, not to wait on the clock.
+        deadline = time.monotonic() + (scenario.load_seconds - (scenario.kv_allocated_at or 0)) / 30.0
+        while True:
+            snapshot = await runtime.collection.snapshot()
+            [target] = [t for t in snapshot.targets if t.name == "sim-vllm"]
+            gpu = snapshot.gpu_memory.get(0)
+            if gpu is not None and gpu.used_bytes / gpu.total_bytes > 0.95:
+                break
+            assert time.monotonic() < deadline, f"no reservation while warming: {target.state}, {snapshot.gpu_memory}"
+            await asyncio.sleep(0.1)
+    finally:
+        await runtime.stop()
+    assert target.state == "loading" and target.engine_reading is None  # its port closed: nothing reported
+    assert target.settings["gpu_memory_utilization"].value == 0.95
+    assert target.process is not None and target.process.root_pid in {p.pid for p in snapshot.nvml.gpus[0].processes}
+    assert gpu.reserved_bytes == pytest.approx(0.95 * GPU_TOTAL_BYTES)
+    assert gpu.headroom_used_ratio < 0.25  # the idle GPU's 0.5 GiB of the 4 GiB headroom, not 95.6 % of the total

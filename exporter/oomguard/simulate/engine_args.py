@@ -21,6 +21,13 @@ def simulator_parser(description: str | None) -> argparse.ArgumentParser:
         help="how many times the engine was restarted before [$OOMGUARD_SIM_LIFE]",
     )  # fmt: skip
     parser.add_argument("--gpu-total-bytes", type=int, default=80 * GIB)
+    # The engine's own memory flags, as an orchestrator passes them (runner.py TOLD_FLAGS): taken and not used (the
+    # scenario's figures are served); there for the exporter, which reads them from the command line (its settings,
+    # the reservation while the engine loads).
+    for told in ("--gpu-memory-utilization", "--mem-fraction-static"):
+        parser.add_argument(told, type=float, default=None)
+    for told in ("--tensor-parallel-size", "--tp-size"):
+        parser.add_argument(told, type=int, default=None)
     parser.add_argument(
         "--foreign", type=float, default=float(os.environ.get("OOMGUARD_SIM_FOREIGN", "0")),
         help="share of GPU 0 another process holds at this launch [$OOMGUARD_SIM_FOREIGN]",

@@ -34,6 +34,12 @@ SIMULATED_TARGET = "sim-vllm"  # the simulated vLLM's target name; another engin
 # The foreign process of a scenario that shares its GPU: a pid no process on this host has (pid_max is at most
 # 2^22), so the exporter counts its bytes as another process's, as it would a stranger's.
 FOREIGN_PID = 4_194_304 + 7
+# The flags an engine is told its reservation (a share of each GPU's total) and its GPUs with, as its
+# orchestrator passes them: the simulated engine's command line carries the scenario's (engine_args.py).
+TOLD_FLAGS = {
+    "vllm": ("--gpu-memory-utilization", "--tensor-parallel-size"),
+    "sglang": ("--mem-fraction-static", "--tp-size"),
+}
 
 
 class Simulation:
@@ -113,6 +119,14 @@ class Simulation:
         name = SIMULATED_TARGET if self.engine == "vllm" else f"sim-{self.engine}"
         return TargetConfig(name=name, url=self.url, engine=self.engine, gpus=self.gpus, logs=logs)
 
+    def told_flags(self) -> list[str]:
+        """The engine's reservation and tensor-parallel size on its command line, where the engine takes them."""
+        flags = TOLD_FLAGS.get(self.engine)
+        if flags is None:
+            return []
+        reservation, tensor_parallel = flags
+        return [reservation, str(self.scenario.gpu_memory_utilization), tensor_parallel, str(self.scenario.gpus)]
+
     async def start(self) -> None:
         self._task = asyncio.ensure_future(self._supervise())
 
@@ -136,6 +150,7 @@ class Simulation:
                     str(self.time_scale),
                     "--gpu-total-bytes",
                     str(self.gpu_total),
+                    *self.told_flags(),
                     # The life number goes in the environment: the command line must stay the same
                     # across restarts, as an orchestrator's does (restarts are recognised by it).
                     env={**os.environ, "OOMGUARD_SIM_LIFE": str(self.restarts), "OOMGUARD_SIM_FOREIGN": str(foreign)},
