@@ -43,6 +43,8 @@ from oomguard.config import load_config
 BASE = REPO / KUBERNETES_DIR
 PODMONITOR = BASE / "podmonitor"
 SIDECAR = BASE / "sidecar"
+# The overlays that build the base with its components (kustomize refuses an overlay inside its base).
+EXAMPLES = REPO / "deploy" / "kubernetes-examples"
 CRDS = FIXTURES / "crds"
 NAMESPACE = "oomguard"
 PORT = 9847
@@ -156,8 +158,14 @@ def test_the_crds_are_in_the_repository() -> None:
 
 
 def test_every_object_validates(build: list[dict[str, Any]]) -> None:
-    monitoring = [o for o in build if o["apiVersion"] == MONITORING]
-    builtin = [o for o in build if o["apiVersion"] != MONITORING]
+    validate(build)
+
+
+def validate(objects: list[dict[str, Any]]) -> None:
+    """Every object of a build against its schema: built-in ones on each of K8S_VERSIONS, monitoring ones
+    against the CRDs, both strict."""
+    monitoring = [o for o in objects if o["apiVersion"] == MONITORING]
+    builtin = [o for o in objects if o["apiVersion"] != MONITORING]
     assert monitoring and builtin
     for obj in builtin:
         for version in K8S_VERSIONS:

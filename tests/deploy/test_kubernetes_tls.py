@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from test_kubernetes import (
     BASE,
+    EXAMPLES,
     K8S_VERSIONS,
     MONITORING,
     NAMESPACE,
@@ -48,6 +49,7 @@ from oomguard.web_config import WebConfigState, load_web_config
 from oomguard.web_config.server import Server
 
 TLS = BASE / "tls"
+WEB_CONFIG = EXAMPLES / "tls" / "secrets" / "web-config.yml"  # the example the user copies
 SERVER_NAME = f"oomguard.{NAMESPACE}.svc"  # the headless Service's in-cluster name
 
 
@@ -87,7 +89,7 @@ def _certificates(folder: Path) -> dict[str, bytes]:
 def _overlay(folder: Path, components: list[Path], password: str) -> None:
     """The user's overlay of docs/kubernetes.md (the web configuration and the scrape Secret), plus the TLS
     Secret that cert-manager would write."""
-    shipped = yaml.safe_load((TLS / "web-config.yml").read_text())
+    shipped = yaml.safe_load(WEB_CONFIG.read_text())
     shipped["basic_auth_users"]["prometheus"] = bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
     (folder / "web-config.yml").write_text(yaml.safe_dump(shipped))
     _certificates(folder)
@@ -224,7 +226,7 @@ def test_daemonset_serves_under_the_web_configuration(tls_build: list[dict[str, 
 def test_the_shipped_placeholder_is_refused(tmp_path: Path) -> None:
     """The example copied without a hash: oomguard does not start, so it never serves with the placeholder."""
     _certificates(tmp_path)
-    (tmp_path / "web-config.yml").write_text((TLS / "web-config.yml").read_text())
+    (tmp_path / "web-config.yml").write_text(WEB_CONFIG.read_text())
     with pytest.raises(ConfigError, match="not a bcrypt hash"):
         load_web_config(tmp_path / "web-config.yml")
 
