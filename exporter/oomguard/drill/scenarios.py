@@ -177,6 +177,20 @@ SCENARIOS: dict[str, DrillScenario] = {
             bundle=HEALTHY_PROBE,
         ),
         DrillScenario(
+            name="long-warmup",
+            summary="vLLM at gpu_memory_utilization 0.95 (on its command line) warming up for 5 minutes after "
+            "its KV cache pool is allocated, its port closed: NVML shows 95.6 % with no /metrics to say why. The "
+            "reservation is read from the command line meanwhile, so nothing may page or be ticketed; judged on "
+            "the total, GpuMemoryCritical would page 2 minutes in.",
+            simulation="long-warmup",
+            minutes=20,
+            expected={"LowHeadroomConfig": NOT_DELIVERED},
+            quiet=(*MEMORY_ALERTS, *ENGINE_ALERTS),
+            verdict="healthy",
+            # A 5.5-minute start, plus the drill's own start-up read at 30x: a probe that waits for it.
+            bundle={"alerts": {"startup_slower_than_probe": {"probe_initial_delay_seconds": 900}}},
+        ),
+        DrillScenario(
             name="tp-skew",
             summary="A tensor-parallel engine (TP=2) at 0.90: both GPUs at 90.6 % for 5 minutes, then GPU 1 "
             "alone climbs beyond the reservation at 0.4 % of the GPU per minute, to CUDA OOM at 99.4 % 22.2 minutes "
