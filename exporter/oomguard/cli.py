@@ -148,6 +148,25 @@ def _parser() -> argparse.ArgumentParser:
 
     diagnose_arguments(diagnose)
 
+    health = commands.add_parser(
+        "healthcheck", help="exit 0 when the exporter on this host answers /-/healthy (the image's HEALTHCHECK)"
+    )
+    health.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        metavar="HOST:PORT",
+        help="[$OOMGUARD_WEB_LISTEN_ADDRESS] (default: the configuration's, else :9847)",
+    )
+    health.add_argument(
+        "--config", metavar="FILE", help="the server's configuration, for its address [$OOMGUARD_CONFIG]"
+    )
+    health.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        help="the server's web configuration, https or not [$OOMGUARD_WEB_CONFIG_FILE] (default: http, then https)",
+    )
+
     docs = commands.add_parser("docs", help="print docs/metrics.md, generated from the metric table")
     docs.add_argument("--output", type=Path, help="write to this file instead of stdout")
     return parser
@@ -189,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         from oomguard.diagnose.command import run as diagnose
 
         return diagnose(args)
+    if args.command == "healthcheck":
+        from oomguard.healthcheck import main as healthcheck
+
+        return healthcheck(args.listen_address, args.config, args.web_config_file)
     if args.command == "check-config":
         try:
             config = load_config(args.file)
