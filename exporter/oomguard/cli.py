@@ -242,8 +242,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _drill(args: argparse.Namespace) -> int:
     if args.list:
+        from oomguard.drill.run import expected_seconds
+
         for scenario in DRILLS.values():
-            print(f"{scenario.name}: {scenario.summary}")
+            took = expected_seconds(scenario, args.time_scale)
+            print(f"{scenario.name} ({scenario.minutes:g} simulated minutes, about {took:.0f} s at "
+                  f"{args.time_scale:g}x): {scenario.summary}")  # fmt: skip
         return 0
     if args.check:
         from oomguard.bundle.config import load_bundle_config
@@ -255,15 +259,28 @@ def _drill(args: argparse.Namespace) -> int:
     if args.scenario not in DRILLS:
         print(f"choose a scenario with --scenario: {', '.join(DRILLS)} (or --list, or --check URL)", file=sys.stderr)
         return 2
+    import time
+
     from oomguard.drill.run import run
+    from oomguard.drill.services import MissingPrerequisite
 
     # The drill's targets are refused and die on purpose: only errors are worth a line.
     logging.basicConfig(level="ERROR", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with tempfile.TemporaryDirectory(prefix="oomguard-drill-") as scratch:
-        report = run(
-            DRILLS[args.scenario], args.workdir or Path(scratch), time_scale=args.time_scale,
-            alertmanager_config=args.alertmanager_config, diagnosis_report=args.diagnosis_report, tls=args.tls,
-        )  # fmt: skip
+    began = time.monotonic()
+
+    def progress(line: str) -> None:  # on stderr: stdout is the report's, for a pipe or --json
+        print(f"[{time.monotonic() - began:4.0f} s] {line}", file=sys.stderr, flush=True)
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="oomguard-drill-") as scratch:
+            report = run(
+                DRILLS[args.scenario], args.workdir or Path(scratch), time_scale=args.time_scale,
+                alertmanager_config=args.alertmanager_config, diagnosis_report=args.diagnosis_report, tls=args.tls,
+                progress=progress,
+            )  # fmt: skip
+    except MissingPrerequisite as exc:
+        print(f"oomguard drill: {exc}", file=sys.stderr)
+        return 1
     text = report.json() if args.json else report.markdown()
     sys.stdout.write(text)
     if args.report:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +24,7 @@ import pytest
 from support import REPO
 
 from oomguard.cli import main
-from oomguard.drill.run import DrillReport, drill_alertmanager_config, run
+from oomguard.drill.run import DrillReport, drill_alertmanager_config, expected_seconds, run
 from oomguard.drill.scenarios import NOT_DELIVERED, SCENARIOS
 
 ROUTING = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
@@ -108,7 +110,48 @@ def test_drill_command_list_and_unknown(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["drill", "--list"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in SCENARIOS)
+    # Each scenario with how long it runs, simulated and real, at the time scale asked for.
+    for scenario in SCENARIOS.values():
+        seconds = expected_seconds(scenario, 30.0)
+        assert f"{scenario.name} ({scenario.minutes:g} simulated minutes, about {seconds:.0f} s at 30x)" in out
+    assert main(["drill", "--list", "--time-scale", "60"]) == 0
+    incident = SCENARIOS["incident"]
+    assert f"about {expected_seconds(incident, 60.0):.0f} s at 60x" in capsys.readouterr().out
     assert main(["drill", "--scenario", "nope"]) == 2
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_drill_missing_prometheus_is_one_line_not_a_report(
+    tls: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no prometheus, no alertmanager
+    assert main(["drill", "--scenario", "probe-kill", *(["--tls"] if tls else [])]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no FAIL report with empty tables
+    assert captured.err.splitlines() == [
+        "oomguard drill: prometheus not found: install Debian's prometheus package (apt-get install prometheus)"
+    ]
+
+
+def test_drill_tls_without_cryptography_is_one_line_not_a_report(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "cryptography.x509", None)  # as if not installed: its import fails
+    assert main(["drill", "--scenario", "probe-kill", "--tls"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [line] = captured.err.splitlines()
+    assert line.startswith("oomguard drill: oomguard drill --tls makes its certificates with the cryptography")
+    assert "pip install cryptography" in line
+
+
+def test_cryptography_is_a_dependency_of_the_plain_install() -> None:
+    """drill --tls works from `pip install oomguard` (the README's install, make run's): cryptography is among the
+    main dependencies, not only the test extra."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert any(re.match(r"cryptography\b", dependency) for dependency in project["dependencies"])
 
 
 def test_drill_command_json_report(
@@ -118,10 +161,23 @@ def test_drill_command_json_report(
     routing ships with the package), with a JSON report and its exit status."""
     monkeypatch.chdir(tmp_path)
     report = tmp_path / "report.json"
+    began = time.monotonic()
     code = main(["drill", "--scenario", "probe-kill", "--json", "--report", str(report),
                  "--workdir", str(tmp_path / "work")])  # fmt: skip
+    took = time.monotonic() - began
     data = json.loads(report.read_text())
     assert code == (0 if data["ok"] else 1)
+    # stdout is the report alone; the progress, as the drill goes, is on stderr: each phase, each alert as it
+    # arrives, and where the simulated time stands.
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == data
+    progress = captured.err
+    scenario = SCENARIOS["probe-kill"]
+    assert f"{scenario.minutes:g} simulated minutes at 30x: about {expected_seconds(scenario):.0f} s in all" in progress
+    assert "engine launched" in progress and "scenario over" in progress and "oomguard diagnose" in progress
+    assert re.search(r"simulated minute [\d.]+ of 15, \d+ s left; alerts so far: \d+ delivered", progress), progress
+    assert re.search(r"simulated minute [\d.]+: OomGuardRestartStorm reached pager", progress), progress
+    print(f"probe-kill at 30x took {took:.1f} s, expected {expected_seconds(scenario):.0f} s")
     assert data["scenario"] == "probe-kill" and {a["alert"] for a in data["alerts"]} >= {"OomGuardRestartStorm"}
     assert [d["verdict"] for d in data["diagnosis"]] == ["probe_kill"]
 

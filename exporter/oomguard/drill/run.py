@@ -11,7 +11,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,15 @@ from oomguard.config import load_config
 from oomguard.diagnose import DiagnoseError, diagnose_prometheus
 from oomguard.diagnose import report as diagnose_report
 from oomguard.drill.scenarios import MEMORY_ALERTS, DrillScenario
-from oomguard.drill.services import Alertmanager, Prometheus, ServiceError
-from oomguard.drill.tls import DrillTls, check_chain, make_drill_tls
+from oomguard.drill.services import (
+    Alertmanager,
+    MissingPrerequisite,
+    Prometheus,
+    ServiceError,
+    alertmanager_binary,
+    prometheus_binary,
+)
+from oomguard.drill.tls import DrillTls, check_chain, make_drill_tls, require_cryptography
 from oomguard.drill.webhook import WebhookReceiver
 from oomguard.events.kinds import LOG_OOM_KINDS, kind_matcher
 from oomguard.ports import free_port
@@ -43,6 +50,30 @@ DEFAULT_ALERTMANAGER_CONFIG = Path(__file__).parent.parent / "bundle" / "alertma
 # 30x: a 40-minute scenario in 80 s. Faster, and the fixed costs of a real process (a second of
 # imports, a scrape interval) weigh more than the scenario's own times.
 DEFAULT_TIME_SCALE = 30.0
+# What a drill costs beyond its scenario's own time: starting Prometheus and Alertmanager, the 3 s for the last
+# notifications, the report and `oomguard diagnose` (probe-kill at 30x: 34.3 s for its 30 s, on two shared cores).
+FIXED_SECONDS = 5.0
+# A line of progress at least this often (real seconds), and one at once for each alert that arrives.
+PROGRESS_EVERY = 10.0
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_line: str) -> None:
+    pass
+
+
+def expected_seconds(scenario: DrillScenario, time_scale: float = DEFAULT_TIME_SCALE) -> float:
+    """The drill's expected wall-clock time: its simulated minutes at `time_scale`, and the fixed costs."""
+    return scenario.minutes * 60 / time_scale + FIXED_SECONDS
+
+
+def prerequisites(*, tls: bool = False) -> None:
+    """Raises MissingPrerequisite (one line: what to install) before anything starts."""
+    prometheus_binary()
+    alertmanager_binary()
+    if tls:
+        require_cryptography()
 
 
 @dataclass
@@ -237,11 +268,18 @@ async def run_drill(
     alertmanager_config: Path | None = None,
     diagnosis_report: Path | None = None,
     tls: bool = False,
+    progress: Progress = _quiet,
 ) -> DrillReport:
     """`diagnosis_report`: also write `oomguard diagnose --report` of the drill's Prometheus there (.md or .html).
 
     `tls`: the chain under a throwaway CA and password (drill/tls.py), checked at the end.
+    `progress`: called with a line at each phase, each arriving alert and every PROGRESS_EVERY seconds.
     """
+    progress(
+        f"starting Prometheus, Alertmanager and the exporter{' (https, basic auth)' if tls else ''}; "
+        f"{scenario.minutes:g} simulated minutes at {time_scale:g}x: "
+        f"about {expected_seconds(scenario, time_scale):.0f} s in all"
+    )
     trend = dataclasses.asdict(TrendSettings().time_scaled(time_scale))
     config = load_config(None, {
         "state_dir": str(workdir / "state"), "trend": trend,
@@ -259,21 +297,60 @@ async def run_drill(
             # The engine starts once Prometheus scrapes: the exporter sees its whole load, as in production.
             await runtime.simulation.start()
             started = time.time()
-            await asyncio.sleep(scenario.minutes * 60 / time_scale)
+            progress(f"engine launched ({scenario.engine}, simulation {scenario.simulation!r}): the scenario runs")
+            await _run_scenario(scenario, chain, started, time_scale, progress)
             await asyncio.sleep(3)  # the last notifications in flight (group_wait 1s, evaluation 1s)
             end = time.time()
+            progress("scenario over: reading the timeline and the alerts from Prometheus")
             report = await asyncio.to_thread(
                 _report, scenario, chain.prometheus, chain.webhook, chain.prefix, started, end, time_scale
             )
+            progress("oomguard diagnose on the drill's Prometheus")
             await asyncio.to_thread(
                 _diagnose, report, scenario, chain.prometheus.url, started, end, time_scale, diagnosis_report
             )
             if secure is not None:
+                progress("checking the https chain: passwords, certificates, what Prometheus reached")
                 held, problems = await asyncio.to_thread(check_chain, secure, chain.exporter_url, chain.prometheus)
                 report.tls, report.problems = held, report.problems + problems
             return report
     finally:
         await runtime.simulation.stop()
+
+
+async def _run_scenario(
+    scenario: DrillScenario, chain: Chain, started: float, scale: float, progress: Progress
+) -> None:
+    """Waits out the scenario's simulated minutes, telling each alert that arrives, and where the drill stands
+    every PROGRESS_EVERY seconds: a user watches an 80-second drill, not a silent terminal."""
+    end = started + scenario.minutes * 60 / scale
+    told = 0  # notifications already told
+    last_line = time.monotonic()
+    while (left := end - time.time()) > 0:
+        await asyncio.sleep(min(1.0, left))
+        minute = (time.time() - started) * scale / 60
+        arrived = chain.webhook.notifications[told:]
+        told += len(arrived)
+        for note in arrived:
+            if note.status == "firing":
+                progress(f"simulated minute {minute:.1f}: {note.alertname} reached {note.receiver}")
+                last_line = time.monotonic()
+        if time.monotonic() - last_line >= PROGRESS_EVERY:
+            firing = await asyncio.to_thread(_firing, chain.prometheus)
+            delivered = sorted({n.alertname for n in chain.webhook.notifications if n.status == "firing"})
+            progress(
+                f"simulated minute {minute:.1f} of {scenario.minutes:g}, {max(0.0, left):.0f} s left; "
+                f"alerts so far: {len(delivered)} delivered, firing now: {', '.join(firing) or 'none'}"
+            )
+            last_line = time.monotonic()
+
+
+def _firing(prometheus: Prometheus) -> list[str]:
+    """The alerts firing now in the drill's Prometheus (for the progress line; none where it does not answer)."""
+    try:
+        return sorted({s["metric"]["alertname"] for s in prometheus.query('ALERTS{alertstate="firing"}')})
+    except (ServiceError, OSError, ValueError, KeyError):
+        return []
 
 
 def _diagnose(
@@ -388,8 +465,12 @@ def _report(
 
 
 def run(scenario: DrillScenario, workdir: Path, **kwargs: Any) -> DrillReport:
+    """The drill's report; raises MissingPrerequisite, before anything starts, where something is to install."""
+    prerequisites(tls=kwargs.get("tls", False))
     try:
         return asyncio.run(run_drill(scenario, workdir, **kwargs))
+    except MissingPrerequisite:
+        raise
     except ServiceError as exc:
         report = DrillReport(
             scenario.name, scenario.summary, kwargs.get("time_scale", DEFAULT_TIME_SCALE), "-", [], [], None, [str(exc)]

@@ -27,12 +27,24 @@ class ServiceError(RuntimeError):
     pass
 
 
+class MissingPrerequisite(ServiceError):
+    """Something to install before the drill can run: one line for the user, not a report."""
+
+
 def find_binary(*names: str, package: str) -> str:
     for name in names:
         path = shutil.which(name)
         if path:
             return path
-    raise ServiceError(f"{names[0]} not found: install Debian's {package} package (apt-get install {package})")
+    raise MissingPrerequisite(f"{names[0]} not found: install Debian's {package} package (apt-get install {package})")
+
+
+def prometheus_binary() -> str:
+    return find_binary("prometheus", package="prometheus")
+
+
+def alertmanager_binary() -> str:
+    return find_binary("prometheus-alertmanager", "alertmanager", package="prometheus-alertmanager")
 
 
 class _Process:
@@ -116,7 +128,7 @@ class Prometheus(_Process):
             managers = [{**copy.deepcopy(client or {}), "static_configs": [{"targets": [alertmanager]}]}]
             config["alerting"] = {"alertmanagers": managers}
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        binary = find_binary("prometheus", package="prometheus")
+        binary = prometheus_binary()
         super().__init__(
             [
                 binary,
@@ -170,7 +182,7 @@ class Alertmanager(_Process):
         self.port = free_port()
         self.url = f"{'https' if web_config else 'http'}://127.0.0.1:{self.port}"
         (workdir / "alertmanager.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-        binary = find_binary("prometheus-alertmanager", "alertmanager", package="prometheus-alertmanager")
+        binary = alertmanager_binary()
         super().__init__(
             [
                 binary,

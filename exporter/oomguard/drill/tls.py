@@ -24,7 +24,7 @@ from typing import Any
 import bcrypt
 import yaml
 
-from oomguard.drill.services import Prometheus, ServiceError
+from oomguard.drill.services import MissingPrerequisite, Prometheus, ServiceError
 
 USERNAME = "prometheus"
 # The name in the server certificate that Prometheus checks (tls_config.server_name): it connects to
@@ -72,18 +72,26 @@ class DrillTls:
             return exc.code, exc.read()
 
 
+def require_cryptography() -> None:
+    """Raises MissingPrerequisite where the cryptography package cannot be imported (a dependency of oomguard's,
+    missing only from an install that skipped dependencies)."""
+    try:
+        import cryptography.x509  # noqa: F401
+    except ImportError as exc:
+        raise MissingPrerequisite(
+            f"oomguard drill --tls makes its certificates with the cryptography package, which cannot be imported "
+            f"({exc}): pip install cryptography (a dependency of oomguard's: pip install oomguard installs it)"
+        ) from exc
+
+
 def make_drill_tls(folder: Path, *, bcrypt_cost: int = 10) -> DrillTls:
     """Writes the CA, the server certificate and key, the password and the web configuration; blocking."""
-    try:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-    except ImportError as exc:
-        raise ServiceError(
-            "oomguard drill --tls makes its certificates with the cryptography package: "
-            "pip install cryptography (it is in oomguard's test extra)"
-        ) from exc
+    require_cryptography()
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     folder.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
 
