@@ -130,6 +130,12 @@ CASES = [
     ),
     Case(
         "connections",
+        "one address opening more than an eighth of the limit",
+        "each one over its share closed at once: other addresses still get in",
+        "test_one_address_cannot_take_every_connection",
+    ),
+    Case(
+        "connections",
         "a malformed request; any request",
         "`Server: oomguard`, no Python or aiohttp version",
         "test_no_versions_in_the_server_header",
@@ -676,7 +682,7 @@ async def test_a_slow_client_is_closed_after_the_header_timeout(serve: Serve, pk
 
 
 async def test_connections_over_the_limit_are_closed_at_once(serve: Serve, caplog: pytest.LogCaptureFixture) -> None:
-    served = await serve(None, max_connections=4)
+    served = await serve(None, max_connections=4, max_connections_per_address=4)
     held = [await asyncio.open_connection("127.0.0.1", served.server.port) for _ in range(4)]
     try:
         await wait_until(lambda: served.server.connections == 4, what="4 connections open")
@@ -708,6 +714,19 @@ async def test_no_versions_in_the_server_header(serve: Serve, with_file: bool) -
         writer.close()
     assert answer.split(b" ", 2)[1] == b"400" and b"Server: oomguard\r\n" in answer, answer[:300]
     assert b"Python" not in answer and b"aiohttp" not in answer
+
+
+async def test_one_address_cannot_take_every_connection(serve: Serve) -> None:
+    served = await serve(None, max_connections=8, max_connections_per_address=2)
+    held = [await asyncio.open_connection("127.0.0.1", served.server.port) for _ in range(2)]
+    try:
+        await wait_until(lambda: served.server.connections == 2, what="2 connections open")
+        assert await _closed_by_server(served.server.port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", timeout=5)
+        assert served.server.refused_connections == 1 and served.server.connections == 2
+        assert served.server.refusal("192.0.2.1") is None  # another address still gets in (6 places left)
+    finally:
+        for _, writer in held:
+            writer.close()
 
 
 def test_the_connection_limit_keeps_a_quarter_of_the_descriptors() -> None:

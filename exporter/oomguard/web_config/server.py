@@ -8,9 +8,10 @@ same port; connections already open finish under the old settings, as in the too
 
 The listener is asyncio's, with a protocol in front of aiohttp's (`_Gate`):
 
-- **A connection limit** below the process's file-descriptor limit (`connection_limit`):
-  a connection over it is closed at once, before any TLS handshake, so slow clients can
-  never take the descriptors a scrape (or a log file) needs.
+- **A connection limit** below the process's file-descriptor limit (`connection_limit`),
+  and an eighth of it per client address: a connection over either is closed at once,
+  before any TLS handshake, so slow clients can never take the descriptors a scrape (or a
+  log file) needs, and one address cannot take every connection.
 - **A header-read timeout**: the TLS handshake, and each request's head (from the
   connection's start, or the end of the last response), must arrive within
   `header_timeout` seconds, or the connection is closed.
@@ -129,25 +130,25 @@ class _Gate(asyncio.Protocol):
     def __init__(self, server: Server, context: ssl.SSLContext | None) -> None:
         self._server = server
         self._context = context
+        self._address = ""
         self._released = False
 
     def _release(self) -> None:
         if not self._released:
             self._released = True
-            self._server.connections -= 1
+            self._server.leave(self._address)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = self._server
-        if server.connections >= server.connection_limit:
+        peer = transport.get_extra_info("peername")
+        self._address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        why = server.refusal(self._address)
+        if why is not None:
             server.counters.connections_refused += 1
-            server.throttled.log(
-                logging.WARNING,
-                "refused",
-                f"refused a connection: {server.connections} open, the limit is {server.connection_limit}",
-            )
+            server.throttled.log(logging.WARNING, "refused", f"refused a connection from {self._address}: {why}")
             transport.abort()
             return
-        server.connections += 1
+        server.enter(self._address)
         handler = server.new_handler()
         handler.release = self._release
         assert isinstance(transport, asyncio.Transport)
@@ -189,6 +190,7 @@ class Server:
         handle_signals: bool = False,
         header_timeout: float = HEADER_TIMEOUT_SECONDS,
         max_connections: int | None = None,
+        max_connections_per_address: int | None = None,
     ) -> None:
         # keepalive_timeout is aiohttp's wait for the next request's head, from the connection's start
         # and after each response: the header-read timeout.
@@ -200,7 +202,10 @@ class Server:
         self._poll_seconds = poll_seconds
         self.header_timeout = header_timeout
         self.connection_limit = max_connections if max_connections is not None else connection_limit()
+        # One address (one client flooding) may hold an eighth: the others' scrapes still get in.
+        self.address_limit = max_connections_per_address or max(4, self.connection_limit // 8)
         self.connections = 0
+        self._by_address: dict[str, int] = {}
         self.counters = app[COUNTERS] if COUNTERS in app else WebCounters()
         self.counters.listening = True
         self.throttled = Throttled()
@@ -208,6 +213,26 @@ class Server:
         self._listener_key = state.current.listener_key if state else None
         self._watch: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def refusal(self, address: str) -> str | None:
+        """Why a new connection from `address` is closed at once; None: it is served."""
+        if self.connections >= self.connection_limit:
+            return f"{self.connections} connections open, the limit is {self.connection_limit}"
+        if self._by_address.get(address, 0) >= self.address_limit:
+            return f"it has {self.address_limit} connections open, the limit per address"
+        return None
+
+    def enter(self, address: str) -> None:
+        self.connections += 1
+        self._by_address[address] = self._by_address.get(address, 0) + 1
+
+    def leave(self, address: str) -> None:
+        self.connections -= 1
+        left = self._by_address.get(address, 1) - 1
+        if left > 0:
+            self._by_address[address] = left
+        else:
+            self._by_address.pop(address, None)
 
     @property
     def refused_connections(self) -> int:
@@ -269,8 +294,8 @@ class Server:
         scheme = "https" if context else "http"
         what = self._state.current.describe() if self._state else "no web configuration"
         log.info(
-            "serving %s on %s:%d: %s; at most %d connections, %g s for a request's head",
-            scheme, self._host, self._port, what, self.connection_limit, self.header_timeout,
+            "serving %s on %s:%d: %s; at most %d connections (%d per address), %g s for a request's head",
+            scheme, self._host, self._port, what, self.connection_limit, self.address_limit, self.header_timeout,
         )  # fmt: skip
 
     async def _reload_forever(self) -> None:
