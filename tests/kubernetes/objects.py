@@ -26,12 +26,15 @@ def pod(
     liveness_probe: Obj | None = None,
     phase: str = "Running",
     container_id: str = "containerd://" + "a" * 64,
+    args: list[str] | None = None,
 ) -> Obj:
     spec_container: Obj = {
         "name": container,
         "image": "vllm/vllm-openai:v0.11.0",
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
     }
+    if args is not None:  # the image's entrypoint (vLLM's OpenAI server) runs them
+        spec_container["args"] = args
     if startup_probe is not None:
         spec_container["startupProbe"] = startup_probe
     if liveness_probe is not None:

@@ -281,3 +281,23 @@ def _python() -> str:
     import platform
 
     return platform.python_version()
+
+
+async def test_a_loading_pod_is_judged_above_the_reservation_its_args_tell(tmp_path: Path) -> None:
+    """Issue 24: the pod's engine allocated its KV cache (NVML: 95.6 %) and refuses /metrics while it warms up; its
+    container's args tell 0.95, so GPU 0 is judged on the headroom above it, not on its total."""
+    port = free_port("127.0.0.2")  # nothing listens: the engine is loading
+    uid = "44444444-4444-4444-8444-444444444444"
+    (tmp_path / "proc" / "4242").mkdir(parents=True)
+    (tmp_path / "proc" / "4242" / "cgroup").write_text(f"0::/kubepods/pod{uid}/{'e' * 64}\n")
+    held = [FakeProcess(4242, int(0.95 * 80 * GIB)), FakeProcess(4343, GIB // 2)]
+    nvml = FakeNvml([FakeGpu(0, used_bytes=sum(p.used_bytes or 0 for p in held), processes=held)])
+    async with Cluster(tmp_path, nvml=nvml) as k8s:
+        args = ["--model", "m", "--gpu-memory-utilization", "0.95"]
+        await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=uid, args=args))
+        await wait_for(lambda: k8s.value("oomguard_gpu_memory_headroom_used_ratio", gpu="0"), "GPU 0 joined")
+        assert await k8s.value("oomguard_target_state", state="loading", **POD) == 1.0
+        assert await k8s.value("oomguard_gpu_memory_engine_reserved_bytes", gpu="0") == 0.95 * 80 * GIB
+        assert await k8s.value("oomguard_gpu_memory_headroom_used_ratio", gpu="0") == 0.125  # 0.5 of 4 GiB
+        setting = {"setting": "gpu_memory_utilization", "origin": "flag"}
+        assert await k8s.value("oomguard_engine_setting", engine="vllm", **setting, **POD) == 0.95

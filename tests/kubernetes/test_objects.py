@@ -8,7 +8,7 @@ import pytest
 
 from oomguard.sources.kubernetes.cgroup import attribute, pod_of
 from oomguard.sources.kubernetes.discovery import probe_kind
-from oomguard.sources.kubernetes.pods import pod_target
+from oomguard.sources.kubernetes.pods import container_settings, pod_target
 from oomguard.sources.kubernetes.probes import grace_seconds
 
 UID = "0f1e2d3c-4b5a-4987-8654-3210fedcba98"
@@ -98,3 +98,38 @@ def test_processes_outside_pods_and_gone_ones_are_not_attributed(tmp_path) -> No
     (tmp_path / "11").mkdir()
     (tmp_path / "11" / "cgroup").write_text(f"0::/kubepods/pod{UID}/{CID}\n")
     assert attribute([10, 11, 12], str(tmp_path)) == {11: (UID, CID)}
+
+
+@pytest.mark.parametrize(
+    ("spec", "engine", "want"),
+    [
+        # The image's entrypoint with the flags in args, the first of them a flag.
+        ({"args": ["--gpu-memory-utilization", "0.95", "--model", "m"]}, "vllm",
+         ("gpu_memory_utilization", 0.95, "flag")),
+        ({"command": ["vllm", "serve"], "args": ["m", "--gpu-memory-utilization=0.8"]}, "vllm",
+         ("gpu_memory_utilization", 0.8, "flag")),
+        ({"command": ["/bin/sh", "-c", "exec vllm serve m --gpu-memory-utilization '0.85'"]}, "vllm",
+         ("gpu_memory_utilization", 0.85, "flag")),
+        ({"args": ["--model", "m"]}, "vllm", ("gpu_memory_utilization", 0.9, "default")),  # every version's default
+        ({"command": ["python3", "-m", "sglang.launch_server"], "args": ["--mem-fraction-static", "0.88"]}, "sglang",
+         ("mem_fraction_static", 0.88, "flag")),
+        ({"env": [{"name": "CUDA_MEMORY_FRACTION", "value": "0.7"}, {"name": "X", "valueFrom": {}}]}, "tgi",
+         ("cuda_memory_fraction", 0.7, "flag")),
+    ],
+)  # fmt: skip
+def test_a_containers_command_line_gives_its_engines_settings(spec: dict, engine: str, want: tuple) -> None:
+    name, value, origin = want
+    setting = container_settings({"name": "engine", **spec}, engine)[name]
+    assert (setting.value, setting.origin) == (value, origin)
+
+
+def test_a_shell_script_that_cannot_be_split_gives_no_settings() -> None:
+    assert container_settings({"command": ["sh", "-c", "vllm serve 'm --gpu-memory-utilization 0.95"]}, "vllm") == {}
+
+
+def test_the_pod_target_carries_its_containers_settings_for_its_engine_only() -> None:
+    obj = objects.pod("vllm-0", "127.0.0.2", 8000, args=["--gpu-memory-utilization", "0.95"])
+    with_engine = pod_target(obj, "http", "vllm")
+    assert with_engine is not None and with_engine.settings["gpu_memory_utilization"].value == 0.95
+    without = pod_target(obj, "http")
+    assert without is not None and without.settings == {}

@@ -135,7 +135,7 @@ class KubernetesDiscovery:
     async def _pods_listed(self, items: list[Obj], namespace: str | None) -> None:
         seen: set[str] = set()
         for obj in items:
-            if (pod := pod_target(obj, self.k8s.port)) is not None and pod.target not in self.static:
+            if (pod := pod_target(obj, self.k8s.port, self.k8s.engine)) is not None and pod.target not in self.static:
                 seen.add(pod.target)
                 await self._upsert(pod)
         for name, known in list(self.known.items()):
@@ -148,7 +148,7 @@ class KubernetesDiscovery:
         return len(self._pods_listed_in) == len(self._scopes)
 
     async def _pod_event(self, kind: str, obj: Obj) -> None:
-        pod = pod_target(obj, self.k8s.port) if kind != "DELETED" else None
+        pod = pod_target(obj, self.k8s.port, self.k8s.engine) if kind != "DELETED" else None
         meta = obj.get("metadata") or {}
         name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         if pod is None:
@@ -246,11 +246,18 @@ class KubernetesDiscovery:
     async def attribute(
         self, nvml: NvmlReading | None, targets: tuple[TargetReading, ...]
     ) -> tuple[TargetReading, ...]:
-        """The discovered targets with their pods' processes on the GPUs (which GPUs, their own memory)."""
+        """The discovered targets with their pods' processes on the GPUs (which GPUs, their own memory) and their
+        engine container's settings (its command line: the reservation it was told, while it reports none)."""
         trees = await self.pod_processes(nvml)
-        if not trees:
-            return targets
-        return tuple(replace(t, process=trees[t.name]) if t.name in trees and t.process is None else t for t in targets)
+        out = []
+        for t in targets:
+            if t.name in trees and t.process is None:
+                t = replace(t, process=trees[t.name])
+            known = self.known.get(t.name)
+            if known is not None and known.pod.settings and not t.settings:
+                t = replace(t, settings=known.pod.settings)
+            out.append(t)
+        return tuple(out)
 
     async def pod_processes(self, nvml: NvmlReading | None) -> dict[str, ProcessTree]:
         """Target name -> its pod's processes in NVML's lists (for the collection and the trend sampler)."""

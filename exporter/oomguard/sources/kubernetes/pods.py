@@ -3,15 +3,26 @@
 The engine container is the one declaring `port` (by name or number); a number no container declares
 is taken as the first container's (ports are informational in Kubernetes). A pod without an IP yet, or
 finished (Succeeded, Failed), makes no target.
+
+The engine's settings come from its container's `command` and `args` (and its `env` values), as a local
+engine's come from its command line: among them the reservation it was told, which the joins use while the
+engine loads and reports none (join.py). No `command`: the image's entrypoint runs the `args`. A shell's
+`-c` script is split as the shell would split a plain command line. `valueFrom` variables are not read.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import shlex
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from oomguard.engines import ENGINES
+from oomguard.engines.cmdline import Cmdline, Settings, program
 from oomguard.sources.kubernetes.probes import grace_seconds
+
+_SHELLS = ("sh", "bash", "dash", "ash", "zsh")
 
 OOM_EXIT_CODE = 137  # SIGKILL: what an OOM kill leaves where the runtime does not say OOMKilled
 
@@ -47,6 +58,8 @@ class PodTarget:
     restart_count: int
     last_termination: Termination | None
     probe_grace_seconds: float | None
+    # The engine container's settings from its command, args and env (`container_settings`), by name.
+    settings: Settings = field(default_factory=dict)
 
     @property
     def target(self) -> str:
@@ -78,8 +91,35 @@ def _engine_container(containers: list[dict[str, Any]], port: str | int) -> tupl
     return None
 
 
-def pod_target(pod: dict[str, Any], port: str | int) -> PodTarget | None:
-    """The target `pod` makes; None when it has no engine container, no IP yet, or has finished."""
+def container_argv(container: dict[str, Any]) -> Cmdline:
+    """The container's command line as its process gets it: its command and args (a stand-in program name for the
+    image's entrypoint when it has no command); a shell's `-c` script split; () when that script cannot be."""
+    command = [str(a) for a in container.get("command") or []]
+    args = [str(a) for a in container.get("args") or []]
+    argv = (*(command or ["entrypoint"]), *args)
+    name, rest = program(argv)
+    if os.path.basename(name) in _SHELLS and rest[:1] == ("-c",):
+        try:
+            return tuple(shlex.split(rest[1])) if len(rest) > 1 else ()
+        except ValueError:
+            return ()  # an unbalanced quote: no flags we can trust
+    return argv
+
+
+def container_settings(container: dict[str, Any], engine: str) -> Settings:
+    """The engine's settings from its container spec (its version unknown: only the defaults of every version)."""
+    plugin = ENGINES.get(engine)
+    argv = container_argv(container)
+    if plugin is None or plugin.settings is None or not argv:
+        return {}
+    env = {str(e["name"]): str(e["value"]) for e in container.get("env") or []
+           if isinstance(e, dict) and "name" in e and "value" in e}  # fmt: skip
+    return plugin.settings(argv, None, env)
+
+
+def pod_target(pod: dict[str, Any], port: str | int, engine: str | None = None) -> PodTarget | None:
+    """The target `pod` makes; None when it has no engine container, no IP yet, or has finished. `engine`: whose
+    settings its container's command line gives (none without)."""
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     if status.get("phase") in ("Succeeded", "Failed"):
         return None
@@ -109,6 +149,7 @@ def pod_target(pod: dict[str, Any], port: str | int) -> PodTarget | None:
         restart_count=int(state.get("restartCount") or 0),
         last_termination=last,
         probe_grace_seconds=grace_seconds(container),
+        settings=container_settings(container, engine) if engine else {},
     )
 
 
