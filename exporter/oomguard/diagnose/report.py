@@ -118,9 +118,18 @@ def _rel(t: float, zero: float, facts: Facts) -> str:
 # ---- plots -------------------------------------------------------------------------------------
 
 
+class MissingExtra(ValueError):
+    """A package of an extra is not installed; a ValueError, so `diagnose --report` says it in one line."""
+
+
 def plot_png(facts: Facts, title: str = "") -> bytes:
     """Memory per GPU with the reservation line, KV cache use, waiting requests; OOMs and restarts marked."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:  # an extra: the node agent (and its image) runs without it
+        raise MissingExtra(
+            "the report's plots need matplotlib, an extra of oomguard: pip install 'oomguard[report]'"
+        ) from exc
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
