@@ -6,14 +6,24 @@ status, never a traceback, and nothing left running.
 
 from __future__ import annotations
 
+import logging
 import re
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import IO, Any
 
+import aiohttp
 import psutil
 import pytest
+
+from oomguard.config import TargetConfig
+from oomguard.sources.targets import TargetScraper
 
 OOMGUARD = [sys.executable, "-m", "oomguard"]
 
@@ -56,3 +66,91 @@ def test_serve_on_a_port_in_use_is_one_line_and_leaves_nothing_running(held_port
     for proc in left:  # a failing test must not leak them either
         proc.kill()
     assert not left, [p.info["cmdline"] for p in left]
+
+
+def _lines_of(stream: IO[str]) -> tuple[list[str], threading.Thread]:
+    """The lines of a process's stream as they come (a thread reads them: the test waits on conditions)."""
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, reader
+
+
+def _wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := condition():
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout:g} s: {what}")
+
+
+def test_serve_logs_no_warning_while_its_simulated_engine_loads() -> None:
+    """An engine refuses connections while it loads its model, by design: the first minutes of `serve --simulate`
+    are one info line "loading", not a WARNING per engine start."""
+    proc = subprocess.Popen(
+        [*OOMGUARD, "serve", "--simulate", "steady", "--simulate.time-scale", "30", "--no-collector.nvml",
+         "--web.listen-address", "127.0.0.1:0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    lines, reader = _lines_of(proc.stderr)
+    try:
+        serving = _wait_for(lambda: next((ln for ln in lines if "serving http on" in ln), None), 30, "serving")
+        port = int(re.search(r"127\.0\.0\.1:(\d+)", serving)[1])
+
+        def up() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                    body = response.read().decode()
+            except OSError:
+                return False
+            return re.search(r'oomguard_target_state\{[^}]*state="up",target="sim-vllm"\} 1', body) is not None
+
+        _wait_for(up, 60, "the simulated engine up")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        reader.join(timeout=10)
+    log = "\n".join(lines)
+    assert "sim-vllm: loading" in log, log  # the one info line
+    assert len([ln for ln in lines if " INFO " in ln and "sim-vllm: loading" in ln]) == 1, log
+    assert not [ln for ln in lines if " WARNING " in ln], log
+
+
+async def test_a_refusal_while_loading_is_info_once_and_after_up_a_warning(
+    zoo: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    closed = f"http://127.0.0.1:{_unused_port()}"
+    target = TargetScraper(
+        TargetConfig(url=closed, name="life", local_process="no"), timeout=1.0, max_body_bytes=1 << 20
+    )
+    caplog.set_level(logging.DEBUG, logger="oomguard.sources.targets")
+    async with aiohttp.ClientSession() as session:
+        for _ in range(3):  # loading: refused, then the same refusal again, then another error
+            assert (await target.scrape(session)).state == "loading"
+        target.config = target.config.model_copy(update={"url": f"{zoo.base}/500"})
+        assert (await target.scrape(session)).state == "loading"
+        records = [(r.levelname, r.getMessage()) for r in caplog.records]
+        assert [level for level, _ in records] == ["INFO", "DEBUG"], records
+        assert records[0][1].startswith("target life: loading (refused error until it serves: cannot connect")
+
+        caplog.clear()
+        target.config = target.config.model_copy(update={"url": f"{zoo.base}/good"})
+        assert (await target.scrape(session)).state == "up"
+        target.config = target.config.model_copy(update={"url": closed})
+        reading = await target.scrape(session)
+        assert reading.state == "down" and reading.error_kind == "refused"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("target life: refused error: cannot connect"), warnings
+
+
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

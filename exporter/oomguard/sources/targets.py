@@ -87,6 +87,7 @@ class TargetScraper:
         self.state = "loading"
         self.asleep = False  # in the engine's sleep mode, as its last reading said
         self._last_error = ""
+        self._loading_told = False  # the one info line of this spell of loading is logged
 
     def retarget(self, config: TargetConfig) -> None:
         """A discovered pod at a new address (replaced under the same name): the counts go on, the new
@@ -131,9 +132,7 @@ class TargetScraper:
         if reading is not None and self.fetch_reservation is not None:
             reading = await self._with_reservation(session, reading)
         figures = figures_read(ENGINES[self.config.engine].figures, reading) if reading is not None else {}
-        if error and error != self._last_error:
-            log.warning("target %s: %s error: %s", self.name, error_kind, error)
-        self._last_error = error
+        self._log_error(error_kind, error)
         pod = self.pod
         restarts_total, last_restart_at = self.restarts.restarts_total, self.restarts.last_restart_at
         if pod is not None:  # the kubelet's count: it sees every life, even one killed before its first line
@@ -165,6 +164,21 @@ class TargetScraper:
             container=pod.container if pod else "",
             probe_grace_seconds=pod.probe_grace_seconds if pod else None,
         )
+
+    def _log_error(self, error_kind: str, error: str) -> None:
+        """A new error as a warning, except while the target loads: an engine loading its model refuses or errors
+        by design, which is one info line per spell of loading (the details at debug), not a warning per start."""
+        if self.state != "loading":
+            self._loading_told = False
+            if error and error != self._last_error:
+                log.warning("target %s: %s error: %s", self.name, error_kind, error)
+        elif error and error != self._last_error:
+            if not self._loading_told:
+                log.info("target %s: loading (%s error until it serves: %s)", self.name, error_kind, error)
+                self._loading_told = True
+            else:
+                log.debug("target %s: loading: %s error: %s", self.name, error_kind, error)
+        self._last_error = error
 
     def _count_rejected(self, rejected: Rejected) -> None:
         """Counted on each scrape; logged when the reasons change (not on every scrape of one bad engine)."""
