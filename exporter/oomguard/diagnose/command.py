@@ -7,6 +7,7 @@ import re
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 from oomguard.diagnose import report
 from oomguard.diagnose.clock import Clock
@@ -76,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.report:
+        # Refused before anything is read or printed: not after a whole diagnosis.
+        try:
+            report.report_format(Path(args.report))
+        except ValueError as exc:
+            print(f"oomguard diagnose: {exc}", file=sys.stderr)
+            return 2
     try:
         clock = Clock(args.time_scale)
         if args.prometheus:
@@ -99,8 +107,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(report.text(diagnoses, data.source))
     if args.report:
-        from pathlib import Path
-
         try:
             written = report.write_report(Path(args.report), diagnoses, data.source)
         except (ValueError, OSError) as exc:

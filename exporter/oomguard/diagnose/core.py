@@ -107,10 +107,15 @@ def diagnose_data(
     subjects = [s for s in _subjects(data) if target is None or s[1] == target]
     if not subjects:
         where = f"target {target!r}" if target else "any target or GPU"
-        summary = (
-            f"no oomguard series for {where} in {data.source}: check --target/--instance, "
-            "the window (--at, --window), and that Prometheus scrapes oomguard"
-        )
+        if data.history:
+            fix = "check --target/--instance, the window (--at, --window), and that Prometheus scrapes oomguard"
+        else:
+            # One exporter read now: no window, no Prometheus; what it does serve is the useful answer.
+            known = sorted({s.labels["target"] for s in data.series if "target" in s.labels})
+            fix = (f"its targets are {', '.join(known)}" if known else "it serves no target or GPU series") + (
+                "; check --target" if target else "; check that it is oomguard and that its collectors run"
+            )
+        summary = f"no oomguard series for {where} in {data.source}: {fix}"
         return [Diagnosis(target, None, [], INSUFFICIENT, 0.0, summary, [], [], time_scale=clock.scale)]
     out = []
     for instance, name, gpus in subjects:

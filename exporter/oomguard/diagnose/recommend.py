@@ -122,6 +122,9 @@ def recommend(facts: Facts, verdict: Verdict, *, probe_delay: float, probe_sourc
     seqs_unknown = "" if max_num_seqs_now else (
         f" (current value unknown: no oomguard_engine_setting series; oomguard reads {flag} from a local engine's "
         "command line, so set it there explicitly, or pass --max-num-seqs)")  # fmt: skip
+    if seqs_unknown and facts.has_engine and check.cap_name:
+        # Step 3's evidence says the whole of it already (evidence.py's _capacity_items): not twice.
+        seqs_unknown = " (current value unknown: step 3 says how to give it)"
     util_now = facts.gpu_memory_utilization or facts.reserved_ratio
     peak = facts.peak[1] if facts.peak else None
 
@@ -140,7 +143,14 @@ def recommend(facts: Facts, verdict: Verdict, *, probe_delay: float, probe_sourc
         if running is None and facts.running and facts.kv:
             t_peak = max(facts.kv, key=lambda p: p[1])[0]
             running = dict(facts.running).get(t_peak)
-        if running and kv_use:
+        if facts.history and check.capacity is None:
+            # Too few points to say what the cache holds (step 3 says so): no figure from them either.
+            out.append(Recommendation(
+                seqs, seqs_current, None, "sequences",
+                f"too few points in the window to size it ({check.samples} of the {capacity.MIN_SAMPLES} step 3 "
+                "needs: a longer --window); lower it in proportion to gpu_memory_utilization, never one alone"
+                + seqs_unknown))  # fmt: skip
+        elif running and kv_use:
             factor = kv_pool_factor(util_now, suggested, facts.total_bytes, facts.kv_cache_memory_bytes)
             value = max_num_seqs(running, kv_use, factor, max_num_seqs_now)
             held = (f" (the KV cache held {check.capacity:.0f} requests of the observed size at most)"

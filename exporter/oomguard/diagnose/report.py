@@ -13,6 +13,7 @@ from pathlib import Path
 
 from oomguard.diagnose.core import Diagnosis
 from oomguard.diagnose.evidence import KV_SATURATED, QUESTIONS, WAITING_BACKLOG, Facts
+from oomguard.diagnose.recommend import Recommendation
 from oomguard.diagnose.verdict import confidence_label
 from oomguard.events import kinds
 
@@ -26,6 +27,23 @@ def _when(t: float | None) -> str:
 
 def _value(value: float | str | None) -> str:
     return "unknown" if value is None else f"{value:g}" if isinstance(value, float | int) else str(value)
+
+
+def _cells(r: Recommendation) -> list[str]:
+    """The report's current and suggested cells; "-" for advice with no figure on either side."""
+    if r.current is None and r.suggested is None:
+        return ["-", "-"]
+    return [_value(r.current), f"{_value(r.suggested)} {r.unit}".strip()]
+
+
+def _change(r: Recommendation) -> str:
+    """`max_num_seqs: 64 -> 11 sequences`; advice with no figure on either side (the leak, a liveness probe) is its
+    name alone, and a setting diagnose cannot size says so rather than "unknown -> unknown"."""
+    if r.current is None and r.suggested is None:
+        return r.setting
+    if r.suggested is None:
+        return f"{r.setting}: {_value(r.current)} {r.unit}, not sized (below)".replace("  ", " ")
+    return f"{r.setting}: {_value(r.current)} -> {_value(r.suggested)} {r.unit}".rstrip()
 
 
 # ---- terminal text and JSON --------------------------------------------------------------------
@@ -49,7 +67,7 @@ def text(diagnoses: list[Diagnosis], source: str = "") -> str:
         if d.recommendations:
             lines.append("  change:")
             for r in d.recommendations:
-                lines.append(f"     - {r.setting}: {_value(r.current)} -> {_value(r.suggested)} {r.unit}".rstrip())
+                lines.append(f"     - {_change(r)}")
                 lines.append(f"       {r.why}")
         lines.append("")
     if source:
@@ -122,7 +140,22 @@ class MissingExtra(ValueError):
     """A package of an extra is not installed; a ValueError, so `diagnose --report` says it in one line."""
 
 
+# Reference lines (the reservation, the 90 % alert threshold, the cache's capacity) are drawn under the curves:
+# a curve that runs along one (vLLM's use at its reservation, the running batch at the cache's capacity) stays seen.
+REFERENCE_ZORDER = 1.0
+CURVE_ZORDER = 3.0
+ALERT_LEVEL = 0.90  # the bundle's gpu_memory_high threshold, the 90 % line
+
+
 def plot_png(facts: Facts, title: str = "") -> bytes:
+    """The plot of plot_figure as a PNG."""
+    fig = plot_figure(facts, title)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=PLOT_DPI)
+    return buffer.getvalue()
+
+
+def plot_figure(facts: Facts, title: str = ""):  # -> matplotlib.figure.Figure (an extra: not imported here)
     """Memory per GPU with the reservation line, KV cache use, waiting requests; OOMs and restarts marked."""
     try:
         import matplotlib
@@ -156,23 +189,30 @@ def plot_png(facts: Facts, title: str = "") -> bytes:
     fig = Figure(figsize=PLOT_SIZE, dpi=PLOT_DPI)
     memory_ax, kv_ax, queue_ax = fig.subplots(3, 1, sharex=True, height_ratios=[2, 1, 1])
     for gpu, points in sorted(facts.per_gpu.items()):
-        memory_ax.plot(*x(points), label=f"GPU {gpu} used", linewidth=1.4)
-    if facts.reserved_ratio is not None:
-        memory_ax.axhline(facts.reserved_ratio, color="tab:orange", linestyle="--",
-                          label=f"engine reservation {facts.reserved_ratio:g}")  # fmt: skip
-    memory_ax.axhline(0.90, color="tab:red", linestyle=":", linewidth=1, label="90 %")
+        memory_ax.plot(*x(points), label=f"GPU {gpu} used", linewidth=1.4, zorder=CURVE_ZORDER)
+    reserved = facts.reserved_ratio
+    if reserved is not None and abs(reserved - ALERT_LEVEL) < 0.005:
+        # One line for both: two at the same height would hide one under the other.
+        memory_ax.axhline(reserved, color="tab:orange", linestyle="--", zorder=REFERENCE_ZORDER,
+                          label=f"engine reservation {reserved:g} = the 90 % alert level")  # fmt: skip
+    else:
+        if reserved is not None:
+            memory_ax.axhline(reserved, color="tab:orange", linestyle="--", zorder=REFERENCE_ZORDER,
+                              label=f"engine reservation {reserved:g}")  # fmt: skip
+        memory_ax.axhline(ALERT_LEVEL, color="tab:red", linestyle=":", linewidth=1, zorder=REFERENCE_ZORDER,
+                          label="90 % (alert)")  # fmt: skip
     memory_ax.set_ylim(0, 1.05)
     memory_ax.set_ylabel("GPU memory (share)")
-    kv_ax.plot(*x(facts.kv), color="tab:purple", label="KV cache use")
+    kv_ax.plot(*x(facts.kv), color="tab:purple", label="KV cache use", zorder=CURVE_ZORDER)
     kv_ax.set_ylim(0, 1.05)
     kv_ax.set_ylabel("KV cache")
-    queue_ax.plot(*x(facts.waiting), color="tab:brown", label="waiting")
+    queue_ax.plot(*x(facts.waiting), color="tab:brown", label="waiting", zorder=CURVE_ZORDER)
     if facts.running:
-        queue_ax.plot(*x(facts.running), color="tab:gray", linewidth=0.8, label="running")
+        queue_ax.plot(*x(facts.running), color="tab:gray", linewidth=1.2, label="running", zorder=CURVE_ZORDER)
     held = facts.capacity_check.capacity
     if held is not None:
         # What the running batch can reach before the cache is full: running requests near it is the cache binding.
-        queue_ax.axhline(held, color="tab:purple", linestyle="--", linewidth=1,
+        queue_ax.axhline(held, color="tab:purple", linestyle="--", linewidth=1, zorder=REFERENCE_ZORDER,
                          label=f"KV cache holds ~{held:.0f} requests")  # fmt: skip
     queue_ax.set_ylabel("requests")
     unit = f"simulated minutes ({facts.clock.scale:g}x)" if facts.clock.compressed else "minutes"
@@ -194,9 +234,7 @@ def plot_png(facts: Facts, title: str = "") -> bytes:
             ax.legend(loc="upper left", fontsize=8)
     memory_ax.set_title(title)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=PLOT_DPI)
-    return buffer.getvalue()
+    return fig
 
 
 # ---- the incident report -----------------------------------------------------------------------
@@ -224,7 +262,7 @@ def _sections(d: Diagnosis) -> list[tuple[str, list[str], list[list[str]] | None
     out.append(("Evidence, in the postmortem's order", [], rows))
     if d.recommendations:
         rows = [["setting", "current", "suggested", "why"]] + [
-            [r.setting, _value(r.current), f"{_value(r.suggested)} {r.unit}".strip(), r.why] for r in d.recommendations
+            [r.setting, *_cells(r), r.why] for r in d.recommendations
         ]
         out.append(("What to change", [], rows))
     return out
@@ -280,17 +318,25 @@ def html_report(diagnoses: list[Diagnosis], pngs: dict[int, bytes], source: str 
     return "\n".join(parts) + "\n"
 
 
+def report_format(path: Path) -> str:
+    """The format, md or html, from the name; ValueError otherwise (diagnose checks it before reading anything)."""
+    suffix = path.suffix.lower()
+    if suffix in (".md", ".markdown"):
+        return "md"
+    if suffix in (".html", ".htm"):
+        return "html"
+    raise ValueError(f"--report {path}: end the name with .md or .html to choose the format")
+
+
 def write_report(path: Path, diagnoses: list[Diagnosis], source: str = "") -> list[Path]:
     """Markdown (.md) with PNGs beside it, or HTML (.html/.htm) with them embedded. Returns the files written."""
-    suffix = path.suffix.lower()
-    if suffix not in (".md", ".markdown", ".html", ".htm"):
-        raise ValueError(f"--report {path}: end the name with .md or .html to choose the format")
+    html_format = report_format(path) == "html"
     pngs = {
         n: plot_png(d.facts, f"{_title(d)}: {d.verdict}")
         for n, d in enumerate(diagnoses)
         if d.facts is not None and d.facts.history and d.facts.memory
     }
-    if suffix in (".html", ".htm"):
+    if html_format:
         path.write_text(html_report(diagnoses, pngs, source), encoding="utf-8")
         return [path]
     written = [path]

@@ -51,11 +51,29 @@ def _make(name: str, summary: str, facts: Facts, criteria: dict[str, bool]) -> V
     return Verdict(name, round(confidence, 2), summary, criteria)
 
 
+def _memory_words(facts: Facts, at_top: bool, spiked: bool, ooms: float) -> str:
+    """What memory did, as words after a comma: only what the figures say (the criteria print the same ones)."""
+    if at_top:
+        words = ", memory went to the top" if facts.history else ", memory is at the top now"
+    elif spiked:
+        words = ", memory spiked toward the top (the exporter's trend: spike)"
+    else:
+        words = ""
+    if ooms:
+        words += f" and ran out ({ooms:g} OOM(s))" if words else f", memory ran out ({ooms:g} OOM(s))"
+    return words
+
+
 def decide(facts: Facts, probe_delay: float) -> Verdict:
     what = f"target {facts.target}" if facts.target is not None else f"GPU {','.join(facts.gpus)}"
     if not facts.has_memory and not facts.has_engine and not facts.event_counts and not facts.restart_count:
-        return Verdict(INSUFFICIENT, 0.0, f"{what}: none of oomguard's memory, engine or event series in the "
-                       "window; check --instance/--target, the window, and that oomguard is scraped", {})  # fmt: skip
+        where = (
+            "in the window; check --instance/--target, the window, and that oomguard is scraped"
+            if facts.history
+            else "in the exporter's /metrics; check --target and the exporter's targets"
+        )
+        return Verdict(INSUFFICIENT, 0.0, f"{what}: none of oomguard's memory, engine or event series {where}",
+                       {})  # fmt: skip
 
     startup_memory = facts.event_counts.get(kinds.STARTUP_MEMORY, 0.0)
     cuda_oom = facts.event_counts.get(kinds.CUDA_OOM, 0.0)
@@ -72,6 +90,10 @@ def decide(facts: Facts, probe_delay: float) -> Verdict:
     loading = facts.ever_up is False
     climbing = facts.climbing and not loading
     trouble = ooms > 0 or facts.memory_top or climbing or bool({"spike", "saturated"} & set(facts.trend_states))
+    # Memory at the top by diagnose's measure or by the exporter's (saturated: pinned near the top): what a summary
+    # that says "went to the top" stands on, and the criterion that says so, the same figure.
+    at_top = facts.memory_top or "saturated" in facts.trend_states
+    spiked = "spike" in facts.trend_states
     if trouble and facts.has_memory:
         if facts.foreign_growth:
             return _make("foreign_process", f"{what}: another process on the GPU grew by "
@@ -82,12 +104,9 @@ def decide(facts: Facts, probe_delay: float) -> Verdict:
                              "KV cache not saturated": not facts.kv_saturated})  # fmt: skip
         if facts.kv_saturated and facts.backlog:
             return _make("memory_overcommit", f"{what}: over-provisioned concurrency: the KV cache was full, "
-                         "requests waited and were preempted, memory went to the top"
-                         + (f", {ooms:g} OOM(s)" if ooms else ""), facts, {
+                         "requests waited and were preempted" + _memory_words(facts, at_top, spiked, ooms), facts, {
                              "KV cache saturated": True, "requests waiting or preempted": True,
-                             "memory at the top": facts.memory_top or "spike" in facts.trend_states
-                             or "saturated" in facts.trend_states,
-                             "OOM": ooms > 0})  # fmt: skip
+                             "memory at the top or a spike": at_top or spiked, "OOM": ooms > 0})  # fmt: skip
         if climbing:
             return _make("memory_leak", f"{what}: memory climbs and does not fall back, with no matching rise "
                          "in KV cache use or concurrency" + (f"; {ooms:g} OOM(s)" if ooms else ""), facts, {
@@ -97,11 +116,14 @@ def decide(facts: Facts, probe_delay: float) -> Verdict:
                                  "climbing" in facts.trend_states and (facts.climb is not None or not facts.history),
                              "OOM or over budget": ooms > 0 or (facts.over_budget_peak_bytes or 0) > 0})  # fmt: skip
         if ooms or facts.memory_top:
-            # Memory ran out with neither a climb nor a full cache: a spike straight to the top.
-            return _make("memory_overcommit", f"{what}: memory went straight to the top"
-                         + (f" and ran out ({ooms:g} OOM(s))" if ooms else "")
-                         + " without a climb: over-provisioning, though the engine's queue does not show it",
-                         facts, {"memory at the top": facts.memory_top, "OOM": ooms > 0,
+            # Memory ran out, or is at the top, with neither a climb nor a full cache. A history tells a spike from a
+            # climb; one reading of the exporter cannot (a climb the user watched ends at the top too).
+            how = " without a climb" if facts.history else ""
+            unread = ("; one reading cannot tell a climb from a spike: --prometheus with a window can"
+                      if not facts.history else "")  # fmt: skip
+            return _make("memory_overcommit", f"{what}:" + _memory_words(facts, at_top, spiked, ooms).lstrip(",")
+                         + how + ": over-provisioning, though the engine's queue does not show it" + unread,
+                         facts, {"memory at the top": at_top, "OOM": ooms > 0,
                                  "KV cache saturated": facts.kv_saturated,
                                  "requests waiting or preempted": facts.backlog})  # fmt: skip
 
