@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -141,7 +142,7 @@ def test_an_override_under_a_key_the_file_leaves_empty_is_refused_with_the_key(t
     """Bug found by tests/fuzz: `web:` left empty in the file (its keys commented out) with --web.listen-address
     or $OOMGUARD_WEB_LISTEN_ADDRESS set ended in a raw TypeError traceback."""
     for text in ("web:\n", "web: 9847\n"):
-        with pytest.raises(ConfigError, match=r"web: Input should be a valid dictionary"):
+        with pytest.raises(ConfigError, match=r"web: must be a mapping"):
             load_config(write(tmp_path, text), {"web.listen_address": ":1234"})
 
 
@@ -191,7 +192,7 @@ def test_the_kubernetes_block_takes_its_node_from_the_downward_api(
         ("kubernetes: {port: http}\n", "node_name is empty and so is $NODE_NAME"),
         ("kubernetes: {port: 70000, node_name: n}\n", "a port number is 1-65535"),
         ("kubernetes: {port: http, node_name: n, engine: vllmm}\n", "unknown engine 'vllmm'"),
-        ("kubernetes: {node_name: n}\n", "kubernetes.port: Field required"),
+        ("kubernetes: {node_name: n}\n", "kubernetes.port: is required: add it"),
     ],
 )
 def test_a_bad_kubernetes_block_is_refused_naming_the_key(
@@ -235,3 +236,44 @@ def test_check_config_warns_of_a_log_pattern_that_matches_no_file(
         "(follow_symlinks: false): if it is not the engine's log (a typo?), its OOMs are never counted; while it "
         "runs, oomguard_event_source_files says how many files it follows",
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("targets:\n  - url: http://127.0.0.1:8000\n    gpus: zero\n",
+         "targets[0].gpus: must be a list: one '- item' line each, or [a, b] (got 'zero')"),
+        ("targets: 5\n", "targets: must be a list: one '- item' line each, or [a, b] (got 5)"),
+        ("nvml: yes-please\n", "nvml: must be a mapping: 'key: value' lines indented under it (got 'yes-please')"),
+        ("targets:\n  - name: x\n", "targets[0].url: is required: add it"),
+        ("targets:\n  - url: 5\n", "targets[0].url: must be text (in quotes where YAML would read a number"),
+        ("targets:\n  - url: http://127.0.0.1:8000\n    gpus: [1.5]\n",
+         "targets[0].gpus[0]: must be a whole number (got 1.5)"),
+    ],
+)  # fmt: skip
+def test_check_config_says_each_error_in_its_own_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, line: str
+) -> None:
+    """What to write, in oomguard's words: never pydantic's ("Input should be a valid tuple", "Field required")."""
+    assert main(["check-config", str(write(tmp_path, text))]) == 1
+    err = capsys.readouterr().err
+    assert f"\n  {line}" in err, err
+    assert "Input should" not in err and "Field required" not in err and "valid tuple" not in err, err
+
+
+def test_every_subcommand_help_says_what_it_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """`oomguard COMMAND --help` begins with what the command does (the line of `oomguard --help`), and each
+    argument has a help text: check-config's `file` too."""
+    from oomguard.cli import _parser
+
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name in commands.choices:
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        page = capsys.readouterr().out
+        summary = next(c.help for c in commands._choices_actions if c.dest == name)
+        assert summary and summary in " ".join(page.split()), (name, page)
+    main_page = " ".join(_parser().format_help().split())
+    assert all(c.help in main_page for c in commands._choices_actions)
+    check = commands.choices["check-config"]
+    assert all(a.help for a in check._actions), [a.dest for a in check._actions if not a.help]

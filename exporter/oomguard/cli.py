@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     check = commands.add_parser("check-config", help="validate a configuration file and exit")
-    check.add_argument("file", type=Path)
+    check.add_argument("file", type=Path, help="the YAML configuration to check, as `serve --config FILE` reads it")
 
     generate = commands.add_parser("generate", help="write the alert and recording rules (and dashboards)")
     generate.add_argument(
@@ -169,6 +169,10 @@ def _parser() -> argparse.ArgumentParser:
 
     docs = commands.add_parser("docs", help="print docs/metrics.md, generated from the metric table")
     docs.add_argument("--output", type=Path, help="write to this file instead of stdout")
+    # Each `oomguard COMMAND --help` begins with what the command does: the line `oomguard --help` gives it.
+    for action in commands._choices_actions:
+        page = commands.choices[action.dest]
+        page.description = page.description or action.help
     return parser
 
 

@@ -467,7 +467,37 @@ def _fix(item: Any) -> str | None:
         return f"must be a number{unit and ' of' + unit}"
     if item["type"] in ("bool_parsing", "bool_type"):
         return "must be true or false"
+    ctx = item.get("ctx", {})
+    if item["type"] in _SHAPES:
+        return _SHAPES[item["type"]].format(**ctx)
+    if item["type"] in ("literal_error", "enum") and "expected" in ctx:
+        return f"must be one of {ctx['expected']}"
+    # Any other of pydantic's phrases, in the same voice as the rest ("must be ...", never "Input should be ...").
+    message = str(item["msg"])
+    if message.startswith("Input should be "):
+        return "must be " + message.removeprefix("Input should be ")
     return None
+
+
+# pydantic's shapes (a list where a mapping belongs...), said as what to write; keys of the error's ctx fill them.
+_SHAPES = {
+    "missing": "is required: add it",
+    "tuple_type": "must be a list: one '- item' line each, or [a, b]",
+    "list_type": "must be a list: one '- item' line each, or [a, b]",
+    "set_type": "must be a list: one '- item' line each, or [a, b]",
+    "frozen_set_type": "must be a list: one '- item' line each, or [a, b]",
+    "iterable_type": "must be a list: one '- item' line each, or [a, b]",
+    "dict_type": "must be a mapping: 'key: value' lines indented under it",
+    "model_type": "must be a mapping: 'key: value' lines indented under it",
+    "model_attributes_type": "must be a mapping: 'key: value' lines indented under it",
+    "string_type": "must be text (in quotes where YAML would read a number, true/false or a list)",
+    "int_from_float": "must be a whole number",
+    "too_short": "needs at least {min_length} item(s)",
+    "too_long": "takes at most {max_length} item(s)",
+    "string_too_short": "needs at least {min_length} character(s)",
+    "string_too_long": "takes at most {max_length} characters",
+    "string_pattern_mismatch": "must match the pattern {pattern}",
+}
 
 
 def _got(value: Any) -> str:

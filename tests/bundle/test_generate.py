@@ -178,7 +178,7 @@ def _startup_expr(settings: dict, time_scale: float) -> str:
         ("alerts:\n  queue_backlog: {for_: 5m}\n", "\n  alerts.queue_backlog.for_: unknown key; did you mean 'for'?"),
         (
             "alerts:\n  gpu_memory_high: {severity: page}\n",
-            "\n  alerts.gpu_memory_high.severity: Input should be 'critical', 'warning' or 'info' (got 'page')",
+            "\n  alerts.gpu_memory_high.severity: must be one of 'critical', 'warning' or 'info' (got 'page')",
         ),
         (
             "alerts:\n  gpu_memory_high: {for: 5 minutes}\n",
