@@ -154,3 +154,21 @@ def _unused_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_the_readme_names_every_dependency_and_engine() -> None:
+    """The README's install and dependency list is what a user reads first: each main dependency of pyproject.toml
+    is named there, and each engine package is listed (none as "next")."""
+    import tomllib
+
+    from support import REPO
+
+    readme = (REPO / "README.md").read_text()
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [re.match(r"[A-Za-z0-9_.-]+", dependency)[0] for dependency in dependencies]
+    assert [name for name in names if f"`{name}`" not in readme] == []
+    engines = sorted(
+        p.name for p in (REPO / "exporter" / "oomguard" / "engines").iterdir() if (p / "__init__.py").exists()
+    )
+    assert [engine for engine in engines if f"`{engine}/`" not in readme] == []
+    assert "llama.cpp next" not in readme and "; llama.cpp next" not in readme

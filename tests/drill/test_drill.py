@@ -186,3 +186,12 @@ def test_the_shipped_routing_is_the_deployed_example() -> None:
     from oomguard.drill.run import DEFAULT_ALERTMANAGER_CONFIG
 
     assert DEFAULT_ALERTMANAGER_CONFIG.read_text() == ROUTING.read_text()
+
+
+def test_the_readme_and_docs_name_every_drill_scenario() -> None:
+    """`drill --list` and the README's list of scenarios are the same set; docs/drill.md describes each."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## The drill") : readme.index("## Diagnose")]
+    assert set(re.findall(r"`([a-z]+(?:-[a-z]+)+|incident)`", section)) >= set(SCENARIOS)
+    docs = (REPO / "docs" / "drill.md").read_text()
+    assert [name for name in SCENARIOS if f"| `{name}` |" not in docs] == []
