@@ -17,7 +17,8 @@
 # /var/lib/oomguard keeps read positions and counts on the volume).
 # Engines' logs: mount them read-only; files only root may read need --user 0 (see below).
 # TLS and basic auth: -v $PWD/web:/etc/oomguard-web:ro -e OOMGUARD_WEB_CONFIG_FILE=/etc/oomguard-web/web-config.yml
-#   (the environment variable rather than --web.config.file: the HEALTHCHECK reads it too).
+#   (the environment variable rather than --web.config.file: the HEALTHCHECK reads it too; so for another
+#   port, -e OOMGUARD_WEB_LISTEN_ADDRESS=:PORT rather than --web.listen-address).
 # Try it without a GPU: docker run -p 127.0.0.1:9847:9847 oomguard:0.1.0 serve --simulate overcommit
 #
 # User: uid 10001 by default. The DaemonSet runs it as uid 0 with every capability dropped
