@@ -2,7 +2,12 @@
 
 Every `discovery.local.interval_seconds`, the processes are listed (in a worker thread) and matched against
 the engine plugins; an engine that listens becomes a target `host:port` (its URL's, as a configured target
-would be named), scraped like a configured one, its processes looked up by its port. A configured target
+would be named), scraped like a configured one, its processes looked up by its port. An engine not listening yet
+(vLLM loading its model and warming up, for minutes, its KV cache already allocated) becomes a target at the port
+its command line tells (`--port`, else its environment's, else the engine's default; its `--host`, else
+loopback), loading: so its GPUs are judged above the reservation it was told meanwhile (join.py), not on their
+total; once it listens at another address, the target moves there. One whose command line names a `--config`
+file (where its port may be) waits until it listens. A configured target
 wins: an engine on a configured local target's port is left to it. A restart keeps the target: a relaunched
 engine with the same command line and port is the same target, and while a process with its command line
 exists (a vLLM loading does not listen) it stays; it goes `forget_after_seconds` after the last such process
@@ -21,7 +26,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from oomguard.config import Config, TargetConfig
-from oomguard.engines.cmdline import Cmdline
+from oomguard.engines.cmdline import Cmdline, flag, program
 from oomguard.sources.local.cmdline import (
     EngineProcess,
     engine_port,
@@ -30,6 +35,7 @@ from oomguard.sources.local.cmdline import (
     listening_ports,
     start_ticks,
     url_host,
+    wanted_port,
 )
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.registry import SourceRegistry
@@ -38,7 +44,8 @@ from oomguard.sources.targets import TargetScraper
 log = logging.getLogger(__name__)
 SOURCE = "local_discovery"  # the `source` label of oomguard_source_success
 
-Found = list[tuple[EngineProcess, tuple[int, str] | None]]  # each engine, and its port and address if it listens
+# Each engine, its port and address if it listens, and else the port and address its command line tells (or None).
+Found = list[tuple[EngineProcess, tuple[int, str] | None, tuple[int, str] | None]]
 
 
 @dataclass
@@ -109,31 +116,43 @@ class LocalDiscovery:
                 continue
             life = (engine.pid, started)
             port = self._ports.get(life)
-            if port is None and (port := engine_port(engine, listening, environ(engine.pid))) is not None:
-                self._ports[life] = port
-            found.append((engine, port))
+            told = None
+            if port is None:
+                env = environ(engine.pid)
+                if (port := engine_port(engine, listening, env)) is not None:
+                    self._ports[life] = port
+                else:
+                    told = _told(engine, env)
+            found.append((engine, port, told))
         self._ports = {life: port for life, port in self._ports.items() if life in lives}
         return found
 
     # -- on the event loop ----------------------------------------------------------------------
     def _apply(self, found: Found, now: float) -> None:
-        running = {(engine.engine, engine.cmdline) for engine, _ in found}
-        for engine, listen in found:
-            if listen is None:
-                continue  # not listening yet: a known one is kept below by its command line
-            port, address = listen
+        running = {(engine.engine, engine.cmdline) for engine, _, _ in found}
+        for engine, listen, told in found:
+            at = listen or told
+            if at is None:
+                continue  # not listening, no port told: a known one is kept below by its command line
+            port, address = at
             config = TargetConfig(url=f"http://{url_host(address)}:{port}", engine=engine.engine, local_process="yes")
             if port in self.static_ports or config.label in self.static_names:
                 continue  # a configured target is there
             known = self.known.get(port)
+            if known is not None and listen is None:
+                continue  # not listening yet: the target there (this engine's, or another's) stays as it is
             if known is not None and known.engine != engine.engine:
                 self._remove(port)  # another engine took the port
+                known = None
+            if known is not None and known.scraper.config.url != config.url and not known.scraper.ever_up:
+                self._remove(port)  # taken at the address its command line told, it listens at another
                 known = None
             if known is None:
                 scraper = self.make_scraper(config)
                 self.known[port] = _Known(engine.engine, engine.cmdline, scraper, now)
                 self.scrapers.append(scraper)
-                log.info("local discovery: %s at %s (pid %d)", engine.engine, config.url, engine.pid)
+                waiting = "" if listen else ", not listening yet"
+                log.info("local discovery: %s at %s (pid %d%s)", engine.engine, config.url, engine.pid, waiting)
             elif known.cmdline != engine.cmdline:
                 known.cmdline = engine.cmdline  # relaunched with other flags: the same target, its counts go on
         for port, known in list(self.known.items()):
@@ -148,3 +167,13 @@ class LocalDiscovery:
         if known.scraper in self.scrapers:
             self.scrapers.remove(known.scraper)
         log.info("local discovery: target %s gone", known.scraper.name)
+
+
+def _told(engine: EngineProcess, env: dict[str, str] | None) -> tuple[int, str] | None:
+    """The port and address an engine not listening yet is told on its command line (or environment); None when
+    it names a configuration file, where they may be instead (blocking: called in the scan's thread)."""
+    args = program(engine.cmdline)[1]
+    if flag(args, "--config") is not None:
+        return None
+    port = wanted_port(engine, env)
+    return (port, flag(args, "--host", "--hostname") or "") if port is not None else None
