@@ -120,7 +120,8 @@ def test_serve_logs_no_warning_while_its_simulated_engine_loads() -> None:
     log = "\n".join(lines)
     assert "sim-vllm: loading" in log, log  # the one info line
     assert len([ln for ln in lines if " INFO " in ln and "sim-vllm: loading" in ln]) == 1, log
-    assert not [ln for ln in lines if " WARNING " in ln], log
+    # The target's warnings (other sources may warn on a host without, say, a readable kernel log).
+    assert not [ln for ln in lines if " WARNING oomguard.sources.targets: target sim-vllm" in ln], log
 
 
 async def test_a_refusal_while_loading_is_info_once_and_after_up_a_warning(
