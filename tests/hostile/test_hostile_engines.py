@@ -15,25 +15,16 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 from aiohttp import web
+from hostile_cases import Case, assert_documented
 from support import REPO, fixture_body, samples, vllm_body
 
 from oomguard.config import load_config
 from oomguard.exposition import encoder, health
 from oomguard.runtime import Runtime
 from oomguard.web import make_app
-
-
-@dataclass(frozen=True)
-class Case:
-    area: str
-    case: str  # the hostile input
-    defence: str  # what the exporter does now
-    test: str  # the test below that sends it
-
 
 CASES = [
     Case("health", "an endless `/health` body", "at most 4 KiB read, then the connection closed; "
@@ -59,18 +50,8 @@ CASES = [
 ]  # fmt: skip
 
 
-def table() -> str:
-    rows = ["| area | hostile input | defence | test |", "|---|---|---|---|"]
-    rows += [f"| {c.area} | {c.case} | {c.defence} | `{c.test}` |" for c in CASES]
-    return "\n".join(rows) + "\n"
-
-
 def test_docs_table_is_current() -> None:
-    assert table() in (REPO / "docs" / "faults.md").read_text(), (
-        "docs/faults.md: paste tests/hostile/test_hostile_engines.table()"
-    )
-    names = {name for name in globals() if name.startswith("test_")}
-    assert {c.test for c in CASES} <= names
+    assert_documented(CASES, globals())
 
 
 async def until(condition: Callable[[], object], seconds: float, what: str) -> None:

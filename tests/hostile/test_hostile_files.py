@@ -18,26 +18,17 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from hostile_cases import Case, assert_documented
 from support import REPO
 
 from oomguard.config import load_config
 from oomguard.events.runner import MAX_STATE_BYTES, STATE_FILE, EventRunner
 from oomguard.runtime import Runtime
 from oomguard.web import make_app
-
-
-@dataclass(frozen=True)
-class Case:
-    area: str
-    case: str  # the hostile input
-    defence: str  # what the exporter does now
-    test: str  # the test below that plants it
-
 
 CASES = [
     Case("state", "a state file of a wrong shape or type: `counts` a list, a count `\"x\"`, -3, `Infinity` or "
@@ -62,18 +53,8 @@ CASES = [
 ]  # fmt: skip
 
 
-def table() -> str:
-    rows = ["| area | hostile input | defence | test |", "|---|---|---|---|"]
-    rows += [f"| {c.area} | {c.case} | {c.defence} | `{c.test}` |" for c in CASES]
-    return "\n".join(rows) + "\n"
-
-
 def test_docs_table_is_current() -> None:
-    assert table() in (REPO / "docs" / "faults.md").read_text(), (
-        "docs/faults.md: paste tests/hostile/test_hostile_files.table()"
-    )
-    names = {name for name in globals() if name.startswith("test_")}
-    assert {c.test for c in CASES} <= names
+    assert_documented(CASES, globals())
 
 
 def until(condition: Callable[[], object], seconds: float, what: str) -> None:

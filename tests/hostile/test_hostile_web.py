@@ -27,9 +27,9 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from hostile_cases import Case, assert_documented
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import REPO
 from web_config.conftest import PASSWORD, Authority, Pki, basic, bcrypt_hash, get, wait_until, write_atomically
 
 from oomguard.config import ConfigError, load_config
@@ -41,15 +41,6 @@ from oomguard.web_config import WebConfigState, load_web_config
 from oomguard.web_config import auth as auth_module
 from oomguard.web_config.auth import AuthBusy, BasicAuth
 from oomguard.web_config.server import Server
-
-
-@dataclass(frozen=True)
-class Case:
-    area: str
-    case: str  # the hostile input
-    defence: str  # what the exporter does now
-    test: str  # the test below
-
 
 CASES = [
     Case(
@@ -143,17 +134,8 @@ CASES = [
 ]
 
 
-def table() -> str:
-    rows = [f"| {c.area} | {c.case} | {c.defence} | `{c.test}` |" for c in CASES]
-    return "\n".join(["| area | hostile input | defence | test |", "|---|---|---|---|", *rows])
-
-
 def test_docs_table_is_current() -> None:
-    assert table() in (REPO / "docs" / "faults.md").read_text(), "docs/faults.md: paste table() under its heading"
-
-
-def test_every_case_has_its_test() -> None:
-    assert all(callable(globals().get(c.test)) for c in CASES)
+    assert_documented(CASES, globals())
 
 
 # ---------------------------------------------------------------- fixtures
