@@ -23,6 +23,7 @@ class Stub(http.server.BaseHTTPRequestHandler):
             "500": b'{"status":"error","errorType":"internal","error":"query processing would load too many samples"}',
             "html": b"<html>Grafana</html>",
             "hang": b"{}",
+            "huge": b'{"status":"success","data":{"resultType":"matrix","result":[]}}' + b" " * 4096,
         }[self.mode]
         self.send_response(500 if self.mode == "500" else 200)
         self.send_header("Content-Type", "application/json")
@@ -91,3 +92,12 @@ def test_bad_arguments(capsys, flag: str, value: str, message: str) -> None:
 def test_exporter_unreachable(capsys) -> None:
     status, err = diagnose(capsys, "--exporter", f"http://127.0.0.1:{free_port()}")
     assert status == 2 and "cannot reach the exporter" in err and "--exporter" in err
+
+
+@pytest.mark.parametrize("stub", ["huge"], indirect=True)
+def test_an_answer_over_the_cap_is_refused_not_read_whole(stub, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    from oomguard.diagnose import query
+
+    monkeypatch.setattr(query, "MAX_ANSWER_BYTES", 1024)  # the real cap is 256 MiB: too large to send in a test
+    status, err = diagnose(capsys, "--prometheus", stub)
+    assert status == 2 and "answered more than 1,024 bytes" in err and "--window" in err

@@ -81,10 +81,19 @@ class Data:
         return [s for s in self.series if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
 
 
+# A range query of one target over a day is a few MB; an answer larger than this is not one to parse whole.
+MAX_ANSWER_BYTES = 256 * 1024 * 1024
+
+
 def _get(url: str, timeout: float, what: str, fix: str) -> bytes:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.read()
+            body = response.read(MAX_ANSWER_BYTES + 1)
+            if len(body) > MAX_ANSWER_BYTES:
+                raise DiagnoseError(
+                    f"{what} answered more than {MAX_ANSWER_BYTES:,} bytes; {fix} (a shorter --window)"
+                )
+            return body
     except urllib.error.HTTPError as exc:
         detail = exc.read(500).decode("utf-8", "replace").strip()
         with contextlib.suppress(ValueError, AttributeError):

@@ -31,6 +31,8 @@ USERNAME = "prometheus"
 # 127.0.0.1, as it connects to a pod's IP in Kubernetes, and verifies the name, not the address.
 SERVER_NAME = "oomguard.drill.invalid"
 
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
 
 @dataclass(frozen=True)
 class DrillTls:
@@ -67,9 +69,9 @@ class DrillTls:
         request = urllib.request.Request(url, headers={"Authorization": self.authorization(password)} if auth else {})
         try:
             with urllib.request.urlopen(request, timeout=10, context=self.ssl_context()) as response:
-                return response.status, response.read()
+                return response.status, response.read(MAX_BODY_BYTES)  # the drill's own exporter: a cap all the same
         except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+            return exc.code, exc.read(MAX_BODY_BYTES)
 
 
 def require_cryptography() -> None:
