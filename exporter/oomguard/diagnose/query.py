@@ -90,9 +90,7 @@ def _get(url: str, timeout: float, what: str, fix: str) -> bytes:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             body = response.read(MAX_ANSWER_BYTES + 1)
             if len(body) > MAX_ANSWER_BYTES:
-                raise DiagnoseError(
-                    f"{what} answered more than {MAX_ANSWER_BYTES:,} bytes; {fix} (a shorter --window)"
-                )
+                raise DiagnoseError(f"{what} answered more than {MAX_ANSWER_BYTES:,} bytes; {fix} (a shorter --window)")
             return body
     except urllib.error.HTTPError as exc:
         detail = exc.read(500).decode("utf-8", "replace").strip()
