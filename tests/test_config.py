@@ -277,3 +277,20 @@ def test_every_subcommand_help_says_what_it_does(capsys: pytest.CaptureFixture[s
     assert all(c.help in main_page for c in commands._choices_actions)
     check = commands.choices["check-config"]
     assert all(a.help for a in check._actions), [a.dest for a in check._actions if not a.help]
+
+
+def test_the_simulation_and_the_drill_share_their_scenarios_names(capsys: pytest.CaptureFixture[str]) -> None:
+    """One vocabulary: the drill's scenarios run the simulation of the same name where there is one; the old names
+    of the simulation still load, as the same scenario, and `serve --help` lists the new ones only."""
+    from oomguard.drill.scenarios import SCENARIOS as DRILLS
+    from oomguard.simulate.scenarios import ALIASES, NAMES, SCENARIOS
+
+    for name in ("incident", "slow-leak", "long-loading", "startup-memory", "probe-kill", "tp-skew"):
+        assert DRILLS[name].simulation == name and SCENARIOS[name].name == name
+    for old, new in ALIASES.items():
+        assert old not in NAMES and SCENARIOS[old] is SCENARIOS[new]
+        assert load_config(None, {"simulation": {"scenario": old}}).simulation.scenario == old
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    page = " ".join(re.sub(r"-\n\s*", "-", capsys.readouterr().out).split())  # argparse wraps at hyphens
+    assert ", ".join(NAMES) in page and "overcommit," not in page.split("(the drill's names")[0]

@@ -17,7 +17,8 @@ from typing import Any
 from oomguard import __version__
 from oomguard.config import ConfigError, load_config, parse_listen_address
 from oomguard.drill.scenarios import SCENARIOS as DRILLS
-from oomguard.simulate.scenarios import SCENARIOS as SIMULATIONS
+from oomguard.simulate.scenarios import ALIASES as SIMULATION_ALIASES
+from oomguard.simulate.scenarios import NAMES as SIMULATIONS
 
 log = logging.getLogger("oomguard")
 
@@ -61,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SCENARIO",
         help="run on a built-in simulation of GPUs and a vLLM target: "
         + ", ".join(SIMULATIONS)
-        + " [$OOMGUARD_SIMULATE]",
+        + f" (the drill's names; the old {', '.join(SIMULATION_ALIASES)} still work) [$OOMGUARD_SIMULATE]",
     )
     serve.add_argument(
         "--simulate.gpus",

@@ -20,6 +20,7 @@ from oomguard.engines import ENGINE_NAMES, ENGINES
 from oomguard.events.catalogue import check_patterns
 from oomguard.excerpt import LIMIT, excerpt
 from oomguard.promtext import LABEL_LIMIT, LABEL_VALUE_LENGTH_LIMIT, SAMPLE_LIMIT, Limits
+from oomguard.simulate.scenarios import NAMES as SIMULATION_NAMES
 from oomguard.simulate.scenarios import SCENARIOS as SIMULATIONS
 from oomguard.trend.analysis import TrendSettings
 
@@ -204,7 +205,7 @@ class SimulationConfig(StrictModel):
         if value is not None and value not in SIMULATIONS:
             close = difflib.get_close_matches(value, list(SIMULATIONS), n=1) if len(value) <= LIMIT else []
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(f"unknown scenario {value!r}; {hint}choose one of: {', '.join(SIMULATIONS)}")
+            raise ValueError(f"unknown scenario {value!r}; {hint}choose one of: {', '.join(SIMULATION_NAMES)}")
         return value
 
 

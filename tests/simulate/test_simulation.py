@@ -218,6 +218,6 @@ def test_unknown_scenario_is_refused() -> None:
     )
     assert result.returncode == 1
     assert (
-        "unknown scenario 'meltdown'; choose one of: steady, leak, overcommit, probe-kill, loading, "
+        "unknown scenario 'meltdown'; choose one of: steady, slow-leak, incident, probe-kill, long-loading, "
         "default-steady, tight-steady, tp-skew" in result.stderr
     )

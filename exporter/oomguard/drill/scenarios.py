@@ -74,7 +74,7 @@ SCENARIOS: dict[str, DrillScenario] = {
             summary="The postmortem replayed: over-provisioned concurrency, KV cache and queue growth, memory "
             "past 90 % and 95 %, CUDA OOM, and a restart loop whose model load (4 minutes) is longer than the "
             "probe delay (3 minutes).",
-            simulation="overcommit",
+            simulation="incident",
             minutes=36,
             # GpuMemoryHigh and GpuMemoryCritical are not expected: the engine reserves 0.90, so they judge the
             # headroom above it (95 % and 97.5 % used), and this spike stays above those for less than their
@@ -91,7 +91,7 @@ SCENARIOS: dict[str, DrillScenario] = {
             "pressure, counted as preemptions, not as OOMs), the queue grows, memory climbs to PyTorch's CUDA OOM "
             "in the scheduler 12 minutes in; each relaunch (answering /health 503 while it loads, longer than the "
             "90 s probe) dies sooner: a restart storm.",
-            simulation="overcommit-quick",
+            simulation="incident-quick",
             engine="sglang",
             # The third relaunch comes 21.5 minutes in (later on a busy host, where each process takes longer to
             # start and to go), and RestartStorm after it.
@@ -106,7 +106,7 @@ SCENARIOS: dict[str, DrillScenario] = {
             name="slow-leak",
             summary="Memory climbs 1 % of the GPU per minute from 56 % and never falls back; it reaches 90 % only "
             "34 minutes in, and CUDA runs out of memory at 43 minutes.",
-            simulation="leak",
+            simulation="slow-leak",
             minutes=46,
             # The GPU's climb and its 90 % alert fire too; GpuMemoryExhaustedSoon and GpuMemoryCritical inhibit
             # them while they fire, and ExhaustedSoon stops once memory is pinned (saturated): a race.
@@ -221,7 +221,7 @@ SCENARIOS: dict[str, DrillScenario] = {
             name="long-loading",
             summary="A large model loading for two hours: it refuses connections all along, which is loading, "
             "not down.",
-            simulation="loading",
+            simulation="long-loading",
             minutes=35,
             expected={"TargetLoadingTooLong": TICKET},
             quiet=("TargetDown", "OomEvent", "RestartStorm", "RestartsWithoutOom"),
@@ -252,7 +252,7 @@ SCENARIOS: dict[str, DrillScenario] = {
             name="startup-memory",
             summary="vLLM with a max_model_len its KV cache cannot hold: each start loads the weights for a "
             "minute, then fails to allocate and exits; relaunched 20 s later, it never serves.",
-            simulation="startup-oom",
+            simulation="startup-memory",
             minutes=15,
             # These lives never serve: each is seen in the log alone (its startup line), and counted from there.
             expected={"OomEvent": PAGER, "RestartStorm": PAGER},

@@ -157,7 +157,7 @@ class Scenario:
         )
 
 
-def _overcommit(name: str = "overcommit", load: float = 240.0) -> Scenario:
+def _overcommit(name: str = "incident", load: float = 240.0) -> Scenario:
     spike_after, spike_seconds, retry_seconds = 60.0, 600.0, 120.0
     # Dies when the spike has brought memory to 99 %: 0.86 + 0.14 x share = 0.99.
     share = (0.99 - 0.86) / 0.14
@@ -300,7 +300,7 @@ SCENARIOS: dict[str, Scenario] = {
             gpu_memory_utilization=0.9,
         ),
         Scenario(
-            name="leak",
+            name="slow-leak",
             summary="Memory climbs 1 % of the GPU per minute and never falls back, past the engine's "
             "budget, until CUDA runs out of memory; then the orchestrator restarts it.",
             gpu_memory_utilization=0.6,
@@ -320,7 +320,7 @@ SCENARIOS: dict[str, Scenario] = {
             restart_delay=10.0,
         ),
         Scenario(
-            name="loading",
+            name="long-loading",
             summary="A large model that takes two hours to load: the port refuses all along, which is loading, "
             "not down.",
             gpu_memory_utilization=0.9,
@@ -331,7 +331,7 @@ SCENARIOS: dict[str, Scenario] = {
         _tp_skew(),
         _foreign_process(),
         Scenario(
-            name="startup-oom",
+            name="startup-memory",
             summary="vLLM at gpu_memory_utilization 0.9 with a max_model_len its KV cache cannot hold: each start "
             "loads the weights for a minute, then cannot allocate the KV cache one request of the longest length "
             "needs, logs it and exits; relaunched 20 s later, it never serves.",
@@ -342,7 +342,17 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         # The same with a smaller model: a restart cycle of 4.4 minutes (6.4 above), so three restarts fit in
         # RestartStorm's 15 minutes with room to spare on a busy host, where each relaunch takes longer.
-        _overcommit("overcommit-quick", load=120.0),
+        _overcommit("incident-quick", load=120.0),
         _long_warmup(),
     )
 }
+# The simulation's names before it and the drill shared one vocabulary (issue 29): still accepted, the same scenario.
+ALIASES = {
+    "overcommit": "incident",
+    "overcommit-quick": "incident-quick",
+    "leak": "slow-leak",
+    "loading": "long-loading",
+    "startup-oom": "startup-memory",
+}
+NAMES = tuple(SCENARIOS)  # the names to list (SCENARIOS holds the aliases too)
+SCENARIOS.update({old: SCENARIOS[new] for old, new in ALIASES.items()})
