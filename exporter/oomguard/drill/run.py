@@ -197,6 +197,7 @@ class Chain:
     prefix: str
     exporter_url: str = ""
     tls: DrillTls | None = None
+    told: int = 0  # the webhook's notifications told as progress
 
 
 @contextlib.asynccontextmanager
@@ -305,6 +306,7 @@ async def run_drill(
             report = await asyncio.to_thread(
                 _report, scenario, chain.prometheus, chain.webhook, chain.prefix, started, end, time_scale
             )
+            _tell_arrivals(chain, started, time_scale, progress)  # the last ones, in flight at the end: all told
             progress("oomguard diagnose on the drill's Prometheus")
             await asyncio.to_thread(
                 _diagnose, report, scenario, chain.prometheus.url, started, end, time_scale, diagnosis_report
@@ -324,25 +326,29 @@ async def _run_scenario(
     """Waits out the scenario's simulated minutes, telling each alert that arrives, and where the drill stands
     every PROGRESS_EVERY seconds: a user watches an 80-second drill, not a silent terminal."""
     end = started + scenario.minutes * 60 / scale
-    told = 0  # notifications already told
-    last_line = time.monotonic()
+    next_beat = time.monotonic() + PROGRESS_EVERY
     while (left := end - time.time()) > 0:
         await asyncio.sleep(min(1.0, left))
-        minute = (time.time() - started) * scale / 60
-        arrived = chain.webhook.notifications[told:]
-        told += len(arrived)
-        for note in arrived:
-            if note.status == "firing":
-                progress(f"simulated minute {minute:.1f}: {note.alertname} reached {note.receiver}")
-                last_line = time.monotonic()
-        if time.monotonic() - last_line >= PROGRESS_EVERY:
+        _tell_arrivals(chain, started, scale, progress)
+        if time.monotonic() >= next_beat:
+            next_beat += PROGRESS_EVERY
+            minute = (time.time() - started) * scale / 60
             firing = await asyncio.to_thread(_firing, chain.prometheus)
             delivered = sorted({n.alertname for n in chain.webhook.notifications if n.status == "firing"})
             progress(
-                f"simulated minute {minute:.1f} of {scenario.minutes:g}, {max(0.0, left):.0f} s left; "
+                f"simulated minute {minute:.1f} of {scenario.minutes:g}, {max(0.0, end - time.time()):.0f} s left; "
                 f"alerts so far: {len(delivered)} delivered, firing now: {', '.join(firing) or 'none'}"
             )
-            last_line = time.monotonic()
+
+
+def _tell_arrivals(chain: Chain, started: float, scale: float, progress: Progress) -> None:
+    """A line for each firing notification not told yet (chain.told counts those told)."""
+    arrived = chain.webhook.notifications[chain.told :]
+    chain.told += len(arrived)
+    for note in arrived:
+        if note.status == "firing":
+            minute = (note.at - started) * scale / 60
+            progress(f"simulated minute {minute:.1f}: {note.alertname} reached {note.receiver}")
 
 
 def _firing(prometheus: Prometheus) -> list[str]:
