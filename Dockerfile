@@ -19,7 +19,7 @@
 # TLS and basic auth: -v $PWD/web:/etc/oomguard-web:ro -e OOMGUARD_WEB_CONFIG_FILE=/etc/oomguard-web/web-config.yml
 #   (the environment variable rather than --web.config.file: the HEALTHCHECK reads it too; so for another
 #   port, -e OOMGUARD_WEB_LISTEN_ADDRESS=:PORT rather than --web.listen-address).
-# Try it without a GPU: docker run -p 127.0.0.1:9847:9847 oomguard:0.1.0 serve --simulate overcommit
+# Try it without a GPU: docker run -p 127.0.0.1:9847:9847 oomguard:0.1.0 serve --simulate incident
 #
 # User: uid 10001 by default. The DaemonSet runs it as uid 0 with every capability dropped
 # (runAsUser: 0, capabilities drop ALL, read-only root file system): the kubelet's pod logs and the hostPath

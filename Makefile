@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-SCENARIO ?= overcommit
+SCENARIO ?= incident
 # The quick start replays the incident 10x faster than life: engine data after 24 s, the first OOM after about
 # 1.5 minutes, the restart loop after it. TIME_SCALE=1 is real speed (the first OOM after 14 minutes).
 TIME_SCALE ?= 10
