@@ -18,6 +18,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+# The per-GPU join of a GPU with its engines, as diagnose names it: left out with join=False.
+from oomguard.diagnose.evidence import JOIN_SERIES
+
 GIB = 1024**3
 TOTAL = 80 * GIB
 STEP = 15.0
@@ -25,15 +28,6 @@ SPAN = 3600.0
 STATES = ("steady", "sawtooth", "climbing", "spike", "saturated")
 LOG_KINDS = ("cuda_oom", "startup_memory", "engine_death")
 TIME_SCALE = 30.0  # the drill's clock: the histories are also backfilled this many times faster
-# The per-GPU join of a GPU with its engines (docs/metrics.md, "Joined: GPU x engine"): left out with join=False.
-JOIN_SERIES = (
-    "oomguard_gpu_memory_engine_reserved_bytes",
-    "oomguard_gpu_memory_engine_used_bytes",
-    "oomguard_gpu_memory_engine_over_reservation_bytes",
-    "oomguard_gpu_memory_other_used_bytes",
-    "oomguard_gpu_memory_unreserved_used_bytes",
-    "oomguard_gpu_memory_headroom_used_ratio",
-)
 
 
 def _jitter(t: float, scale: float) -> float:

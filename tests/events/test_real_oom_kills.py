@@ -154,6 +154,15 @@ def last_kill_seq(pid: int) -> int | None:
         os.close(fd)
 
 
+async def kill_recorded(pid: int) -> int:
+    """The sequence number of the kernel's `Killed process PID` record, waiting for it (a deadline of 10 s)."""
+    deadline = time.monotonic() + 10
+    while (seq := last_kill_seq(pid)) is None:
+        assert time.monotonic() < deadline, f"the kernel wrote no Killed process record for pid {pid}"
+        await asyncio.sleep(0.05)
+    return seq
+
+
 async def wait_until_read(runtime: Runtime, seq: int) -> None:
     """Until the exporter's kernel log reader has read past `seq` (a deadline, never a bare sleep)."""
     events = runtime._events
@@ -214,19 +223,13 @@ async def test_each_real_kill_counts_once_for_the_host_and_once_for_its_target(
 
     # The engine's process is killed: the host's kill, and the engine's (its pid); counted once each.
     assert engine.overcommit() == -9
-    deadline = time.monotonic() + 10
-    while (seq := last_kill_seq(engine.process.pid)) is None:
-        assert time.monotonic() < deadline, "the kernel wrote no Killed process record for the engine"
-        await asyncio.sleep(0.05)
+    seq = await kill_recorded(engine.process.pid)
     await wait_until_read(runtime, seq)
     assert await counts(client) == (1, 1, 0)
 
     # The caged target's process: its cgroup's counter counts it, the kernel log does not count it again for it.
     assert caged.overcommit() == -9
-    deadline = time.monotonic() + 10
-    while (seq := last_kill_seq(caged.process.pid)) is None:
-        assert time.monotonic() < deadline, "the kernel wrote no Killed process record for the caged process"
-        await asyncio.sleep(0.05)
+    seq = await kill_recorded(caged.process.pid)
     await wait_until_read(runtime, seq)
     deadline = time.monotonic() + 10
     while (now := await counts(client))[2] < 1:  # the cgroup's counter is read on the next poll
