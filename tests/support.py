@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,3 +44,21 @@ def promtool_check_metrics(promtool: str, exposition: bytes) -> str:
 def fixture_body(engine: str, name: str) -> str:
     """A /metrics body reproduced from an engine's source (tests/fixtures/<engine>/, each cites its source)."""
     return (FIXTURES / engine / name).read_text(encoding="utf-8")
+
+
+async def until(condition: Callable[[], object], seconds: float, what: str) -> None:
+    """Wait on a condition with a deadline (never a bare sleep): fail naming `what` when it does not hold in time."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {seconds}s: {what}")
+        await asyncio.sleep(0.02)
+
+
+def until_sync(condition: Callable[[], object], seconds: float, what: str) -> None:
+    """`until` for a test without an event loop."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {seconds}s: {what}")
+        time.sleep(0.01)

@@ -23,13 +23,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from aiohttp import web
-from support import REPO, samples, value, vllm_body
+from support import REPO, samples, until_sync, value, vllm_body
 
 from oomguard.config import load_config
 from oomguard.events.runner import STATE_FILE, EventRunner
@@ -94,22 +93,6 @@ def test_docs_table_is_current() -> None:
     assert table() in (REPO / "docs" / "faults.md").read_text(), "docs/faults.md: paste tests/test_fault_matrix.table()"
     names = {name for name in globals() if name.startswith("test_")}
     assert {f.test for f in MATRIX} <= names
-
-
-async def until(condition: Callable[[], object], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {seconds}s: {what}")
-        await asyncio.sleep(0.02)
-
-
-def until_sync(condition: Callable[[], object], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {seconds}s: {what}")
-        time.sleep(0.01)
 
 
 # -- targets ------------------------------------------------------------------------------------------

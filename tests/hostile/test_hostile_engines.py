@@ -13,13 +13,11 @@ import asyncio
 import contextlib
 import math
 import re
-import time
 from collections.abc import Callable
 
-import pytest
 from aiohttp import web
 from hostile_cases import Case, assert_documented
-from support import REPO, fixture_body, samples, vllm_body
+from support import REPO, fixture_body, samples, until, vllm_body
 
 from oomguard.config import load_config
 from oomguard.exposition import encoder, health
@@ -52,14 +50,6 @@ CASES = [
 
 def test_docs_table_is_current() -> None:
     assert_documented(CASES, globals())
-
-
-async def until(condition: Callable[[], object], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {seconds}s: {what}")
-        await asyncio.sleep(0.02)
 
 
 MIB = 1024 * 1024

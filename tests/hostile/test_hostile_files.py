@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -55,14 +54,6 @@ CASES = [
 
 def test_docs_table_is_current() -> None:
     assert_documented(CASES, globals())
-
-
-def until(condition: Callable[[], object], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {seconds}s: {what}")
-        time.sleep(0.01)
 
 
 OOM = [
