@@ -310,6 +310,16 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def pages_hint(simulation: str) -> str:
+    """Said once by `serve --simulate`: the exporter shows the figures; the drill shows what pages, and when."""
+    drill = next((name for name, d in DRILLS.items() if d.simulation == simulation), None)
+    how = f"oomguard drill --scenario {drill}" if drill else "oomguard drill --list"
+    return (
+        f"this exporter shows the simulation's figures; to see what pages, and when, run `{how}` "
+        "(a real Prometheus and Alertmanager with the shipped rules, on the same scenario)"
+    )
+
+
 def serve(config: Any, web_config_file: Path | None = None) -> int:
     from oomguard.runtime import Runtime
     from oomguard.web import make_app
@@ -330,5 +340,7 @@ def serve(config: Any, web_config_file: Path | None = None) -> int:
     host, port = parse_listen_address(config.web.listen_address)
     # "serving ... on HOST:PORT" follows once the port is bound; a port in use is one error line, nothing started.
     log.info("oomguard %s starting on %s:%d, %d target(s)", __version__, host, port, len(runtime.config.targets))
+    if runtime.simulation is not None:
+        log.info("%s", pages_hint(runtime.simulation.scenario.name))
     # One listener for both: the connection limit and the header timeout hold without a web configuration too.
     return run(make_app(runtime, web_config), host, port, web_config)

@@ -30,6 +30,7 @@ from oomguard.collection import Collection
 from oomguard.config import Config, TargetConfig
 from oomguard.events.runner import EventRunner
 from oomguard.events.xid import XidWatcher
+from oomguard.simulate.clock import events_on_clock, trend_on_clock
 from oomguard.simulate.runner import Simulation
 from oomguard.sources.kubernetes.discovery import KubernetesDiscovery
 from oomguard.sources.local.discovery import LocalDiscovery
@@ -74,8 +75,11 @@ class Runtime:
                 sim.scenario, gpus=sim.gpus, time_scale=sim.time_scale, log_path=log_path, engine=sim.engine
             )
             config = config.model_copy(update={"targets": (*config.targets, self.simulation.target())})
+            # Every duration the exporter judges runs on the scenario's clock (simulate/clock.py).
+            config = events_on_clock(config, sim.time_scale)
             log.info("simulation %r: engine at %s, its log in %s", sim.scenario, self.simulation.url, log_path)
         self.config = config
+        self.time_scale = config.simulation.time_scale if self.simulation is not None else 1.0
         self._nvml_lib = nvml_lib
         self._start_simulation = start_simulation
         self.registry = SourceRegistry()
@@ -123,12 +127,13 @@ class Runtime:
                 max_body_bytes=config.scrape.max_body_bytes,
                 finder=finder,
                 limits=config.target_limits(t),
+                time_scale=self.time_scale,
             )
 
         # The one list of targets: pod discovery adds to it and removes from it, on the event loop.
         scrapers = [make_scraper(t) for t in config.targets]
         processes = ProcessLookup(finder, [s.port for s in scrapers if s.finder is not None], self.registry)
-        tracker = TrendTracker(config.trend.settings()) if config.trend.enabled else None
+        tracker = TrendTracker(trend_on_clock(config, self.time_scale)) if config.trend.enabled else None
         # Reads the saved state file: not on the event loop.
         events = self._events = await asyncio.to_thread(EventRunner, config)
         xid = self._xid = XidWatcher(lib) if lib is not None and config.events.xid else None

@@ -12,7 +12,7 @@ import urllib.request
 import psutil
 import pytest
 from simulated_engines import came_back_up
-from support import value
+from support import samples, value
 
 from oomguard.ports import free_port
 from oomguard.simulate.scenarios import SCENARIOS
@@ -221,3 +221,44 @@ def test_unknown_scenario_is_refused() -> None:
         "unknown scenario 'meltdown'; choose one of: steady, slow-leak, incident, probe-kill, long-loading, "
         "default-steady, tight-steady, tp-skew" in result.stderr
     )
+
+
+CLIMBING = ("oomguard_gpu_memory_trend_state", (("gpu", "0"), ("state", "climbing")))
+
+
+def test_quick_start_shows_the_climb_before_the_first_oom() -> None:
+    """`make run` (the incident at 10x) and the drill's clock (30x): the trend's windows run on the simulation's
+    clock, so memory reads `climbing`, with a time to full, simulated minutes before the first CUDA OOM (on real
+    seconds, a 2-minute window and a 5-minute climb at 30x read the climb as a sawtooth until the OOM)."""
+    scales = (10.0, 30.0)
+    exporters = {scale: Exporter("incident", scale) for scale in scales}
+    started = time.time()
+    first_climb: dict[float, tuple[float, float]] = {}  # scale -> (real seconds in, seconds to full then)
+    first_oom: dict[float, float] = {}
+    try:
+        for exporter in exporters.values():
+            exporter.wait_listening()
+        oom_at = SCENARIOS["incident"].oom_at or 0.0
+        deadline = started + oom_at / min(scales) + 60
+        while time.time() < deadline and len(first_oom) < len(scales):
+            for scale, exporter in exporters.items():
+                if scale in first_oom:
+                    continue
+                found, now = samples(exporter.get()), time.time() - started
+                if found.get(("oomguard_target_events_total", (("kind", "cuda_oom"), ("target", "sim-vllm")))):
+                    first_oom[scale] = now
+                elif scale not in first_climb and found.get(CLIMBING):
+                    first_climb[scale] = (now, found[("oomguard_gpu_memory_seconds_to_full", (("gpu", "0"),))])
+            time.sleep(0.5)
+    finally:
+        logs = {scale: exporter.stop() for scale, exporter in exporters.items()}
+    assert set(first_oom) == set(scales), (first_oom, logs)
+    for scale in scales:
+        assert scale in first_climb, f"{scale:g}x: never climbing before the first OOM\n{logs[scale][-2000:]}"
+        climb_at, to_full = first_climb[scale]
+        lead_minutes = (first_oom[scale] - climb_at) * scale / 60
+        print(f"{scale:g}x: climbing {lead_minutes:.1f} simulated minutes before the first OOM, "
+              f"then {to_full * scale / 60:.1f} simulated minutes to full")  # fmt: skip
+        assert lead_minutes >= 2.0, (scale, first_climb, first_oom)
+        assert to_full > 0
+    assert "oomguard drill --scenario incident" in logs[10.0], logs[10.0][-2000:]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import dataclasses
 import json
 import logging
 import time
@@ -38,7 +37,6 @@ from oomguard.drill.webhook import WebhookReceiver
 from oomguard.events.kinds import LOG_OOM_KINDS, kind_matcher
 from oomguard.ports import free_port
 from oomguard.runtime import Runtime
-from oomguard.trend.analysis import TrendSettings
 from oomguard.web import make_app
 from oomguard.web_config import WebConfigState, load_web_config
 from oomguard.web_config.server import Server
@@ -281,11 +279,11 @@ async def run_drill(
         f"{scenario.minutes:g} simulated minutes at {time_scale:g}x: "
         f"about {expected_seconds(scenario, time_scale):.0f} s in all"
     )
-    trend = dataclasses.asdict(TrendSettings().time_scaled(time_scale))
+    # The runtime puts the trend and the events on the scenario's clock (simulate/clock.py), as `serve --simulate`.
     config = load_config(None, {
-        "state_dir": str(workdir / "state"), "trend": trend,
+        "state_dir": str(workdir / "state"),
         "simulation": {"scenario": scenario.simulation, "time_scale": time_scale, "engine": scenario.engine},
-        "events": {"kernel_log": False, "quiet_seconds": 1, "rearm_seconds": max(1.0, 60 / time_scale)},
+        "events": {"kernel_log": False},
     })  # fmt: skip
     runtime = Runtime(config, start_simulation=False, simulation_log=workdir / "engine.log")
     assert runtime.simulation is not None

@@ -29,6 +29,7 @@ class RestartTracker:
     restarts_total: int = 0
     last_restart_at: float | None = None
     startup_seconds: float | None = None
+    announce_window: float = ANNOUNCE_WINDOW  # shorter on a simulation's faster clock
     _life: tuple[float | None, int | None] | None = None  # (start time, pid) of the current life
     _not_up_since: float | None = None
     # The current life as its log told it: when its startup line was read, and the pid that line names.
@@ -47,7 +48,7 @@ class RestartTracker:
         if (
             self._announced_at is None
             and not self._from_log
-            and (start is None or -START_TOLERANCE <= at - start <= ANNOUNCE_WINDOW)
+            and (start is None or -START_TOLERANCE <= at - start <= self.announce_window)
         ):
             # The line of the life already seen up, read after it came up.
             self._announced_at, self._log_pid = at, pid

@@ -29,7 +29,7 @@ from oomguard.engines.base import KvUsageError, Rejected, ReservationError, chec
 from oomguard.model import ERROR_KINDS, VALUE_REJECT_REASONS, EngineReading, ProcessTree, TargetReading
 from oomguard.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits
 from oomguard.sources.processes import ProcessFinder
-from oomguard.sources.restarts import RestartTracker
+from oomguard.sources.restarts import ANNOUNCE_WINDOW, RestartTracker
 
 if TYPE_CHECKING:
     from oomguard.sources.kubernetes.pods import PodTarget
@@ -58,7 +58,9 @@ class TargetScraper:
         max_body_bytes: int,
         finder: ProcessFinder | None = None,
         limits: Limits | None = None,
+        time_scale: float = 1.0,
     ) -> None:
+        """`time_scale`: the simulation's (simulate/clock.py); the windows and back-offs judged here run on it."""
         self.config = config
         self.name = config.label
         # A discovered pod (sources/kubernetes/): its labels, probes and restarts come from the pod object.
@@ -69,6 +71,7 @@ class TargetScraper:
         self._reservation: float | None = None
         self._reservation_life: int | None = None
         self._reservation_retry_at = 0.0
+        self._reservation_retry_seconds = RESERVATION_RETRY_SECONDS / time_scale
         # The KV cache use fetched apart from /metrics on each scrape (llama.cpp's /slots), and its last failure.
         self.fetch_kv_usage = ENGINES[config.engine].kv_usage
         self._kv_usage_error = ""
@@ -83,7 +86,7 @@ class TargetScraper:
         self.values_rejected_total: Counter[str] = Counter({reason: 0 for reason in VALUE_REJECT_REASONS})
         self._rejected_logged: frozenset[str] = frozenset()  # the reasons of the last scrape's rejections logged
         self.ever_up = False
-        self.restarts = RestartTracker()
+        self.restarts = RestartTracker(announce_window=ANNOUNCE_WINDOW / time_scale)
         self.state = "loading"
         self.asleep = False  # in the engine's sleep mode, as its last reading said
         self._last_error = ""
@@ -227,9 +230,9 @@ class TargetScraper:
                 self._reservation = await self.fetch_reservation(session, self.config.url, self.timeout)
                 self._reservation_life = life
             except (ReservationError, BodyTooLarge, TimeoutError, aiohttp.ClientError, OSError) as exc:
-                self._reservation_retry_at = time.monotonic() + RESERVATION_RETRY_SECONDS
+                self._reservation_retry_at = time.monotonic() + self._reservation_retry_seconds
                 log.warning("target %s: cannot read its reservation (retried in %.0fs): %s",
-                            self.name, RESERVATION_RETRY_SECONDS, exc or type(exc).__name__)  # fmt: skip
+                            self.name, self._reservation_retry_seconds, exc or type(exc).__name__)  # fmt: skip
         if self._reservation_life != life or self._reservation is None or reading.memory_utilization_ratio is not None:
             return reading
         return replace(reading, memory_utilization_ratio=self._reservation)
