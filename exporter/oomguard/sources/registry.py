@@ -32,8 +32,8 @@ class SourceRegistry:
         started = time.perf_counter()
         try:
             result = await work
-        except Exception:  # a source must never fail the scrape
-            log.exception("source %s failed", name)
+        except Exception as exc:  # a source must never fail the scrape
+            _log_failure(name, exc)
             self.record(name, False, time.perf_counter() - started)
             return None
         self.record(name, ok(result) if ok is not None else True, time.perf_counter() - started)
@@ -44,8 +44,8 @@ class SourceRegistry:
         started = time.perf_counter()
         try:
             result = work()
-        except Exception:
-            log.exception("source %s failed", name)
+        except Exception as exc:
+            _log_failure(name, exc)
             self.record(name, False, time.perf_counter() - started)
             return None
         self.record(name, True, time.perf_counter() - started)
@@ -58,3 +58,13 @@ class SourceRegistry:
     def results(self) -> dict[str, SourceResult]:
         with self._lock:
             return dict(self._results)
+
+
+def _log_failure(name: str, exc: Exception) -> None:
+    """One line, counted by oomguard_source_success 0: a timeout is a source's expected way to fail (the
+    source says why), anything else is named with its type; the traceback only at debug level."""
+    if isinstance(exc, TimeoutError):
+        log.warning("source %s: no answer within its timeout; left out of this scrape", name)
+    else:
+        log.error("source %s failed: %s: %s (traceback at --log.level debug)", name, type(exc).__name__, exc)
+    log.debug("source %s failed", name, exc_info=exc)
