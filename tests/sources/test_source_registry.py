@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
+from test_nvml_reader import GatedSource
 
+from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.registry import SourceRegistry
 
 
-async def test_a_timeout_is_one_line_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+async def test_an_nvml_timeout_is_one_line_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """The real path of the NVML read past its timeout (it logged its own warning, then the registry a
+    traceback): one warning, the reader's, naming its setting."""
     registry = SourceRegistry()
-
-    async def hangs() -> int:
-        async with asyncio.timeout(0.01):
-            await asyncio.sleep(1)
-        return 1
-
-    with caplog.at_level(logging.INFO, logger="oomguard.sources.registry"):
-        assert await registry.run("nvml", hangs()) is None
+    source = GatedSource()
+    reader = NvmlReader(source, timeout_seconds=0.01)  # type: ignore[arg-type]
+    try:
+        with caplog.at_level(logging.INFO, logger="oomguard"):
+            assert await registry.run("nvml", reader.read()) is None
+    finally:
+        source.gate.set()
+        reader.close()
     assert registry.results()["nvml"].success is False
     [record] = caplog.records
     assert record.levelno == logging.WARNING and record.exc_info is None
-    assert record.getMessage() == "source nvml: no answer within its timeout; left out of this scrape"
+    assert "NVML read took longer than 0.01s (nvml.timeout_seconds)" in record.getMessage()
 
 
 def test_a_crash_is_named_and_its_traceback_kept_for_debug(caplog: pytest.LogCaptureFixture) -> None:

@@ -61,10 +61,11 @@ class SourceRegistry:
 
 
 def _log_failure(name: str, exc: Exception) -> None:
-    """One line, counted by oomguard_source_success 0: a timeout is a source's expected way to fail (the
-    source says why), anything else is named with its type; the traceback only at debug level."""
+    """Counted by oomguard_source_success 0, said in one line. A timeout is a source's expected way to fail
+    and the source says so itself, with its setting (NvmlReader): here only at debug level, not a second line.
+    Anything else is named with its type; the traceback only at debug level."""
     if isinstance(exc, TimeoutError):
-        log.warning("source %s: no answer within its timeout; left out of this scrape", name)
+        log.debug("source %s: no answer within its timeout; left out of this scrape", name)
     else:
         log.error("source %s failed: %s: %s (traceback at --log.level debug)", name, type(exc).__name__, exc)
-    log.debug("source %s failed", name, exc_info=exc)
+        log.debug("source %s failed", name, exc_info=exc)
