@@ -14,9 +14,6 @@ from __future__ import annotations
 from oomguard.config import Config
 from oomguard.trend.analysis import TrendSettings
 
-# The event sources are read every 0.5 s: a quiet spell or re-arm shorter than two reads would split one death.
-EVENT_FLOOR_SECONDS = 1.0
-
 
 def judged_seconds(seconds: float, time_scale: float, floor: float = 0.0) -> float:
     """A duration the exporter judges, on a clock `time_scale` times faster than life."""
@@ -28,9 +25,11 @@ def events_on_clock(config: Config, time_scale: float) -> Config:
     if time_scale == 1:
         return config
     events = config.events
+    # A quiet spell or re-arm shorter than two reads of the sources would split one death.
+    floor = 2 * events.poll_interval_seconds
     scaled = events.model_copy(update={
-        "quiet_seconds": judged_seconds(events.quiet_seconds, time_scale, EVENT_FLOOR_SECONDS),
-        "rearm_seconds": judged_seconds(events.rearm_seconds, time_scale, EVENT_FLOOR_SECONDS),
+        "quiet_seconds": judged_seconds(events.quiet_seconds, time_scale, floor),
+        "rearm_seconds": judged_seconds(events.rearm_seconds, time_scale, floor),
     })  # fmt: skip
     return config.model_copy(update={"events": scaled})
 
