@@ -222,6 +222,18 @@ class TrendConfig(StrictModel):
     )
     tolerance_ratio: float = Field(_TREND.tolerance_ratio, gt=0, lt=1)
     climb_min_seconds: float = Field(_TREND.climb_min_seconds, gt=0)
+    climb_soonest_seconds: float = Field(
+        _TREND.climb_soonest_seconds,
+        gt=0,
+        description="A climb from its engine's start is called no sooner than this (never later than climb_min_seconds "
+        "for it).",
+    )
+    climb_share_of_time_to_full: float = Field(
+        _TREND.climb_share_of_time_to_full,
+        gt=0,
+        le=1,
+        description="A climb from its engine's start is called once it has lasted this share of its time to full.",
+    )
     climb_min_rise_ratio: float = Field(_TREND.climb_min_rise_ratio, gt=0, lt=1)
     climb_min_slope_ratio_per_minute: float = Field(_TREND.climb_min_slope_ratio_per_minute, gt=0)
     spike_rise_ratio: float = Field(_TREND.spike_rise_ratio, gt=0, lt=1)

@@ -63,6 +63,8 @@ def replay(trace: Trace, settings: TrendSettings | None = None) -> Replay:
     settings = settings or TrendSettings()
     assert settings.interval_seconds == INTERVAL
     tracker = TrendTracker(settings)
+    if trace.from_serving:
+        tracker.forget({GPU})  # as the observer does when the engine comes up
     clock = _VirtualClock()
     states: list[str] = []
     first: dict[str, float] = {}
@@ -89,7 +91,9 @@ def load_library() -> list[Trace]:
     traces = []
     for trace in library():
         path = TRACES_DIR / f"{trace.name}.csv"
-        traces.append(Trace(trace.name, trace.family, read(path), trace.forbidden, trace.expected_by))
+        traces.append(
+            Trace(trace.name, trace.family, read(path), trace.forbidden, trace.expected_by, trace.from_serving)
+        )
     return traces
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,8 @@ def test_spike_is_flagged_before_the_oom_and_before_the_threshold(replays: dict[
 
 def test_no_false_alarm_on_traces_that_never_run_out(replays: dict[str, replaying.Replay]) -> None:
     quiet = [r for r in replays.values() if r.trace.oom_at is None]
-    assert {r.trace.family for r in quiet} == {"steady", "diurnal", "kv-sawtooth", "burst", "restart", "noisy"}
+    families = {"steady", "diurnal", "kv-sawtooth", "burst", "restart", "noisy", "warm-up"}
+    assert {r.trace.family for r in quiet} == families
     for r in quiet:
         assert not (set(r.first) & r.trace.forbidden), (r.trace.name, r.first)
         assert not (set(r.first) & ALARMS), (r.trace.name, r.first)
@@ -71,6 +73,29 @@ def test_expected_states_appear_in_time(replays: dict[str, replaying.Replay]) ->
     for r in replays.values():
         for state, by in r.trace.expected_by.items():
             assert r.first.get(state) is not None and r.first[state] <= by, (r.trace.name, state, r.first)
+
+
+def test_a_climb_from_the_engines_start_is_called_sooner_than_one_whose_start_is_unknown(
+    replays: dict[str, replaying.Replay],
+) -> None:
+    """The history began with the engine serving, so what rises is not its load: called within a third of
+    the time it leaves, where an unknown start waits climb_min_seconds."""
+    (r,) = [r for r in replays.values() if r.trace.family == "serving-climb"]
+    unknown = replaying.replay(dataclasses.replace(r.trace, from_serving=False))
+    assert r.first["climbing"] <= r.trace.expected_by["climbing"]
+    assert unknown.first["climbing"] >= r.first["climbing"] + 60, (unknown.first, r.first)
+    assert r.lead(r.first_signal) >= r.lead(r.threshold_fires) + 120  # two minutes more than 90 % for 2 min
+
+
+@pytest.mark.parametrize("ramp_seconds", [150, 180, 300])
+def test_a_warm_up_that_levels_off_is_let_go_within_three_minutes(ramp_seconds: int) -> None:
+    """A ramp from the engine's start still rising when first judged reads climbing (nothing tells it from
+    a leak yet); once level, the climb is let go after the hold its pace sets (two minutes at this pace), give
+    or take the buckets its slope is read from."""
+    r = replaying.replay(library_module.warm_up(60, 75, ramp_s=ramp_seconds))
+    climbing = [i * replaying.INTERVAL for i, state in enumerate(r.states) if state == "climbing"]
+    assert climbing, "the ramp, still rising at two minutes, should read climbing while it rises"
+    assert climbing[-1] <= ramp_seconds + 180, climbing[-1]
 
 
 def test_lead_time_table_in_docs_is_current(replays: dict[str, replaying.Replay]) -> None:

@@ -22,11 +22,14 @@ TRACES_DIR = Path(__file__).with_name("traces")
 @dataclass(frozen=True)
 class Trace:
     name: str
-    family: str  # slow-leak, leak-in-churn, spike, steady, diurnal, kv-sawtooth, burst, restart, noisy
+    # slow-leak, leak-in-churn, spike, steady, diurnal, kv-sawtooth, burst, restart, noisy, serving-climb, warm-up
+    family: str
     values: list[float]
     # States that must never be reported, and states allowed once the history is long enough.
     forbidden: frozenset[str] = frozenset()
     expected_by: dict[str, float] = field(default_factory=dict)  # state -> latest time (s) it must first appear
+    # The trace begins as its engine comes up and serves (the exporter starts the GPU's history afresh then).
+    from_serving: bool = False
 
     @property
     def oom_at(self) -> float | None:
@@ -164,6 +167,33 @@ def noisy(level_pct: float, noise_pct: float, glitch_every: int, seed: int = 9) 
                  values, frozenset({"climbing", "spike", "saturated"}))  # fmt: skip
 
 
+def serving_climb(start_pct: float, rate_pct_min: float, after_s: float, seed: int = 10) -> Trace:
+    """The incident's shape: the engine comes up holding its reservation, serves, then overcommitted
+    concurrency climbs to the OOM within minutes; the kernels' workspace comes and goes meanwhile."""
+    rate = rate_pct_min / 100 / 60
+
+    def fn(t: float) -> float:
+        workspace = 0.004 * (1 + math.sin(t / 7.0))
+        return start_pct / 100 + workspace + rate * max(0.0, t - after_s)
+
+    values = _run(after_s + (1 - start_pct / 100) / rate + 120, fn, 0.001, seed, True)
+    name = f"serving-climb_from{start_pct:g}pct_rate{rate_pct_min:g}pct-min_after{after_s:g}s_seed{seed}"
+    # Called within a third of the time it leaves (TrendSettings.climb_share_of_time_to_full), not 5 minutes in.
+    by = after_s + 150.0
+    return Trace(name, "serving-climb", values, frozenset({"spike"}), {"climbing": by}, from_serving=True)
+
+
+def warm_up(start_pct: float, end_pct: float, ramp_s: float, seed: int = 11) -> Trace:
+    """An engine that allocates as its first batches come (a caching allocator): up from its start, then flat."""
+
+    def fn(t: float) -> float:
+        return (start_pct + (end_pct - start_pct) * min(1.0, t / ramp_s)) / 100
+
+    values = _run(2 * 3600, fn, 0.002, seed, False)
+    return Trace(f"warm-up_from{start_pct:g}pct_to{end_pct:g}pct_in{ramp_s:g}s_seed{seed}", "warm-up", values,
+                 frozenset({"climbing", "spike", "saturated"}), from_serving=True)  # fmt: skip
+
+
 def library() -> list[Trace]:
     return [
         slow_leak(0.1, 70),
@@ -180,6 +210,8 @@ def library() -> list[Trace]:
         burst(55, 80, every_s=1200),
         restart(75, load_s=60),
         noisy(70, 1.0, glitch_every=97),
+        serving_climb(86, 1.4, after_s=60),
+        warm_up(60, 75, ramp_s=90),
     ]
 
 

@@ -33,6 +33,11 @@ class TrendSettings:
     # A fall of more than this (share of capacity) ends a climb: normal churn falls back.
     tolerance_ratio: float = 0.02
     climb_min_seconds: float = 300.0
+    # A climb whose history began with its engine serving (the load is not in it: what rises is not the load)
+    # need not last climb_min_seconds when that is much of the time it leaves: it is called once it has lasted
+    # this share of its projected time to full, and at least climb_soonest_seconds (a warm-up step is over by then).
+    climb_share_of_time_to_full: float = 1 / 3
+    climb_soonest_seconds: float = 180.0
     climb_min_rise_ratio: float = 0.03
     # Slower than this is not a leak but load drifting (a diurnal cycle of +-8 % peaks at 0.035 %/min).
     climb_min_slope_ratio_per_minute: float = 0.0006
@@ -57,9 +62,15 @@ class TrendSettings:
             short_window_seconds=max(2.0, self.short_window_seconds / scale),
             long_window_seconds=max(30.0, self.long_window_seconds / scale),
             climb_min_seconds=max(3.0, self.climb_min_seconds / scale),
+            climb_soonest_seconds=max(3.0, self.climb_soonest_seconds / scale),
             climb_min_slope_ratio_per_minute=self.climb_min_slope_ratio_per_minute * scale,
             analysis_interval_seconds=self.analysis_interval_seconds / scale,
         )
+
+    @property
+    def climb_soonest(self) -> float:
+        """The shortest climb ever called one (climb_soonest_seconds, never longer than climb_min_seconds)."""
+        return min(self.climb_soonest_seconds, self.climb_min_seconds)
 
     @property
     def analysis_every(self) -> int:
@@ -290,9 +301,12 @@ class Series:
     sorting every bucket again. The results are those of sorting afresh: `incremental=False` computes
     every statistic from scratch, each tick (the tests compare the two)."""
 
-    def __init__(self, settings: TrendSettings, *, incremental: bool = True) -> None:
+    def __init__(self, settings: TrendSettings, *, incremental: bool = True, from_serving: bool = False) -> None:
+        """`from_serving`: the history begins with its engine up and serving (TrendTracker.forget), so a climb
+        from its start is not a load: it may be called sooner (TrendSettings.climb_share_of_time_to_full)."""
         self.settings = settings
         self.incremental = incremental
+        self.from_serving = from_serving
         self.maxlen = int(settings.long_window_seconds / settings.interval_seconds) + 8
         self._times: list[float] = []
         self._values: list[float] = []
@@ -308,6 +322,8 @@ class Series:
         # thresholds while noise (or cache churn) moves the level up and down.
         self.latched = False
         self.latched_at = 0.0
+        self.latched_slope = 0.0  # its pace when called (share of capacity per second)
+        self._called_slope = 0.0
         self._whole_floor: list[tuple[float, float]] | None = None  # this tick's, computed at most once
 
     def __len__(self) -> int:
@@ -356,6 +372,7 @@ class Series:
         self._recent.clear()
         self.climb_start = None
         self.latched = False
+        self.from_serving = False  # memory freed at once: a restart, whose load comes next
 
     def trend(self) -> Trend | None:
         if not len(self):
@@ -417,7 +434,7 @@ class Series:
             return "spike"
         climbing = self._is_climbing(samples, whole, level, climb_seconds, now)
         if climbing and not self.latched:
-            self.latched_at = now
+            self.latched_at, self.latched_slope = now, self._called_slope
         self.latched = climbing
         if climbing:
             return "climbing"
@@ -429,39 +446,64 @@ class Series:
     ) -> bool:
         s = self.settings
         if self.latched:
-            start = max(self.latched_at - s.climb_min_seconds, now - s.long_window_seconds / 2, samples.first)
+            # Over the time the climb, at the pace it was called at, takes to rise by half the minimum rise:
+            # a slow leak is judged over many minutes, a warm-up ramp that has levelled off lets go soon.
+            hold = s.climb_min_rise_ratio / 2 / self.latched_slope if self.latched_slope > 0 else s.climb_min_seconds
+            hold = min(max(hold, s.climb_soonest), s.long_window_seconds / 2)
+            start = max(now - hold, samples.first)
             slope = robust_slope(samples.since(start), start, now, floor=True, slot="latched")
             return slope is not None and slope >= s.climb_min_slope_ratio_per_minute / 60 / 2
         # A climb that has not fallen back for a while, and whose latter half still rises, steadily,
         # at a leak's pace: a restart's loading ramp, a burst (a step up, then flat) and noise all fail.
-        if climb_seconds >= s.climb_min_seconds and level - self.climb_floor >= s.climb_min_rise_ratio:
+        soonest = s.climb_soonest if self.from_serving else s.climb_min_seconds
+        if climb_seconds >= soonest and level - self.climb_floor >= s.climb_min_rise_ratio:
             start = max(now - climb_seconds / 2, samples.first)
             points = bucket_points(samples.since(start), start, now, slot="half")
-            if self._rises(points, start, now, s.climb_min_rise_ratio / 2):
-                return True
+            slope = self._rising_slope(points, start, now, s.climb_min_rise_ratio / 2)
+            if slope is not None and climb_seconds >= self._climb_needs(level, slope):
+                # Called sooner than climb_min_seconds, it must still rise at the end: a warm-up step that has
+                # just levelled off rises over the half as a whole, not over its latter half.
+                recent = theil_sen(points[len(points) // 2 :])
+                if climb_seconds >= s.climb_min_seconds or (recent is not None and recent >= slope / 2):
+                    self._called_slope = slope
+                    return True
         # A sawtooth whose troughs rise: a leak under cache churn. Needs most of the long window.
         start = samples.first
-        return now - start >= 0.8 * s.long_window_seconds and self._rises(
-            self._floor_points(whole), start, now, s.climb_min_rise_ratio
-        )
-
-    def _rises(self, points: list[tuple[float, float]], start: float, end: float, min_rise: float) -> bool:
-        if len(points) < 6:
+        if now - start < 0.8 * s.long_window_seconds:
             return False
+        slope = self._rising_slope(self._floor_points(whole), start, now, s.climb_min_rise_ratio)
+        self._called_slope = slope or 0.0
+        return slope is not None
+
+    def _climb_needs(self, level: float, slope: float) -> float:
+        """How long a climb at `slope` (share of capacity per second) must have lasted to be called one."""
+        s = self.settings
+        if not self.from_serving:
+            return s.climb_min_seconds
+        to_full = (1.0 - level) / slope
+        return max(s.climb_soonest, min(s.climb_min_seconds, s.climb_share_of_time_to_full * to_full))
+
+    def _rising_slope(
+        self, points: list[tuple[float, float]], start: float, end: float, min_rise: float
+    ) -> float | None:
+        """The points' Theil-Sen slope where they rise steadily, at a leak's pace, by `min_rise`; else None."""
+        if len(points) < 6:
+            return None
         needed = max(self.settings.climb_min_slope_ratio_per_minute / 60, min_rise / (end - start))
         values = [v for _, v in points]
         # No pairwise slope can exceed the points' range over the closest pair's distance (a bucket's
         # width, (end - start) / 12): below half the pace needed (a margin for rounding), the median of
         # the slopes cannot reach it either. Most series are not rising: this spares their Theil-Sen.
         if needed > 0 and (max(values) - min(values)) * 2 < needed * (end - start) / 12:
-            return False
+            return None
         # Where the last point is no higher than the first, the spread is 0 and fails: no Theil-Sen needed.
         if values[-1] <= values[0]:
-            return False
+            return None
         slope = theil_sen(points) or 0.0
-        return (
+        steady = (
             slope >= self.settings.climb_min_slope_ratio_per_minute / 60
             and slope * (end - start) >= min_rise
             and consistency(points) >= CONSISTENT
             and spread(points) >= SPREAD
         )
+        return slope if steady else None

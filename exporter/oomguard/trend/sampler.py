@@ -37,9 +37,12 @@ class TrendTracker:
         self.errors_total = 0
         self._phase: dict[TrendKey, int] = {}  # the tick (modulo analysis_every) at which each series is analysed
         self._next_phase = 0
+        self._from_serving: set[TrendKey] = set()  # forgotten, not observed since
 
     def forget(self, keys: set[TrendKey]) -> None:
-        """Start these series afresh: what came before says nothing of what comes now (an engine woke up)."""
+        """Start these series afresh, from their engine serving: what came before (its sleep, its load) says
+        nothing of what comes now, and what rises from now on is not a load (Series.from_serving)."""
+        self._from_serving |= keys
         for key in keys:
             self._series.pop(key, None)
             self._capacity.pop(key, None)
@@ -52,7 +55,9 @@ class TrendTracker:
                 continue
             series = self._series.get(key)
             if series is None:
-                series = self._series[key] = Series(self.settings)
+                from_serving = key in self._from_serving
+                self._from_serving.discard(key)
+                series = self._series[key] = Series(self.settings, from_serving=from_serving)
                 # Series are analysed in turn: spread them evenly over the ticks of one analysis interval.
                 self._phase[key] = self._next_phase
                 self._next_phase = (self._next_phase + 1) % self.settings.analysis_every
