@@ -64,9 +64,13 @@ class FamilyExtractor:
         self._canonical = {n.replace(":", "_"): n for n in self.names if ":" in n}
         self._canonical = {alias: n for alias, n in self._canonical.items() if alias not in self.names}
         spellings = self.names | self._canonical.keys()
-        alternation = "|".join(re.escape(n) for n in sorted(spellings, key=len, reverse=True))
-        # name, optional {labels}, value; a timestamp may follow and is ignored.
-        self._line = re.compile(rf"^({alternation})(?:\{{([^\n]*)\}})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*\r?$", re.M)
+        # A newline, then one of the names, then optional {labels}, the value; a timestamp may follow and is ignored.
+        # The literal newline first lets the regex engine skip from line to line (where `^` would be tried at every
+        # character), and the names as a trie fail a line at its first differing character (where an alternation
+        # tries every name in turn): 9x faster on a vLLM body (docs/performance.md, "Scrape cost").
+        self._line = re.compile(
+            rf"\n({_trie(spellings)})(?:\{{([^\n]*)\}})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*\r?$", re.M
+        )
 
     def extract(self, body: str) -> dict[str, list[Sample]]:
         """The samples of the families, by name. ExpositionError on a malformed sample or a series written twice
@@ -74,7 +78,7 @@ class FamilyExtractor:
         found: dict[str, list[Sample]] = {}
         seen: dict[tuple[str, frozenset[tuple[str, str]]], str] = {}  # each series -> the spelling it came in
         limits = self.limits
-        for match in self._line.finditer(body):
+        for match in self._line.finditer("\n" + body):  # the first line as every other: after a newline
             spelled, label_text, value_text = match.groups()
             name = self._canonical.get(spelled, spelled)
             if limits is not None and label_text and label_text.count('="') > limits.labels:  # before parsing them
@@ -93,6 +97,27 @@ class FamilyExtractor:
             seen[key] = spelled
             found.setdefault(name, []).append(Sample(name, labels, _parse_value(value_text, name)))
         return found
+
+
+def _trie(words: Iterable[str]) -> str:
+    """A regular expression that matches any of `words` (none empty), its branches sharing their prefixes:
+    {"ab", "ac", "a"} -> "a(?:(?:b|c))?" in effect. Longer words are tried first, so a word that is the prefix
+    of another still lets the pattern that follows decide."""
+    root: dict[str, dict] = {}
+    for word in words:
+        node = root
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a word ends here
+
+    def build(node: dict[str, dict]) -> str:
+        branches = [re.escape(char) + build(child) for char, child in sorted(node.items()) if char]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return build(root)
 
 
 def _check_limits(name: str, labels: dict[str, str], label_text: str | None, count: int, limits: Limits) -> None:
