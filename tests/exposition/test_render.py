@@ -155,3 +155,22 @@ def test_a_discovered_targets_series_carry_its_pod_and_the_others_empty_ones() -
         'oomguard_target_probe_grace_seconds{container="vllm",namespace="llm",pod="vllm-0",target="llm/vllm-0"} 65.0'
         in text
     )
+
+
+def test_values_are_written_as_prometheus_client_writes_them_cached_or_not() -> None:
+    """The encoder keeps each value's text: 0.0 and -0.0 (one key, two texts), NaN and the infinities included,
+    and once its bound is reached it starts over rather than growing."""
+    from prometheus_client.utils import floatToGoString
+
+    from oomguard.exposition import encoder
+
+    values = [0.0, -0.0, 1, 1.0, True, 6.4e10, 123456789.0, 1e-7, float("nan"), float("inf"), -float("inf"), -3.5]
+    for _ in range(2):  # the second time from the cache
+        for value in values:
+            assert encoder._value_text(value) == floatToGoString(value) + "\n", value
+            cached = encoder._VALUES.get(value)
+            assert cached in (None, floatToGoString(value) + "\n"), value
+    assert 0.0 not in encoder._VALUES
+    for i in range(encoder._VALUES_MAX + 10):
+        encoder._value_text(i + 0.5)
+    assert len(encoder._VALUES) <= encoder._VALUES_MAX
