@@ -68,9 +68,7 @@ class FamilyExtractor:
         # The literal newline first lets the regex engine skip from line to line (where `^` would be tried at every
         # character), and the names as a trie fail a line at its first differing character (where an alternation
         # tries every name in turn): 9x faster on a vLLM body (docs/performance.md, "Scrape cost").
-        self._line = re.compile(
-            rf"\n({_trie(spellings)})(?:\{{([^\n]*)\}})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*\r?$", re.M
-        )
+        self._line = re.compile(rf"\n({_trie(spellings)})(?:\{{([^\n]*)\}})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*\r?$", re.M)
 
     def extract(self, body: str) -> dict[str, list[Sample]]:
         """The samples of the families, by name. ExpositionError on a malformed sample or a series written twice
