@@ -59,3 +59,24 @@ def test_malformed_lines_raise(body: str) -> None:
 def test_windows_line_endings() -> None:
     found = FamilyExtractor({"x"}).extract('x{a="1"} 2\r\ny 3\r\n')
     assert found["x"][0].value == 2.0
+
+
+def test_parsed_label_sets_are_kept_bounded_and_never_shared() -> None:
+    """The second extraction of a body finds its label sets parsed already; each caller gets its own dict, and
+    label texts that change at every scrape (a tenant's) empty the cache rather than grow it."""
+    from oomguard import promtext
+
+    extractor = FamilyExtractor(["m"])
+    body = 'm{a="1",b="x\\"y"} 1\n'
+    first = extractor.extract(body)["m"][0].labels
+    first["a"] = "changed by a caller"
+    again = extractor.extract(body)["m"][0].labels
+    assert again == {"a": "1", "b": 'x"y'}
+    for i in range(promtext._PARSED_MAX + 10):
+        extractor.extract(f'm{{a="{i}",pad="{"p" * 200}"}} 1\n')
+    assert len(promtext._PARSED) <= promtext._PARSED_MAX
+    assert promtext.parsed_cache_chars() <= promtext.PARSED_CACHE_MAX_CHARS
+    with pytest.raises(ExpositionError):
+        extractor.extract('m{a="1",b=2} 1\n')  # malformed: raised every time, never kept
+    with pytest.raises(ExpositionError):
+        extractor.extract('m{a="1",b=2} 1\n')

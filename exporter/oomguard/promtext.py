@@ -84,7 +84,7 @@ class FamilyExtractor:
                     f"{name} has more than {limits.labels} labels, over the label limit: raise label_limit (the "
                     "target's, or scrape.label_limit) if this engine really writes such series"
                 )
-            labels = _parse_labels(label_text) if label_text else {}
+            labels = _labels_of(label_text) if label_text else {}
             if limits is not None:
                 _check_limits(name, labels, label_text, len(seen), limits)
             key = (name, frozenset(labels.items()))
@@ -146,6 +146,36 @@ def _parse_value(text: str, name: str) -> float:
     except ValueError:
         raise ExpositionError(f"sample {name} has a value that is not a number: {text[:40]!r}") from None
     return value
+
+
+# Parsed label sets by their text: an engine writes the same series at every scrape (vLLM's cache_config_info, 37
+# labels, is the costliest). The text is the target's (tenant-controlled): the cache is bounded in entries and in
+# characters, shared by all targets, emptied when full; a copy is handed out, so no caller shares one.
+_PARSED: dict[str, dict[str, str]] = {}
+_PARSED_MAX = 8192
+PARSED_CACHE_MAX_CHARS = 4 * 1024 * 1024
+_parsed_chars = 0
+
+
+def _labels_of(text: str) -> dict[str, str]:
+    global _parsed_chars
+    cached = _PARSED.get(text)
+    if cached is not None:
+        return dict(cached)
+    labels = _parse_labels(text)
+    size = 2 * len(text)  # the key, and the keys and values parsed out of it
+    if len(_PARSED) >= _PARSED_MAX or _parsed_chars + size > PARSED_CACHE_MAX_CHARS:
+        _PARSED.clear()
+        _parsed_chars = 0
+    if size <= PARSED_CACHE_MAX_CHARS // 64:
+        _PARSED[text] = labels
+        _parsed_chars += size
+    return dict(labels)
+
+
+def parsed_cache_chars() -> int:
+    """What the cache of parsed label sets holds, as it counts it (at most PARSED_CACHE_MAX_CHARS)."""
+    return _parsed_chars
 
 
 def _parse_labels(text: str) -> dict[str, str]:
