@@ -173,3 +173,25 @@ async def test_a_failed_lookup_is_recorded_and_yields_no_processes() -> None:
     finder.find_all = broken  # type: ignore[method-assign]
     assert await ProcessLookup(finder, [1], registry).get() == {}
     assert not registry.results()["processes"].success
+
+
+def test_a_known_engine_is_read_without_psutil_its_command_line_kept(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once an engine's family is known, a lookup reads its memory from /proc alone: its command line and start
+    time are those of the last listing (the same process: its start tick is checked), not read again."""
+    finder = ProcessFinder()
+    first = finder.find_all([engine.port])[engine.port]
+    assert first is not None and first.cmdline and first.cmdline[0] == sys.executable
+
+    def no_psutil(pid: int) -> psutil.Process:
+        raise AssertionError(f"psutil.Process({pid}) on a known engine")
+
+    monkeypatch.setattr(processes.psutil, "Process", no_psutil)
+    again = finder.find_all([engine.port])[engine.port]
+    assert again is not None
+    assert (again.root_pid, again.pids, again.cmdline) == (first.root_pid, first.pids, first.cmdline)
+    assert again.start_time_seconds == first.start_time_seconds
+    assert again.resident_bytes > 0
+    engine.stop()
+    assert finder.find_all([engine.port])[engine.port] is None  # gone: not served from what was kept

@@ -122,8 +122,12 @@ class ProcessFinder:
         return [pid for pid in family[2] if pid != root]
 
     def _tree(self, pid: int, port: int, children: dict[int, list[int]], known: list[int] | None = None) -> ProcessTree:
-        root = psutil.Process(pid)
-        rss = float(root.memory_info().rss)
+        try:
+            rss = _resident_bytes(pid)
+        except FileNotFoundError:
+            raise psutil.NoSuchProcess(pid) from None
+        except PermissionError:
+            raise psutil.AccessDenied(pid) from None
         pids = {pid}
         stack = list(known if known is not None else children.get(pid, ()))
         while stack:
@@ -140,15 +144,23 @@ class ProcessFinder:
         if known is None:
             ticks = {p: _start_ticks(p) for p in pids}
             self._family[port] = (pid, time.monotonic(), {p: t for p, t in ticks.items() if t is not None})
-        try:
-            cmdline = tuple(root.cmdline())
-        except psutil.AccessDenied:
-            cmdline = ()
+        last = self._last_listener.get(port)
+        if known is not None and last is not None and last.root_pid == pid:
+            # The same process (its start tick checked by the family above): its command line and start time as
+            # read at the last listing of /proc, FAMILY_RESCAN_SECONDS ago at most, rather than three more reads.
+            cmdline, started = last.cmdline, last.start_time_seconds
+        else:
+            root = psutil.Process(pid)
+            try:
+                cmdline = tuple(root.cmdline())
+            except psutil.AccessDenied:
+                cmdline = ()
+            started = start_time(pid) or root.create_time()
         tree = ProcessTree(
             root_pid=pid,
             pids=frozenset(pids),
             resident_bytes=rss,
-            start_time_seconds=start_time(pid) or root.create_time(),
+            start_time_seconds=started,
             cmdline=cmdline,
         )
         self._last_listener[port] = tree
