@@ -43,6 +43,7 @@ from oomguard.sources.registry import SourceRegistry
 from oomguard.sources.targets import TargetScraper
 from oomguard.trend.observe import TrendObserver
 from oomguard.trend.sampler import Sampler, TrendTracker
+from oomguard.web_config.server import scrape_connection_limit
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class Runtime:
         # One client session for every target, for the life of the runtime.
         self._session = aiohttp.ClientSession(
             headers={"User-Agent": f"oomguard/{__version__}", "Accept": "text/plain"},
-            connector=aiohttp.TCPConnector(limit=64, limit_per_host=4),
+            connector=aiohttp.TCPConnector(limit=scrape_connection_limit(), limit_per_host=4),
         )
         lib = self._lib()
         nvml = self._nvml = (

@@ -718,3 +718,14 @@ def test_the_connection_limit_keeps_a_quarter_of_the_descriptors() -> None:
     assert connection_limit(1024) == 768
     assert connection_limit(65536) == 49152
     assert connection_limit(100) == 36
+
+
+def test_the_engines_connections_stay_within_the_quarter_kept() -> None:
+    from oomguard.web_config.server import connection_limit, scrape_connection_limit
+
+    assert scrape_connection_limit(1024) == 128
+    assert scrape_connection_limit(20000) == 2500
+    assert scrape_connection_limit(1 << 30) == 4096
+    assert scrape_connection_limit(100) == 64
+    for soft in (1024, 4096, 65536, 1 << 20):  # half the quarter kept stays for NVML, /proc and the logs
+        assert connection_limit(soft) + scrape_connection_limit(soft) <= soft - soft // 4 // 2

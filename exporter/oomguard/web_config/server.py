@@ -55,6 +55,18 @@ def connection_limit(soft_limit: int | None = None) -> int:
     return max(8, soft_limit - max(64, soft_limit // 4))
 
 
+def scrape_connection_limit(soft_limit: int | None = None) -> int:
+    """Connections to the engines at once: an eighth of the descriptor limit, within the quarter that
+    connection_limit keeps (128 under systemd's default of 1024), at least 64 and at most 4096. Each target
+    takes two at a time (/metrics and /health); below that the requests wait in the connector's queue, whose
+    waking cost a quarter of the exporter's CPU at 500 targets with 64 (bench/bench_many_targets.py)."""
+    if soft_limit is None:
+        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft_limit == resource.RLIM_INFINITY or soft_limit > 1 << 20:
+        soft_limit = 1 << 20
+    return min(4096, max(64, soft_limit // 8))
+
+
 @dataclass
 class WebCounters:
     """What the web layer refused, for /metrics (oomguard_web_requests_refused_total and
