@@ -123,7 +123,7 @@ class _Collector:
         self.snapshot = snapshot
 
     def collect(self):
-        return families(self.snapshot).metric_families()
+        return families(self.snapshot, keep_samples=True).metric_families()
 
 
 def test_render_equals_prometheus_client_writer(promtool: str) -> None:

@@ -78,45 +78,52 @@ def prefix_cache_bytes() -> int:
 
 class Exposition:
     """Fresh samples for one render, written in the order of `metrics`; `add` skips values we
-    do not have (never NaN). `pods`: a discovered target's (namespace, pod, container), by target name."""
+    do not have (never NaN). `pods`: a discovered target's (namespace, pod, container), by target name.
+
+    Each sample is written as it is added (its cached prefix and value text, in its metric's list), so that
+    `render` only joins the lists: one pass over the samples, not two. `keep_samples` also keeps them as
+    label values and numbers, for `metric_families` (prometheus_client's objects: the tests' reference writer)."""
 
     def __init__(
         self,
         metrics: tuple[MetricSpec, ...],
         declared: frozenset[MetricSpec],
         pods: Mapping[str, tuple[str, str, str]] | None = None,
+        *,
+        keep_samples: bool = False,
     ) -> None:
         self._metrics = metrics
         self._declared = declared  # set(metrics), made once by the caller
         self._pods = pods or {}
-        self._samples: dict[MetricSpec, list[tuple[tuple[str, ...], float]]] = {}
+        self._lines: dict[MetricSpec, list[str]] = {}  # prefix, value text, prefix, value text...
+        self._samples: dict[MetricSpec, list[tuple[tuple[str, ...], float]]] | None = {} if keep_samples else None
 
     def add(self, spec: MetricSpec, labels: tuple[str, ...], value: float | None) -> None:
         if value is None:
             return
         if spec.target_index >= 0:
             labels = labels + self._pods.get(labels[spec.target_index], NO_POD)
-        samples = self._samples.get(spec)
-        if samples is None:
+        lines = self._lines.get(spec)
+        if lines is None:
             assert spec in self._declared, f"{spec.name} is not in the exposition's list of metrics"
-            samples = self._samples[spec] = []
-        samples.append((labels, value))
+            lines = self._lines[spec] = []
+        lines.append(_PREFIXES.get((spec, labels)) or _prefix(spec, labels))
+        lines.append(_VALUES.get(value) or _value_text(value))
+        if self._samples is not None:
+            self._samples.setdefault(spec, []).append((labels, value))
 
     def render(self) -> bytes:
         out: list[str] = []
-        append, prefixes, values = out.append, _PREFIXES, _VALUES  # locals: this loop runs for every sample
         # Declaration order, so the exposition is stable whatever the order of sources.
         for spec in self._metrics:
-            samples = self._samples.get(spec)
-            if not samples:
-                continue
-            append(spec.header)
-            for labels, value in samples:
-                append(prefixes.get((spec, labels)) or _prefix(spec, labels))
-                append(values.get(value) or _value_text(value))
+            lines = self._lines.get(spec)
+            if lines:
+                out.append(spec.header)
+                out.extend(lines)
         return "".join(out).encode()
 
     def metric_families(self) -> Iterator[Metric]:
+        assert self._samples is not None, "made without keep_samples"
         for spec in self._metrics:
             samples = self._samples.get(spec)
             if not samples:
