@@ -80,6 +80,8 @@ class Collection:
             targets = await self.settings.add(targets)
         memory = join_targets(nvml, targets)
         tracker, events, xid = self.tracker, self.events, self.xid
+        # As the last poll left them: no lock taken on the loop, no dict read while a poll changes it.
+        seen = events.view if events else None
         snapshot = Snapshot(
             nvml=nvml,
             targets=targets,
@@ -90,8 +92,8 @@ class Collection:
             trends=dict(tracker.latest) if tracker else {},
             trend_samples_total=tracker.samples_total if tracker else None,
             trend_errors_total=tracker.errors_total if tracker else 0,
-            events={name: c.copy() for name, c in events.counts.items()} if events else {},
-            event_sources=tuple(events.health()) if events else (),
+            events=seen.counts if seen else {},
+            event_sources=seen.health if seen else (),
             event_state_write_errors=events.state_write_errors if events and events.has_state else None,
             event_state_read_errors=events.state_read_errors if events and events.has_state else None,
             xid=dict(xid.counts) if xid else {},

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +13,8 @@ import pytest
 
 from oomguard.config import Config, load_config
 from oomguard.events.runner import EventRunner
+from oomguard.events.source import source_health
+from oomguard.model import Event, EventSourceHealth, ReadStats
 
 N = 40
 OOM = [
@@ -247,3 +251,54 @@ def test_a_pattern_that_matches_no_file_is_said_once_and_counted_as_following_no
     assert [rec.getMessage() for rec in caplog.records].count(
         f"event source file:{typo} of 'vllm' now follows 1 file(s)"
     ) == 1
+
+
+class _SlowSource:
+    """A source whose poll reads for as long as the test holds it (a slow journalctl, a large file), then
+    reports one OOM: the runner holds its lock all the while."""
+
+    name, kinds = "slow", ("cuda_oom",)
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.reading, self.release = threading.Event(), threading.Event()
+        self.stats = ReadStats()
+
+    def poll(self, now: float) -> list[Event]:
+        self.reading.set()
+        assert self.release.wait(10)
+        self.stats.lines_read += 1
+        return [Event("cuda_oom", now)]
+
+    def health(self) -> EventSourceHealth:
+        return source_health(self, self.stats)
+
+    def state(self) -> dict[str, object]:
+        return {}
+
+    def close(self) -> list[Event]:
+        return []
+
+
+def test_a_scrape_reads_the_last_poll_without_waiting_for_the_one_in_progress(tmp_path: Path) -> None:
+    """The collection reads `view` on the event loop while a poll runs in a worker thread: it takes no lock
+    (the poll holds it for as long as its reads take) and gets dicts no poll changes after it."""
+    r = runner(tmp_path, Clock(), [])
+    slow = _SlowSource("pod-a")
+    r.set_sources("pod-a", [slow])
+    before = r.view
+    assert "pod-a" not in before.counts and [h.source for h in before.health] == ["slow"]
+    poll = threading.Thread(target=r.poll)
+    poll.start()
+    try:
+        assert slow.reading.wait(10)
+        started = time.monotonic()
+        during = r.view  # the lock is held by the poll: a reader that took it would wait here
+        assert time.monotonic() - started < 0.5
+        assert during is before
+    finally:
+        slow.release.set()
+        poll.join(10)
+    after = r.view
+    assert after.counts["pod-a"].total == {"cuda_oom": 1} and after.health[0].lines_read == 1
+    assert "pod-a" not in before.counts  # what a scrape held was never changed under it

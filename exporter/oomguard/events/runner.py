@@ -51,6 +51,14 @@ MAX_STATE_BYTES = 64 * 1024 * 1024
 MAX_COUNT = 2**53  # the largest count a float64 sample holds exactly
 
 
+@dataclasses.dataclass(frozen=True)
+class EventsView:
+    """What the event runner had after a poll; never changed once made (EventRunner.view)."""
+
+    counts: dict[str, Counts]
+    health: tuple[EventSourceHealth, ...]
+
+
 class EventRunner:
     def __init__(self, config: Config, *, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
@@ -71,11 +79,24 @@ class EventRunner:
         self.kill_owners = KillOwners()
         # A poll runs in a worker thread; discovered pods' sources come and go (set_sources) between polls.
         self._lock = threading.RLock()
+        self._publish()
+
+    # -- what a scrape reads -------------------------------------------------------------------
+    @property
+    def view(self) -> EventsView:
+        """The counts and the sources' health as of the last poll (or change of sources): made under the lock
+        and replaced whole, so a reader on the event loop takes no lock (a poll holds it for as long as its reads
+        take: seconds on a busy host) and never iterates a dict a poll is changing."""
+        return self._view
+
+    def _publish(self) -> None:
+        self._view = EventsView({name: c.copy() for name, c in self.counts.items()}, tuple(self._health()))
 
     # -- one poll: blocking (file reads, journalctl), run in a worker thread ---------------
     def poll(self) -> None:
         with self._lock:
             self._poll()
+            self._publish()
 
     def set_sources(self, target: str, sources: list[EventSource]) -> None:
         """Make `sources` the sources of `target` (a discovered pod; [] when it is gone): those it had and that
@@ -93,6 +114,7 @@ class EventRunner:
             self._failures = [self._failures[i] for i in kept] + [0] * len(new)
             self._states = [self._states[i] for i in kept] + [s.state() for s in new]
             self._save()
+            self._publish()
 
     def _poll(self) -> None:
         changed = False
@@ -204,6 +226,7 @@ class EventRunner:
         """Close every source, count what they still held, and save the state."""
         with self._lock:
             self._close()
+            self._publish()
 
     def _close(self) -> None:
         for i, source in enumerate(self.sources):
