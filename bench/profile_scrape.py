@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import io
 import os
 import signal
@@ -82,6 +83,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default="/tmp/oomguard-scrape.pstat")
     args = parser.parse_args()
+    if importlib.util.find_spec("yappi") is None:
+        raise SystemExit("bench/profile_scrape.py needs yappi, a profiler that sees every thread: pip install yappi")
     delays = default_delays()
     delays = (delays * (args.targets // len(delays) + 1))[: args.targets]
     targets, ports = start_targets(delays)
