@@ -16,9 +16,14 @@ import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from oomguard.config import Config
+    from oomguard.simulate.fake_nvml import FakeNvml
 
 # Resolved from this file, so the benchmarks run from any working directory.
 # The real vLLM 0.32 body under load, as copied into the test fixtures.
@@ -87,11 +92,11 @@ def start_targets(delays_ms: list[float]) -> tuple[BaseProcess, list[int]]:
 
 
 # -- the exporter: the real app, fake NVML, in its own process ---------------------------------
-def _serve_exporter(ports: list[int], local_process: str, conn: Connection) -> None:
+def exporter_setup(ports: list[int], local_process: str) -> tuple[Config, FakeNvml]:
+    """The benchmarks' exporter: its Config (a target per port, one GPU each in turn) and the fake NVML of
+    N_GPUS GPUs with two engine processes each, so the per-process series are rendered too."""
     from oomguard.config import Config, TargetConfig
-    from oomguard.runtime import Runtime
     from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-    from oomguard.web import make_app
 
     config = Config(
         targets=tuple(
@@ -101,7 +106,6 @@ def _serve_exporter(ports: list[int], local_process: str, conn: Connection) -> N
             for i, port in enumerate(ports)
         )
     )
-    # Two engine processes per GPU, so the per-process series are rendered too.
     gpus = [
         FakeGpu(
             i,
@@ -111,17 +115,25 @@ def _serve_exporter(ports: list[int], local_process: str, conn: Connection) -> N
         )
         for i in range(N_GPUS)
     ]
+    return config, FakeNvml(gpus)
 
-    async def main() -> None:
-        app = make_app(Runtime(config, nvml_lib=FakeNvml(gpus)))
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        conn.send(runner.addresses[0][1])
-        await asyncio.Event().wait()
 
-    asyncio.run(main())
+def _serve_exporter(ports: list[int], local_process: str, conn: Connection) -> None:
+    from oomguard.runtime import Runtime
+    from oomguard.web import make_app
+
+    config, nvml = exporter_setup(ports, local_process)
+    asyncio.run(serve(make_app(Runtime(config, nvml_lib=nvml)), conn))
+
+
+async def serve(app: web.Application, conn: Connection) -> None:
+    """Serve `app` on a free port of 127.0.0.1, send the port through `conn`, serve until killed."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    conn.send(runner.addresses[0][1])
+    await asyncio.Event().wait()
 
 
 def start_exporter(ports: list[int], local_process: str = "auto") -> tuple[BaseProcess, int]:

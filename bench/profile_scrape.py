@@ -18,33 +18,18 @@ import time
 from multiprocessing.connection import Connection
 
 import aiohttp
-from _common import N_GPUS, _ctx, _started, default_delays, start_targets
+from _common import _ctx, _started, default_delays, exporter_setup, serve, start_targets
 
 WARMUP = 20
 
 
 def _serve_profiled(ports: list[int], local_process: str, out: str, conn: Connection) -> None:
     import yappi
-    from aiohttp import web
 
-    from oomguard.config import Config, TargetConfig
     from oomguard.runtime import Runtime
-    from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
     from oomguard.web import make_app
 
-    config = Config(
-        targets=tuple(
-            TargetConfig(
-                url=f"http://127.0.0.1:{port}", name=f"t{i:02d}", gpus=(i % N_GPUS,), local_process=local_process
-            )
-            for i, port in enumerate(ports)
-        )
-    )
-    gpus = [
-        FakeGpu(i, used_bytes=60 * GIB, utilization_percent=70,
-                processes=[FakeProcess(900_000 + 2 * i + k, 30 * GIB) for k in range(2)])
-        for i in range(N_GPUS)
-    ]  # fmt: skip
+    config, nvml = exporter_setup(ports, local_process)
 
     def dump(*_: object) -> None:
         yappi.stop()
@@ -55,17 +40,8 @@ def _serve_profiled(ports: list[int], local_process: str, out: str, conn: Connec
     signal.signal(signal.SIGUSR1, dump)
     signal.signal(signal.SIGUSR2, lambda *_: (yappi.clear_stats(), yappi.start()))
 
-    async def main() -> None:
-        app = make_app(Runtime(config, nvml_lib=FakeNvml(gpus)))
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        conn.send(runner.addresses[0][1])
-        await asyncio.Event().wait()
-
     yappi.set_clock_type("cpu")
-    asyncio.run(main())
+    asyncio.run(serve(make_app(Runtime(config, nvml_lib=nvml)), conn))
 
 
 async def scrape(port: int, n: int) -> None:
