@@ -294,3 +294,17 @@ def test_the_simulation_and_the_drill_share_their_scenarios_names(capsys: pytest
         main(["serve", "--help"])
     page = " ".join(re.sub(r"-\n\s*", "-", capsys.readouterr().out).split())  # argparse wraps at hyphens
     assert ", ".join(NAMES) in page and "overcommit," not in page.split("(the drill's names")[0]
+
+
+def test_a_targets_port_is_its_urls_or_its_schemes() -> None:
+    """One helper (ports.url_port) for every reader of a target's port: the scraper, the local discovery, the
+    settings reader; a URL without one reaches its scheme's (the local discovery read None there before)."""
+    from oomguard.config import TargetConfig
+    from oomguard.ports import url_port
+
+    assert TargetConfig(url="http://127.0.0.1").port == 80
+    assert TargetConfig(url="https://engine.example").port == 443
+    assert TargetConfig(url="http://127.0.0.1:8000").port == 8000
+    assert TargetConfig(url="https://engine.example").label == "engine.example:443"
+    with pytest.raises(ValueError):
+        url_port("http://127.0.0.1:99999")

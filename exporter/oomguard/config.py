@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from oomguard.engines import ENGINE_NAMES, ENGINES
 from oomguard.events.catalogue import check_patterns
 from oomguard.excerpt import LIMIT, excerpt
+from oomguard.ports import url_port
 from oomguard.promtext import LABEL_LIMIT, LABEL_VALUE_LENGTH_LIMIT, SAMPLE_LIMIT, Limits
 from oomguard.simulate.scenarios import NAMES as SIMULATION_NAMES
 from oomguard.simulate.scenarios import SCENARIOS as SIMULATIONS
@@ -146,8 +147,12 @@ class TargetConfig(StrictModel):
 
     @property
     def label(self) -> str:
-        parts = urlsplit(self.url)
-        return self.name or f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+        return self.name or f"{urlsplit(self.url).hostname}:{self.port}"
+
+    @property
+    def port(self) -> int:
+        """The port its URL reaches (its scheme's where the URL gives none)."""
+        return url_port(self.url)
 
     @property
     def is_local(self) -> bool:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from oomguard.engines import ENGINES
+
 MIN_RUNNING = 4.0  # concurrency_over_kv_cache.min_running: fewer requests say little about the typical one
 MIN_KV_USAGE = 0.1  # concurrency_over_kv_cache.min_kv_usage: below it, block rounding dominates
 QUANTILE = 0.9  # concurrency_over_kv_cache.quantile
@@ -25,22 +27,18 @@ MARGIN = 0.25  # concurrency_over_kv_cache.margin_ratio: the cap above capacity 
 RESERVATION_HIGH = 0.9  # concurrency_over_kv_cache.reservation_threshold: the cache cannot grow from there
 MIN_SAMPLES = 10  # diagnose's own floor: a quantile of fewer points is one sample in disguise
 
-# The engines' concurrency caps and reservations, as oomguard_engine_setting names them, with their flags.
-# llama.cpp's `parallel` is no cap of this kind: it splits ctx_size between its slots, which cannot over-admit.
-CONCURRENCY_SETTINGS = ("max_num_seqs", "max_running_requests", "max_concurrent_requests")
-RESERVATION_SETTINGS = ("gpu_memory_utilization", "mem_fraction_static")
-FLAGS = {
-    "max_num_seqs": "--max-num-seqs",
-    "max_running_requests": "--max-running-requests",
-    "max_concurrent_requests": "--max-concurrent-requests",
-    "gpu_memory_utilization": "--gpu-memory-utilization",
-    "mem_fraction_static": "--mem-fraction-static",
-}
+# The engines' concurrency caps and reservations, as oomguard_engine_setting names them, with their flags: each
+# engine's plugin names its own (engines/<name>/, `knobs`). llama.cpp's `parallel` is no cap of this kind: it
+# splits ctx_size between its slots, which cannot over-admit.
+_KNOBS = [plugin.knobs for plugin in ENGINES.values()]
+CONCURRENCY_SETTINGS = tuple(k.concurrency.setting for k in _KNOBS if k.concurrency)
+RESERVATION_SETTINGS = tuple(k.reservation.setting for k in _KNOBS if k.reservation)
+FLAGS = {knob.setting: knob.flag for k in _KNOBS for knob in (k.concurrency, k.reservation) if knob}
 # engine -> (its concurrency cap, its reservation): what to name when the setting series is absent.
 ENGINE_KNOBS = {
-    "vllm": ("max_num_seqs", "gpu_memory_utilization"),
-    "sglang": ("max_running_requests", "mem_fraction_static"),
-    "tgi": ("max_concurrent_requests", None),
+    name: (plugin.knobs.concurrency.setting, plugin.knobs.reservation.setting if plugin.knobs.reservation else None)
+    for name, plugin in ENGINES.items()
+    if plugin.knobs.concurrency
 }
 
 

@@ -63,6 +63,24 @@ class FamilyRow:
 
 
 @dataclass(frozen=True, slots=True)
+class Knob:
+    """One of an engine's settings, as oomguard_engine_setting names it, and the flag that sets it."""
+
+    setting: str
+    flag: str
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """The settings the diagnosis names (its concurrency cap, its reservation, tuned together) and the flags a
+    simulation tells the engine its reservation and its GPUs with. None: the engine has no such knob."""
+
+    concurrency: Knob | None = None
+    reservation: Knob | None = None
+    tensor_parallel_flag: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class EnginePlugin:
     name: str  # the config's `engine:`
     title: str  # as people write it: "vLLM"
@@ -91,6 +109,7 @@ class EnginePlugin:
     port_env: str | None = None
     default_port: int | None = None
     distributions: tuple[str, ...] = ()
+    knobs: Knobs = Knobs()
 
     def log_patterns(self) -> list[dict[str, Any]]:
         """The engine's own log patterns (entries of kind and regex), from its patterns.yaml."""

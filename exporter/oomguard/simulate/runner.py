@@ -30,16 +30,10 @@ from oomguard.sources.processes import start_time
 log = logging.getLogger(__name__)
 
 
-SIMULATED_TARGET = "sim-vllm"  # the simulated vLLM's target name; another engine's is sim-<engine>
+SIMULATED_TARGET = "sim-vllm"  # the simulated vLLM's target name (the default engine's); another engine's is sim-NAME
 # The foreign process of a scenario that shares its GPU: a pid no process on this host has (pid_max is at most
 # 2^22), so the exporter counts its bytes as another process's, as it would a stranger's.
 FOREIGN_PID = 4_194_304 + 7
-# The flags an engine is told its reservation (a share of each GPU's total) and its GPUs with, as its
-# orchestrator passes them: the simulated engine's command line carries the scenario's (engine_args.py).
-TOLD_FLAGS = {
-    "vllm": ("--gpu-memory-utilization", "--tensor-parallel-size"),
-    "sglang": ("--mem-fraction-static", "--tp-size"),
-}
 
 
 class Simulation:
@@ -116,16 +110,22 @@ class Simulation:
     def target(self) -> TargetConfig:
         """The simulated engine as a target: its URL, the GPUs it runs on, its log."""
         logs = (str(self.log_path),) if self.log_path else ()
-        name = SIMULATED_TARGET if self.engine == "vllm" else f"sim-{self.engine}"
+        name = f"sim-{self.engine}"
         return TargetConfig(name=name, url=self.url, engine=self.engine, gpus=self.gpus, logs=logs)
 
     def told_flags(self) -> list[str]:
-        """The engine's reservation and tensor-parallel size on its command line, where the engine takes them."""
-        flags = TOLD_FLAGS.get(self.engine)
-        if flags is None:
+        """The engine's reservation (a share of each GPU's total) and its tensor-parallel size on its command line,
+        as its orchestrator passes them, where the engine takes both (its plugin's `knobs`): the simulated engine's
+        command line carries the scenario's (engine_args.py)."""
+        knobs = ENGINES[self.engine].knobs
+        if knobs.reservation is None or knobs.tensor_parallel_flag is None:
             return []
-        reservation, tensor_parallel = flags
-        return [reservation, str(self.scenario.gpu_memory_utilization), tensor_parallel, str(self.scenario.gpus)]
+        return [
+            knobs.reservation.flag,
+            str(self.scenario.gpu_memory_utilization),
+            knobs.tensor_parallel_flag,
+            str(self.scenario.gpus),
+        ]
 
     async def start(self) -> None:
         self._task = asyncio.ensure_future(self._supervise())

@@ -17,7 +17,6 @@ from collections import Counter
 from collections.abc import Awaitable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -80,7 +79,7 @@ class TargetScraper:
         self.extractor = FamilyExtractor(self.engine.families, self.limits)
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
-        self.port = urlsplit(config.url).port or (443 if config.url.startswith("https") else 80)
+        self.port = config.port
         self.finder = finder if config.is_local else None
         self.errors_total: Counter[str] = Counter({kind: 0 for kind in ERROR_KINDS})
         self.values_rejected_total: Counter[str] = Counter({reason: 0 for reason in VALUE_REJECT_REASONS})
@@ -96,7 +95,7 @@ class TargetScraper:
         """A discovered pod at a new address (replaced under the same name): the counts go on, the new
         process is loading until it first answers."""
         self.config = config
-        self.port = urlsplit(config.url).port or (443 if config.url.startswith("https") else 80)
+        self.port = config.port
         self.ever_up = False
 
     async def scrape(

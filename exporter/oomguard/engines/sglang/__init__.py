@@ -1,6 +1,6 @@
 """SGLang: its /metrics reader, its reservation from /server_info, its log lines, its simulator, its families."""
 
-from oomguard.engines.base import EnginePlugin, FamilyRow
+from oomguard.engines.base import EnginePlugin, FamilyRow, Knob, Knobs
 from oomguard.engines.sglang import cmdline
 from oomguard.engines.sglang.reader import SglangReader
 from oomguard.engines.sglang.settings import mem_fraction_static
@@ -50,4 +50,9 @@ PLUGIN = EnginePlugin(
     distributions=("sglang",),
     # Not preemptions: 0.4 has no retraction counter. The reservation comes from /server_info.
     figures=("kv_cache_usage", "requests_waiting", "requests_running", "reservation"),
+    knobs=Knobs(
+        Knob("max_running_requests", "--max-running-requests"),
+        Knob("mem_fraction_static", "--mem-fraction-static"),
+        tensor_parallel_flag="--tp-size",
+    ),
 )

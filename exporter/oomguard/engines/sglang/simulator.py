@@ -17,6 +17,7 @@ import time
 
 from aiohttp import web
 
+from oomguard.engines.sglang import PLUGIN
 from oomguard.simulate.scenarios import GIB, Scenario
 from oomguard.simulate.serve import SimulatedEngine, run_simulator
 
@@ -157,7 +158,7 @@ async def serve(engine: SimulatedEngine) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_simulator(serve, __doc__, argv)
+    return run_simulator(serve, __doc__, argv, PLUGIN.knobs)
 
 
 if __name__ == "__main__":

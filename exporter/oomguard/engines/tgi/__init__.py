@@ -1,6 +1,6 @@
 """Hugging Face TGI (in maintenance mode upstream): its /metrics reader, its log lines, its families."""
 
-from oomguard.engines.base import EnginePlugin, FamilyRow
+from oomguard.engines.base import EnginePlugin, FamilyRow, Knob, Knobs
 from oomguard.engines.tgi import cmdline
 from oomguard.engines.tgi.reader import TgiReader
 
@@ -31,4 +31,5 @@ PLUGIN = EnginePlugin(
     default_port=3000,
     # Not the KV use: tgi_batch_max_total_tokens is set by the v3 backend's warm-up only.
     figures=("requests_waiting", "requests_running"),
+    knobs=Knobs(concurrency=Knob("max_concurrent_requests", "--max-concurrent-requests")),
 )

