@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from oomguard.engines import ENGINES
+from oomguard.events.catalogue import load_catalogue
+from oomguard.events.detector import IncidentDetector
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 VLLM_BODIES = FIXTURES / "vllm"
@@ -62,3 +66,16 @@ def until_sync(condition: Callable[[], object], seconds: float, what: str) -> No
         if time.monotonic() > deadline:
             pytest.fail(f"not within {seconds}s: {what}")
         time.sleep(0.01)
+
+
+def engine_detector(engine: str) -> IncidentDetector:
+    """The incident detector a target of this engine gets: the engine's catalogue and its log line prefix."""
+    return IncidentDetector(load_catalogue(engine), line_prefix=ENGINES[engine].log_line_prefix)
+
+
+def log_kinds(engine: str, lines: list[str]) -> list[str]:
+    """The kinds of the incidents these lines make for this engine, once their quiet spell is over."""
+    detector = engine_detector(engine)
+    for line in lines:
+        detector.feed(line, 0.0)
+    return [e.kind for e in detector.tick(60.0)]

@@ -6,9 +6,8 @@ import json
 
 import pytest
 from aiohttp import web
-from support import FIXTURES, fixture_body
+from support import FIXTURES, fixture_body, log_kinds
 
-from oomguard.engines import ENGINES
 from oomguard.engines.llamacpp.reader import LlamaCppReader
 from oomguard.engines.llamacpp.slots import SlotsError, fetch_kv_usage_ratio, kv_usage_ratio
 from oomguard.events.catalogue import load_catalogue
@@ -97,10 +96,7 @@ async def test_fetching_the_slots(aiohttp_client) -> None:
 
 
 def kinds(lines: list[str]) -> list[str]:
-    detector = IncidentDetector(load_catalogue("llamacpp"), line_prefix=ENGINES["llamacpp"].log_line_prefix)
-    for line in lines:
-        detector.feed(line, 0.0)
-    return [e.kind for e in detector.tick(60.0)]
+    return log_kinds("llamacpp", lines)
 
 
 # A CUDA build that cannot place its weights, as ggml-cuda, ggml-alloc and libllama print it (b11434 sources:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from oomguard.engines import ENGINES
-from oomguard.events.catalogue import load_catalogue
+from support import engine_detector, log_kinds
+
 from oomguard.events.detector import IncidentDetector
 
 # SGLang 0.5's wording (python/sglang/srt/model_executor/model_runner.py, scheduler.py) with its log header;
@@ -29,14 +29,11 @@ STARTUP = "[2026-01-10 09:30:00] server_args=ServerArgs(model_path='meta-llama/L
 
 
 def detector() -> IncidentDetector:
-    return IncidentDetector(load_catalogue("sglang"), line_prefix=ENGINES["sglang"].log_line_prefix)
+    return engine_detector("sglang")
 
 
 def kinds(lines: list[str]) -> list[str]:
-    d = detector()
-    for line in lines:
-        d.feed(line, 0.0)
-    return [e.kind for e in d.tick(60.0)]
+    return log_kinds("sglang", lines)
 
 
 def test_a_start_without_memory_is_startup_memory() -> None:

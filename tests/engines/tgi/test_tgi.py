@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from support import fixture_body
+from support import engine_detector, fixture_body, log_kinds
 
-from oomguard.engines import ENGINES
 from oomguard.engines.tgi.reader import TgiReader
-from oomguard.events.catalogue import load_catalogue
 from oomguard.events.detector import IncidentDetector
 from oomguard.model import EngineReading
 from oomguard.promtext import ExpositionError, FamilyExtractor
@@ -46,14 +44,11 @@ def test_a_body_that_is_not_tgi_is_refused(body: str) -> None:
 
 
 def detector() -> IncidentDetector:
-    return IncidentDetector(load_catalogue("tgi"), line_prefix=ENGINES["tgi"].log_line_prefix)
+    return engine_detector("tgi")
 
 
 def kinds(lines: list[str]) -> list[str]:
-    d = detector()
-    for line in lines:
-        d.feed(line, 0.0)
-    return [e.kind for e in d.tick(60.0)]
+    return log_kinds("tgi", lines)
 
 
 # TGI 3's warm-up failure as its launcher prints it (backends/v3 and server/text_generation_server/models).

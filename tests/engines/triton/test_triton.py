@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from support import fixture_body
+from support import engine_detector, fixture_body, log_kinds
 
-from oomguard.engines import ENGINES
 from oomguard.engines.triton.reader import TritonReader
-from oomguard.events.catalogue import load_catalogue
 from oomguard.events.detector import IncidentDetector
 from oomguard.model import EngineReading
 from oomguard.promtext import ExpositionError, FamilyExtractor
@@ -64,14 +62,11 @@ def test_a_body_without_tensorrt_llm_is_refused(body: str) -> None:
 
 
 def detector() -> IncidentDetector:
-    return IncidentDetector(load_catalogue("triton"), line_prefix=ENGINES["triton"].log_line_prefix)
+    return engine_detector("triton")
 
 
 def kinds(lines: list[str]) -> list[str]:
-    d = detector()
-    for line in lines:
-        d.feed(line, 0.0)
-    return [e.kind for e in d.tick(60.0)]
+    return log_kinds("triton", lines)
 
 
 # As reported in triton-inference-server/tensorrtllm_backend issues #195 and #281 (0.7).
