@@ -188,20 +188,24 @@ class ScrapeConfig(StrictModel):
     )
 
 
+# The engines with a simulator (engines/<name>/simulator.py), for the help and the check of `simulation.engine`.
+_simulated = [name for name in ENGINE_NAMES if ENGINES[name].simulator is not None]
+_SIMULATED_ENGINES = f"{', '.join(_simulated[:-1])} or {_simulated[-1]}"
+
+
 class SimulationConfig(StrictModel):
     scenario: str | None = Field(None, description="Run on a built-in simulation (`oomguard serve --help` lists them).")
     gpus: int = Field(1, ge=1, le=64, description="Number of simulated GPUs.")
     time_scale: float = Field(
         1.0, gt=0, description="Speed of the simulated clock (10 = ten simulated seconds per second)."
     )
-    engine: str = Field("vllm", description="Which engine the simulation runs: vllm, sglang, tgi, triton or llamacpp.")
+    engine: str = Field("vllm", description=f"Which engine the simulation runs: {_SIMULATED_ENGINES}.")
 
     @field_validator("engine")
     @classmethod
     def _simulated_engine(cls, value: str) -> str:
-        simulated = [name for name in ENGINE_NAMES if ENGINES[name].simulator is not None]
-        if value not in simulated:
-            raise ValueError(f"engine {value!r} has no simulator; choose one of: {', '.join(simulated)}")
+        if value not in _simulated:
+            raise ValueError(f"engine {value!r} has no simulator; choose one of: {', '.join(_simulated)}")
         return value
 
     @field_validator("scenario")
