@@ -188,9 +188,12 @@ class ScrapeConfig(StrictModel):
     )
 
 
-# The engines with a simulator (engines/<name>/simulator.py), for the help and the check of `simulation.engine`.
-_simulated = [name for name in ENGINE_NAMES if ENGINES[name].simulator is not None]
-_SIMULATED_ENGINES = f"{', '.join(_simulated[:-1])} or {_simulated[-1]}"
+def _simulated() -> list[str]:
+    """The engines with a simulator (engines/<name>/simulator.py), read from the registry when asked."""
+    return [name for name in ENGINE_NAMES if ENGINES[name].simulator is not None]
+
+
+_SIMULATED_ENGINES = f"{', '.join(_simulated()[:-1])} or {_simulated()[-1]}"  # for the help
 
 
 class SimulationConfig(StrictModel):
@@ -204,8 +207,9 @@ class SimulationConfig(StrictModel):
     @field_validator("engine")
     @classmethod
     def _simulated_engine(cls, value: str) -> str:
-        if value not in _simulated:
-            raise ValueError(f"engine {value!r} has no simulator; choose one of: {', '.join(_simulated)}")
+        simulated = _simulated()
+        if value not in simulated:
+            raise ValueError(f"engine {value!r} has no simulator; choose one of: {', '.join(simulated)}")
         return value
 
     @field_validator("scenario")
