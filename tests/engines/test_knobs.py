@@ -8,6 +8,7 @@ import pytest
 
 from oomguard.diagnose import capacity
 from oomguard.engines import ENGINES
+from oomguard.engines.base import Knobs
 
 # A command line each engine's reader recognises as its own, before the knobs' flags are added.
 PROGRAMS = {
@@ -15,7 +16,7 @@ PROGRAMS = {
     "sglang": ["python3", "-m", "sglang.launch_server", "--model-path", "some/model"],
     "tgi": ["text-generation-launcher", "--model-id", "some/model"],
 }
-WITH_KNOBS = [name for name, plugin in ENGINES.items() if plugin.knobs != type(plugin.knobs)()]
+WITH_KNOBS = [name for name, plugin in ENGINES.items() if plugin.knobs != Knobs()]
 
 
 def test_the_engines_with_knobs_are_those_the_diagnosis_names() -> None:

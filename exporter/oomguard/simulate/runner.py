@@ -30,7 +30,6 @@ from oomguard.sources.processes import start_time
 log = logging.getLogger(__name__)
 
 
-SIMULATED_TARGET = "sim-vllm"  # the simulated vLLM's target name (the default engine's); another engine's is sim-NAME
 # The foreign process of a scenario that shares its GPU: a pid no process on this host has (pid_max is at most
 # 2^22), so the exporter counts its bytes as another process's, as it would a stranger's.
 FOREIGN_PID = 4_194_304 + 7
@@ -108,7 +107,7 @@ class Simulation:
         return tuple(range(self.scenario.gpus))
 
     def target(self) -> TargetConfig:
-        """The simulated engine as a target: its URL, the GPUs it runs on, its log."""
+        """The simulated engine as a target, named sim-ENGINE (sim-vllm by default): its URL, its GPUs, its log."""
         logs = (str(self.log_path),) if self.log_path else ()
         name = f"sim-{self.engine}"
         return TargetConfig(name=name, url=self.url, engine=self.engine, gpus=self.gpus, logs=logs)
