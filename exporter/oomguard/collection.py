@@ -23,8 +23,12 @@ from oomguard.sources.local.settings import SettingsReader
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.registry import SourceRegistry
-from oomguard.sources.targets import TargetScraper
+from oomguard.sources.target_set import TargetSet
 from oomguard.trend.sampler import TrendTracker
+
+# The `source` label of oomguard_source_success of the steps that complete the targets' readings.
+POD_PROCESSES = "pod_processes"  # discovered pods' processes on the GPUs, from /proc cgroups (sources/kubernetes/)
+SETTINGS = "settings"  # local engines' settings from their command lines (sources/local/settings.py)
 
 
 class Collection:
@@ -34,7 +38,7 @@ class Collection:
         registry: SourceRegistry,
         session: aiohttp.ClientSession,
         nvml: NvmlReader | None,
-        scrapers: list[TargetScraper],
+        targets: TargetSet,
         processes: ProcessLookup,
         tracker: TrendTracker | None = None,
         events: EventRunner | None = None,
@@ -48,7 +52,7 @@ class Collection:
         self.registry = registry
         self.session = session
         self.nvml = nvml
-        self.scrapers = scrapers
+        self.targets = targets
         self.processes = processes
         self.tracker = tracker
         self.events = events
@@ -74,10 +78,11 @@ class Collection:
             self.registry.run("nvml", self._read_nvml(), ok=lambda r: r.up) if self.nvml else _none(),
         )
         targets = tuple(targets or ())
+        # Each a source like the others: timed, its success recorded; a failure leaves the readings as they were.
         if self.attribute is not None:
-            targets = await self.attribute(nvml, targets)
+            targets = await self.registry.run(POD_PROCESSES, self.attribute(nvml, targets)) or targets
         if self.settings is not None:
-            targets = await self.settings.add(targets)
+            targets = await self.registry.run(SETTINGS, self.settings.add(targets)) or targets
         memory = join_targets(nvml, targets)
         tracker, events, xid = self.tracker, self.events, self.xid
         # As the last poll left them: no lock taken on the loop, no dict read while a poll changes it.
@@ -114,7 +119,7 @@ class Collection:
         # The process lookup runs in a thread while the requests are out, not after them.
         lookup = asyncio.ensure_future(self.processes.get()) if self.processes.ports else None
         try:
-            return list(await asyncio.gather(*(s.scrape(self.session, lookup) for s in self.scrapers)))
+            return list(await asyncio.gather(*(s.scrape(self.session, lookup) for s in self.targets.scrapers())))
         finally:
             if lookup is not None and not lookup.done():
                 lookup.cancel()

@@ -115,6 +115,19 @@ class ProcessTree:
     cmdline: tuple[str, ...] = ()
 
 
+# -- a target as the background services see it --------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TargetView:
+    """One target as the target set (sources/target_set.py) last knew it: read by the trend sampler, which
+    needs its GPUs and its state, not its scraper."""
+
+    name: str
+    gpus: tuple[int, ...]  # configured; empty: found from its processes
+    port: int | None  # a target on this host: its port, where the process lookup keeps its processes; else None
+    state: str  # loading, up or down
+    asleep: bool  # in the engine's sleep mode, as its last reading said
+
+
 # -- the engine's settings as started (its command line) ------------------------------------
 SETTING_ORIGINS = ("flag", "default")
 

@@ -40,6 +40,7 @@ from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.processes import ProcessFinder
 from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.target_set import TargetSet
 from oomguard.sources.targets import TargetScraper
 from oomguard.trend.observe import TrendObserver
 from oomguard.trend.sampler import Sampler, TrendTracker
@@ -85,6 +86,7 @@ class Runtime:
         self._start_simulation = start_simulation
         self.registry = SourceRegistry()
         self.collection: Collection | None = None  # set by start()
+        self.targets: TargetSet | None = None  # set by start()
         self._session: aiohttp.ClientSession | None = None
         self._nvml: NvmlReader | None = None
         self._events: EventRunner | None = None
@@ -131,29 +133,25 @@ class Runtime:
                 time_scale=self.time_scale,
             )
 
-        # The one list of targets: pod discovery adds to it and removes from it, on the event loop.
-        scrapers = [make_scraper(t) for t in config.targets]
-        processes = ProcessLookup(finder, [s.port for s in scrapers if s.finder is not None], self.registry)
+        # The one set of targets: discovery changes it, on the event loop; the others read it.
+        targets = self.targets = TargetSet(make_scraper, config.targets)
+        processes = ProcessLookup(finder, targets.local_ports(), self.registry)
         tracker = TrendTracker(trend_on_clock(config, self.time_scale)) if config.trend.enabled else None
         # Reads the saved state file: not on the event loop.
         events = self._events = await asyncio.to_thread(EventRunner, config)
         xid = self._xid = XidWatcher(lib) if lib is not None and config.events.xid else None
         discovery = self.discovery = (
-            KubernetesDiscovery(
-                config, registry=self.registry, scrapers=scrapers, events=events, make_scraper=make_scraper
-            )
+            KubernetesDiscovery(config, registry=self.registry, targets=targets, events=events)
             if config.kubernetes is not None
             else None
         )
         local = self.local_discovery = (
-            LocalDiscovery(
-                config, registry=self.registry, scrapers=scrapers, processes=processes, make_scraper=make_scraper
-            )
+            LocalDiscovery(config, registry=self.registry, targets=targets, processes=processes)
             if config.discovers_local
             else None
         )
         self.collection = collection = Collection(
-            registry=self.registry, session=self._session, nvml=nvml, scrapers=scrapers, processes=processes,
+            registry=self.registry, session=self._session, nvml=nvml, targets=targets, processes=processes,
             tracker=tracker, events=events, xid=xid, attribute=discovery.attribute if discovery else None,
             settings=SettingsReader(),
         )  # fmt: skip
@@ -169,28 +167,27 @@ class Runtime:
         self._tasks.append(asyncio.ensure_future(collection.snapshot()))
         if tracker is not None:
             pod_processes = discovery.pod_processes if discovery is not None else None
-            sampler = Sampler(tracker, TrendObserver(nvml, processes, scrapers, tracker, pod_processes).observe)
+            sampler = Sampler(tracker, TrendObserver(nvml, processes, targets.views, tracker, pod_processes).observe)
             self._tasks.append(asyncio.ensure_future(sampler.run()))
         if events.sources or discovery is not None:
-            self._tasks.append(asyncio.ensure_future(self._follow_events(events, scrapers, processes)))
+            self._tasks.append(asyncio.ensure_future(self._follow_events(events, targets, processes)))
         if discovery is not None:
             self._tasks.append(asyncio.ensure_future(discovery.run()))
         if xid is not None:
             xid.start()
 
-    async def _follow_events(
-        self, events: EventRunner, scrapers: list[TargetScraper], processes: ProcessLookup
-    ) -> None:
+    async def _follow_events(self, events: EventRunner, targets: TargetSet, processes: ProcessLookup) -> None:
         """The background loop reading logs, journals, cgroups and the kernel log; the engines' starts read there
         go to their targets' restart trackers (a life that never serves is seen nowhere else)."""
         interval = self.config.events.poll_interval_seconds
         while True:
-            _update_kill_owners(events, scrapers, processes)
+            # Whose processes and pods a kernel OOM kill may be (events/kill_owners.py).
+            for name, pids, pod_uid in targets.owners(processes.latest()):
+                events.kill_owners.update(name, pids, pod_uid)
+            events.kill_owners.keep_only(targets.names())
             await asyncio.to_thread(self.registry.run_blocking, "events", events.poll)
-            by_name = {s.name: s for s in scrapers}  # discovered pods come and go
             for target, at, pid in events.take_starts():
-                if (scraper := by_name.get(target)) is not None:
-                    scraper.restarts.log_start(at, pid)
+                targets.log_start(target, at, pid)
             await asyncio.sleep(interval)
 
     async def stop(self) -> None:
@@ -213,13 +210,3 @@ class Runtime:
             self._xid.stop()
         if self._nvml is not None:
             self._nvml.close()
-
-
-def _update_kill_owners(events: EventRunner, scrapers: list[TargetScraper], processes: ProcessLookup) -> None:
-    """Tell the event runner whose processes and pods a kernel OOM kill may be (events/kill_owners.py)."""
-    found = processes.latest()
-    for scraper in scrapers:
-        tree = found.get(scraper.port) if scraper.finder is not None else None
-        pod_uid = scraper.pod.uid if scraper.pod is not None else None
-        events.kill_owners.update(scraper.name, tree.pids if tree is not None else (), pod_uid)
-    events.kill_owners.keep_only(s.name for s in scrapers)

@@ -148,4 +148,4 @@ class Cluster:
 
     def targets(self) -> list[str]:
         assert self.runtime.collection is not None
-        return sorted(s.name for s in self.runtime.collection.scrapers)
+        return sorted(s.name for s in self.runtime.targets.scrapers())

@@ -41,7 +41,7 @@ async def test_a_pod_restarted_while_loading_is_scraped_at_its_new_ip(tmp_path: 
             uid = "22222222-2222-4222-8222-222222222222"
             await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.3", port, uid=uid))
             await wait_for(
-                lambda: [s.config.url for s in k8s.runtime.collection.scrapers] == [f"http://127.0.0.3:{port}"],
+                lambda: [s.config.url for s in k8s.runtime.targets.scrapers()] == [f"http://127.0.0.3:{port}"],
                 "the new IP in use",
             )
             # Its engine container's log, under the new UID's folder, is followed (read from its start: a new pod).

@@ -6,15 +6,15 @@ and when it wakes its series and its GPUs' start afresh, so the jump back is not
 
 from __future__ import annotations
 
-from oomguard.config import TargetConfig
-from oomguard.model import Observation, TrendKey
+from dataclasses import replace
+
+from oomguard.model import Observation, TargetView, TrendKey
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml
 from oomguard.sources.nvml import NvmlSource
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.processes import ProcessFinder
 from oomguard.sources.registry import SourceRegistry
-from oomguard.sources.targets import TargetScraper
 from oomguard.trend.analysis import TrendSettings
 from oomguard.trend.observe import TrendObserver
 from oomguard.trend.sampler import TrendTracker
@@ -26,14 +26,10 @@ TARGET = TrendKey("target", "llama", "gpu")
 
 async def test_sleep_skips_the_engines_series_and_waking_starts_them_afresh() -> None:
     nvml = NvmlReader(NvmlSource(FakeNvml([FakeGpu(0, used_bytes=72 * GIB), FakeGpu(1, used_bytes=GIB)])), 3.0)
-    scraper = TargetScraper(
-        TargetConfig(name="llama", url="http://127.0.0.1:8000", gpus=(0,), local_process="no"),
-        timeout=1.0,
-        max_body_bytes=1024,
-    )
-    scraper.state = "up"  # a sleeping engine is up: it answers, with its memory released
+    # A sleeping engine is up: it answers, with its memory released.
+    target = TargetView(name="llama", gpus=(0,), port=None, state="up", asleep=False)
     tracker = TrendTracker(TrendSettings())
-    observer = TrendObserver(nvml, ProcessLookup(ProcessFinder(), [], SourceRegistry()), [scraper], tracker)
+    observer = TrendObserver(nvml, ProcessLookup(ProcessFinder(), [], SourceRegistry()), lambda: [target], tracker)
     try:
         awake = await observer.observe()
         assert set(awake) == {GPU0, GPU1, TARGET}
@@ -41,12 +37,12 @@ async def test_sleep_skips_the_engines_series_and_waking_starts_them_afresh() ->
             tracker.record(float(t), awake)
         assert {GPU0, GPU1, TARGET} <= set(tracker.latest)
 
-        scraper.asleep = True  # as its last /metrics said: vllm:engine_sleep_state weights_offloaded
+        target = replace(target, asleep=True)  # as its last /metrics said: vllm:engine_sleep_state weights_offloaded
         asleep = await observer.observe()
         assert set(asleep) == {GPU0, GPU1}  # the GPUs go on (others may use them meanwhile), the engine not
         assert TARGET in tracker.latest  # nothing forgotten on falling asleep
 
-        scraper.asleep = False
+        target = replace(target, asleep=False)
         woke = await observer.observe()
         assert set(woke) == {GPU0, GPU1, TARGET}
         # Its series and its GPU's start afresh; the other GPU's history is kept.
@@ -62,15 +58,10 @@ async def test_a_loading_engine_and_its_gpu_are_not_sampled_and_start_afresh_onc
     while no engine that is up shares it. Once up, the series start from the memory it serves with."""
     gpus = [FakeGpu(0, used_bytes=10 * GIB), FakeGpu(1, used_bytes=GIB)]
     nvml = NvmlReader(NvmlSource(FakeNvml(gpus)), 3.0)
-    scraper = TargetScraper(
-        TargetConfig(name="llama", url="http://127.0.0.1:8000", gpus=(0,), local_process="no"),
-        timeout=1.0,
-        max_body_bytes=1024,
-    )
+    target = TargetView(name="llama", gpus=(0,), port=None, state="loading", asleep=False)  # not answered yet
     tracker = TrendTracker(TrendSettings())
-    observer = TrendObserver(nvml, ProcessLookup(ProcessFinder(), [], SourceRegistry()), [scraper], tracker)
+    observer = TrendObserver(nvml, ProcessLookup(ProcessFinder(), [], SourceRegistry()), lambda: [target], tracker)
     try:
-        assert scraper.state == "loading"  # before its first answer
         for t in range(0, 400, 2):
             gpus[0].used_bytes = (10 + t // 10) * GIB  # the weights and the KV cache pool coming in
             seen = await observer.observe()
@@ -78,7 +69,7 @@ async def test_a_loading_engine_and_its_gpu_are_not_sampled_and_start_afresh_onc
             tracker.record(float(t), seen)
         assert GPU0 not in tracker.latest and TARGET not in tracker.latest
 
-        scraper.state = "up"
+        target = replace(target, state="up")
         up = await observer.observe()
         assert set(up) == {GPU0, GPU1, TARGET}
         assert up[GPU0] == Observation(49 * GIB, 80 * GIB)  # from the memory it serves with

@@ -18,7 +18,7 @@ SOURCE_SUCCESS = metric(
     "gauge",
     "",
     "source",
-    "1 when the source (nvml, targets, processes, events, kubernetes: those in use) completed in time in its last run; for kubernetes, its last list or watch of the API.",
+    "1 when the source (nvml, targets, processes, settings, events, local_discovery, kubernetes, pod_processes: those in use) completed in time in its last run; for kubernetes, its last list or watch of the API.",
 )
 SOURCE_DURATION_SECONDS = metric(
     SECTION,

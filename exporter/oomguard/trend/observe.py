@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from oomguard.join import target_gpus, up_gpus
-from oomguard.model import NvmlReading, Observation, ProcessTree, TrendKey
+from oomguard.model import NvmlReading, Observation, ProcessTree, TargetView, TrendKey
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
-from oomguard.sources.targets import TargetScraper
 from oomguard.trend.sampler import TrendTracker, observations
 
 # A tick this soon after a scrape reuses the scrape's lookup of the engines' processes.
@@ -29,15 +28,16 @@ class TrendObserver:
         self,
         nvml: NvmlReader | None,
         processes: ProcessLookup,
-        scrapers: list[TargetScraper],
+        targets: Callable[[], Sequence[TargetView]],
         tracker: TrendTracker,
         pod_processes: Callable[[NvmlReading | None], Awaitable[dict[str, ProcessTree]]] | None = None,
     ) -> None:
-        """`pod_processes`: discovered pods' processes by target name (sources/kubernetes/), where there are any."""
+        """`targets`: the targets as they stand (sources/target_set.py `views`); `pod_processes`: discovered pods'
+        processes by target name (sources/kubernetes/), where there are any."""
         self.nvml = nvml
         self.pod_processes = pod_processes
         self.processes = processes
-        self.scrapers = scrapers
+        self.targets = targets
         self.tracker = tracker
         self._asleep: set[str] = set()
         self._loading: set[str] = set()
@@ -52,9 +52,10 @@ class TrendObserver:
                 nvml = None  # the GPU series miss this tick; the sampler goes on
         trees = await self.processes.get(max_age=PROCESS_LOOKUP_MAX_AGE)
         pods = await self.pod_processes(nvml) if self.pod_processes is not None else {}
-        targets = [(s.name, s.config.gpus, trees.get(s.port) if s.finder else pods.get(s.name)) for s in self.scrapers]
-        asleep = {s.name for s in self.scrapers if s.asleep}
-        loading = {s.name for s in self.scrapers if s.state == "loading"}
+        views = self.targets()
+        targets = [(v.name, v.gpus, trees.get(v.port) if v.port is not None else pods.get(v.name)) for v in views]
+        asleep = {v.name for v in views if v.asleep}
+        loading = {v.name for v in views if v.state == "loading"}
         woke, self._asleep = self._asleep - asleep, asleep
         loaded, self._loading = self._loading - loading, loading
         gpus = up_gpus(nvml.gpus) if nvml else {}

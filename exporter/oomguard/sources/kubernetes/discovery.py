@@ -31,7 +31,7 @@ from oomguard.sources.kubernetes.api import ApiClient, ApiError, connect
 from oomguard.sources.kubernetes.pods import PodTarget, pod_target, timestamp
 from oomguard.sources.kubernetes.watch import ListWatch, Obj
 from oomguard.sources.registry import SourceRegistry
-from oomguard.sources.targets import TargetScraper
+from oomguard.sources.target_set import TargetSet
 
 log = logging.getLogger(__name__)
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -45,7 +45,6 @@ _FIELD_CONTAINER = re.compile(r"spec\.(?:initC|c)ontainers\{(.+)\}")
 @dataclass
 class _Known:
     pod: PodTarget
-    scraper: TargetScraper
     api: PodApiEvents
 
 
@@ -65,17 +64,15 @@ class KubernetesDiscovery:
         config: Config,
         *,
         registry: SourceRegistry,
-        scrapers: list[TargetScraper],
+        targets: TargetSet,
         events: EventRunner,
-        make_scraper: Callable[[TargetConfig], TargetScraper],
     ) -> None:
         assert config.kubernetes is not None
         self.config = config
         self.k8s = config.kubernetes
         self.registry = registry
-        self.scrapers = scrapers  # the collection's list, changed in place
+        self.targets = targets
         self.events = events
-        self.make_scraper = make_scraper
         self.static = {t.label for t in config.targets}
         self.known: dict[str, _Known] = {}  # by target name
         self.watches: list[ListWatch] = []
@@ -169,18 +166,19 @@ class KubernetesDiscovery:
             api = PodApiEvents(pod.target, source, saved.of(pod.target, source).get(POSITIONS))
             if api.last_termination is None and not self._listed and pod.last_termination is not None:
                 api.last_termination = pod.last_termination.key  # ended before we watched: maybe counted before
-            known = self.known[pod.target] = _Known(pod, self.make_scraper(config), api)
-            self.scrapers.append(known.scraper)
+            self.targets.add(config)
+            known = self.known[pod.target] = _Known(pod, api)
             follow = True
             log.info("kubernetes: target %s at %s (container %s)", pod.target, pod.url, pod.container)
         elif known.pod.uid != pod.uid or known.pod.url != pod.url:
             # The pod replaced under its name (a StatefulSet's): its new address, its new log folder.
-            known.scraper.retarget(config)
+            self.targets.retarget(pod.target, config)
             follow = known.pod.uid != pod.uid
             log.info("kubernetes: target %s now at %s", pod.target, pod.url)
         elif pod.restart_count > known.pod.restart_count:
-            known.scraper.ever_up = False  # a new container: loading until it answers, not down
-        known.pod = known.scraper.pod = pod
+            self.targets.new_life(pod.target)  # a new container: loading until it answers, not down
+        known.pod = pod
+        self.targets.set_pod(pod.target, pod)
         ended = pod.last_termination
         if ended is not None and ended.key != known.api.last_termination:
             known.api.last_termination = ended.key
@@ -198,9 +196,8 @@ class KubernetesDiscovery:
         self.events.set_sources(name, [api, log_source])
 
     async def _remove(self, name: str) -> None:
-        known = self.known.pop(name)
-        if known.scraper in self.scrapers:
-            self.scrapers.remove(known.scraper)
+        self.known.pop(name)
+        self.targets.remove(name)
         await asyncio.to_thread(self.events.set_sources, name, [])
         log.info("kubernetes: target %s gone", name)
 

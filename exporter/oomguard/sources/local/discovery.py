@@ -38,7 +38,7 @@ from oomguard.sources.local.cmdline import (
 )
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.registry import SourceRegistry
-from oomguard.sources.targets import TargetScraper
+from oomguard.sources.target_set import TargetSet
 
 log = logging.getLogger(__name__)
 SOURCE = "local_discovery"  # the `source` label of oomguard_source_success
@@ -51,7 +51,7 @@ Found = list[tuple[EngineProcess, tuple[int, str] | None, tuple[int, str] | None
 class _Known:
     engine: str
     cmdline: Cmdline
-    scraper: TargetScraper
+    name: str  # its target's
     seen_at: float  # monotonic: the last poll that saw a process with its command line
 
 
@@ -61,16 +61,14 @@ class LocalDiscovery:
         config: Config,
         *,
         registry: SourceRegistry,
-        scrapers: list[TargetScraper],
+        targets: TargetSet,
         processes: ProcessLookup,
-        make_scraper: Callable[[TargetConfig], TargetScraper],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = config.discovery
         self.registry = registry
-        self.scrapers = scrapers  # the collection's list, changed in place
+        self.targets = targets
         self.processes = processes
-        self.make_scraper = make_scraper
         self.clock = clock
         # Configured targets win: their names, and the ports of those on this host.
         self.static_names = {t.label for t in config.targets}
@@ -143,13 +141,13 @@ class LocalDiscovery:
             if known is not None and known.engine != engine.engine:
                 self._remove(port)  # another engine took the port
                 known = None
-            if known is not None and known.scraper.config.url != config.url and not known.scraper.ever_up:
+            moved = known is not None and self.targets.url(known.name) != config.url
+            if known is not None and moved and not self.targets.has_served(known.name):
                 self._remove(port)  # taken at the address its command line told, it listens at another
                 known = None
             if known is None:
-                scraper = self.make_scraper(config)
-                self.known[port] = _Known(engine.engine, engine.cmdline, scraper, now)
-                self.scrapers.append(scraper)
+                self.targets.add(config)
+                self.known[port] = _Known(engine.engine, engine.cmdline, config.label, now)
                 waiting = "" if listen else ", not listening yet"
                 log.info("local discovery: %s at %s (pid %d%s)", engine.engine, config.url, engine.pid, waiting)
             elif known.cmdline != engine.cmdline:
@@ -163,9 +161,8 @@ class LocalDiscovery:
 
     def _remove(self, port: int) -> None:
         known = self.known.pop(port)
-        if known.scraper in self.scrapers:
-            self.scrapers.remove(known.scraper)
-        log.info("local discovery: target %s gone", known.scraper.name)
+        self.targets.remove(known.name)
+        log.info("local discovery: target %s gone", known.name)
 
 
 def _told(engine: EngineProcess, env: dict[str, str] | None) -> tuple[int, str] | None:
