@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from oomguard.events.runner import EventRunner
-from oomguard.events.xid import XidWatcher
 from oomguard.join import join_gpus, join_targets
 from oomguard.model import NvmlReading, Snapshot, TargetReading
 from oomguard.sources.local.settings import SettingsReader
@@ -42,7 +41,6 @@ class Collection:
         processes: ProcessLookup,
         tracker: TrendTracker | None = None,
         events: EventRunner | None = None,
-        xid: XidWatcher | None = None,
         attribute: Callable[[NvmlReading | None, tuple[TargetReading, ...]], Awaitable[tuple[TargetReading, ...]]]
         | None = None,
         settings: SettingsReader | None = None,
@@ -56,7 +54,6 @@ class Collection:
         self.processes = processes
         self.tracker = tracker
         self.events = events
-        self.xid = xid
         self.attribute = attribute
         self.settings = settings
         self._in_flight: asyncio.Future[Snapshot] | None = None
@@ -84,7 +81,7 @@ class Collection:
         if self.settings is not None:
             targets = await self.registry.run(SETTINGS, self.settings.add(targets)) or targets
         memory = join_targets(nvml, targets)
-        tracker, events, xid = self.tracker, self.events, self.xid
+        tracker, events = self.tracker, self.events
         # As the last poll left them: no lock taken on the loop, no dict read while a poll changes it.
         seen = events.view if events else None
         snapshot = Snapshot(
@@ -101,9 +98,9 @@ class Collection:
             event_sources=seen.health if seen else (),
             event_state_write_errors=events.state_write_errors if events and events.has_state else None,
             event_state_read_errors=events.state_read_errors if events and events.has_state else None,
-            xid=dict(xid.counts) if xid else {},
-            xid_last=dict(xid.last) if xid else {},
-            xid_read_errors=xid.read_errors if xid else None,
+            xid=seen.xid if seen else {},
+            xid_last=seen.xid_last if seen else {},
+            xid_read_errors=seen.xid_read_errors if seen else None,
         )
         self.last = snapshot
         return snapshot

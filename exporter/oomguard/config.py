@@ -285,7 +285,11 @@ class EventsConfig(StrictModel):
     kernel_log: bool = Field(True, description="Count kernel OOM kills from the kernel log where readable.")
     kernel_log_path: str = Field("/dev/kmsg", description="The kernel log device.")
     k8s_pods_dir: str = Field("/var/log/pods", description="Where the kubelet writes container logs.")
-    xid: bool = Field(True, description="Count GPU XID errors from NVML events (a background thread).")
+    xid: bool = Field(
+        True,
+        description="Count GPU XID errors from NVML events (an event source with a thread of its own; its counts "
+        "saved in `state_dir` with the others).",
+    )
 
 
 class KubernetesConfig(StrictModel):

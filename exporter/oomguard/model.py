@@ -259,6 +259,8 @@ class Event:
     count: int = 1
     pid: int | None = None  # a `startup` line's process, or a kernel OOM kill's victim
     cgroup: str | None = None  # a kernel OOM kill's victim's memory cgroup, as the kernel wrote it
+    gpu: int | None = None  # a GPU's event (an XID): its index, -1 when NVML named a GPU it did not list
+    code: int | None = None  # a GPU's event's number (the XID)
 
 
 @dataclass

@@ -8,7 +8,7 @@ calls `start` and `stop` and reads `collection`. Who owns what:
 - the NVML thread (sources/nvml_reader.py): every NVML read, one at a time;
 - worker threads (asyncio.to_thread): the process lookup, the trend analysis, each
   poll of the event sources, the event state file;
-- the XID thread (events/xid.py): waits for NVML's XID events.
+- the XID thread (events/xid.py): waits for NVML's XID events, which the event poller takes.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import tempfile
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,7 +30,6 @@ from oomguard import __version__
 from oomguard.collection import Collection
 from oomguard.config import Config, TargetConfig
 from oomguard.events.runner import EventRunner
-from oomguard.events.xid import XidWatcher
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
 from oomguard.simulate.runner import Simulation
 from oomguard.sources.kubernetes.discovery import KubernetesDiscovery
@@ -90,7 +90,6 @@ class Runtime:
         self._session: aiohttp.ClientSession | None = None
         self._nvml: NvmlReader | None = None
         self._events: EventRunner | None = None
-        self._xid: XidWatcher | None = None
         self.discovery: KubernetesDiscovery | None = None
         self.local_discovery: LocalDiscovery | None = None
         self._tasks: list[asyncio.Future[Any]] = []
@@ -138,8 +137,7 @@ class Runtime:
         processes = ProcessLookup(finder, targets.local_ports(), self.registry)
         tracker = TrendTracker(trend_on_clock(config, self.time_scale)) if config.trend.enabled else None
         # Reads the saved state file: not on the event loop.
-        events = self._events = await asyncio.to_thread(EventRunner, config)
-        xid = self._xid = XidWatcher(lib) if lib is not None and config.events.xid else None
+        events = self._events = await asyncio.to_thread(partial(EventRunner, config, nvml=lib))
         discovery = self.discovery = (
             KubernetesDiscovery(config, registry=self.registry, targets=targets, events=events)
             if config.kubernetes is not None
@@ -152,7 +150,7 @@ class Runtime:
         )
         self.collection = collection = Collection(
             registry=self.registry, session=self._session, nvml=nvml, targets=targets, processes=processes,
-            tracker=tracker, events=events, xid=xid, attribute=discovery.attribute if discovery else None,
+            tracker=tracker, events=events, attribute=discovery.attribute if discovery else None,
             settings=SettingsReader(),
         )  # fmt: skip
         # What exists at start lives as long as the runtime: keep it out of the garbage collector's
@@ -173,8 +171,6 @@ class Runtime:
             self._tasks.append(asyncio.ensure_future(self._follow_events(events, targets, processes)))
         if discovery is not None:
             self._tasks.append(asyncio.ensure_future(discovery.run()))
-        if xid is not None:
-            xid.start()
 
     async def _follow_events(self, events: EventRunner, targets: TargetSet, processes: ProcessLookup) -> None:
         """The background loop reading logs, journals, cgroups and the kernel log; the engines' starts read there
@@ -206,7 +202,5 @@ class Runtime:
     def _close_blocking(self) -> None:
         if self._events is not None:
             self._events.close()
-        if self._xid is not None:
-            self._xid.stop()
         if self._nvml is not None:
             self._nvml.close()

@@ -15,6 +15,7 @@ from oomguard.config import Config, load_config
 from oomguard.events.runner import EventRunner
 from oomguard.events.source import source_health
 from oomguard.model import Event, EventSourceHealth, ReadStats
+from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
 
 N = 40
 OOM = [
@@ -302,3 +303,34 @@ def test_a_scrape_reads_the_last_poll_without_waiting_for_the_one_in_progress(tm
     after = r.view
     assert after.counts["pod-a"].total == {"cuda_oom": 1} and after.health[0].lines_read == 1
     assert "pod-a" not in before.counts  # what a scrape held was never changed under it
+
+
+def test_xid_counts_are_saved_and_go_on_after_an_exporter_restart(tmp_path: Path) -> None:
+    """XIDs are an event source like the others: counted by the runner, in its state file, resumed at start."""
+    config = load_config(None, {"state_dir": str(tmp_path / "state"), "events": {"kernel_log": False}})
+
+    def counted(r: EventRunner, want: dict[tuple[int, int], int]) -> dict[tuple[int, int], int]:
+        deadline = time.time() + 5
+        while r.view.xid != want and time.time() < deadline:
+            r.poll()
+            time.sleep(0.02)
+        return r.view.xid
+
+    lib = FakeNvml([FakeGpu(0), FakeGpu(1)])
+    first = EventRunner(config, nvml=lib)
+    assert first.view.xid == {} and first.view.xid_read_errors == 0
+    first.poll()  # the first poll starts the wait for NVML's events
+    for event in [(1, 79), (1, 79), (0, 31)]:
+        lib.xid_queue.put(event)
+    assert counted(first, {(1, 79): 2, (0, 31): 1}) == {(1, 79): 2, (0, 31): 1}
+    last = first.view.xid_last
+    first.close()
+
+    lib = FakeNvml([FakeGpu(0), FakeGpu(1)])
+    second = EventRunner(config, nvml=lib)
+    assert second.view.xid == {(1, 79): 2, (0, 31): 1} and second.view.xid_last == last  # not from zero
+    second.poll()
+    lib.xid_queue.put((1, 79))
+    assert counted(second, {(1, 79): 3, (0, 31): 1}) == {(1, 79): 3, (0, 31): 1}
+    second.close()
+    assert EventRunner(config).view.xid_read_errors is None  # no NVML: no XID source, its errors absent

@@ -13,8 +13,8 @@ import pytest
 from oomguard.events.cgroup import CgroupOomReader
 from oomguard.events.journald import JournaldReader, parse_json_lines
 from oomguard.events.kernel import KmsgReader
-from oomguard.events.xid import XidWatcher
-from oomguard.model import ReadStats
+from oomguard.events.xid import XidSource
+from oomguard.model import Event, ReadStats
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
 
 RECORDED = Path(__file__).with_name("fixtures") / "journalctl-vllm.json"
@@ -122,25 +122,54 @@ def test_unreadable_kernel_log_is_one_error() -> None:
     assert reader.poll() == [] and reader.stats.read_errors == 1
 
 
-def test_xid_events_counted_per_gpu_and_code() -> None:
+def taken(source: XidSource, n: int) -> list[Event]:
+    """Poll until the thread has seen `n` events (NVML's waits are in a thread of the source's own)."""
+    events: list[Event] = []
+    deadline = time.time() + 5
+    while sum(e.count for e in events) < n and time.time() < deadline:
+        events += source.poll(time.time())
+        time.sleep(0.02)
+    return events
+
+
+def test_xid_events_by_gpu_and_code_as_the_runner_takes_them() -> None:
     lib = FakeNvml([FakeGpu(0), FakeGpu(1), FakeGpu(2, unsupported={"nvmlDeviceRegisterEvents"})])
-    watcher = XidWatcher(lib)
-    watcher.start()
+    source = XidSource(lib)
     try:
+        assert source.poll(time.time()) == []  # starts the wait
         for event in [(1, 79), (1, 79), (0, 31)]:
             lib.xid_queue.put(event)
-        deadline = time.time() + 5
-        while sum(watcher.counts.values()) < 3 and time.time() < deadline:
-            time.sleep(0.02)
+        events = taken(source, 3)
     finally:
-        watcher.stop()
-    assert watcher.counts == {(1, 79): 2, (0, 31): 1}
-    assert set(watcher.last) == {0, 1}
+        assert source.close() == []
+    by_key: dict[tuple[int | None, int | None], int] = {}
+    for e in events:
+        assert e.kind == "xid" and e.timestamp > 1.7e9
+        by_key[(e.gpu, e.code)] = by_key.get((e.gpu, e.code), 0) + e.count
+    assert by_key == {(1, 79): 2, (0, 31): 1}
     assert lib.calls["nvmlEventSetFree"] == 1
+    assert source.health().read_errors == 0 and source.state() == {}
+
+
+def test_a_storm_of_one_xid_is_held_as_one_entry_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    lib = FakeNvml([FakeGpu(0)])
+    source = XidSource(lib)
+    source.poll(time.time())
+    try:
+        with caplog.at_level("ERROR", "oomguard.events.xid"):
+            for _ in range(500):
+                lib.xid_queue.put((0, 13))
+            deadline = time.time() + 5
+            while lib.xid_queue.qsize() and time.time() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.05)  # the last one taken from the queue is counted
+    finally:
+        held = source.close()  # what no poll took: given to the runner at its close
+    assert [(e.gpu, e.code, e.count) for e in held] == [(0, 13, 500)]
+    assert caplog.text.count("XID 13") == 1
 
 
 def test_xid_without_a_driver_stays_quiet() -> None:
-    watcher = XidWatcher(FakeNvml(library_present=False))
-    watcher.start()
-    watcher.stop()
-    assert watcher.counts == {} and watcher.read_errors == 0
+    source = XidSource(FakeNvml(library_present=False))
+    assert source.poll(time.time()) == []
+    assert source.close() == [] and source.health().read_errors == 0

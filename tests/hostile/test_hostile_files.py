@@ -32,7 +32,8 @@ from oomguard.web import make_app
 CASES = [
     Case("state", "a state file of a wrong shape or type: `counts` a list, a count `\"x\"`, -3, `Infinity` or "
          "`1e999`, a last-event time `\"x\"`, a position a list, a follower's files a string, a cgroup's "
-         "position `\"x\"`, an incident of a wrong shape, arrays nested 100,000 deep",
+         "position `\"x\"`, an incident of a wrong shape, arrays nested 100,000 deep, a GPU's XID count, index, "
+         "code or last time that is not one",
          "set aside whole as `events-state.json.corrupt`, `oomguard_event_state_read_errors_total` 1, an error "
          "logged; the start and every poll go on, counting afresh; nothing of it written back",
          "test_a_wrong_state_file_is_set_aside_whole"),
@@ -132,6 +133,10 @@ WRONG_STATES: dict[str, Callable[[Path], str]] = {
     "a cgroup position a list": lambda p: json.dumps({"positions": {f"a|cgroup:{p / 'cgroup'}": [3]}}),
     "an incident of a wrong shape": lambda p: json.dumps({"incidents": {follower_key(p): {"open": 5}}}),
     "arrays nested 100,000 deep": lambda _: "[" * 100_000 + "]" * 100_000,
+    "a GPU's XID count a string": lambda _: '{"gpu_counts": {"xid": {"0": {"total": {"79": "x"}, "last": 5}}}}',
+    "a GPU index not a number": lambda _: '{"gpu_counts": {"xid": {"zero": {"total": {"79": 1}, "last": 5}}}}',
+    "an XID code in other digits": lambda _: '{"gpu_counts": {"xid": {"0": {"total": {"\u00b2": 1}, "last": 5}}}}',
+    "a GPU's last XID time a string": lambda _: '{"gpu_counts": {"xid": {"0": {"total": {"79": 1}, "last": "x"}}}}',
 }  # fmt: skip
 
 

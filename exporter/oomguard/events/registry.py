@@ -2,8 +2,9 @@
 
 A target's builder takes the target's configuration, the events configuration and the
 saved state, and returns the sources it configures (none when its field is unset); a
-host builder the same without a target. Each source is given back what it saved
-under its key "target|source" (see source.py), so a restarted exporter resumes.
+host builder the same without a target, and with the NVML library (None without GPUs).
+Each source is given back what it saved under its key "target|source" (see source.py),
+so a restarted exporter resumes.
 
 To add a kind of event source: write it (an `EventSource`, source.py), add its field
 to the configuration (TargetConfig for a target's, EventsConfig for the host's), a
@@ -26,9 +27,11 @@ from oomguard.events.follow import FileFollower
 from oomguard.events.journald import JournaldReader
 from oomguard.events.kernel import KernelLogSource, KmsgReader
 from oomguard.events.source import INCIDENTS, POSITIONS, EventSource, LineReader, LogSource
+from oomguard.events.xid import XidSource
 from oomguard.model import HOST
 
 COUNTS = "counts"  # the state file's section of event counts, by target: the runner's
+GPU_COUNTS = "gpu_counts"  # the state file's section of GPUs' event counts (XIDs): the runner's
 
 
 class SavedState:
@@ -43,12 +46,12 @@ class SavedState:
         return {
             section: entries[key]
             for section, entries in self.data.items()
-            if section != COUNTS and isinstance(entries, dict) and key in entries
+            if section not in (COUNTS, GPU_COUNTS) and isinstance(entries, dict) and key in entries
         }
 
 
 TargetBuilder = Callable[[TargetConfig, EventsConfig, SavedState], list[EventSource]]
-HostBuilder = Callable[[EventsConfig, SavedState], list[EventSource]]
+HostBuilder = Callable[[EventsConfig, SavedState, Any], list[EventSource]]
 
 
 def log_source(
@@ -116,12 +119,17 @@ def cgroup(target: TargetConfig, events: EventsConfig, saved: SavedState) -> lis
     return [CgroupSource(target.label, CgroupOomReader(target.cgroup, state=state.get(POSITIONS)))]
 
 
-def kernel_log(events: EventsConfig, saved: SavedState) -> list[EventSource]:
+def kernel_log(events: EventsConfig, saved: SavedState, nvml: Any = None) -> list[EventSource]:
     if not events.kernel_log:
         return []
     state = saved.of(HOST, f"kernel:{events.kernel_log_path}")
     reader = KmsgReader(events.kernel_log_path, state=state.get(POSITIONS), from_start=events.from_start)
     return [KernelLogSource(reader)]
+
+
+def xid_events(events: EventsConfig, saved: SavedState, nvml: Any = None) -> list[EventSource]:
+    """NVML's XID events, where there is an NVML to ask (pynvml or the simulation's); nothing saved to resume."""
+    return [XidSource(nvml)] if events.xid and nvml is not None else []
 
 
 # The configuration's field -> the builder of its sources, in the order they are polled.
@@ -133,11 +141,12 @@ TARGET_SOURCES: dict[str, TargetBuilder] = {
 }
 HOST_SOURCES: dict[str, HostBuilder] = {
     "kernel_log": kernel_log,
+    "xid": xid_events,
 }
 
 
-def build_sources(config: Config, saved: SavedState | None = None) -> list[EventSource]:
-    """Every target's sources, in the order of the targets, then the host's."""
+def build_sources(config: Config, saved: SavedState | None = None, nvml: Any = None) -> list[EventSource]:
+    """Every target's sources, in the order of the targets, then the host's; `nvml`: the NVML library, or None."""
     saved = saved or SavedState()
     sources = [
         source
@@ -145,5 +154,5 @@ def build_sources(config: Config, saved: SavedState | None = None) -> list[Event
         for build in TARGET_SOURCES.values()
         for source in build(target, config.events, saved)
     ]
-    sources += [source for build in HOST_SOURCES.values() for source in build(config.events, saved)]
+    sources += [source for build in HOST_SOURCES.values() for source in build(config.events, saved, nvml)]
     return sources

@@ -9,8 +9,9 @@ changed them (written to a temporary file, then renamed), so a restarted exporte
 neither loses nor recounts an event.
 
 The state file: {"positions": {KEY: ...}, "incidents": {KEY: ...}, "counts": {TARGET:
-{"total": {KIND: N}, "last": {KIND: T}}}}, KEY being "target|source" (target "" for
-the host). Its layout is kept as it is: an upgraded exporter resumes from an old one's.
+{"total": {KIND: N}, "last": {KIND: T}}}, "gpu_counts": {KIND: {GPU: {"total": {CODE: N},
+"last": T}}}}, KEY being "target|source" (target "" for the host), GPU a GPU's index and
+CODE an XID's number, both as text. Its layout is kept as it is: an upgraded exporter resumes from an old one's.
 It is checked whole when read (`read_state`): a file that is not a regular file, is over
 MAX_STATE_BYTES, is not JSON, or has a wrong shape or type anywhere is set aside as
 *.corrupt, counted, and the exporter starts afresh; nothing of it is half-trusted.
@@ -25,6 +26,7 @@ import json
 import logging
 import math
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -36,10 +38,11 @@ from typing import Any
 from oomguard.config import Config
 from oomguard.events.followed import STATE_VERSION, FollowedFile
 from oomguard.events.kill_owners import KillOwners
-from oomguard.events.kinds import CGROUP_OOM_KILL, KERNEL_OOM_KILL, STARTUP
-from oomguard.events.registry import COUNTS, SavedState, build_sources
+from oomguard.events.kinds import CGROUP_OOM_KILL, KERNEL_OOM_KILL, STARTUP, XID
+from oomguard.events.registry import COUNTS, GPU_COUNTS, SavedState, build_sources
 from oomguard.events.scan import kind
 from oomguard.events.source import INCIDENTS, POSITIONS, EventSource
+from oomguard.events.xid import NAME as XID_SOURCE
 from oomguard.excerpt import excerpt
 from oomguard.model import Counts, Event, EventSourceHealth
 
@@ -49,6 +52,7 @@ TEMPORARY = ".events-state."  # the prefix of the file written before it is rena
 # Read no more than this (docs/events.md): a partial line kept per followed file is at most 1 MiB (1.4 in base64).
 MAX_STATE_BYTES = 64 * 1024 * 1024
 MAX_COUNT = 2**53  # the largest count a float64 sample holds exactly
+_INDEX = re.compile(r"-?[0-9]{1,9}")  # a GPU's index or an XID's number, as text (ASCII digits only)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,10 +61,14 @@ class EventsView:
 
     counts: dict[str, Counts]
     health: tuple[EventSourceHealth, ...]
+    xid: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)  # (gpu, XID) -> events
+    xid_last: dict[int, float] = dataclasses.field(default_factory=dict)  # gpu -> its last XID's time
+    xid_read_errors: int | None = None  # None: no XID source (no NVML, or events.xid off)
 
 
 class EventRunner:
-    def __init__(self, config: Config, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: Config, *, clock: Callable[[], float] = time.time, nvml: Any = None) -> None:
+        """`nvml`: the NVML library (pynvml, or the simulation's) whose XID events are a source; None for none."""
         self.clock = clock
         self.state_path = Path(config.state_dir) / STATE_FILE if config.state_dir else None
         self.has_state = self.state_path is not None
@@ -70,12 +78,13 @@ class EventRunner:
         self.counts: dict[str, Counts] = {
             name: Counts(dict(c.get("total", {})), dict(c.get("last", {}))) for name, c in saved.get(COUNTS, {}).items()
         }
-        self.sources: list[EventSource] = build_sources(config, self.saved)
+        self.xid, self.xid_last = _gpu_counts(saved.get(GPU_COUNTS, {}).get(XID, {}))
+        self.sources: list[EventSource] = build_sources(config, self.saved, nvml)
         self.state_write_errors = 0
         self._failures = [0] * len(self.sources)  # polls that raised (a bug): counted as read errors
         self._states = [source.state() for source in self.sources]  # as last saved or seen
         self.starts: list[tuple[str, float, int | None]] = []  # (target, when, pid) of each start read: take_starts
-        # Whose processes and pods a kernel OOM kill may be: the runtime updates it from the scrapers.
+        # Whose processes and pods a kernel OOM kill may be: the runtime updates it from the target set.
         self.kill_owners = KillOwners()
         # A poll runs in a worker thread; discovered pods' sources come and go (set_sources) between polls.
         self._lock = threading.RLock()
@@ -90,7 +99,12 @@ class EventRunner:
         return self._view
 
     def _publish(self) -> None:
-        self._view = EventsView({name: c.copy() for name, c in self.counts.items()}, tuple(self._health()))
+        health = tuple(self._health())
+        xid_errors = [h.read_errors for h in health if h.source == XID_SOURCE]
+        self._view = EventsView(
+            {name: c.copy() for name, c in self.counts.items()}, health, dict(self.xid), dict(self.xid_last),
+            xid_errors[0] if xid_errors else None,
+        )  # fmt: skip
 
     # -- one poll: blocking (file reads, journalctl), run in a worker thread ---------------
     def poll(self) -> None:
@@ -136,6 +150,11 @@ class EventRunner:
         for event in events:
             if event.kind == STARTUP:  # a new life, for the restart tracker: not an event to count
                 self.starts.append((source.target, event.timestamp, event.pid))
+                continue
+            if event.gpu is not None and event.code is not None:  # a GPU's (an XID): by GPU and code
+                key = (event.gpu, event.code)
+                self.xid[key] = self.xid.get(key, 0) + event.count
+                self.xid_last[event.gpu] = max(self.xid_last.get(event.gpu, 0.0), event.timestamp)
                 continue
             self.counts.setdefault(source.target, Counts()).add(event.kind, event.count, event.timestamp)
             log.warning("event: %s %s x%d", source.target or "host", event.kind, event.count)
@@ -209,6 +228,11 @@ class EventRunner:
             for section, value in saved.items():
                 state.setdefault(section, {})[f"{source.target}|{source.name}"] = value
         state[COUNTS] = {name: {"total": c.total, "last": c.last} for name, c in self.counts.items()}
+        if self.xid:
+            gpus: dict[str, dict[str, Any]] = {}
+            for (gpu, code), n in self.xid.items():
+                gpus.setdefault(str(gpu), {"total": {}, "last": self.xid_last.get(gpu, 0.0)})["total"][str(code)] = n
+            state[GPU_COUNTS] = {XID: gpus}
         try:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.state_path.parent, prefix=TEMPORARY)
@@ -313,6 +337,27 @@ def check_state(saved: Any) -> None:
         for kind_, t in _object(counts.get("last", {}), f"{where}.last").items():
             if not _time(t):
                 raise BadState(f"{where}.last[{kind_!r}] is {t!r}, not a time in seconds")
+    for kind_, gpus in _object(saved.get(GPU_COUNTS, {}), GPU_COUNTS).items():
+        for gpu, counts in _object(gpus, f"{GPU_COUNTS}[{kind_!r}]").items():
+            where = f"{GPU_COUNTS}[{kind_!r}][{gpu!r}]"
+            if not _index(gpu):
+                raise BadState(f"{where}: {gpu!r} is not a GPU's index")
+            for code, n in _object(_object(counts, where).get("total", {}), f"{where}.total").items():
+                if not _index(code) or not (type(n) is int and 0 <= n <= MAX_COUNT):
+                    raise BadState(f"{where}.total[{code!r}] is {n!r}: not a code and a whole number to {MAX_COUNT}")
+            if not _time(counts.get("last", 0)):
+                raise BadState(f"{where}.last is {counts.get('last')!r}, not a time in seconds")
+
+
+def _index(text: str) -> bool:
+    """A GPU's index or an XID's number as the state file keeps it: a whole number as text (-1: a GPU unknown)."""
+    return _INDEX.fullmatch(text) is not None
+
+
+def _gpu_counts(gpus: dict[str, Any]) -> tuple[dict[tuple[int, int], int], dict[int, float]]:
+    """The saved counts of one kind of GPU event (checked by check_state): by (gpu, code), and each GPU's last."""
+    counts = {(int(gpu), int(code)): n for gpu, c in gpus.items() for code, n in c.get("total", {}).items()}
+    return counts, {int(gpu): float(c["last"]) for gpu, c in gpus.items() if c.get("last")}
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:
