@@ -10,7 +10,8 @@ import pytest
 from support import REPO
 
 from oomguard.cli import main
-from oomguard.config import ConfigError, load_config
+from oomguard.config import ConfigError
+from oomguard.config_file import load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from oomguard import __version__
-from oomguard.config import ConfigError, load_config, parse_listen_address
+from oomguard.config import ConfigError, parse_listen_address
+from oomguard.config_file import load_config
 from oomguard.drill.scenarios import SCENARIOS as DRILLS
 from oomguard.simulate.scenarios import ALIASES as SIMULATION_ALIASES
 from oomguard.simulate.scenarios import NAMES as SIMULATIONS

@@ -9,21 +9,18 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from oomguard.engines import ENGINE_NAMES, ENGINES
-from oomguard.events.catalogue import check_patterns
 from oomguard.excerpt import LIMIT, excerpt
+from oomguard.model import TrendSettings
 from oomguard.ports import url_port
 from oomguard.promtext import LABEL_LIMIT, LABEL_VALUE_LENGTH_LIMIT, SAMPLE_LIMIT, Limits
-from oomguard.simulate.scenarios import NAMES as SIMULATION_NAMES
-from oomguard.simulate.scenarios import SCENARIOS as SIMULATIONS
-from oomguard.trend.analysis import TrendSettings
 
 DEFAULT_PORT = 9847
 _TREND = TrendSettings()  # the analysis' defaults, written once there
@@ -32,6 +29,23 @@ DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
 
 class ConfigError(Exception):
     """A configuration that cannot run; the message names the key and the fix."""
+
+
+# The sections the parts above check, each with its own knowledge (config_file.py gives the checks, as the context
+# of the validation): a name no engine plugin has, an engine without a simulator, a scenario that does not exist,
+# a pattern that does not compile. Each check raises ValueError naming the fix; a model built without them (a test
+# making a TargetConfig by hand) is checked for its shape only.
+ENGINE = "engine"
+SIMULATED_ENGINE = "simulated_engine"
+SCENARIO = "scenario"
+PATTERN = "pattern"
+PartChecks = Mapping[str, Callable[[Any], None]]
+
+
+def _part_check(info: ValidationInfo, section: str, value: Any) -> None:
+    check = (info.context or {}).get(section)
+    if check is not None:
+        check(value)
 
 
 class StrictModel(BaseModel):
@@ -73,8 +87,8 @@ class PatternConfig(StrictModel):
     regex: str = Field(description="Python regular expression, searched anywhere in a line.")
 
     @model_validator(mode="after")
-    def _compiles(self) -> PatternConfig:
-        check_patterns([self.model_dump()])  # raises ValueError naming the pattern
+    def _compiles(self, info: ValidationInfo) -> PatternConfig:
+        _part_check(info, PATTERN, self.model_dump())  # raises ValueError naming the pattern
         return self
 
 
@@ -133,9 +147,8 @@ class TargetConfig(StrictModel):
 
     @field_validator("engine")
     @classmethod
-    def _check_engine(cls, value: str) -> str:
-        if value not in ENGINE_NAMES:
-            raise ValueError(f"unknown engine {value!r}; known engines: {', '.join(ENGINE_NAMES)}")
+    def _check_engine(cls, value: str, info: ValidationInfo) -> str:
+        _part_check(info, ENGINE, value)
         return value
 
     @field_validator("gpus")
@@ -188,37 +201,28 @@ class ScrapeConfig(StrictModel):
     )
 
 
-def _simulated() -> list[str]:
-    """The engines with a simulator (engines/<name>/simulator.py), read from the registry when asked."""
-    return [name for name in ENGINE_NAMES if ENGINES[name].simulator is not None]
-
-
-_SIMULATED_ENGINES = f"{', '.join(_simulated()[:-1])} or {_simulated()[-1]}"  # for the help
-
-
 class SimulationConfig(StrictModel):
     scenario: str | None = Field(None, description="Run on a built-in simulation (`oomguard serve --help` lists them).")
     gpus: int = Field(1, ge=1, le=64, description="Number of simulated GPUs.")
     time_scale: float = Field(
         1.0, gt=0, description="Speed of the simulated clock (10 = ten simulated seconds per second)."
     )
-    engine: str = Field("vllm", description=f"Which engine the simulation runs: {_SIMULATED_ENGINES}.")
+    engine: str = Field(
+        "vllm",
+        description="Which engine the simulation runs: one with a simulator (`oomguard serve --help` lists them).",
+    )
 
     @field_validator("engine")
     @classmethod
-    def _simulated_engine(cls, value: str) -> str:
-        simulated = _simulated()
-        if value not in simulated:
-            raise ValueError(f"engine {value!r} has no simulator; choose one of: {', '.join(simulated)}")
+    def _simulated_engine(cls, value: str, info: ValidationInfo) -> str:
+        _part_check(info, SIMULATED_ENGINE, value)
         return value
 
     @field_validator("scenario")
     @classmethod
-    def _known_scenario(cls, value: str | None) -> str | None:
-        if value is not None and value not in SIMULATIONS:
-            close = difflib.get_close_matches(value, list(SIMULATIONS), n=1) if len(value) <= LIMIT else []
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ValueError(f"unknown scenario {value!r}; {hint}choose one of: {', '.join(SIMULATION_NAMES)}")
+    def _known_scenario(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            _part_check(info, SCENARIO, value)
         return value
 
 
@@ -311,8 +315,9 @@ class KubernetesConfig(StrictModel):
 
     @field_validator("engine")
     @classmethod
-    def _check_engine(cls, value: str) -> str:
-        return TargetConfig._check_engine(value)
+    def _check_engine(cls, value: str, info: ValidationInfo) -> str:
+        _part_check(info, ENGINE, value)
+        return value
 
     @field_validator("port")
     @classmethod
@@ -564,8 +569,9 @@ def read_yaml(path: Path, what: str) -> Any:
         raise ConfigError(f"{path}: not valid YAML: nested hundreds of levels deep") from None
 
 
-def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
-    """Read `path` (if any), apply `overrides` (dotted keys), validate everything."""
+def parse_config(path: Path | None, overrides: dict[str, Any] | None, *, checks: PartChecks) -> Config:
+    """Read `path` (if any), apply `overrides` (dotted keys), validate everything: the shape here, each part's
+    section with its check in `checks` (config_file.load_config gives them all)."""
     raw: dict[str, Any] = {}
     source = str(path) if path else "configuration"
     if path is not None:
@@ -585,6 +591,6 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
         else:
             node[leaf] = value
     try:
-        return Config.model_validate(raw)
+        return Config.model_validate(raw, context=checks)
     except ValidationError as exc:
         raise ConfigError(explain(exc, source)) from None

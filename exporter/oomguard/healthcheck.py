@@ -19,7 +19,8 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from oomguard.config import DEFAULT_PORT, ConfigError, load_config, parse_listen_address
+from oomguard.config import DEFAULT_PORT, ConfigError, parse_listen_address
+from oomguard.config_file import load_config
 
 # What a status of /-/healthy says about the exporter.
 ALIVE_STATUSES = {200: "healthy", 401: "answering behind basic auth"}

@@ -7,7 +7,7 @@ may import it, and it can be built by hand in a test.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # -- fixed vocabularies (label values) -------------------------------------------------------
 TARGET_STATES = ("up", "loading", "down")
@@ -228,6 +228,64 @@ class Trend:
     def _pace(self) -> float | None:
         slope = self.slope_short if self.state == "spike" else self.slope_long
         return slope if slope and slope > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class TrendSettings:
+    """The trend analysis' thresholds (trend/analysis.py; their meaning in docs/trend.md): the configuration's
+    `trend:` section (config.py) takes its defaults from here."""
+
+    interval_seconds: float = 2.0
+    short_window_seconds: float = 120.0
+    long_window_seconds: float = 1800.0
+    # A fall of more than this (share of capacity) ends a climb: normal churn falls back.
+    tolerance_ratio: float = 0.02
+    climb_min_seconds: float = 300.0
+    # A climb whose history began with its engine serving (the load is not in it: what rises is not the load)
+    # need not last climb_min_seconds when that is much of the time it leaves: it is called once it has lasted
+    # this share of its projected time to full, and at least climb_soonest_seconds (a warm-up step is over by then).
+    climb_share_of_time_to_full: float = 1 / 3
+    climb_soonest_seconds: float = 180.0
+    climb_min_rise_ratio: float = 0.03
+    # Slower than this is not a leak but load drifting (a diurnal cycle of +-8 % peaks at 0.035 %/min).
+    climb_min_slope_ratio_per_minute: float = 0.0006
+    spike_rise_ratio: float = 0.15
+    spike_level_ratio: float = 0.90
+    saturated_ratio: float = 0.97
+    sawtooth_span_ratio: float = 0.04
+    # A fall this large within one interval is a restart (memory freed at once), not churn: history restarts.
+    restart_drop_ratio: float = 0.5
+    # How often each series is analysed; 0: at every sample. The samples are taken every interval all the same;
+    # the analysis of the series is spread over the ticks (each tick analyses its share), so one tick holds the
+    # GIL for a share of the series, not for all of them (docs/trend.md, "Cost").
+    analysis_interval_seconds: float = 0.0
+
+    def time_scaled(self, scale: float) -> TrendSettings:
+        """The same analysis on a clock `scale` times faster (the drill's): times divided, the slope
+        threshold multiplied. The floors keep a window several samples wide and a sample on the
+        exporter's own clock (a real process's fixed costs do not shrink with the scenario)."""
+        return replace(
+            self,
+            interval_seconds=max(0.1, self.interval_seconds / scale),
+            short_window_seconds=max(2.0, self.short_window_seconds / scale),
+            long_window_seconds=max(30.0, self.long_window_seconds / scale),
+            climb_min_seconds=max(3.0, self.climb_min_seconds / scale),
+            climb_soonest_seconds=max(3.0, self.climb_soonest_seconds / scale),
+            climb_min_slope_ratio_per_minute=self.climb_min_slope_ratio_per_minute * scale,
+            analysis_interval_seconds=self.analysis_interval_seconds / scale,
+        )
+
+    @property
+    def climb_soonest(self) -> float:
+        """The shortest climb ever called one (climb_soonest_seconds, never longer than climb_min_seconds)."""
+        return min(self.climb_soonest_seconds, self.climb_min_seconds)
+
+    @property
+    def analysis_every(self) -> int:
+        """Each series is analysed every this many samples (1: every sample); a spike is judged within a quarter
+        of the short window at the latest, whatever the setting."""
+        interval = min(self.analysis_interval_seconds, self.short_window_seconds / 4)
+        return max(1, int(interval / self.interval_seconds + 1e-9))
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ import aiohttp
 from oomguard import __version__
 from oomguard.collection import Collection
 from oomguard.config import Config, TargetConfig
+from oomguard.engines.simulation import simulation
 from oomguard.events.runner import EventRunner
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
 from oomguard.simulate.runner import Simulation
@@ -73,7 +74,7 @@ class Runtime:
                 else Path(tempfile.gettempdir()) / (f"oomguard-sim-{os.getpid()}-{secrets.token_hex(4)}.log")
             )
             log_path = simulation_log or self._own_log
-            self.simulation = Simulation(
+            self.simulation = simulation(
                 sim.scenario, gpus=sim.gpus, time_scale=sim.time_scale, log_path=log_path, engine=sim.engine
             )
             config = config.model_copy(update={"targets": (*config.targets, self.simulation.target())})

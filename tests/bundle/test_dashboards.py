@@ -20,10 +20,10 @@ from support import REPO
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.dashboards import render
-from oomguard.config import load_config
+from oomguard.config_file import load_config
 from oomguard.drill.services import Prometheus, free_port
+from oomguard.engines.simulation import simulation
 from oomguard.runtime import Runtime
-from oomguard.simulate.runner import Simulation
 from oomguard.web import make_app
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
@@ -116,7 +116,7 @@ def substitute(expr: str, scrape_interval_s: int) -> str:
 
 
 async def test_every_panel_query_returns_data_from_a_real_prometheus(tmp_path: Path, promtool: str) -> None:
-    sim = Simulation("leak", time_scale=60.0, log_path=tmp_path / "engine.log")
+    sim = simulation("leak", time_scale=60.0, log_path=tmp_path / "engine.log")
     trend = {
         "interval_seconds": 0.1, "short_window_seconds": 2, "long_window_seconds": 30,
         "climb_min_seconds": 3, "tolerance_ratio": 0.005, "climb_min_rise_ratio": 0.02,

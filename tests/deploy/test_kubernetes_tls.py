@@ -41,7 +41,8 @@ from test_kubernetes import (
     one,
 )
 
-from oomguard.config import ConfigError, load_config
+from oomguard.config import ConfigError
+from oomguard.config_file import load_config
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
 from oomguard.web import make_app

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.config import Config, load_config
+from oomguard.config import Config
+from oomguard.config_file import load_config
 from oomguard.events.runner import EventRunner
 from oomguard.events.source import source_health
 from oomguard.model import Event, EventSourceHealth, ReadStats

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from kmsg_stand_in import kmsg_record
 
-from oomguard.config import Config, EventsConfig, TargetConfig, load_config
+from oomguard.config import Config, EventsConfig, TargetConfig
+from oomguard.config_file import load_config
 from oomguard.engines import ENGINES
 from oomguard.events.cgroup import CgroupSource
 from oomguard.events.cri import PodLogReader

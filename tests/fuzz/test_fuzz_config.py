@@ -22,7 +22,8 @@ from pydantic import BaseModel
 from support import REPO
 
 from oomguard.bundle.config import BundleConfig, defaults_text, load_bundle_config
-from oomguard.config import Config, ConfigError, load_config
+from oomguard.config import Config, ConfigError
+from oomguard.config_file import load_config
 
 _FILES = itertools.count()
 

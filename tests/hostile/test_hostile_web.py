@@ -32,7 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from web_config.conftest import PASSWORD, Authority, Pki, basic, bcrypt_hash, get, wait_until, write_atomically
 
-from oomguard.config import ConfigError, load_config
+from oomguard.config import ConfigError
+from oomguard.config_file import load_config
 from oomguard.ports import free_port
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml

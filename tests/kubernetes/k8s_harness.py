@@ -18,6 +18,7 @@ from stand_in import StandIn
 from support import samples, vllm_body
 
 from oomguard.config import Config
+from oomguard.config_file import CHECKS
 from oomguard.exposition import render
 from oomguard.runtime import Runtime
 
@@ -118,7 +119,8 @@ def config(tmp: Path, api_port: int, trend: dict[str, Any] | None = None, **kube
             },
             "trend": trend or {"enabled": False},
             "scrape": {"timeout_seconds": 1.0},
-        }
+        },
+        context=CHECKS,  # each part's section checked, as load_config does
     )
 
 

@@ -10,7 +10,7 @@ import llamacpp_harness as harness
 import pytest
 from support import value
 
-from oomguard.config import load_config
+from oomguard.config_file import load_config
 from oomguard.runtime import Runtime
 from oomguard.web import make_app
 

@@ -14,7 +14,7 @@ import pytest
 from real_server import RecordingProxy
 from support import value
 
-from oomguard.config import load_config
+from oomguard.config_file import load_config
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeNvml
 from oomguard.web import make_app

@@ -9,7 +9,7 @@ import harness
 import pytest
 from support import value
 
-from oomguard.config import load_config
+from oomguard.config_file import load_config
 from oomguard.runtime import Runtime
 from oomguard.web import make_app
 

@@ -17,7 +17,7 @@ import pytest
 from real_server import RecordingProxy
 from support import samples, value
 
-from oomguard.config import load_config
+from oomguard.config_file import load_config
 from oomguard.runtime import Runtime
 from oomguard.web import make_app
 

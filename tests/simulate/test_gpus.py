@@ -9,8 +9,9 @@ from itertools import pairwise
 
 import pytest
 
-from oomguard.config import load_config
+from oomguard.config_file import load_config
 from oomguard.engines import ENGINES
+from oomguard.engines.simulation import simulation
 from oomguard.engines.vllm.simulator import oom_traceback
 from oomguard.events.catalogue import load_catalogue
 from oomguard.events.detector import IncidentDetector
@@ -25,8 +26,8 @@ PID = 4242
 MINUTE = 60.0
 
 
-def simulation(name: str, gpus: int = 1) -> Simulation:
-    sim = Simulation(name, gpus=gpus)
+def still(name: str, gpus: int = 1) -> Simulation:
+    sim = simulation(name, gpus=gpus)
     sim.nvml.before_call = None  # the GPUs stay as `show` sets them: no engine process to follow
     return sim
 
@@ -70,7 +71,7 @@ def serving_times(name: str, until: float, step: float = 7.3) -> list[float]:
 def test_the_scenario_says_its_gpus_and_the_configuration_how_many_exist(
     name: str, gpus: int, configured: int, fake: int, target: tuple[int, ...]
 ) -> None:
-    sim = Simulation(name, gpus=configured)
+    sim = still(name, gpus=configured)
     assert SCENARIOS[name].gpus == gpus
     assert len(sim.nvml.gpus) == fake  # max(configuration, scenario)
     assert sim.target().gpus == target
@@ -89,7 +90,7 @@ def test_serve_simulate_tp_skew_has_its_two_gpus() -> None:
     ("tight-steady", 0.95, 0.955, 0.957),
 ])  # fmt: skip
 def test_vllm_holds_its_reservation_steadily_for_hours(name: str, utilization: float, low: float, high: float) -> None:
-    sim = simulation(name)
+    sim = still(name)
     scenario = sim.scenario
     assert scenario.gpu_memory_utilization == utilization and scenario.death_at(0) is None
     reservation = utilization * GPU_TOTAL_BYTES
@@ -106,7 +107,7 @@ def test_vllm_holds_its_reservation_steadily_for_hours(name: str, utilization: f
 
 
 def test_no_engine_leaves_every_gpu_idle() -> None:
-    sim = simulation("tp-skew", gpus=3)
+    sim = still("tp-skew", gpus=3)
     sim.show(900.0, pid=PID)
     assert [bool(p) for p in processes(sim)] == [True, True, False]
     sim.show(None)
@@ -116,7 +117,7 @@ def test_no_engine_leaves_every_gpu_idle() -> None:
 
 
 def test_tp_skew_one_gpu_climbs_beyond_the_reservation_to_oom_the_other_stays() -> None:
-    sim = simulation("tp-skew")
+    sim = still("tp-skew")
     scenario = sim.scenario
     oom = scenario.death_at(0)
     assert oom is not None and scenario.oom_gpu == 1
@@ -156,7 +157,7 @@ def test_tp_skew_one_gpu_climbs_beyond_the_reservation_to_oom_the_other_stays() 
 
 def test_tp_skew_through_the_exporters_join_the_worst_gpu_and_its_headroom() -> None:
     """Read as the exporter reads NVML, joined as it joins: the target is judged by GPU 1."""
-    sim = simulation("tp-skew")
+    sim = still("tp-skew")
     scenario = sim.scenario
     tree = ProcessTree(root_pid=PID, pids=frozenset({PID}), resident_bytes=1e9, start_time_seconds=0.0)
     utilization = scenario.gpu_memory_utilization
@@ -194,7 +195,7 @@ def test_the_tp_oom_traceback_names_its_gpu_and_is_one_cuda_oom() -> None:
 
 
 def test_long_warmup_holds_its_reservation_from_the_pool_on_while_its_port_is_closed() -> None:
-    sim = simulation("long-warmup")
+    sim = still("long-warmup")
     scenario = sim.scenario
     assert scenario.kv_allocated_at is not None and scenario.load_seconds - scenario.kv_allocated_at >= 5 * MINUTE
     sim.show(scenario.kv_allocated_at / 2, pid=PID)

@@ -7,11 +7,11 @@ import asyncio
 import pytest
 from support import promtool_check_metrics, samples, value
 
-from oomguard.config import load_config
+from oomguard.config_file import load_config
+from oomguard.engines.simulation import simulation
 from oomguard.exposition import render
 from oomguard.model import EngineReading, Snapshot, SourceResult, TargetReading, Trend, TrendKey, TrendReading
 from oomguard.runtime import Runtime
-from oomguard.simulate.runner import Simulation
 from oomguard.web import make_app
 
 GIB = 1024**3
@@ -53,7 +53,7 @@ def test_trend_gauges_from_a_known_trend(promtool: str) -> None:
 
 async def test_sampler_flags_the_simulated_leak(aiohttp_client) -> None:
     """The leak scenario at 60x, with the trend windows shrunk to match: climbing within seconds."""
-    sim = Simulation("leak", time_scale=60.0)
+    sim = simulation("leak", time_scale=60.0)
     trend = {
         "interval_seconds": 0.1, "short_window_seconds": 2, "long_window_seconds": 30,
         "climb_min_seconds": 3, "tolerance_ratio": 0.005, "climb_min_rise_ratio": 0.02,

@@ -18,4 +18,26 @@ ENGINES: dict[str, EnginePlugin] = {
 }
 ENGINE_NAMES = tuple(ENGINES)
 
-__all__ = ["ENGINES", "ENGINE_NAMES", "EnginePlugin", "EngineReader", "FamilyRow"]
+
+def check_engine(name: str) -> None:
+    """The configuration's `engine:` (config_file.py): one of the plugins'."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}")
+
+
+def simulated_engines() -> list[str]:
+    """The engines with a simulator (engines/<name>/simulator.py), read from the registry when asked."""
+    return [name for name, plugin in ENGINES.items() if plugin.simulator is not None]
+
+
+def check_simulated_engine(name: str) -> None:
+    """The simulation's `engine:` (config_file.py): one whose plugin has a simulator."""
+    simulated = simulated_engines()
+    if name not in simulated:
+        raise ValueError(f"engine {name!r} has no simulator; choose one of: {', '.join(simulated)}")
+
+
+__all__ = [
+    "ENGINES", "ENGINE_NAMES", "EnginePlugin", "EngineReader", "FamilyRow", "check_engine", "check_simulated_engine",
+    "simulated_engines",
+]  # fmt: skip

@@ -79,6 +79,14 @@ class Knobs:
     reservation: Knob | None = None
     tensor_parallel_flag: str | None = None
 
+    @property
+    def told_flags(self) -> tuple[str, str] | None:
+        """The flags a simulation tells the engine its reservation and its tensor-parallel size with (simulate/),
+        where it takes both; None where it does not."""
+        if self.reservation is None or self.tensor_parallel_flag is None:
+            return None
+        return self.reservation.flag, self.tensor_parallel_flag
+
 
 @dataclass(frozen=True, slots=True)
 class EnginePlugin:

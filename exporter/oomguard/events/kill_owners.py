@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from oomguard.sources.kubernetes.cgroup import pod_of
+from oomguard.kubelet_cgroups import pod_of
 
 REMEMBER_SECONDS = 120.0  # a process seen this recently may be the victim of a kill read now
 

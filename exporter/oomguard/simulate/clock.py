@@ -12,7 +12,7 @@ the real clock, and the drill's rules are scaled to match (bundle `time_scale`).
 from __future__ import annotations
 
 from oomguard.config import Config
-from oomguard.trend.analysis import TrendSettings
+from oomguard.model import TrendSettings
 
 
 def judged_seconds(seconds: float, time_scale: float, floor: float = 0.0) -> float:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
 
 from oomguard.simulate.scenarios import GIB, SCENARIOS
 
-if TYPE_CHECKING:
-    from oomguard.engines.base import Knobs
 
-
-def simulator_parser(description: str | None, knobs: Knobs | None = None) -> argparse.ArgumentParser:
+def simulator_parser(description: str | None, told: tuple[str, str] | None = None) -> argparse.ArgumentParser:
+    """`told`: the engine's reservation and tensor-parallel flags (its plugin's `knobs.told_flags`), or None."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
     parser.add_argument("--host", default="127.0.0.1")
@@ -25,12 +22,13 @@ def simulator_parser(description: str | None, knobs: Knobs | None = None) -> arg
         help="how many times the engine was restarted before [$OOMGUARD_SIM_LIFE]",
     )  # fmt: skip
     parser.add_argument("--gpu-total-bytes", type=int, default=80 * GIB)
-    # The engine's own reservation and tensor-parallel flags, as an orchestrator passes them (its plugin's `knobs`,
-    # Simulation.told_flags): taken and not used (the scenario's figures are served); there for the exporter, which
-    # reads them from the command line (its settings, the reservation while the engine loads).
-    if knobs is not None and knobs.reservation is not None and knobs.tensor_parallel_flag is not None:
-        parser.add_argument(knobs.reservation.flag, type=float, default=None)
-        parser.add_argument(knobs.tensor_parallel_flag, type=int, default=None)
+    # The engine's own reservation and tensor-parallel flags, as an orchestrator passes them (Simulation.told_args):
+    # taken and not used (the scenario's figures are served); there for the exporter, which reads them from the
+    # command line (its settings, the reservation while the engine loads).
+    if told is not None:
+        reservation, tensor_parallel = told
+        parser.add_argument(reservation, type=float, default=None)
+        parser.add_argument(tensor_parallel, type=int, default=None)
     parser.add_argument(
         "--foreign", type=float, default=float(os.environ.get("OOMGUARD_SIM_FOREIGN", "0")),
         help="share of GPU 0 another process holds at this launch [$OOMGUARD_SIM_FOREIGN]",

@@ -21,11 +21,10 @@ import time
 from pathlib import Path
 
 from oomguard.config import TargetConfig
-from oomguard.engines import ENGINES
 from oomguard.ports import free_port
+from oomguard.process_start import start_time
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from oomguard.simulate.scenarios import GPU_TOTAL_BYTES, IDLE_GPU_BYTES, SCENARIOS
-from oomguard.sources.processes import start_time
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +42,17 @@ class Simulation:
         gpus: int = 1,
         time_scale: float = 1.0,
         log_path: Path | None = None,
-        engine: str = "vllm",
+        engine: str,
+        simulator: str,
+        told: tuple[str, str] | None = None,
     ) -> None:
+        """`engine`: the simulated engine's name; `simulator`: its simulator's module (run as `python -m`); `told`:
+        the flags it is told its reservation and tensor-parallel size with. engines/simulation.py gives all three
+        from the engine's plugin."""
         self.scenario = SCENARIOS[scenario]
-        simulator = ENGINES[engine].simulator
-        if simulator is None:
-            raise ValueError(f"engine {engine!r} has no simulator")
         self.engine = engine
         self.simulator = simulator
+        self.told = told
         self.time_scale = time_scale
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -112,19 +114,14 @@ class Simulation:
         name = f"sim-{self.engine}"
         return TargetConfig(name=name, url=self.url, engine=self.engine, gpus=self.gpus, logs=logs)
 
-    def told_flags(self) -> list[str]:
+    def told_args(self) -> list[str]:
         """The engine's reservation (a share of each GPU's total) and its tensor-parallel size on its command line,
-        as its orchestrator passes them, where the engine takes both (its plugin's `knobs`): the simulated engine's
-        command line carries the scenario's (engine_args.py)."""
-        knobs = ENGINES[self.engine].knobs
-        if knobs.reservation is None or knobs.tensor_parallel_flag is None:
+        as its orchestrator passes them, where the engine takes both: the simulated engine's command line carries
+        the scenario's (engine_args.py)."""
+        if self.told is None:
             return []
-        return [
-            knobs.reservation.flag,
-            str(self.scenario.gpu_memory_utilization),
-            knobs.tensor_parallel_flag,
-            str(self.scenario.gpus),
-        ]
+        reservation, tensor_parallel = self.told
+        return [reservation, str(self.scenario.gpu_memory_utilization), tensor_parallel, str(self.scenario.gpus)]
 
     async def start(self) -> None:
         self._task = asyncio.ensure_future(self._supervise())
@@ -149,7 +146,7 @@ class Simulation:
                     str(self.time_scale),
                     "--gpu-total-bytes",
                     str(self.gpu_total),
-                    *self.told_flags(),
+                    *self.told_args(),
                     # The life number goes in the environment: the command line must stay the same
                     # across restarts, as an orchestrator's does (restarts are recognised by it).
                     env={**os.environ, "OOMGUARD_SIM_LIFE": str(self.restarts), "OOMGUARD_SIM_FOREIGN": str(foreign)},

@@ -12,9 +12,12 @@ scenarios and `tp-skew`); what still moves is the little beyond it.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from oomguard.excerpt import LIMIT
 
 GIB = 1024**3
 GPU_TOTAL_BYTES = 80 * GIB  # each simulated GPU: an H100 80GB
@@ -356,3 +359,11 @@ ALIASES = {
 }
 NAMES = tuple(SCENARIOS)  # the names to list (SCENARIOS holds the aliases too)
 SCENARIOS.update({old: SCENARIOS[new] for old, new in ALIASES.items()})
+
+
+def check_scenario(name: str) -> None:
+    """The simulation's `scenario:` (config_file.py): a scenario's name or an old name of one."""
+    if name not in SCENARIOS:
+        close = difflib.get_close_matches(name, list(SCENARIOS), n=1) if len(name) <= LIMIT else []
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"unknown scenario {name!r}; {hint}choose one of: {', '.join(NAMES)}")

@@ -14,16 +14,13 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
+from oomguard.process_start import start_time
 from oomguard.simulate.engine_args import simulator_parser
 from oomguard.simulate.scenarios import SCENARIOS, Scenario
-from oomguard.sources.processes import start_time
-
-if TYPE_CHECKING:
-    from oomguard.engines.base import Knobs
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # How often, in simulated seconds, a serving engine's `while_serving` is called.
@@ -84,13 +81,13 @@ def run_simulator(
     serve: Callable[[SimulatedEngine], Coroutine[Any, Any, int]],
     description: str | None,
     argv: list[str] | None,
-    knobs: Knobs | None = None,
+    told: tuple[str, str] | None = None,
 ) -> int:
-    """The simulator's `main`: parses the runner's command line (engine_args.py; `knobs`: the engine's plugin's,
-    whose flags it is told) and serves one life."""
+    """The simulator's `main`: parses the runner's command line (engine_args.py; `told`: the engine's reservation
+    and tensor-parallel flags, its plugin's `knobs.told_flags`) and serves one life."""
 
     async def life() -> int:
-        engine = SimulatedEngine(simulator_parser(description, knobs).parse_args(argv))
+        engine = SimulatedEngine(simulator_parser(description, told).parse_args(argv))
         try:
             return await serve(engine)
         finally:

@@ -17,7 +17,8 @@ import pytest
 from aiohttp import web
 from support import FIXTURES, fixture_body, value
 
-from oomguard.config import TargetConfig, load_config
+from oomguard.config import TargetConfig
+from oomguard.config_file import load_config
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeNvml
 from oomguard.sources.targets import TargetScraper

@@ -13,15 +13,15 @@ import pytest
 from simulated_engines import counts_after_stop, http_get, log_events, run_life
 from support import samples, value
 
-from oomguard.config import load_config
+from oomguard.config_file import load_config
 from oomguard.engines.llamacpp.reader import LlamaCppReader
 from oomguard.engines.llamacpp.simulator import SLOTS, llamacpp_metrics_text, processing_deferred, slots_body
 from oomguard.engines.llamacpp.slots import kv_usage_ratio
 from oomguard.events.catalogue import load_catalogue
+from oomguard.process_start import start_time
 from oomguard.promtext import FamilyExtractor
 from oomguard.runtime import Runtime
 from oomguard.simulate.scenarios import SCENARIOS
-from oomguard.sources.processes import start_time
 from oomguard.web import make_app
 
 QUICK = SCENARIOS["overcommit-quick"]  # 2 simulated minutes of load, dies 12.3 minutes after launch

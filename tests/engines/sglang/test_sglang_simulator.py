@@ -9,7 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from oomguard.config import ConfigError, load_config
+from oomguard.config import ConfigError
+from oomguard.config_file import load_config
 from oomguard.engines import ENGINE_NAMES, ENGINES
 from oomguard.engines.sglang.reader import SglangReader
 from oomguard.engines.sglang.simulator import sglang_metrics_text

@@ -11,7 +11,7 @@ import pytest
 from simulated_engines import came_back_up, counts_after_stop, http_get, log_events, run_life
 from support import value
 
-from oomguard.config import load_config
+from oomguard.config_file import load_config
 from oomguard.engines.tgi.reader import TgiReader
 from oomguard.engines.tgi.simulator import max_total_tokens, tgi_metrics_text
 from oomguard.exposition import render

@@ -12,15 +12,15 @@ import pytest
 from simulated_engines import came_back_up, counts_after_stop, http_get, log_events, run_life
 from support import value
 
-from oomguard.config import load_config
+from oomguard.config_file import load_config
 from oomguard.engines.triton.reader import TritonReader
 from oomguard.engines.triton.simulator import kv_blocks, triton_metrics_text
 from oomguard.exposition import render
 from oomguard.model import EngineReading
+from oomguard.process_start import start_time
 from oomguard.promtext import FamilyExtractor
 from oomguard.runtime import Runtime
 from oomguard.simulate.scenarios import GIB, SCENARIOS, EngineFigures, Scenario
-from oomguard.sources.processes import start_time
 
 QUICK = SCENARIOS["overcommit-quick"]  # dies 12.3 simulated minutes in: 7.4 s at 100x
 TOTAL = 80 * GIB

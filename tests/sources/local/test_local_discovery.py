@@ -15,7 +15,7 @@ import pytest
 from local_engines import StubVllm, free_port, vllm_stub, wait_listening
 from support import samples
 
-from oomguard.config import load_config
+from oomguard.config_file import load_config
 from oomguard.exposition import render
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from oomguard.cli import main
-from oomguard.config import ConfigError, load_config
+from oomguard.config import ConfigError
+from oomguard.config_file import load_config
 from oomguard.describe import describe
 
 

@@ -145,7 +145,7 @@ async def serve(engine: SimulatedEngine) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_simulator(serve, __doc__, argv, PLUGIN.knobs)
+    return run_simulator(serve, __doc__, argv, PLUGIN.knobs.told_flags)
 
 
 if __name__ == "__main__":

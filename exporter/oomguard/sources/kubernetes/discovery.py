@@ -25,7 +25,7 @@ from oomguard.events.registry import pod_log
 from oomguard.events.runner import EventRunner
 from oomguard.events.source import POSITIONS
 from oomguard.model import Event, NvmlReading, ProcessTree, TargetReading
-from oomguard.sources import processes
+from oomguard.process_start import start_time
 from oomguard.sources.kubernetes import cgroup
 from oomguard.sources.kubernetes.api import ApiClient, ApiError, connect
 from oomguard.sources.kubernetes.pods import PodTarget, pod_target, timestamp
@@ -273,7 +273,7 @@ def _trees(pids: set[int], proc_dir: str, pods: dict[str, str]) -> dict[str, Pro
             by_target.setdefault(pods[uid], []).append(pid)
     out = {}
     for name, mine in by_target.items():
-        starts = [s for pid in mine if (s := processes.start_time(pid)) is not None] if proc_dir == "/proc" else []
+        starts = [s for pid in mine if (s := start_time(pid)) is not None] if proc_dir == "/proc" else []
         out[name] = ProcessTree(
             root_pid=min(mine),
             pids=frozenset(mine),

@@ -29,6 +29,7 @@ from oomguard.engines import ENGINES
 from oomguard.engines.cmdline import Cmdline, Settings
 from oomguard.model import ProcessTree, TargetReading
 from oomguard.ports import url_port
+from oomguard.process_start import start_time
 from oomguard.sources.local.cmdline import (
     EngineProcess,
     environ,
@@ -37,7 +38,6 @@ from oomguard.sources.local.cmdline import (
     is_engine,
     wanted_port,
 )
-from oomguard.sources.processes import start_time
 
 Life = tuple[str, int, float]  # (engine, root pid, start time)
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")

@@ -1,0 +1,27 @@
+"""The exporter's configuration file, read and checked whole: its shape (config.py), then each part's own section
+with that part's knowledge (the engine plugins their names, the simulation its scenarios and simulated engines,
+the event catalogue its patterns). Everything that reads a configuration reads it here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from oomguard.config import ENGINE, PATTERN, SCENARIO, SIMULATED_ENGINE, Config, PartChecks, parse_config
+from oomguard.engines import check_engine, check_simulated_engine
+from oomguard.events.catalogue import check_patterns
+from oomguard.simulate.scenarios import check_scenario
+
+CHECKS: PartChecks = {
+    ENGINE: check_engine,
+    SIMULATED_ENGINE: check_simulated_engine,
+    SCENARIO: check_scenario,
+    PATTERN: lambda entry: check_patterns([entry]),
+}
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read `path` (if any), apply `overrides` (dotted keys), validate everything; a ConfigError names the key
+    and the fix."""
+    return parse_config(path, overrides, checks=CHECKS)

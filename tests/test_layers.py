@@ -1,0 +1,93 @@
+"""The package's rooms stand on floors, and no import runs back up one (docs/architecture.md, "Layers").
+
+A room is a top-level module or package of `oomguard` (`config.py`, `engines/`, `events/`...). Its imports of
+other rooms are read from the source, every import counted: at module level, in a function, under
+TYPE_CHECKING (a type named there is a dependency all the same). The rooms must form no cycle; each room's
+floor is one above the highest room it imports. The floors are printed, to be compared with the doc.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+import pytest
+
+import oomguard
+
+PACKAGE = Path(oomguard.__file__).parent
+
+
+def room_of(module: str) -> str | None:
+    """`oomguard.events.runner` -> `events`; the package itself (its `__version__`) is no room."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "oomguard" else None
+
+
+def is_room(name: str) -> bool:
+    """A module or package of its own (not a name of the package's, as `__version__`)."""
+    return (PACKAGE / name).is_dir() or (PACKAGE / f"{name}.py").is_file()
+
+
+def imports() -> dict[str, dict[str, set[str]]]:
+    """room -> the rooms it imports -> the modules' imports that make each arrow (for the error)."""
+    arrows: dict[str, dict[str, set[str]]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        here = room_of(module)
+        if here is None:
+            continue
+        arrows.setdefault(here, {})
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                named = [node.module] if node.module != "oomguard" else [f"oomguard.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                named = [a.name for a in node.names]
+            else:
+                continue
+            for name in named:
+                there = room_of(name)
+                if there is not None and there != here and is_room(there):
+                    arrows[here].setdefault(there, set()).add(f"{module} imports {name}")
+    return arrows
+
+
+def floors(arrows: dict[str, dict[str, set[str]]]) -> dict[str, int]:
+    """Each room's floor: 0 for a room that imports no other, else one above the highest it imports. Raises
+    naming a cycle's arrows when there is one."""
+    floor: dict[str, int] = {}
+    visiting: list[str] = []
+
+    def visit(room: str) -> int:
+        if room in floor:
+            return floor[room]
+        if room in visiting:
+            cycle = [*visiting[visiting.index(room) :], room]
+            steps = [sorted(arrows[a][b])[0] for a, b in itertools.pairwise(cycle)]
+            pytest.fail("an import runs back up a floor: " + " -> ".join(cycle) + "\n  " + "\n  ".join(steps))
+        visiting.append(room)
+        floor[room] = 1 + max((visit(other) for other in arrows.get(room, {})), default=-1)
+        visiting.pop()
+        return floor[room]
+
+    for room in sorted(arrows):
+        visit(room)
+    return floor
+
+
+def test_no_import_runs_back_up_a_floor() -> None:
+    found = floors(imports())
+    by_floor: dict[int, list[str]] = {}
+    for room, level in found.items():
+        by_floor.setdefault(level, []).append(room)
+    for level in sorted(by_floor):
+        print(f"floor {level}: {', '.join(sorted(by_floor[level]))}")
+    assert found["model"] == 0  # plain data at the bottom
+    assert found["config"] <= 1  # plain data on the leaves: the parts check their own sections
+
+
+def test_a_cycle_is_found_and_named() -> None:
+    """The check itself: two rooms importing each other fail it, naming the arrows."""
+    with pytest.raises(pytest.fail.Exception, match="a -> b -> a"):
+        floors({"a": {"b": {"oomguard.a.x imports oomguard.b"}}, "b": {"a": {"oomguard.b.y imports oomguard.a"}}})
