@@ -91,3 +91,10 @@ def test_a_cycle_is_found_and_named() -> None:
     """The check itself: two rooms importing each other fail it, naming the arrows."""
     with pytest.raises(pytest.fail.Exception, match="a -> b -> a"):
         floors({"a": {"b": {"oomguard.a.x imports oomguard.b"}}, "b": {"a": {"oomguard.b.y imports oomguard.a"}}})
+
+
+def test_pod_discovery_reaches_the_event_runner_through_one_door() -> None:
+    """sources/ imports of events/ are `events/kubernetes.py` only (`PodEvents`, the API's times): the rest of
+    the event machinery (the runner, the registry, the sources' protocol) is behind it (docs/architecture.md)."""
+    arrows = imports()["sources"]["events"]
+    assert {arrow.split(" imports ")[1] for arrow in arrows} == {"oomguard.events.kubernetes"}, sorted(arrows)

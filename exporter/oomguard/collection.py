@@ -25,9 +25,8 @@ from oomguard.sources.registry import SourceRegistry
 from oomguard.sources.target_set import TargetSet
 from oomguard.trend.sampler import TrendTracker
 
-# The `source` label of oomguard_source_success of the steps that complete the targets' readings.
-POD_PROCESSES = "pod_processes"  # discovered pods' processes on the GPUs, from /proc cgroups (sources/kubernetes/)
-SETTINGS = "settings"  # local engines' settings from their command lines (sources/local/settings.py)
+# The `source` label of oomguard_source_success of the local engines' settings from their command lines.
+SETTINGS = "settings"
 
 
 class Collection:
@@ -45,8 +44,8 @@ class Collection:
         | None = None,
         settings: SettingsReader | None = None,
     ) -> None:
-        """`attribute`: gives discovered pods their processes on the GPUs (sources/kubernetes/); `settings`:
-        gives local targets their engine's settings from their process's command line (sources/local/)."""
+        """`attribute`: gives discovered targets their pod and its processes on the GPUs (sources/kubernetes/);
+        `settings`: gives local targets their engine's settings from their process's command line (sources/local/)."""
         self.registry = registry
         self.session = session
         self.nvml = nvml
@@ -75,9 +74,9 @@ class Collection:
             self.registry.run("nvml", self._read_nvml(), ok=lambda r: r.up) if self.nvml else _none(),
         )
         targets = tuple(targets or ())
-        # Each a source like the others: timed, its success recorded; a failure leaves the readings as they were.
-        if self.attribute is not None:
-            targets = await self.registry.run(POD_PROCESSES, self.attribute(nvml, targets)) or targets
+        if self.attribute is not None:  # its /proc reads are a source of their own (pod_processes); never raises
+            targets = await self.attribute(nvml, targets)
+        # A source like the others: timed, its success recorded; a failure leaves the readings as they were.
         if self.settings is not None:
             targets = await self.registry.run(SETTINGS, self.settings.add(targets)) or targets
         memory = join_targets(nvml, targets)

@@ -115,6 +115,39 @@ class ProcessTree:
     cmdline: tuple[str, ...] = ()
 
 
+# -- a discovered pod -------------------------------------------------------------------------
+OOM_EXIT_CODE = 137  # SIGKILL: what an OOM kill leaves where the runtime does not say OOMKilled
+
+
+@dataclass(frozen=True, slots=True)
+class Termination:
+    """A pod's engine container's last end (`lastState.terminated`)."""
+
+    container_id: str
+    reason: str
+    exit_code: int | None
+    finished_at: float | None  # Unix time
+
+    @property
+    def oom_killed(self) -> bool:
+        return self.reason == "OOMKilled" or self.exit_code == OOM_EXIT_CODE
+
+    @property
+    def key(self) -> str:
+        """Tells one end from the next (a new container ID, or a new finish time)."""
+        return f"{self.container_id}@{self.finished_at}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    """Which pod a discovered target is, as its series are labelled, and what its probes allow."""
+
+    namespace: str
+    name: str
+    container: str  # the engine's container
+    probe_grace_seconds: float | None = None  # its probes: the time from its start to the first possible kill
+
+
 # -- a target as the background services see it --------------------------------------------
 @dataclass(frozen=True, slots=True)
 class TargetView:
@@ -163,11 +196,7 @@ class TargetReading:
     restarts_total: int = 0
     last_restart_at: float | None = None
     startup_seconds: float | None = None  # the last start we watched, launch to first /health 200
-    # A target discovered in Kubernetes: its pod, and the engine's container (empty for a configured target).
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
-    probe_grace_seconds: float | None = None  # the pod's probes: the time before the first possible kill
+    pod: PodRef | None = None  # a target discovered in Kubernetes: its pod; None for a configured target
     # The engine's settings parsed from its local process's command line (engines/<name>/cmdline.py), by name.
     settings: dict[str, EngineSetting] = field(default_factory=dict)
 

@@ -30,6 +30,7 @@ from oomguard import __version__
 from oomguard.collection import Collection
 from oomguard.config import Config, TargetConfig
 from oomguard.engines.simulation import simulation
+from oomguard.events.kubernetes import PodEvents
 from oomguard.events.runner import EventRunner
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
 from oomguard.simulate.runner import Simulation
@@ -140,7 +141,9 @@ class Runtime:
         # Reads the saved state file: not on the event loop.
         events = self._events = await asyncio.to_thread(partial(EventRunner, config, nvml=lib))
         discovery = self.discovery = (
-            KubernetesDiscovery(config, registry=self.registry, targets=targets, events=events)
+            KubernetesDiscovery(
+                config, registry=self.registry, targets=targets, pod_events=PodEvents(events, config.events)
+            )
             if config.kubernetes is not None
             else None
         )

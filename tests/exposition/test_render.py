@@ -26,6 +26,7 @@ from oomguard.model import (
     GpuReading,
     ModelReading,
     NvmlReading,
+    PodRef,
     ProcessTree,
     Snapshot,
     SourceResult,
@@ -83,7 +84,7 @@ def busy_snapshot() -> Snapshot:
                 restarts_total=3,
                 last_restart_at=1.7e9 + 3600,
                 startup_seconds=95.5,
-                probe_grace_seconds=65.0,
+                pod=PodRef("llm", "vllm-0", "vllm", probe_grace_seconds=65.0),
                 figures_read={"kv_cache_usage": True, "preemptions": False},
                 settings={
                     "max_num_seqs": EngineSetting(256.0, "flag"),
@@ -146,7 +147,7 @@ def test_busy_snapshot_fills_most_metrics() -> None:
 
 def test_a_discovered_targets_series_carry_its_pod_and_the_others_empty_ones() -> None:
     pod = TargetReading("llm/vllm-0", "vllm", "http://10.1.2.3:8000", (), True, "up", 0.01,
-                        namespace="llm", pod="vllm-0", container="vllm", probe_grace_seconds=65.0)  # fmt: skip
+                        pod=PodRef("llm", "vllm-0", "vllm", probe_grace_seconds=65.0))  # fmt: skip
     static = TargetReading("static", "vllm", "http://127.0.0.1:8000", (), True, "up", 0.01)
     text = render(Snapshot(nvml=None, targets=(pod, static), sources={}, collected_at=1.7e9)).decode()
     assert 'oomguard_target_up{container="vllm",namespace="llm",pod="vllm-0",target="llm/vllm-0"} 1.0' in text

@@ -6,9 +6,9 @@ import kubernetes_validate
 import objects
 import pytest
 
+from oomguard.events.kubernetes import probe_kind
 from oomguard.kubelet_cgroups import pod_of
 from oomguard.sources.kubernetes.cgroup import attribute
-from oomguard.sources.kubernetes.discovery import probe_kind
 from oomguard.sources.kubernetes.pods import container_settings, pod_target
 from oomguard.sources.kubernetes.probes import grace_seconds
 

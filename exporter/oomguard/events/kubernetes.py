@@ -1,19 +1,47 @@
 """What the Kubernetes API says of a discovered pod's engine container, as events of its target.
 
-Fed by the discovery (sources/kubernetes/discovery.py) on the event loop, taken by the runner's poll
-in its thread: a container that ended OOMKilled (or with exit code 137), and the pod's Events of a
-failed liveness or startup probe (`Unhealthy`) and of the kill that follows (`Killing`). Its state is
-the last termination counted, so that a restarted exporter does not count it again.
+`PodEvents` is the one door between pod discovery (sources/kubernetes/discovery.py) and the event runner: the
+discovery tells it, on the event loop, which pods are targets and what the API said of them (a pod object, a
+kubelet Event); it makes each pod's event sources (`PodApiEvents`, and its engine container's log) and gives them
+to the runner. What the API says becomes events there: a container that ended OOMKilled (or with exit code 137),
+a failed liveness or startup probe (a kubelet Event `Unhealthy`) and the kill that follows (`Killing`), each
+taken by the runner's poll in its thread. The state saved is the last termination counted, so that a restarted
+exporter does not count it again.
 """
 
 from __future__ import annotations
 
+import re
 import threading
-from typing import Any
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
-from oomguard.events.kinds import KUBERNETES_EVENT_KINDS
+from oomguard.config import EventsConfig, TargetConfig
+from oomguard.events.kinds import CONTAINER_OOM_KILLED, KUBERNETES_EVENT_KINDS, PROBE_FAILURE, PROBE_KILL
+from oomguard.events.registry import pod_log
 from oomguard.events.source import POSITIONS, source_health
-from oomguard.model import Event, EventSourceHealth, ReadStats
+from oomguard.model import Event, EventSourceHealth, ReadStats, Termination
+
+if TYPE_CHECKING:
+    from oomguard.events.runner import EventRunner
+
+Obj = dict[str, Any]  # an API object as JSON
+# The kubelet's messages: `Liveness probe failed: ...`, `Container vllm failed startup probe, will be restarted`.
+_PROBE_FAILED = re.compile(r"^(Liveness|Startup) probe failed", re.IGNORECASE)
+_PROBE_KILLED = re.compile(r"failed (liveness|startup) probe", re.IGNORECASE)
+_FIELD_CONTAINER = re.compile(r"spec\.(?:initC|c)ontainers\{(.+)\}")
+
+
+def probe_kind(event: Obj) -> str | None:
+    """The event kind of a kubelet Event of a pod (PROBE_FAILURE, PROBE_KILL), or None."""
+    reason, message = event.get("reason", ""), event.get("message", "")
+    if reason == "Unhealthy" and _PROBE_FAILED.search(message):
+        return PROBE_FAILURE
+    if reason == "Killing" and _PROBE_KILLED.search(message):
+        return PROBE_KILL
+    return None
 
 
 class PodApiEvents:
@@ -46,3 +74,119 @@ class PodApiEvents:
 
     def close(self) -> list[Event]:
         return self.poll(0.0)
+
+
+@dataclass
+class _Pod:
+    namespace: str
+    name: str
+    uid: str
+    container: str  # the engine's
+    api: PodApiEvents
+
+
+class PodEvents:
+    """The discovered pods' events, for the discovery: which pods, what their objects and the kubelet's Events say.
+
+    Called on the event loop, but for `follow` and `unfollow`, which close and open files: in a worker thread."""
+
+    def __init__(self, runner: EventRunner, config: EventsConfig) -> None:
+        self._runner = runner
+        self._config = config
+        self._pods: dict[str, _Pod] = {}  # by target name
+        self._counts: dict[str, tuple[str, int]] = {}  # kubelet Event UID -> (its namespace, its count) as last seen
+        self._listed_in: set[str | None] = set()  # the scopes (a namespace, None: all) whose Events were listed
+
+    # -- pods ---------------------------------------------------------------------------------------------------
+    def add(
+        self, target: str, *, namespace: str, name: str, uid: str, container: str, ended: Termination | None,
+        watched: bool,
+    ) -> None:  # fmt: skip
+        """A pod that became a target. `watched`: the pods were listed before it came (its end, if any, happened
+        while we watched); else its last end may have been counted before the exporter started: a baseline."""
+        source = f"k8s-api:{target}"
+        api = PodApiEvents(target, source, self._runner.saved.of(target, source).get(POSITIONS))
+        if api.last_termination is None and not watched and ended is not None:
+            api.last_termination = ended.key
+        self._pods[target] = _Pod(namespace, name, uid, container, api)
+
+    def update(self, target: str, *, uid: str, container: str, ended: Termination | None) -> None:
+        """The pod's object as it is now: a new end of its engine container is counted once (OOMKilled or 137)."""
+        pod = self._pods[target]
+        pod.uid, pod.container = uid, container
+        if ended is not None and ended.key != pod.api.last_termination:
+            pod.api.last_termination = ended.key
+            if ended.oom_killed:
+                pod.api.push(Event(CONTAINER_OOM_KILLED, ended.finished_at or time.time()))
+
+    def remove(self, target: str) -> None:
+        """The pod is no target any more (then `unfollow` it)."""
+        self._pods.pop(target, None)
+
+    def follow(self, target: str, config: TargetConfig, *, from_start: bool) -> None:
+        """The pod's event sources given to the runner: its API events and its engine container's log under
+        events.k8s_pods_dir (blocking: a replaced pod's old log is closed, read to its end)."""
+        pod = self._pods[target]
+        log = pod_log(
+            config, self._config, self._runner.saved, (pod.namespace, pod.name, pod.uid, pod.container),
+            from_start=from_start,
+        )  # fmt: skip
+        self._runner.set_sources(target, [pod.api, log])
+
+    def unfollow(self, target: str) -> None:
+        """The target's sources closed, what they held counted (blocking)."""
+        self._runner.set_sources(target, [])
+
+    # -- the kubelet's Events of pods ---------------------------------------------------------------------------
+    def events_listed(self, items: list[Obj], namespace: str | None) -> None:
+        """A list of a scope's Events: it replaces what that scope knew; the first is only a baseline (those Events
+        may be counted already), a later one counts what they gained while the watch was down."""
+        relist = namespace in self._listed_in
+        counts = {u: c for u, c in self._counts.items() if namespace is not None and c[0] != namespace}
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            if relist:
+                self._count(obj, self._before(meta.get("uid", "")))
+            counts[meta.get("uid", "")] = (meta.get("namespace", ""), _count(obj))
+        self._counts = counts
+        self._listed_in.add(namespace)
+
+    def event(self, kind: str, obj: Obj) -> None:
+        """One change of an Event from the watch: its count's growth is counted."""
+        uid = (obj.get("metadata") or {}).get("uid", "")
+        if kind == "DELETED":
+            self._counts.pop(uid, None)
+            return
+        self._count(obj, self._before(uid))
+        self._counts[uid] = ((obj.get("metadata") or {}).get("namespace", ""), _count(obj))
+
+    def _before(self, uid: str) -> int:
+        return self._counts.get(uid, ("", 0))[1]
+
+    def _count(self, obj: Obj, before: int) -> None:
+        new = _count(obj) - before
+        if new <= 0 or (kind := probe_kind(obj)) is None:
+            return
+        involved = obj.get("involvedObject") or {}
+        pod = next((p for p in self._pods.values() if p.uid == involved.get("uid")), None)
+        if pod is None:
+            return
+        field = _FIELD_CONTAINER.match(involved.get("fieldPath", ""))
+        if field and field.group(1) != pod.container:
+            return  # another container's probe
+        at = timestamp(obj.get("lastTimestamp") or obj.get("eventTime")) or time.time()
+        pod.api.push(Event(kind, at, count=new))
+
+
+def _count(event: Obj) -> int:
+    return int(event.get("count") or (event.get("series") or {}).get("count") or 1)
+
+
+def timestamp(value: str | None) -> float | None:
+    """An API time (RFC 3339, `2026-01-02T03:04:05Z`) as Unix time."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -25,7 +25,7 @@ _DECLARED = frozenset(METRICS)
 
 def families(snapshot: Snapshot, *, keep_samples: bool = False) -> Exposition:
     """The snapshot's samples, written; `keep_samples` also keeps them as numbers (Exposition.metric_families)."""
-    pods = {t.name: (t.namespace, t.pod, t.container) for t in snapshot.targets if t.pod}
+    pods = {t.name: (t.pod.namespace, t.pod.name, t.pod.container) for t in snapshot.targets if t.pod}
     out = Exposition(METRICS, _DECLARED, pods, keep_samples=keep_samples)
     health.add_exporter(out, snapshot)
     if snapshot.nvml is not None and "nvml" in snapshot.sources:

@@ -222,7 +222,7 @@ def add(out: Exposition, snapshot: Snapshot) -> None:
         out.add(TARGET_RESTARTS, (target.name,), float(target.restarts_total))
         out.add(TARGET_LAST_RESTART_TIMESTAMP_SECONDS, (target.name,), target.last_restart_at)
         out.add(TARGET_STARTUP_SECONDS, (target.name,), target.startup_seconds)
-        out.add(TARGET_PROBE_GRACE_SECONDS, (target.name,), target.probe_grace_seconds)
+        out.add(TARGET_PROBE_GRACE_SECONDS, (target.name,), target.pod.probe_grace_seconds if target.pod else None)
     if HOST in kinds_of:
         host = snapshot.events.get(HOST, Counts())
         for kind in sorted(kinds_of[HOST] | host.total.keys()):

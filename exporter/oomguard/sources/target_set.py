@@ -2,7 +2,7 @@
 
 The configured targets are in it from the start. Local discovery (sources/local/) and pod discovery
 (sources/kubernetes/) add, remove and retarget theirs through it, and tell it what they learn of a target (a
-new container, its pod); the event poller gives it the engines' starts read in their logs. The collection
+new container, its pod's UID); the event poller gives it the engines' starts read in their logs. The collection
 scrapes its scrapers; the trend sampler reads its views (`model.TargetView`); the kernel log's attribution
 reads whose processes and pods each target has. Everything here runs on the event loop: a change is whole
 between two awaits, so a collection or a tick sees the set before a change or after it.
@@ -11,14 +11,10 @@ between two awaits, so a collection or a tick sees the set before a change or af
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
 
 from oomguard.config import TargetConfig
 from oomguard.model import ProcessTree, TargetView
 from oomguard.sources.targets import TargetScraper
-
-if TYPE_CHECKING:
-    from oomguard.sources.kubernetes.pods import PodTarget
 
 
 class TargetSet:
@@ -26,6 +22,7 @@ class TargetSet:
         """`make_scraper`: a target's scraper from its configuration (the runtime's: timeouts, limits, finder)."""
         self._make = make_scraper
         self._by_name: dict[str, TargetScraper] = {}  # in the order added: the exposition's order
+        self._pod_uids: dict[str, str] = {}  # a discovered pod's UID, by target name
         for config in configs:
             self.add(config)
 
@@ -52,6 +49,7 @@ class TargetSet:
     def remove(self, name: str) -> None:
         """Gone, with its counts (a target that comes back starts from zero, as a new series would)."""
         self._by_name.pop(name, None)
+        self._pod_uids.pop(name, None)
 
     def retarget(self, name: str, config: TargetConfig) -> None:
         """The target at a new address (a pod replaced under its name): its counts go on, the new process is
@@ -63,9 +61,9 @@ class TargetSet:
         down."""
         self._by_name[name].ever_up = False
 
-    def set_pod(self, name: str, pod: PodTarget) -> None:
-        """The pod a discovered target is: its labels, probes and the kubelet's restart count go on its readings."""
-        self._by_name[name].pod = pod
+    def set_pod_uid(self, name: str, uid: str) -> None:
+        """The pod a discovered target is: a kernel OOM kill in its cgroup is its own (`owners`)."""
+        self._pod_uids[name] = uid
 
     def log_start(self, name: str, at: float, pid: int | None) -> None:
         """An engine's start read in its log (a life that never serves is seen nowhere else); a target gone since
@@ -102,4 +100,4 @@ class TargetSet:
         whose a kernel OOM kill may be (events/kill_owners.py)."""
         for name, s in self._by_name.items():
             tree = found.get(s.port) if s.finder is not None else None
-            yield name, tree.pids if tree is not None else frozenset(), s.pod.uid if s.pod is not None else None
+            yield name, tree.pids if tree is not None else frozenset(), self._pod_uids.get(name)

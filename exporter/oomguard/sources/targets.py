@@ -16,7 +16,6 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -29,9 +28,6 @@ from oomguard.model import ERROR_KINDS, VALUE_REJECT_REASONS, EngineReading, Pro
 from oomguard.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits
 from oomguard.sources.processes import ProcessFinder
 from oomguard.sources.restarts import ANNOUNCE_WINDOW, RestartTracker
-
-if TYPE_CHECKING:
-    from oomguard.sources.kubernetes.pods import PodTarget
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +58,6 @@ class TargetScraper:
         """`time_scale`: the simulation's (simulate/clock.py); the windows and back-offs judged here run on it."""
         self.config = config
         self.name = config.label
-        # A discovered pod (sources/kubernetes/): its labels, probes and restarts come from the pod object.
-        self.pod: PodTarget | None = None
         self.engine = ENGINES[config.engine].reader()
         self.fetch_reservation = ENGINES[config.engine].reservation
         # The reservation fetched apart from /metrics, and the life (restart count) it belongs to.
@@ -135,12 +129,6 @@ class TargetScraper:
             reading = await self._with_reservation(session, reading)
         figures = figures_read(ENGINES[self.config.engine].figures, reading) if reading is not None else {}
         self._log_error(error_kind, error)
-        pod = self.pod
-        restarts_total, last_restart_at = self.restarts.restarts_total, self.restarts.last_restart_at
-        if pod is not None:  # the kubelet's count: it sees every life, even one killed before its first line
-            restarts_total = pod.restart_count
-            ended = pod.last_termination
-            last_restart_at = ended.finished_at if ended and ended.finished_at else last_restart_at
         return TargetReading(
             name=self.name,
             engine=self.config.engine,
@@ -158,13 +146,9 @@ class TargetScraper:
             errors_total=dict(self.errors_total),
             values_rejected_total=dict(self.values_rejected_total),
             figures_read=figures,
-            restarts_total=restarts_total,
-            last_restart_at=last_restart_at,
+            restarts_total=self.restarts.restarts_total,
+            last_restart_at=self.restarts.last_restart_at,
             startup_seconds=self.restarts.startup_seconds,
-            namespace=pod.namespace if pod else "",
-            pod=pod.name if pod else "",
-            container=pod.container if pod else "",
-            probe_grace_seconds=pod.probe_grace_seconds if pod else None,
         )
 
     def _log_error(self, error_kind: str, error: str) -> None:

@@ -12,23 +12,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from oomguard.config import Config, TargetConfig
-from oomguard.events.kinds import CONTAINER_OOM_KILLED, PROBE_FAILURE, PROBE_KILL
-from oomguard.events.kubernetes import PodApiEvents
-from oomguard.events.registry import pod_log
-from oomguard.events.runner import EventRunner
-from oomguard.events.source import POSITIONS
-from oomguard.model import Event, NvmlReading, ProcessTree, TargetReading
+from oomguard.events.kubernetes import PodEvents
+from oomguard.model import NvmlReading, ProcessTree, TargetReading
 from oomguard.process_start import start_time
 from oomguard.sources.kubernetes import cgroup
 from oomguard.sources.kubernetes.api import ApiClient, ApiError, connect
-from oomguard.sources.kubernetes.pods import PodTarget, pod_target, timestamp
+from oomguard.sources.kubernetes.pods import PodTarget, pod_target
 from oomguard.sources.kubernetes.watch import ListWatch, Obj
 from oomguard.sources.registry import SourceRegistry
 from oomguard.sources.target_set import TargetSet
@@ -36,26 +30,7 @@ from oomguard.sources.target_set import TargetSet
 log = logging.getLogger(__name__)
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 SOURCE = "kubernetes"  # the `source` label of oomguard_source_success
-# The kubelet's messages: `Liveness probe failed: ...`, `Container vllm failed startup probe, will be restarted`.
-_PROBE_FAILED = re.compile(r"^(Liveness|Startup) probe failed", re.IGNORECASE)
-_PROBE_KILLED = re.compile(r"failed (liveness|startup) probe", re.IGNORECASE)
-_FIELD_CONTAINER = re.compile(r"spec\.(?:initC|c)ontainers\{(.+)\}")
-
-
-@dataclass
-class _Known:
-    pod: PodTarget
-    api: PodApiEvents
-
-
-def probe_kind(event: Obj) -> str | None:
-    """The event kind of a kubelet Event of a pod (PROBE_FAILURE, PROBE_KILL), or None."""
-    reason, message = event.get("reason", ""), event.get("message", "")
-    if reason == "Unhealthy" and _PROBE_FAILED.search(message):
-        return PROBE_FAILURE
-    if reason == "Killing" and _PROBE_KILLED.search(message):
-        return PROBE_KILL
-    return None
+PROCESSES = "pod_processes"  # the source label of the attribution of NVML's pids to pods (/proc cgroups)
 
 
 class KubernetesDiscovery:
@@ -65,23 +40,21 @@ class KubernetesDiscovery:
         *,
         registry: SourceRegistry,
         targets: TargetSet,
-        events: EventRunner,
+        pod_events: PodEvents,
     ) -> None:
         assert config.kubernetes is not None
         self.config = config
         self.k8s = config.kubernetes
         self.registry = registry
         self.targets = targets
-        self.events = events
+        self.pod_events = pod_events
         self.static = {t.label for t in config.targets}
-        self.known: dict[str, _Known] = {}  # by target name
+        self.known: dict[str, PodTarget] = {}  # by target name
         self.watches: list[ListWatch] = []
         self._health: dict[str, tuple[bool, float]] = {}  # by watch path
         # Pods listed in every scope: later pods are new, their logs read from the start.
         self._scopes: list[str | None] = list(self.k8s.namespaces) or [None]
         self._pods_listed_in: set[str | None] = set()
-        self._event_counts: dict[str, tuple[str, int]] = {}  # Event UID -> (its namespace, its count) as last seen
-        self._events_listed_in: set[str | None] = set()
         self._client: ApiClient | None = None
 
     # -- running --------------------------------------------------------------------------------
@@ -112,7 +85,7 @@ class KubernetesDiscovery:
             prefix = f"/api/v1/namespaces/{namespace}" if namespace else "/api/v1"
             for path, params, on_list, on_event in (
                 (f"{prefix}/pods", pods, self._pods_listed, self._pod_event),
-                (f"{prefix}/events", events, self._events_list, self._api_event),
+                (f"{prefix}/events", events, self._events_list, self._kubelet_event),
             ):
                 self.watches.append(
                     ListWatch(
@@ -136,7 +109,7 @@ class KubernetesDiscovery:
                 seen.add(pod.target)
                 await self._upsert(pod)
         for name, known in list(self.known.items()):
-            if name not in seen and (namespace is None or known.pod.namespace == namespace):
+            if name not in seen and (namespace is None or known.namespace == namespace):
                 await self._remove(name)  # gone while the watch was down
         self._pods_listed_in.add(namespace)
 
@@ -149,7 +122,7 @@ class KubernetesDiscovery:
         meta = obj.get("metadata") or {}
         name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         if pod is None:
-            if name in self.known and (kind == "DELETED" or meta.get("uid") == self.known[name].pod.uid):
+            if name in self.known and (kind == "DELETED" or meta.get("uid") == self.known[name].uid):
                 await self._remove(name)
         elif pod.target not in self.static:
             await self._upsert(pod)
@@ -161,104 +134,69 @@ class KubernetesDiscovery:
         config = TargetConfig(url=pod.url, name=pod.target, engine=self.k8s.engine, local_process="no")
         follow = False
         if known is None:
-            saved = self.events.saved
-            source = f"k8s-api:{pod.target}"
-            api = PodApiEvents(pod.target, source, saved.of(pod.target, source).get(POSITIONS))
-            if api.last_termination is None and not self._listed and pod.last_termination is not None:
-                api.last_termination = pod.last_termination.key  # ended before we watched: maybe counted before
             self.targets.add(config)
-            known = self.known[pod.target] = _Known(pod, api)
+            self.pod_events.add(
+                pod.target, namespace=pod.namespace, name=pod.name, uid=pod.uid, container=pod.container,
+                ended=pod.last_termination, watched=self._listed,
+            )  # fmt: skip
             follow = True
             log.info("kubernetes: target %s at %s (container %s)", pod.target, pod.url, pod.container)
-        elif known.pod.uid != pod.uid or known.pod.url != pod.url:
+        elif known.uid != pod.uid or known.url != pod.url:
             # The pod replaced under its name (a StatefulSet's): its new address, its new log folder.
             self.targets.retarget(pod.target, config)
-            follow = known.pod.uid != pod.uid
+            follow = known.uid != pod.uid
             log.info("kubernetes: target %s now at %s", pod.target, pod.url)
-        elif pod.restart_count > known.pod.restart_count:
+        elif pod.restart_count > known.restart_count:
             self.targets.new_life(pod.target)  # a new container: loading until it answers, not down
-        known.pod = pod
-        self.targets.set_pod(pod.target, pod)
-        ended = pod.last_termination
-        if ended is not None and ended.key != known.api.last_termination:
-            known.api.last_termination = ended.key
-            if ended.oom_killed:
-                known.api.push(Event(CONTAINER_OOM_KILLED, ended.finished_at or time.time()))
+        self.known[pod.target] = pod
+        self.targets.set_pod_uid(pod.target, pod.uid)
+        self.pod_events.update(pod.target, uid=pod.uid, container=pod.container, ended=pod.last_termination)
         if follow:
-            await asyncio.to_thread(self._follow, pod.target, config, pod, known.api)
-
-    def _follow(self, name: str, config: TargetConfig, pod: PodTarget, api: PodApiEvents) -> None:
-        """The target's event sources: its API events and its engine container's log (blocking: in a thread)."""
-        log_source = pod_log(
-            config, self.config.events, self.events.saved, (pod.namespace, pod.name, pod.uid, pod.container),
-            from_start=self._listed,
-        )  # fmt: skip
-        self.events.set_sources(name, [api, log_source])
+            await asyncio.to_thread(self.pod_events.follow, pod.target, config, from_start=self._listed)
 
     async def _remove(self, name: str) -> None:
         self.known.pop(name)
         self.targets.remove(name)
-        await asyncio.to_thread(self.events.set_sources, name, [])
+        self.pod_events.remove(name)
+        await asyncio.to_thread(self.pod_events.unfollow, name)
         log.info("kubernetes: target %s gone", name)
 
-    # -- the kubelet's Events of pods -----------------------------------------------------------
+    # -- the kubelet's Events of pods: counted in events/kubernetes.py --------------------------------------
     async def _events_list(self, items: list[Obj], namespace: str | None) -> None:
-        relist = namespace in self._events_listed_in
-        # A list replaces what its scope knew; the first is only a baseline (those Events may be counted already).
-        counts = {u: c for u, c in self._event_counts.items() if namespace is not None and c[0] != namespace}
-        for obj in items:
-            meta = obj.get("metadata") or {}
-            if relist:  # what happened while the watch was down
-                self._count_event(obj, self._before(meta.get("uid", "")))
-            counts[meta.get("uid", "")] = (meta.get("namespace", ""), _count(obj))
-        self._event_counts = counts
-        self._events_listed_in.add(namespace)
+        self.pod_events.events_listed(items, namespace)
 
-    def _before(self, uid: str) -> int:
-        return self._event_counts.get(uid, ("", 0))[1]
-
-    async def _api_event(self, kind: str, obj: Obj) -> None:
-        uid = (obj.get("metadata") or {}).get("uid", "")
-        if kind == "DELETED":
-            self._event_counts.pop(uid, None)
-            return
-        self._count_event(obj, self._before(uid))
-        self._event_counts[uid] = ((obj.get("metadata") or {}).get("namespace", ""), _count(obj))
-
-    def _count_event(self, obj: Obj, before: int) -> None:
-        new = _count(obj) - before
-        if new <= 0 or (kind := probe_kind(obj)) is None:
-            return
-        involved = obj.get("involvedObject") or {}
-        known = next((k for k in self.known.values() if k.pod.uid == involved.get("uid")), None)
-        if known is None:
-            return
-        field = _FIELD_CONTAINER.match(involved.get("fieldPath", ""))
-        if field and field.group(1) != known.pod.container:
-            return  # another container's probe
-        at = timestamp(obj.get("lastTimestamp") or obj.get("eventTime")) or time.time()
-        known.api.push(Event(kind, at, count=new))
+    async def _kubelet_event(self, kind: str, obj: Obj) -> None:
+        self.pod_events.event(kind, obj)
 
     # -- attribution: NVML's pids -> pods, through /proc/<pid>/cgroup ---------------------------
     async def attribute(
         self, nvml: NvmlReading | None, targets: tuple[TargetReading, ...]
     ) -> tuple[TargetReading, ...]:
-        """The discovered targets with their pods' processes on the GPUs (which GPUs, their own memory) and their
-        engine container's settings (its command line: the reservation it was told, while it reports none)."""
-        trees = await self.pod_processes(nvml)
+        """The discovered targets with their pod (its labels and probes, the kubelet's restart count), its processes
+        on the GPUs (which GPUs, their own memory) and its engine container's settings (its command line: the
+        reservation it was told, while it reports none). Never raises: a failed /proc read is the `pod_processes`
+        source's failure, and the readings go on without the processes."""
+        trees = await self.registry.run(PROCESSES, self.pod_processes(nvml)) or {}  # timed, never raising
         out = []
         for t in targets:
+            pod = self.known.get(t.name)
+            if pod is None:
+                out.append(t)
+                continue
+            # The kubelet's restart count: it sees every life, even one killed before its first line.
+            ended = pod.last_termination
+            last_restart_at = ended.finished_at if ended and ended.finished_at else t.last_restart_at
+            t = replace(t, pod=pod.ref, restarts_total=pod.restart_count, last_restart_at=last_restart_at)
             if t.name in trees and t.process is None:
                 t = replace(t, process=trees[t.name])
-            known = self.known.get(t.name)
-            if known is not None and known.pod.settings and not t.settings:
-                t = replace(t, settings=known.pod.settings)
+            if pod.settings and not t.settings:
+                t = replace(t, settings=pod.settings)
             out.append(t)
         return tuple(out)
 
     async def pod_processes(self, nvml: NvmlReading | None) -> dict[str, ProcessTree]:
         """Target name -> its pod's processes in NVML's lists (for the collection and the trend sampler)."""
-        pods = {k.pod.uid: name for name, k in self.known.items()}
+        pods = {pod.uid: name for name, pod in self.known.items()}
         if nvml is None or not pods:
             return {}
         pids = {p.pid for g in nvml.gpus for p in g.processes or ()}
@@ -289,10 +227,6 @@ def _resident_bytes(proc_dir: str, pid: int) -> float:
             return float(int(f.read().split()[1]) * PAGE_SIZE)
     except (OSError, ValueError, IndexError):
         return 0.0  # exited since NVML listed it
-
-
-def _count(event: Obj) -> int:
-    return int(event.get("count") or (event.get("series") or {}).get("count") or 1)
 
 
 def _scoped(on_list: Callable[[list[Obj], str | None], Any], namespace: str | None) -> Callable[[list[Obj]], Any]:

@@ -15,35 +15,15 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from oomguard.engines import ENGINES
 from oomguard.engines.cmdline import Cmdline, Settings, program
+from oomguard.events.kubernetes import timestamp
+from oomguard.model import PodRef, Termination
 from oomguard.sources.kubernetes.probes import grace_seconds
 
 _SHELLS = ("sh", "bash", "dash", "ash", "zsh")
-
-OOM_EXIT_CODE = 137  # SIGKILL: what an OOM kill leaves where the runtime does not say OOMKilled
-
-
-@dataclass(frozen=True, slots=True)
-class Termination:
-    """The engine container's last end (`lastState.terminated`)."""
-
-    container_id: str
-    reason: str
-    exit_code: int | None
-    finished_at: float | None  # Unix time
-
-    @property
-    def oom_killed(self) -> bool:
-        return self.reason == "OOMKilled" or self.exit_code == OOM_EXIT_CODE
-
-    @property
-    def key(self) -> str:
-        """Tells one end from the next (a new container ID, or a new finish time)."""
-        return f"{self.container_id}@{self.finished_at}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,19 +46,13 @@ class PodTarget:
         return f"{self.namespace}/{self.name}"
 
     @property
+    def ref(self) -> PodRef:
+        return PodRef(self.namespace, self.name, self.container, self.probe_grace_seconds)
+
+    @property
     def url(self) -> str:
         host = f"[{self.ip}]" if ":" in self.ip else self.ip
         return f"http://{host}:{self.port}"
-
-
-def timestamp(value: str | None) -> float | None:
-    """An API time (RFC 3339, `2026-01-02T03:04:05Z`) as Unix time."""
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _engine_container(containers: list[dict[str, Any]], port: str | int) -> tuple[dict[str, Any], int] | None:
