@@ -28,9 +28,10 @@ def test_a_real_deployment_keeps_its_durations() -> None:
 
 
 def test_a_scrapers_windows_and_back_offs_follow_the_clock() -> None:
-    config = load_config(None, {"targets": [{"name": "a", "url": "http://127.0.0.1:8000"}]})
+    # SGLang: its reservation is fetched apart from /metrics, with a back-off after a failure.
+    config = load_config(None, {"targets": [{"name": "a", "url": "http://127.0.0.1:8000", "engine": "sglang"}]})
     real = TargetScraper(config.targets[0], timeout=3, max_body_bytes=1 << 20)
     fast = TargetScraper(config.targets[0], timeout=3, max_body_bytes=1 << 20, time_scale=30)
     assert real.restarts.announce_window == ANNOUNCE_WINDOW
     assert fast.restarts.announce_window == ANNOUNCE_WINDOW / 30
-    assert fast._reservation_retry_seconds == RESERVATION_RETRY_SECONDS / 30
+    assert fast.reservation is not None and fast.reservation.retry_seconds == RESERVATION_RETRY_SECONDS / 30

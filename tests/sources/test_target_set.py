@@ -80,7 +80,7 @@ async def test_a_retargeted_target_keeps_its_counts_and_loads_until_it_answers(z
 async def test_a_new_container_loads_until_it_answers_and_a_start_reaches_its_tracker(zoo: Zoo) -> None:
     targets = TargetSet(make_scraper, [config("pod", url=f"{zoo.base}/500")])
     scraper = targets.scrapers()[0]
-    scraper.ever_up = True  # it served before: a 500 now is down
+    scraper.status.ever_up = True  # it served before: a 500 now is down
     async with aiohttp.ClientSession() as session:
         assert (await scraper.scrape(session)).state == "down"
         targets.new_life("pod")

@@ -59,7 +59,7 @@ class TargetSet:
     def new_life(self, name: str) -> None:
         """A new process at the same address (a container restarted in its pod): loading until it answers, not
         down."""
-        self._by_name[name].ever_up = False
+        self._by_name[name].status.new_life()
 
     def set_pod_uid(self, name: str, uid: str) -> None:
         """The pod a discovered target is: a kernel OOM kill in its cgroup is its own (`owners`)."""
@@ -77,7 +77,7 @@ class TargetSet:
 
     def has_served(self, name: str) -> bool:
         """Whether the target has answered healthy since it was added (or last retargeted)."""
-        return self._by_name[name].ever_up
+        return self._by_name[name].status.ever_up
 
     def local_ports(self) -> list[int]:
         """The ports of the targets on this host, whose processes the process lookup finds."""
@@ -89,7 +89,7 @@ class TargetSet:
                 name=name,
                 gpus=s.config.gpus,
                 port=s.port if s.finder is not None else None,
-                state=s.state,
+                state=s.status.state,
                 asleep=s.asleep,
             )
             for name, s in self._by_name.items()

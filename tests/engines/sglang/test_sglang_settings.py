@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 
 import aiohttp
@@ -15,7 +16,6 @@ from support import fixture_body
 from oomguard.config import TargetConfig
 from oomguard.engines.base import ReservationError
 from oomguard.engines.sglang.settings import mem_fraction_static
-from oomguard.sources import targets
 from oomguard.sources.targets import TargetScraper
 
 INFO = {"model_path": "meta-llama/Llama-3.1-8B-Instruct", "mem_fraction_static": 0.871, "tp_size": 1}
@@ -134,9 +134,7 @@ async def test_the_scraper_fetches_it_once_per_life_and_joins_it_to_the_reading(
         assert sglang.hits == {"/server_info": 2}
 
 
-async def test_a_failed_fetch_does_not_fail_the_scrape_and_is_retried_later(
-    sglang: FakeSglang, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_failed_fetch_does_not_fail_the_scrape_and_is_retried_later(sglang: FakeSglang) -> None:
     s = scraper(sglang.base)
     sglang.routes["/server_info"] = web.Response(status=500)
     async with aiohttp.ClientSession() as session:
@@ -145,8 +143,9 @@ async def test_a_failed_fetch_does_not_fail_the_scrape_and_is_retried_later(
         assert reading.engine_reading is not None and reading.engine_reading.memory_utilization_ratio is None
         await s.scrape(session)
         assert sglang.hits == {"/server_info": 1}  # not again before the retry delay
-        monkeypatch.setattr(targets, "RESERVATION_RETRY_SECONDS", 0.0)
-        s._reservation_retry_at = 0.0
+        assert s.reservation is not None
+        later = time.monotonic() + s.reservation.retry_seconds
+        s.reservation.clock = lambda: later  # the retry delay has passed
         sglang.routes["/server_info"] = None  # answers again
         reading = await s.scrape(session)
         assert reading.engine_reading is not None and reading.engine_reading.memory_utilization_ratio == 0.871
