@@ -124,11 +124,10 @@ ENGINE_SETTING = metric(
     "",
     "target engine setting origin",
     "The engine's setting as started, one series per setting, read from its process's command line (or "
-    "environment) on this host, or from a discovered pod's container command, args and env: vLLM gpu_memory_utilization, max_num_seqs, max_model_len, tensor_parallel_size; "
-    "SGLang mem_fraction_static, max_running_requests, context_length, tp_size; TGI cuda_memory_fraction, "
-    "max_batch_total_tokens, max_concurrent_requests; llama.cpp ctx_size, parallel. origin=flag when on its "
-    "command line, default when the engine's default for its version; a setting neither given nor of a known "
-    "default is absent (docs/engines.md).",
+    "environment) on this host, or from a discovered pod's container command, args and env: its memory and "
+    "concurrency settings under the engine's own names (each engine's in docs/engines.md, \"Settings as gauges\"). "
+    "origin=flag when on its command line, default when the engine's default for its version; a setting neither "
+    "given nor of a known default is absent.",
     presence=CONDITIONAL,
 )
 ENGINE_FIGURE_READ = metric(
