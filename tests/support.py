@@ -35,7 +35,14 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def value(text: str, name: str, **labels: str) -> float:
+    """The value of one series of a Prometheus text body (KeyError when absent): the tests' one reader of
+    exposition, for the exporter's answers and the real engines' bodies alike."""
     return samples(text)[(name, tuple(sorted((k, v) for k, v in labels.items() if v)))]
+
+
+def values(text: str, name: str) -> list[float]:
+    """The values of every series of metric `name`, in the body's order."""
+    return [s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name]
 
 
 def promtool_check_metrics(promtool: str, exposition: bytes) -> str:

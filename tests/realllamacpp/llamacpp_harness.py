@@ -31,14 +31,6 @@ def server_binary() -> Path:
     return path
 
 
-def metric_value(text: str, name: str) -> float:
-    """The value of an unlabelled metric in Prometheus text format (KeyError when absent)."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise KeyError(name)
-
-
 class LlamaServer(ServerProcess):
     """One `llama-server --metrics` process (its own process group)."""
 

@@ -29,8 +29,8 @@ LOAD_TOKENS = 40  # tokens generated per request: about 1.5 s a request on one t
 def server_figures(body: str) -> tuple[float, float]:
     """Running and waiting requests as the server reports them."""
     return (
-        harness.metric_value(body, "llamacpp:requests_processing"),
-        harness.metric_value(body, "llamacpp:requests_deferred"),
+        value(body, "llamacpp:requests_processing"),
+        value(body, "llamacpp:requests_deferred"),
     )
 
 

@@ -70,15 +70,6 @@ def ensure_tiny_model(cache_dir: Path) -> Path:
     return out
 
 
-def metric_values(text: str, name: str) -> list[float]:
-    """Values of every series of one metric in Prometheus text format."""
-    values = []
-    for line in text.splitlines():
-        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
-            values.append(float(line.rsplit(" ", 1)[1]))
-    return values
-
-
 class VllmServer(ServerProcess):
     """One `vllm.entrypoints.openai.api_server` process group."""
 

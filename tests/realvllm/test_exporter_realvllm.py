@@ -15,7 +15,7 @@ import psutil
 import pynvml
 import pytest
 from real_server import RecordingProxy
-from support import samples, value
+from support import samples, value, values
 
 from oomguard.config_file import load_config
 from oomguard.runtime import Runtime
@@ -29,9 +29,9 @@ PROXIED = "tiny-vllm-via-proxy"
 def server_figures(body: str) -> tuple[float, float, float]:
     """KV cache usage, waiting, preemptions as the server reports them (one engine here)."""
     return (
-        harness.metric_values(body, "vllm:kv_cache_usage_perc")[0],
-        harness.metric_values(body, "vllm:num_requests_waiting")[0],
-        harness.metric_values(body, "vllm:num_preemptions_total")[0],
+        values(body, "vllm:kv_cache_usage_perc")[0],
+        values(body, "vllm:num_requests_waiting")[0],
+        values(body, "vllm:num_preemptions_total")[0],
     )
 
 
@@ -106,7 +106,7 @@ async def test_exporter_follows_a_real_vllm(tiny_model: Path, tmp_path: Path, ai
         async with aiohttp.ClientSession() as session:
             body = await (await session.get(server.url + "/metrics")).text()
         assert value(text, "oomguard_engine_process_start_time_seconds", target=TARGET) == pytest.approx(
-            harness.metric_values(body, "process_start_time_seconds")[0]
+            values(body, "process_start_time_seconds")[0]
         )
         assert value(text, "oomguard_engine_gpu_memory_utilization_ratio", target=TARGET) == 0.92
         assert value(text, "oomguard_engine_kv_cache_blocks", target=TARGET) == 8
