@@ -100,6 +100,32 @@ def test_uids_are_distinct() -> None:
     assert len({load(p)["uid"] for p in DASHBOARDS}) == len(DASHBOARDS)
 
 
+# A panel's keys in Grafana's dashboard schema (schemaVersion 39; grafana-foundation-sdk 10.1's Panel and RowPanel
+# write these, and maxPerRow goes with repeat): a key elsewhere is ignored by Grafana, silently. `drawStyle` at a
+# panel's top level was one (the OOM events panel drew lines, not bars): a field's style is under fieldConfig.
+PANEL_KEYS = {
+    "type", "id", "title", "description", "datasource", "gridPos", "targets", "fieldConfig", "options",
+    "transformations", "transparent", "links", "interval", "maxDataPoints", "timeFrom", "timeShift",
+    "pluginVersion", "libraryPanel", "tags", "repeat", "repeatDirection", "repeatPanelId", "maxPerRow",
+}  # fmt: skip
+ROW_KEYS = {"type", "id", "title", "collapsed", "gridPos", "panels", "datasource", "repeat"}
+# Time series styles, under fieldConfig.defaults.custom (GraphFieldConfig in the same schema).
+TIMESERIES_CUSTOM = {
+    "drawStyle", "lineWidth", "fillOpacity", "showPoints", "thresholdsStyle", "stacking", "lineStyle",
+    "lineInterpolation", "pointSize", "spanNulls", "axisPlacement", "axisLabel", "gradientMode", "barAlignment",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_every_panel_key_is_one_grafana_reads(path: Path) -> None:
+    for panel in load(path)["panels"]:
+        known = ROW_KEYS if panel["type"] == "row" else PANEL_KEYS
+        assert set(panel) <= known, (panel["title"], sorted(set(panel) - known))
+        if panel["type"] == "timeseries":
+            custom = panel["fieldConfig"]["defaults"].get("custom", {})
+            assert set(custom) <= TIMESERIES_CUSTOM, (panel["title"], sorted(set(custom) - TIMESERIES_CUSTOM))
+
+
 def substitute(expr: str, scrape_interval_s: int) -> str:
     values = {
         "$__rate_interval": f"{4 * scrape_interval_s}s",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from oomguard.bundle.config import BundleConfig, grouping
@@ -97,28 +99,6 @@ def _thresholds(*steps: tuple[str, float | None]) -> dict[str, Any]:
     return {"mode": "absolute", "steps": [{"color": c, "value": v} for c, v in steps]}
 
 
-def _timeseries(title: str, description: str, targets: list[dict[str, Any]], unit: str, **extra: Any) -> dict[str, Any]:
-    defaults: dict[str, Any] = {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 10, "showPoints": "never"}}
-    if "thresholds" in extra:
-        defaults["thresholds"] = extra.pop("thresholds")
-        defaults["custom"]["thresholdsStyle"] = {"mode": "line+area" if extra.pop("area", False) else "line"}
-    if "max" in extra:
-        defaults["max"] = extra.pop("max")
-        defaults["min"] = 0
-    return {
-        "type": "timeseries",
-        "title": title,
-        "description": description,
-        "targets": targets,
-        "fieldConfig": {"defaults": defaults, "overrides": extra.pop("overrides", [])},
-        "options": {
-            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
-            "tooltip": {"mode": "multi", "sort": "desc"},
-        },
-        **extra,
-    }
-
-
 def _headroom_steps(config: BundleConfig) -> dict[str, Any]:
     a = config.alerts
     return _thresholds(
@@ -128,22 +108,140 @@ def _headroom_steps(config: BundleConfig) -> dict[str, Any]:
     )
 
 
-def _stat(title: str, description: str, expr: str, unit: str, thresholds: dict[str, Any]) -> dict[str, Any]:
+# -- the panels, as data ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Q:
+    """One query of a panel: its PromQL, its legend, its refId (a table's column: `Value #<ref>`)."""
+
+    expr: str
+    legend: str = ""
+    ref: str = "A"
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A time series panel; `size` (width of 24, height) places it on the grid, left to right."""
+
+    title: str
+    description: str
+    queries: tuple[Q, ...]
+    unit: str
+    size: tuple[int, int]
+    thresholds: dict[str, Any] | None = None  # drawn as lines (as an area with `area`)
+    area: bool = False
+    max: float | None = None  # with a min of 0
+    overrides: tuple[dict[str, Any], ...] = ()
+    bars: bool = False  # bars per interval, not lines
+    extra: tuple[tuple[str, Any], ...] = ()  # more of the panel's keys, as Grafana takes them (repeat, ...)
+
+    def json(self) -> dict[str, Any]:
+        defaults: dict[str, Any] = {"unit": self.unit, "custom": {"lineWidth": 1, "fillOpacity": 10,
+                                                                   "showPoints": "never"}}  # fmt: skip
+        if self.bars:  # a field's style: Grafana reads it there, not at the panel's top level
+            defaults["custom"]["drawStyle"] = "bars"
+        if self.thresholds is not None:
+            defaults["thresholds"] = self.thresholds
+            defaults["custom"]["thresholdsStyle"] = {"mode": "line+area" if self.area else "line"}
+        if self.max is not None:
+            defaults["max"] = self.max
+            defaults["min"] = 0
+        return {
+            "type": "timeseries",
+            "title": self.title,
+            "description": self.description,
+            "targets": [_target(q.expr, q.legend, q.ref) for q in self.queries],
+            "fieldConfig": {"defaults": defaults, "overrides": list(self.overrides)},
+            "options": {
+                "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
+                "tooltip": {"mode": "multi", "sort": "desc"},
+            },
+            **dict(self.extra),
+        }
+
+
+@dataclass(frozen=True)
+class Stat:
+    """One number, coloured by its thresholds."""
+
+    title: str
+    description: str
+    expr: str
+    thresholds: dict[str, Any]
+    size: tuple[int, int] = (6, 4)
+    unit: str = "none"
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "type": "stat",
+            "title": self.title,
+            "description": self.description,
+            "targets": [_target(self.expr, instant=True)],
+            "fieldConfig": {
+                "defaults": {"unit": self.unit, "thresholds": self.thresholds, "color": {"mode": "thresholds"}},
+                "overrides": [],
+            },
+            "options": {
+                "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                "colorMode": "background",
+                "graphMode": "none",
+                "textMode": "value",
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Table:
+    """Instant queries merged into one row per series, sorted by the column `sort`, worst first."""
+
+    title: str
+    description: str
+    queries: tuple[Q, ...]  # each query's ref names its column
+    defaults: dict[str, Any]
+    overrides: tuple[dict[str, Any], ...]
+    sort: str
+    hidden: tuple[str, ...] = ()  # columns left out, besides the time, the name and the job
+    size: tuple[int, int] = (24, 8)
+
+    def json(self) -> dict[str, Any]:
+        hidden = dict.fromkeys(("Time", "__name__", "job", *self.hidden), True)
+        return {
+            "type": "table",
+            "title": self.title,
+            "description": self.description,
+            "targets": [_target(q.expr, q.legend, q.ref, instant=True, fmt="table") for q in self.queries],
+            "fieldConfig": {"defaults": self.defaults, "overrides": list(self.overrides)},
+            "transformations": [
+                {"id": "merge", "options": {}},
+                {"id": "organize", "options": {"excludeByName": hidden}},
+            ],
+            "options": {"sortBy": [{"displayName": self.sort, "desc": True}], "showHeader": True},
+        }
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row's title across the grid: the panels after it, until the next, are its."""
+
+    title: str
+
+
+Panel = Graph | Stat | Table | Row
+
+
+def _laid_out(panels: list[Panel]) -> list[dict[str, Any]]:
+    layout = _Layout()
+    for panel in panels:
+        if isinstance(panel, Row):
+            layout.row(panel.title)
+        else:
+            layout.add(panel.json(), *panel.size)
+    return layout.panels
+
+
+def _override(matcher: str, options: str, *properties: tuple[str, Any]) -> dict[str, Any]:
     return {
-        "type": "stat",
-        "title": title,
-        "description": description,
-        "targets": [_target(expr, instant=True)],
-        "fieldConfig": {
-            "defaults": {"unit": unit, "thresholds": thresholds, "color": {"mode": "thresholds"}},
-            "overrides": [],
-        },
-        "options": {
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "colorMode": "background",
-            "graphMode": "none",
-            "textMode": "value",
-        },
+        "matcher": {"id": matcher, "options": options},
+        "properties": [{"id": i, "value": v} for i, v in properties],
     }
 
 
@@ -292,470 +390,329 @@ def _annotations(config: BundleConfig) -> list[dict[str, Any]]:
     ]
 
 
-def overview(config: BundleConfig) -> dict[str, Any]:
+# -- the dashboards --------------------------------------------------------------------------------------------
+def overview(config: BundleConfig) -> list[Panel]:
     a = config.alerts
     high, critical = a.gpu_memory_high.threshold, a.gpu_memory_critical.threshold
     ratio_steps = _thresholds(("green", None), ("orange", high), ("red", critical))
-    headroom_steps = _headroom_steps(config)
-    M, climbing = _sel(config), _sel(config, 'state="climbing"')
-    layout = _Layout()
-    layout.add(
-        _stat(
+    M, climbing, ooms = _sel(config), _sel(config, 'state="climbing"'), _sel(config, OOM_KINDS)
+    by_target = _by(config, "instance", "target")
+    color_background = ("custom.cellOptions", {"type": "color-background"})
+    return [
+        Stat(
             "GPUs at the warning level",
             f"GPUs past the memory warning now, judged as OomGuardGpuMemoryHigh judges them: more than {a.gpu_memory_high.headroom_threshold:.0%} of the headroom an engine's reservation leaves in use, or, with no reservation known, more than {high:.0%} of the GPU. The postmortem's first signal; a healthy vLLM sitting at its reservation (90-95 %) is not counted.",
             f"count({_judged(config, 'gpu_memory_high')}) or vector(0)",
-            "none",
             _thresholds(("green", None), ("orange", 1)),
         ),
-        6,
-        4,
-    )
-    layout.add(
-        _stat(
+        Stat(
             "Memory climbing",
             "GPUs and targets whose memory climbs without falling back (trend state climbing): leaks.",
             f"count(oomguard_gpu_memory_trend_state{climbing} == 1) or vector(0)",
-            "none",
             _thresholds(("green", None), ("orange", 1)),
         ),
-        6,
-        4,
-    )
-    layout.add(
-        _stat(
+        Stat(
             "OOM events in range",
             "CUDA OOMs, startup memory failures and cgroup OOM kills in the time range: it already happened.",
-            f"sum(increase(oomguard_target_events_total{_sel(config, OOM_KINDS)}[$__range])) or vector(0)",
-            "none",
+            f"sum(increase(oomguard_target_events_total{ooms}[$__range])) or vector(0)",
             _thresholds(("green", None), ("red", 1)),
         ),
-        6,
-        4,
-    )
-    layout.add(
-        _stat(
+        Stat(
             "Restarts in range",
             "Engine restarts in the time range; a loop of them is a restart storm.",
             f"sum(increase(oomguard_target_restarts_total{M}[$__range])) or vector(0)",
-            "none",
             _thresholds(("green", None), ("orange", 1), ("red", 3)),
         ),
-        6,
-        4,
-    )
-    gpu_table_targets = [
-        _target(f"oomguard_gpu_memory_used_ratio{M}", ref="used", instant=True, fmt="table"),
-        _target(
-            f"oomguard_gpu_memory_total_bytes{M} - oomguard_gpu_memory_used_bytes{M}",
-            ref="headroom",
-            instant=True,
-            fmt="table",
+        Table(
+            "GPUs, worst first",
+            "Every GPU: memory used (sorted, worst first), headroom, the share of the headroom an engine's reservation leaves that is in use (only on reserved GPUs: what the memory alerts judge there), trend state and time to full while climbing.",
+            (
+                Q(f"oomguard_gpu_memory_used_ratio{M}", ref="used"),
+                Q(f"oomguard_gpu_memory_total_bytes{M} - oomguard_gpu_memory_used_bytes{M}", ref="headroom"),
+                Q(f"oomguard_gpu_memory_headroom_used_ratio{M}", ref="headroom_used"),
+                Q(f"oomguard_gpu_memory_trend_state{M} == 1", ref="trend"),
+                Q(f"oomguard_gpu_memory_seconds_to_full{M}", ref="to_full"),
+            ),
+            {"unit": "percentunit", "thresholds": ratio_steps},
+            (
+                _override("byName", "Value #headroom", ("unit", "bytes")),
+                _override("byName", "Value #headroom_used", ("thresholds", _headroom_steps(config)), color_background),
+                _override("byName", "Value #to_full", ("unit", "s")),
+                _override("byName", "Value #used", color_background),
+            ),
+            sort="Value #used",
+            hidden=("Value #trend",),
         ),
-        _target(f"oomguard_gpu_memory_headroom_used_ratio{M}", ref="headroom_used", instant=True, fmt="table"),
-        _target(
-            f"oomguard_gpu_memory_trend_state{M} == 1",
-            ref="trend",
-            instant=True,
-            fmt="table",
+        Table(
+            "Targets, worst first",
+            "Every engine: memory of its GPUs (sorted, worst first), headroom, waiting requests, OOMs and restarts in the time range.",
+            (
+                Q(f"oomguard_target_gpu_memory_used_ratio{M}", ref="used"),
+                Q(f"instance_target:oomguard_target_memory_headroom:ratio{M}", ref="headroom"),
+                Q(f"instance_target:oomguard_engine_requests_waiting:sum{M}", ref="waiting"),
+                Q(f"sum by ({by_target}) (increase(oomguard_target_events_total{ooms}[$__range]))", ref="ooms"),
+                Q(f"sum by ({by_target}) (increase(oomguard_target_restarts_total{M}[$__range]))", ref="restarts"),
+            ),
+            {"unit": "percentunit", "thresholds": ratio_steps},
+            (_override("byRegexp", "Value #(waiting|ooms|restarts)", ("unit", "none")),),
+            sort="Value #used",
         ),
-        _target(f"oomguard_gpu_memory_seconds_to_full{M}", ref="to_full", instant=True, fmt="table"),
-    ]
-    layout.add(
-        {
-            "type": "table",
-            "title": "GPUs, worst first",
-            "description": "Every GPU: memory used (sorted, worst first), headroom, the share of the headroom an engine's reservation leaves that is in use (only on reserved GPUs: what the memory alerts judge there), trend state and time to full while climbing.",
-            "targets": gpu_table_targets,
-            "fieldConfig": {
-                "defaults": {"unit": "percentunit", "thresholds": ratio_steps},
-                "overrides": [
-                    {
-                        "matcher": {"id": "byName", "options": "Value #headroom"},
-                        "properties": [{"id": "unit", "value": "bytes"}],
-                    },
-                    {
-                        "matcher": {"id": "byName", "options": "Value #headroom_used"},
-                        "properties": [
-                            {"id": "thresholds", "value": headroom_steps},
-                            {"id": "custom.cellOptions", "value": {"type": "color-background"}},
-                        ],
-                    },
-                    {
-                        "matcher": {"id": "byName", "options": "Value #to_full"},
-                        "properties": [{"id": "unit", "value": "s"}],
-                    },
-                    {
-                        "matcher": {"id": "byName", "options": "Value #used"},
-                        "properties": [{"id": "custom.cellOptions", "value": {"type": "color-background"}}],
-                    },
-                ],
-            },
-            "transformations": [
-                {"id": "merge", "options": {}},
-                {
-                    "id": "organize",
-                    "options": {"excludeByName": {"Time": True, "__name__": True, "job": True, "Value #trend": True}},
-                },
-            ],
-            "options": {"sortBy": [{"displayName": "Value #used", "desc": True}], "showHeader": True},
-        },
-        24,
-        8,
-    )
-    by_target = _by(config, "instance", "target")
-    target_table = [
-        _target(f"oomguard_target_gpu_memory_used_ratio{M}", ref="used", instant=True, fmt="table"),
-        _target(f"instance_target:oomguard_target_memory_headroom:ratio{M}", ref="headroom", instant=True, fmt="table"),
-        _target(f"instance_target:oomguard_engine_requests_waiting:sum{M}", ref="waiting", instant=True, fmt="table"),
-        _target(
-            f"sum by ({by_target}) (increase(oomguard_target_events_total{_sel(config, OOM_KINDS)}[$__range]))",
-            ref="ooms",
-            instant=True,
-            fmt="table",
-        ),
-        _target(
-            f"sum by ({by_target}) (increase(oomguard_target_restarts_total{M}[$__range]))",
-            ref="restarts",
-            instant=True,
-            fmt="table",
-        ),
-    ]
-    layout.add(
-        {
-            "type": "table",
-            "title": "Targets, worst first",
-            "description": "Every engine: memory of its GPUs (sorted, worst first), headroom, waiting requests, OOMs and restarts in the time range.",
-            "targets": target_table,
-            "fieldConfig": {
-                "defaults": {"unit": "percentunit", "thresholds": ratio_steps},
-                "overrides": [
-                    {
-                        "matcher": {"id": "byRegexp", "options": "Value #(waiting|ooms|restarts)"},
-                        "properties": [{"id": "unit", "value": "none"}],
-                    }
-                ],
-            },
-            "transformations": [
-                {"id": "merge", "options": {}},
-                {"id": "organize", "options": {"excludeByName": {"Time": True, "__name__": True, "job": True}}},
-            ],
-            "options": {"sortBy": [{"displayName": "Value #used", "desc": True}], "showHeader": True},
-        },
-        24,
-        8,
-    )
-    layout.add(
-        _timeseries(
+        Graph(
             "GPU memory used",
             "Every GPU's memory used against the warning and critical lines: a climb that never falls back is a leak, a jump to the top is over-provisioning.",
-            [_target(f"oomguard_gpu_memory_used_ratio{M}", "{{instance}} GPU {{gpu}}")],
+            (Q(f"oomguard_gpu_memory_used_ratio{M}", "{{instance}} GPU {{gpu}}"),),
             "percentunit",
+            (24, 8),
             thresholds=ratio_steps,
             max=1,
         ),
-        24,
-        8,
-    )
-    return _dashboard(
-        config,
-        "oomguard-overview.json",
-        "oomguard / Fleet overview",
-        "Every GPU and inference engine watched by oomguard, worst first.",
-        layout.panels,
-        with_target=False,
-        with_gpu=False,
-    )
+    ]
 
 
-def target(config: BundleConfig) -> dict[str, Any]:
+def target(config: BundleConfig) -> list[Panel]:
     a = config.alerts
     high, critical = a.gpu_memory_high.threshold, a.gpu_memory_critical.threshold
     probe = float(a.startup_slower_than_probe.probe_initial_delay_seconds)
     M, MT, MG = _sel(config), _sel(config, 'target=~"$target"'), _sel(config, 'gpu=~"$gpu"')
-    layout = _Layout()
-    layout.row("GPU memory")
-    layout.add(
-        _timeseries(
+    stacked = ("custom.stacking", {"mode": "normal", "group": "used"})
+    line = (("custom.stacking", {"mode": "none", "group": "lines"}), ("custom.fillOpacity", 0), ("custom.lineWidth", 2))
+
+    def color(name: str) -> tuple[str, Any]:
+        return "color", {"mode": "fixed", "fixedColor": name}
+
+    return [
+        Row("GPU memory"),
+        Graph(
             "GPU memory used",
             f"Used memory of each GPU as a share of its total, with the {high:.0%} and {critical:.0%} lines: the memory alerts' judgement on a GPU with no known engine reservation. A GPU an engine reserves (vLLM: gpu_memory_utilization x total, from its start) sits at its reservation, idle or busy: judge it on the headroom panel.",
-            [_target(f"oomguard_gpu_memory_used_ratio{MG}", "GPU {{gpu}}")],
+            (Q(f"oomguard_gpu_memory_used_ratio{MG}", "GPU {{gpu}}"),),
             "percentunit",
+            (12, 8),
             thresholds=_thresholds(("green", None), ("orange", high), ("red", critical)),
             max=1,
         ),
-        12,
-        8,
-    )
-    layout.add(
-        _timeseries(
+        Graph(
             "Headroom used beyond the reservation",
             f"On a GPU an engine reserves: the memory outside the reservation (the engines' use beyond it, and every other process) as a share of the headroom the reservation leaves (total - reserved). The memory alerts judge this there: warning above {a.gpu_memory_high.headroom_threshold:.0%}, page above {a.gpu_memory_critical.headroom_threshold:.0%}; above 100 % the reservation cannot be honoured.",
-            [_target(f"oomguard_gpu_memory_headroom_used_ratio{MG}", "GPU {{gpu}}")],
+            (Q(f"oomguard_gpu_memory_headroom_used_ratio{MG}", "GPU {{gpu}}"),),
             "percentunit",
+            (12, 8),
             thresholds=_headroom_steps(config),
         ),
-        12,
-        8,
-    )
-    stacked = {"id": "custom.stacking", "value": {"mode": "normal", "group": "used"}}
-    line = [
-        {"id": "custom.stacking", "value": {"mode": "none", "group": "lines"}},
-        {"id": "custom.fillOpacity", "value": 0},
-        {"id": "custom.lineWidth", "value": 2},
-    ]
-
-    def color(name: str) -> dict[str, Any]:
-        return {"id": "color", "value": {"mode": "fixed", "fixedColor": name}}
-
-    layout.add(
-        _timeseries(
+        Graph(
             "GPU $gpu: the engines' reservation, use within and beyond it",
             "One panel per GPU (on a GPU no engine reserves, only the total shows). Stacked: the use within the reservation (used - unreserved used: the engines' preallocated weights and KV pool, flat whether the KV cache is empty or full) and the use beyond it (what can still grow: activations, other processes, a leak), adding up to NVML's used. Lines: the reservation and the total. Memory runs out when the orange part fills the gap between the reservation and the total.",
-            [
-                _target(
+            (
+                Q(
                     f"oomguard_gpu_memory_used_bytes{MG} - oomguard_gpu_memory_unreserved_used_bytes{MG}",
                     "within the reservation",
                     "A",
                 ),
-                _target(f"oomguard_gpu_memory_unreserved_used_bytes{MG}", "beyond the reservation", "B"),
-                _target(f"oomguard_gpu_memory_engine_reserved_bytes{MG}", "reservation", "C"),
-                _target(f"oomguard_gpu_memory_total_bytes{MG}", "total", "D"),
-            ],
+                Q(f"oomguard_gpu_memory_unreserved_used_bytes{MG}", "beyond the reservation", "B"),
+                Q(f"oomguard_gpu_memory_engine_reserved_bytes{MG}", "reservation", "C"),
+                Q(f"oomguard_gpu_memory_total_bytes{MG}", "total", "D"),
+            ),
             "bytes",
-            overrides=[
-                {"matcher": {"id": "byFrameRefID", "options": "A"}, "properties": [stacked, color("green")]},
-                {"matcher": {"id": "byFrameRefID", "options": "B"}, "properties": [stacked, color("orange")]},
-                {
-                    "matcher": {"id": "byFrameRefID", "options": "C"},
-                    "properties": [
-                        *line,
-                        color("blue"),
-                        {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
-                    ],
-                },
-                {"matcher": {"id": "byFrameRefID", "options": "D"}, "properties": [*line, color("red")]},
-            ],
-            repeat="gpu",
-            repeatDirection="h",
-            maxPerRow=4,
+            (24, 8),
+            overrides=(
+                _override("byFrameRefID", "A", stacked, color("green")),
+                _override("byFrameRefID", "B", stacked, color("orange")),
+                _override(
+                    "byFrameRefID", "C", *line, color("blue"), ("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})
+                ),
+                _override("byFrameRefID", "D", *line, color("red")),
+            ),
+            extra=(("repeat", "gpu"), ("repeatDirection", "h"), ("maxPerRow", 4)),
         ),
-        24,
-        8,
-    )
-    layout.add(
-        _timeseries(
+        Graph(
             "GPU memory: used, reserved by the driver, total",
             "Bytes used, reserved by the driver (NVML's reserved memory, not an engine's reservation), and total, per GPU.",
-            [
-                _target(f"oomguard_gpu_memory_used_bytes{MG}", "used GPU {{gpu}}", "A"),
-                _target(f"oomguard_gpu_memory_reserved_bytes{MG}", "reserved GPU {{gpu}}", "B"),
-                _target(f"oomguard_gpu_memory_total_bytes{MG}", "total GPU {{gpu}}", "C"),
-            ],
+            (
+                Q(f"oomguard_gpu_memory_used_bytes{MG}", "used GPU {{gpu}}", "A"),
+                Q(f"oomguard_gpu_memory_reserved_bytes{MG}", "reserved GPU {{gpu}}", "B"),
+                Q(f"oomguard_gpu_memory_total_bytes{MG}", "total GPU {{gpu}}", "C"),
+            ),
             "bytes",
+            (12, 8),
         ),
-        12,
-        8,
-    )
-    layout.add(
-        _timeseries(
+        Graph(
             "Target memory against the engine's budget",
             "Memory of the target's GPUs against the engine's budget (gpu_memory_utilization x total): above the budget is memory the KV cache cannot explain.",
-            [
-                _target(f"oomguard_target_gpu_memory_used_bytes{MT}", "{{target}} used", "A"),
-                _target(f"oomguard_target_memory_budget_bytes{MT}", "{{target}} budget", "B"),
-                _target(f"oomguard_target_process_gpu_memory_bytes{MT}", "{{target}} own processes", "C"),
-            ],
+            (
+                Q(f"oomguard_target_gpu_memory_used_bytes{MT}", "{{target}} used", "A"),
+                Q(f"oomguard_target_memory_budget_bytes{MT}", "{{target}} budget", "B"),
+                Q(f"oomguard_target_process_gpu_memory_bytes{MT}", "{{target}} own processes", "C"),
+            ),
             "bytes",
+            (12, 8),
         ),
-        12,
-        8,
-    )
-    layout.add(
-        _timeseries(
+        Graph(
             "Per-process GPU memory",
             "GPU memory of each compute process: who holds the memory.",
-            [_target(f"oomguard_gpu_process_memory_used_bytes{MG}", "GPU {{gpu}} pid {{pid}} {{process_name}}")],
+            (Q(f"oomguard_gpu_process_memory_used_bytes{MG}", "GPU {{gpu}} pid {{pid}} {{process_name}}"),),
             "bytes",
+            (12, 8),
         ),
-        12,
-        8,
-    )
-    layout.row("Trend")
-    layout.add(
-        _timeseries(
+        Row("Trend"),
+        Graph(
             "Memory slope",
             "Robust slope of used memory per GPU over the long window: positive and steady is a climb.",
-            [
-                _target(
+            (
+                Q(
                     "oomguard_gpu_memory_slope_bytes_per_second" + _sel(config, 'gpu=~"$gpu"', 'window="long"'),
                     "GPU {{gpu}}",
-                )
-            ],
+                ),
+            ),
             "Bps",
+            (8, 7),
         ),
-        8,
-        7,
-    )
-    layout.add(
-        _timeseries(
+        Graph(
             "Trend state",
             "The trend state of each GPU's memory (1 = current): steady, sawtooth, climbing (leak), spike (over-provisioning), saturated.",
-            [_target(f"oomguard_gpu_memory_trend_state{MG} == 1", "GPU {{gpu}} {{state}}")],
+            (Q(f"oomguard_gpu_memory_trend_state{MG} == 1", "GPU {{gpu}} {{state}}"),),
             "none",
+            (8, 7),
         ),
-        8,
-        7,
-    )
-    layout.add(
-        _timeseries(
+        Graph(
             "Time to full",
             "At the current pace, time until each GPU is full; shown only while climbing or spiking.",
-            [_target(f"oomguard_gpu_memory_seconds_to_full{MG}", "GPU {{gpu}}")],
+            (Q(f"oomguard_gpu_memory_seconds_to_full{MG}", "GPU {{gpu}}"),),
             "s",
+            (8, 7),
             thresholds=_thresholds(
-                ("red", None),
-                ("orange", a.exhausted_soon.seconds),
-                ("green", 4 * a.exhausted_soon.seconds),
+                ("red", None), ("orange", a.exhausted_soon.seconds), ("green", 4 * a.exhausted_soon.seconds)
             ),
         ),
-        8,
-        7,
-    )
-    layout.row("Engine")
-    layout.add(
-        _timeseries(
+        Row("Engine"),
+        Graph(
             "KV cache usage",
             "Share of the engine's KV cache blocks in use: at the top, requests wait and get preempted.",
-            [_target(f"oomguard_engine_kv_cache_usage_ratio{MT}", "{{target}} {{model_name}}")],
+            (Q(f"oomguard_engine_kv_cache_usage_ratio{MT}", "{{target}} {{model_name}}"),),
             "percentunit",
+            (8, 7),
             thresholds=_thresholds(("green", None), ("red", a.kv_cache_saturated.threshold)),
             max=1,
         ),
-        8,
-        7,
-    )
-    layout.add(
-        _timeseries(
+        Graph(
             "Requests waiting and running",
             "The engine's queue: waiting that stays up means concurrency is over-provisioned.",
-            [
-                _target(f"instance_target:oomguard_engine_requests_waiting:sum{MT}", "{{target}} waiting", "A"),
-                _target(f"instance_target:oomguard_engine_requests_running:sum{MT}", "{{target}} running", "B"),
-            ],
+            (
+                Q(f"instance_target:oomguard_engine_requests_waiting:sum{MT}", "{{target}} waiting", "A"),
+                Q(f"instance_target:oomguard_engine_requests_running:sum{MT}", "{{target}} running", "B"),
+            ),
             "none",
+            (8, 7),
             thresholds=_thresholds(("green", None), ("orange", float(a.queue_backlog.threshold))),
         ),
-        8,
-        7,
-    )
-    layout.add(
-        _timeseries(
+        Graph(
             "Preemption rate",
             "Requests preempted per second because the KV cache was full.",
-            [
-                _target(
+            (
+                Q(
                     f"sum by ({_by(config, 'target')}) (rate(oomguard_engine_preemptions_total{MT}[$__rate_interval]))",
                     "{{target}}",
-                )
-            ],
+                ),
+            ),
             "reqps",
+            (8, 7),
         ),
-        8,
-        7,
-    )
-    layout.row("Events and restarts")
-    layout.add(
-        _timeseries(
+        Row("Events and restarts"),
+        Graph(
             "OOM events and restarts",
             "Events counted from the engine's logs, cgroup and kernel, and restarts, per interval.",
-            [
-                _target(
+            (
+                Q(
                     f"sum by ({_by(config, 'target', 'kind')}) (increase(oomguard_target_events_total{MT}[$__rate_interval]))",
                     "{{target}} {{kind}}",
                     "A",
                 ),
-                _target(
+                Q(
                     f"sum by ({_by(config, 'target')}) (increase(oomguard_target_restarts_total{MT}[$__rate_interval]))",
                     "{{target}} restarts",
                     "B",
                 ),
-            ],
+            ),
             "none",
-            drawStyle="bars",
+            (12, 7),
+            bars=True,
         ),
-        12,
-        7,
-    )
-    layout.add(
-        _timeseries(
+        Graph(
             "Startup time against the probe delay",
             f"Measured startup (process start to first /health 200) against the grace its probe gives it: a pod's own (initialDelaySeconds + failureThreshold x periodSeconds of its startupProbe, else its livenessProbe), else the bundle's probe_initial_delay_seconds ({probe:g} s, the red area). Startup above its grace: the probe kills the engine while it loads.",
-            [
-                _target(f"oomguard_target_startup_seconds{MT}", "{{target}} startup", "A"),
-                _target(
+            (
+                Q(f"oomguard_target_startup_seconds{MT}", "{{target}} startup", "A"),
+                Q(
                     f"oomguard_target_probe_grace_seconds{MT}"
                     f" or on({', '.join(grouping(config, 'target'))}) (0 * oomguard_target_startup_seconds{MT} + {probe:g})",
                     "{{target}} grace",
                     "B",
                 ),
-            ],
+            ),
             "s",
+            (12, 7),
             thresholds=_thresholds(("green", None), ("red", probe)),
             area=True,
         ),
-        12,
-        7,
-    )
-    layout.row("Monitor health")
-    layout.add(
-        _timeseries(
+        Row("Monitor health"),
+        Graph(
             "Target state",
             "Each target's state (1 = current): up, loading (not down: the model is loading), down.",
-            [_target(f"oomguard_target_state{MT} == 1", "{{target}} {{state}}")],
+            (Q(f"oomguard_target_state{MT} == 1", "{{target}} {{state}}"),),
             "none",
+            (8, 7),
         ),
-        8,
-        7,
-    )
-    layout.add(
-        _timeseries(
+        Graph(
             "Source success",
             "1 when oomguard's NVML and target sources completed in the last collection.",
-            [_target(f"oomguard_source_success{M}", "{{instance}} {{source}}")],
+            (Q(f"oomguard_source_success{M}", "{{instance}} {{source}}"),),
             "none",
+            (8, 7),
             max=1,
         ),
-        8,
-        7,
-    )
-    layout.add(
-        _timeseries(
+        Graph(
             "Scrape errors",
             "Failed reads of each target by kind (timeout, refused, http_status, too_large, parse).",
-            [
-                _target(
+            (
+                Q(
                     f"sum by ({_by(config, 'target', 'kind')}) (rate(oomguard_target_scrape_errors_total{MT}[$__rate_interval]))",
                     "{{target}} {{kind}}",
-                )
-            ],
+                ),
+            ),
             "reqps",
+            (8, 7),
         ),
-        8,
-        7,
-    )
-    return _dashboard(
-        config,
-        "oomguard-target.json",
+    ]
+
+
+@dataclass(frozen=True)
+class Board:
+    title: str
+    description: str
+    panels: Callable[[BundleConfig], list[Panel]]
+    with_target: bool  # its variables: a target and a GPU to pick
+    with_gpu: bool
+
+
+DASHBOARDS = {
+    "oomguard-overview.json": Board(
+        "oomguard / Fleet overview",
+        "Every GPU and inference engine watched by oomguard, worst first.",
+        overview, with_target=False, with_gpu=False,
+    ),
+    "oomguard-target.json": Board(
         "oomguard / Host and target",
         "One host or inference engine: GPU memory against its limit and the engine's budget, trend, KV cache, queue, OOMs, restarts, startup time.",
-        layout.panels,
-        with_target=True,
-        with_gpu=True,
-    )
-
-
-DASHBOARDS = {"oomguard-overview.json": overview, "oomguard-target.json": target}
+        target, with_target=True, with_gpu=True,
+    ),
+}  # fmt: skip
 
 
 def render(config: BundleConfig) -> dict[str, str]:
-    return {name: json.dumps(build(config), indent=2, sort_keys=False) + "\n" for name, build in DASHBOARDS.items()}
+    return {
+        name: json.dumps(
+            _dashboard(config, name, board.title, board.description, _laid_out(board.panels(config)),
+                       with_target=board.with_target, with_gpu=board.with_gpu),
+            indent=2, sort_keys=False,
+        ) + "\n"
+        for name, board in DASHBOARDS.items()
+    }  # fmt: skip
