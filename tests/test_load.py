@@ -10,13 +10,13 @@ import asyncio
 
 import aiohttp
 import pytest
-from test_fault_matrix import BadEngines, gpus, runtime_app
 
 import oomguard.web
 from oomguard.collection import Collection
 from oomguard.model import Observation, TrendKey
 from oomguard.trend.analysis import TrendSettings
 from oomguard.trend.sampler import TrendTracker
+from tests.test_fault_matrix import BadEngines, gpus, runtime_app
 
 CONCURRENCY = 200
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 from support import REPO
-from test_kubernetes import BASE, EXAMPLES, NAMESPACE, kustomize, one, validate
+
+from tests.deploy.test_kubernetes import BASE, EXAMPLES, NAMESPACE, kustomize, one, validate
 
 # Each example: the monitor it scrapes with, and whether over https.
 EXPECTED = {

@@ -28,7 +28,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from test_kubernetes import (
+
+from oomguard.config import ConfigError
+from oomguard.config_file import load_config
+from oomguard.runtime import Runtime
+from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
+from oomguard.web import make_app
+from oomguard.web_config import WebConfigState, load_web_config
+from oomguard.web_config.server import Server
+from tests.deploy.test_kubernetes import (
     BASE,
     EXAMPLES,
     K8S_VERSIONS,
@@ -40,14 +48,6 @@ from test_kubernetes import (
     kustomize,
     one,
 )
-
-from oomguard.config import ConfigError
-from oomguard.config_file import load_config
-from oomguard.runtime import Runtime
-from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
-from oomguard.web import make_app
-from oomguard.web_config import WebConfigState, load_web_config
-from oomguard.web_config.server import Server
 
 TLS = BASE / "tls"
 WEB_CONFIG = EXAMPLES / "tls" / "secrets" / "web-config.yml"  # the example the user copies

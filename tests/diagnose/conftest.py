@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import histories
 import pytest
 
 from oomguard.drill.services import Prometheus
+from tests.diagnose import histories
 
 
 @dataclass(frozen=True)

@@ -137,9 +137,8 @@ def test_incident_names_what_the_cache_held(backfilled) -> None:
 
 def test_an_engine_without_such_a_cap_is_not_asked_for_one() -> None:
     """llama.cpp's `parallel` splits its context between its slots: no max_num_seqs to ask for, nor to suggest."""
-    from histories import _admitting
-
     from oomguard.diagnose.evidence import Facts, evidence
+    from tests.diagnose.histories import _admitting
 
     moments = [(float(t), _admitting(float(t))) for t in range(0, 3600, 15)]
     facts = Facts("llama", "host:9847", ["0"], True, 0.0, 3600.0, engine="llamacpp",

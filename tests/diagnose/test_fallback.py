@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 
-import histories
 import pytest
-from histories import JOIN_SERIES
-from test_verdicts import EXPECTED
 
 from oomguard.cli import main
 from oomguard.diagnose import diagnose_data, diagnose_prometheus
 from oomguard.diagnose.query import Data, Series
+from tests.diagnose import histories
+from tests.diagnose.histories import JOIN_SERIES
+from tests.diagnose.test_verdicts import EXPECTED
 
 # A diagnosis's keys before the fallback (docs/diagnose.md): they stay.
 KEYS = {"target", "instance", "gpus", "verdict", "confidence", "confidence_label", "summary", "criteria", "evidence",

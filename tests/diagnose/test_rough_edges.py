@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 
-import histories
 import pytest
-from histories import History, Moment
 
 from oomguard.cli import main
 from oomguard.diagnose import report
@@ -20,6 +18,8 @@ from oomguard.diagnose.core import Diagnosis, diagnose_data
 from oomguard.diagnose.evidence import HEADROOM_TOP
 from oomguard.diagnose.query import Data, Series
 from oomguard.ports import free_port
+from tests.diagnose import histories
+from tests.diagnose.histories import History, Moment
 
 START = 1.7e9  # any time: the histories' clock starts here
 END = START + histories.SPAN

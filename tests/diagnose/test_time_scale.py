@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import re
 
-import histories
 import pytest
-from histories import TIME_SCALE
-from test_verdicts import EXPECTED
 
 from oomguard.cli import main
 from oomguard.diagnose import DiagnoseError, diagnose_prometheus
 from oomguard.diagnose.query import query_step
+from tests.diagnose import histories
+from tests.diagnose.histories import TIME_SCALE
+from tests.diagnose.test_verdicts import EXPECTED
 
 WINDOW = histories.SPAN / TIME_SCALE  # the compressed hour: 2 real minutes
 

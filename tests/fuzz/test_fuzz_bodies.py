@@ -15,7 +15,6 @@ import time
 import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from fuzz_strategies import MB, big_text, chunked, with_invalid_utf8
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,6 +26,7 @@ from oomguard.engines.vllm import reader as vllm
 from oomguard.model import ERROR_KINDS, EngineReading
 from oomguard.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits
 from oomguard.sources.targets import TargetScraper
+from tests.fuzz.fuzz_strategies import MB, big_text, chunked, with_invalid_utf8
 
 READER = vllm.VllmReader()
 EXTRACTOR = FamilyExtractor(READER.families, Limits())  # the scraper's default limits

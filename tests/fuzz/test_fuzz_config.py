@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import yaml
-from fuzz_strategies import with_invalid_utf8
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -24,6 +23,7 @@ from support import REPO
 from oomguard.bundle.config import BundleConfig, defaults_text, load_bundle_config
 from oomguard.config import Config, ConfigError
 from oomguard.config_file import load_config
+from tests.fuzz.fuzz_strategies import with_invalid_utf8
 
 _FILES = itertools.count()
 

@@ -18,7 +18,6 @@ import threading
 from collections.abc import Iterator
 from unittest import mock
 
-from fuzz_strategies import with_invalid_utf8
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from support import REPO
@@ -26,6 +25,7 @@ from support import REPO
 from oomguard.cli import main
 from oomguard.diagnose import query
 from oomguard.diagnose.query import METRICS, Data, DiagnoseError, fetch_exporter, fetch_prometheus
+from tests.fuzz.fuzz_strategies import with_invalid_utf8
 
 ANY_JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),

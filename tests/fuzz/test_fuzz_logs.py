@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 
-from fuzz_strategies import MB, chunked
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +23,7 @@ from oomguard.events.kinds import CUDA_OOM, LOG_EVENT_KINDS
 from oomguard.events.lines import PendingLine
 from oomguard.events.source import LogSource
 from oomguard.model import ReadStats
+from tests.fuzz.fuzz_strategies import MB, chunked
 
 CATALOGUE = load_catalogue("vllm")
 PREFIX = ENGINES["vllm"].log_line_prefix

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
-from test_nvml_reader import GatedSource
 
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.registry import SourceRegistry
+from tests.sources.test_nvml_reader import GatedSource
 
 
 async def test_an_nvml_timeout_is_one_line_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:

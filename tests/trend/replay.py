@@ -1,6 +1,6 @@
 """Replay traces through the real sampler at accelerated time, and measure lead times.
 
-python tests/trend/replay.py     # prints the lead-time table of docs/trend.md
+python -m tests.trend.replay      # prints the lead-time table of docs/trend.md
 """
 
 from __future__ import annotations
@@ -8,11 +8,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from traces import INTERVAL, TRACES_DIR, Trace, library, read
-
 from oomguard.model import Observation, TrendKey
 from oomguard.trend.analysis import TrendSettings
 from oomguard.trend.sampler import Sampler, TrendTracker
+from tests.trend.traces import INTERVAL, TRACES_DIR, Trace, library, read
 
 GPU = TrendKey("gpu", "0", "gpu")
 TOTAL = 80 * 1024**3

@@ -6,11 +6,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import replay as replaying
-import traces as library_module
 from support import REPO
 
 from oomguard.model import TREND_STATES as STATES
+from tests.trend import replay as replaying
+from tests.trend import traces as library_module
 
 ALARMS = {"climbing", "spike"}
 
@@ -23,7 +23,7 @@ def replays() -> dict[str, replaying.Replay]:
 def test_committed_traces_match_their_generator(tmp_path: Path) -> None:
     for trace in library_module.library():
         committed = library_module.TRACES_DIR / f"{trace.name}.csv"
-        assert committed.exists(), f"{committed.name} missing: run python tests/trend/traces.py"
+        assert committed.exists(), f"{committed.name} missing: run python -m tests.trend.traces"
         assert committed.read_text() == library_module.write(trace, tmp_path).read_text(), committed.name
     names = {f"{t.name}.csv" for t in library_module.library()}
     assert {p.name for p in library_module.TRACES_DIR.glob("*.csv")} == names
@@ -101,4 +101,4 @@ def test_a_warm_up_that_levels_off_is_let_go_within_three_minutes(ramp_seconds: 
 def test_lead_time_table_in_docs_is_current(replays: dict[str, replaying.Replay]) -> None:
     doc = (REPO / "docs" / "trend.md").read_text()
     table = replaying.table(list(replays.values()))
-    assert table in doc, "docs/trend.md: lead-time table is stale; regenerate with python tests/trend/replay.py"
+    assert table in doc, "docs/trend.md: lead-time table is stale; regenerate with python -m tests.trend.replay"

@@ -3,7 +3,7 @@
 Each trace is GPU memory used / total, one reading every 2 s (the sampler's default
 interval), ending at the OOM (the first reading at 100 %) where the trace runs out.
 
-    python tests/trend/traces.py          # rewrite tests/trend/traces/*.csv
+    python -m tests.trend.traces           # rewrite tests/trend/traces/*.csv
 """
 
 from __future__ import annotations

@@ -6,9 +6,18 @@ import ssl
 
 import aiohttp
 import pytest
-from conftest import PASSWORD, Pki, get, peer_certificate, wait_until, web_config_text, write_atomically
 from cryptography import x509
 from support import promtool_check_metrics, value
+
+from tests.web_config.conftest import (
+    PASSWORD,
+    Pki,
+    get,
+    peer_certificate,
+    wait_until,
+    web_config_text,
+    write_atomically,
+)
 
 HEADERS = {"http_server_config": {"headers": {"X-Frame-Options": "deny", "X-Content-Type-Options": "nosniff",
                                               "Strict-Transport-Security": "max-age=31536000"}}}  # fmt: skip

@@ -1,4 +1,5 @@
-"""llama.cpp: its reader and /slots on bodies captured from a real llama-server, and its log lines."""
+"""llama.cpp: its reader and /slots on bodies captured from a real llama-server (its log lines:
+tests/engines/test_log_patterns.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,10 @@ import json
 
 import pytest
 from aiohttp import web
-from support import FIXTURES, fixture_body, log_kinds
+from support import FIXTURES, fixture_body
 
 from oomguard.engines.llamacpp.reader import LlamaCppReader
 from oomguard.engines.llamacpp.slots import SlotsError, fetch_kv_usage_ratio, kv_usage_ratio
-from oomguard.events.catalogue import load_catalogue
-from oomguard.events.detector import IncidentDetector
 from oomguard.model import EngineReading
 from oomguard.promtext import ExpositionError, FamilyExtractor
 
@@ -93,47 +92,3 @@ async def test_fetching_the_slots(aiohttp_client) -> None:
         await fetch_kv_usage_ratio(session, base + "broken", 5)
     with pytest.raises(SlotsError, match="HTTP 503"):
         await fetch_kv_usage_ratio(session, base + "loading", 5)
-
-
-def kinds(lines: list[str]) -> list[str]:
-    return log_kinds("llamacpp", lines)
-
-
-# A CUDA build that cannot place its weights, as ggml-cuda, ggml-alloc and libllama print it (b11434 sources:
-# ggml/src/ggml-cuda/ggml-cuda.cu, ggml/src/ggml-alloc.c, src/llama-model.cpp, tools/server/server.cpp).
-WEIGHTS_OOM = [
-    "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 15258.79 MiB on device 0: cudaMalloc failed: out of memory",
-    "alloc_tensor_range: failed to allocate CUDA0 buffer of size 16000000000",
-    "llama_model_load: error loading model: unable to allocate CUDA0 buffer",
-    "srv    load_model: failed to load model, '/models/big.gguf'",
-    "srv    operator(): exiting due to model loading error",
-]
-
-
-def test_a_cuda_oom_at_load() -> None:
-    assert kinds(WEIGHTS_OOM) == ["cuda_oom"]
-
-
-def test_a_context_that_does_not_fit() -> None:
-    lines = [
-        "llama_kv_cache: failed to allocate buffer for kv cache",
-        "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache",
-        "srv    operator(): exiting due to model loading error",
-    ]
-    assert kinds(lines) == ["startup_memory"]
-    assert kinds(["graph_reserve: failed to allocate compute buffers"]) == ["startup_memory"]
-
-
-def test_a_load_error_without_memory_lines_is_a_death() -> None:
-    assert kinds(["srv    operator(): exiting due to model loading error"]) == ["engine_death"]
-
-
-def test_ordinary_lines_are_no_event() -> None:
-    assert kinds(["srv  llama_server: model loaded", "slot update_slots: id  0 | task 3 | prompt done"]) == []
-
-
-def test_the_startup_line_closes_an_incident() -> None:
-    detector = IncidentDetector(load_catalogue("llamacpp"), line_prefix="")
-    detector.feed("alloc_tensor_range: failed to allocate CUDA0 buffer of size 123", 0.0)
-    events = detector.feed("0.00.005.189 I srv    load_model: loading model '/models/m.gguf'", 1.0)
-    assert [e.kind for e in events] == ["startup_memory"]

@@ -1,12 +1,12 @@
-"""Triton with the TensorRT-LLM backend: its reader on reproduced bodies, and its log lines."""
+"""Triton with the TensorRT-LLM backend: its reader on reproduced bodies (its log lines:
+tests/engines/test_log_patterns.py)."""
 
 from __future__ import annotations
 
 import pytest
-from support import engine_detector, fixture_body, log_kinds
+from support import fixture_body
 
 from oomguard.engines.triton.reader import TritonReader
-from oomguard.events.detector import IncidentDetector
 from oomguard.model import EngineReading
 from oomguard.promtext import ExpositionError, FamilyExtractor
 
@@ -59,45 +59,3 @@ def test_versions_of_one_model_are_summed() -> None:
 def test_a_body_without_tensorrt_llm_is_refused(body: str) -> None:
     with pytest.raises(ExpositionError, match="no TensorRT-LLM families"):
         read_text(body)
-
-
-def detector() -> IncidentDetector:
-    return engine_detector("triton")
-
-
-def kinds(lines: list[str]) -> list[str]:
-    return log_kinds("triton", lines)
-
-
-# As reported in triton-inference-server/tensorrtllm_backend issues #195 and #281 (0.7).
-LOAD_OOM = [
-    "E0104 10:00:00.000000 1 backend_model.cc:634] ERROR: Failed to create instance: unexpected error when creating "
-    "modelInstanceState: [TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(ptr, n, "
-    "mCudaStream->get()): out of memory (/app/tensorrt_llm/cpp/tensorrt_llm/runtime/tllmBuffers.h:112)",
-    "E0104 10:00:00.100000 1 model_lifecycle.cc:621] failed to load 'tensorrt_llm' version 1: Internal: "
-    "unexpected error when creating modelInstanceState",
-]
-RUNTIME_OOM = (
-    "[TensorRT-LLM][ERROR] Encountered an error in forwardAsync function: [TensorRT-LLM][ERROR] CUDA runtime "
-    "error in ::cudaMallocAsync(ptr, n, mCudaStream->get()): out of memory (/app/tensorrt_llm/cpp/tensorrt_llm/"
-    "runtime/tllmBuffers.h:112)"
-)
-
-
-def test_a_model_load_without_memory_is_startup_memory() -> None:
-    assert kinds(LOAD_OOM) == ["startup_memory"]
-
-
-def test_an_allocation_failure_while_serving_is_cuda_oom() -> None:
-    assert kinds([RUNTIME_OOM]) == ["cuda_oom"]
-
-
-def test_a_load_failure_without_memory_is_engine_death() -> None:
-    line = "E0104 10:00:00.100000 1 model_lifecycle.cc:621] failed to load 'tensorrt_llm' version 1: Not found"
-    assert kinds([line]) == ["engine_death"]
-
-
-def test_the_grpc_service_line_is_a_start() -> None:
-    d = detector()
-    d.feed("I0104 10:01:00.000000 1 grpc_server.cc:2463] Started GRPCInferenceService at 0.0.0.0:8001", 1.0)
-    assert [e.kind for e in d.take_starts()] == ["startup"]

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from objects import NODE
-from stand_in import StandIn
 from support import samples, vllm_body
 
 from oomguard.config import Config
 from oomguard.config_file import CHECKS
 from oomguard.exposition import render
 from oomguard.runtime import Runtime
+from tests.sources.kubernetes.objects import NODE
+from tests.sources.kubernetes.stand_in import StandIn
 
 
 async def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:

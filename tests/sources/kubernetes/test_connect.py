@@ -8,16 +8,16 @@ import ipaddress
 import ssl
 from pathlib import Path
 
-import objects
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from k8s_harness import Cluster, Server, free_port, wait_for
 
 from oomguard.sources.kubernetes import api
 from oomguard.sources.kubernetes.api import ApiError, connect, from_kubeconfig
+from tests.sources.kubernetes import objects
+from tests.sources.kubernetes.k8s_harness import Cluster, Server, free_port, wait_for
 
 
 def _self_signed(folder: Path) -> tuple[Path, Path]:

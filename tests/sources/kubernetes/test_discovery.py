@@ -7,10 +7,9 @@ import asyncio
 import time
 from pathlib import Path
 
-import objects
-from k8s_harness import Cluster, Engine, free_port, wait_for
-
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
+from tests.sources.kubernetes import objects
+from tests.sources.kubernetes.k8s_harness import Cluster, Engine, free_port, wait_for
 
 NAME = "llm/vllm-0"
 POD = {"namespace": "llm", "pod": "vllm-0", "container": "vllm", "target": NAME}

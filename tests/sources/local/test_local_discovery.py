@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from local_engines import StubVllm, free_port, vllm_stub, wait_listening
 from support import samples
 
 from oomguard.config_file import load_config
@@ -21,6 +20,7 @@ from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from oomguard.sources.local.cmdline import engine_port, find_engines, listening_ports
 from oomguard.sources.local.settings import read_settings
+from tests.sources.local.local_engines import StubVllm, free_port, vllm_stub, wait_listening
 
 QUIET = {"events": {"kernel_log": False, "xid": False}, "trend": {"enabled": False}}
 FLAGS = ("--max-num-seqs", "64", "--max-model-len=2048")

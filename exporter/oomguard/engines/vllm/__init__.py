@@ -35,6 +35,7 @@ PLUGIN = EnginePlugin(
             "of `vllm:cache_config_info`",
         ),
         FamilyRow("`oomguard_engine_process_start_time_seconds`", "`process_start_time_seconds` (API server process)"),
+        FamilyRow("`oomguard_engine_sleep_state`", "`vllm:engine_sleep_state` (0.11+; sleep mode)"),
     ),
     aggregation_note=(
         "vLLM's `engine` label (data-parallel rank) is aggregated away: gauges of counts and\n"

@@ -6,20 +6,19 @@ Two server starts (~25-35 s each on 2 cores) cover the whole life of a target.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import aiohttp
-import harness
 import psutil
 import pynvml
 import pytest
-from real_server import RecordingProxy
 from support import samples, value, values
 
 from oomguard.config_file import load_config
 from oomguard.runtime import Runtime
 from oomguard.web import make_app
+from tests.real.server import RecordingProxy, scrapes_until_up, target_state
+from tests.real.vllm import harness
 
 pytestmark = pytest.mark.realvllm
 TARGET = "tiny-vllm"
@@ -45,7 +44,7 @@ def exporter_figures(text: str, target: str = TARGET) -> tuple[float, float, flo
 
 
 def state(text: str) -> str:
-    return next(s for s in ("up", "loading", "down") if value(text, "oomguard_target_state", target=TARGET, state=s))
+    return target_state(text, TARGET)
 
 
 def nvml_loads() -> bool:
@@ -59,19 +58,9 @@ def nvml_loads() -> bool:
 
 
 async def states_until_up(client, server: harness.VllmServer, poll_seconds: float) -> tuple[list[str], str]:
-    """The target's state at each scrape until it reads "up" with its /metrics read (the last one), and the last
-    exposition. The state is /health's word: a scrape whose /metrics request left just before the server started
-    listening reads "up" with nothing read."""
-    states: list[str] = []
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        text = await (await client.get("/metrics")).text()
-        states.append(state(text))
-        if states[-1] == "up" and value(text, "oomguard_target_up", target=TARGET) == 1.0:
-            return states, text
-        assert server.proc.poll() is None, server.log_text()[-3000:]
-        await asyncio.sleep(poll_seconds)
-    raise AssertionError(f"not up after 240 s; states {states[-5:]}\n{server.log_text()[-3000:]}")
+    """The target's state at each scrape until it reads "up" with its /metrics read, and the last exposition."""
+    seen = await scrapes_until_up(client, server, TARGET, seconds=240, poll_seconds=poll_seconds)
+    return [s for s, _, _ in seen], seen[-1][2]
 
 
 async def test_exporter_follows_a_real_vllm(tiny_model: Path, tmp_path: Path, aiohttp_client, aiohttp_server) -> None:

@@ -1,13 +1,14 @@
 """What the real-server tests share: one engine server as a child process group, its load, a recording proxy.
 
-The real vLLM (tests/realvllm/harness.py) and the real llama-server (tests/realllamacpp/llamacpp_harness.py)
-differ in their command line, environment and how they are known to be gone; starting, health, signals and
-the load they are put under are the same. Stdlib only, besides aiohttp for the proxy: the servers run from
-their own venv or binary.
+The real vLLM (tests/real/vllm/harness.py) and the real llama-server (tests/real/llamacpp/harness.py)
+differ in their command line, environment and how they are known to be gone; starting, health, signals,
+the load they are put under and the exporter's scrapes until the target is up are the same. The servers run from
+their own venv or binary; this runs in the tests' venv.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import os
@@ -22,9 +23,11 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import aiohttp
 from aiohttp import web
+from support import value  # the tests' one exposition reader
 
 HOST = "127.0.0.1"
 
@@ -246,3 +249,37 @@ class RecordingProxy:
     async def close(self) -> None:
         if self.session is not None:
             await self.session.close()
+
+
+# -- the exporter's view of a real server -------------------------------------------------------------------------
+Scrape = tuple[str, "float | None", str]  # (the target's state, its /health code or None, the whole exposition)
+
+
+def target_state(text: str, target: str) -> str:
+    """The state the exporter gives `target` in its exposition `text`."""
+    return next(s for s in ("up", "loading", "down") if value(text, "oomguard_target_state", target=target, state=s))
+
+
+def health_code(text: str, target: str) -> float | None:
+    try:
+        return value(text, "oomguard_target_health_status_code", target=target)
+    except KeyError:
+        return None
+
+
+async def scrapes_until_up(
+    client: Any, server: ServerProcess, target: str, *, seconds: float, poll_seconds: float
+) -> list[Scrape]:
+    """Each scrape of the exporter (`client`, an aiohttp test client) until `target` reads "up" with its /metrics
+    read (the last one). The state is /health's word: a scrape whose /metrics request left just before the server
+    listened, or got /metrics' 503 at the end of a load, reads "up" with nothing read."""
+    seen: list[Scrape] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        text = await (await client.get("/metrics")).text()
+        seen.append((target_state(text, target), health_code(text, target), text))
+        if seen[-1][0] == "up" and value(text, "oomguard_target_up", target=target) == 1.0:
+            return seen
+        assert server.proc is not None and server.proc.poll() is None, server.log_tail()
+        await asyncio.sleep(poll_seconds)
+    raise AssertionError(f"not up after {seconds:g} s; states {[s for s, _, _ in seen[-5:]]}\n{server.log_tail()}")

@@ -6,13 +6,13 @@ import asyncio
 import time
 from pathlib import Path
 
-import llamacpp_harness as harness
 import pytest
 from support import value
 
 from oomguard.config_file import load_config
 from oomguard.runtime import Runtime
 from oomguard.web import make_app
+from tests.real.llamacpp import harness
 
 pytestmark = pytest.mark.realllamacpp
 KINDS = ("startup_memory", "cuda_oom", "engine_death")

@@ -10,7 +10,6 @@ import asyncio
 import time
 from pathlib import Path
 
-import harness
 import pytest
 from support import REPO
 
@@ -18,6 +17,7 @@ from oomguard.config_file import load_config
 from oomguard.drill.run import alerting_chain
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml
+from tests.real.vllm import harness
 
 pytestmark = pytest.mark.realvllm
 # 20x, scraped every 5 s: under this load vLLM's own /metrics can take seconds to answer, and a

@@ -11,9 +11,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import real_server
-from real_server import HOST, ServerProcess, post_json
-from real_server import free_port as free_port  # the tests' one import for the server's helpers
+from tests.real import server as real_server
+from tests.real.server import HOST, ServerProcess, post_json
+from tests.real.server import free_port as free_port  # the tests' one import for the server's helpers
 
 VERSION = "11434"  # LLAMACPP_VERSION of scripts/install-llamacpp.sh, which builds the binary where this looks
 

@@ -3,7 +3,7 @@
 Four layers of width 1024 (8 heads of 128), a 4096-wide feed-forward, 8192 tokens of trained context,
 f32 weights: 64 M parameters, 270 MB. Smaller would do to load and answer; this size is what makes the
 server's life observable on 2 cores: it loads for about a second (with `--load-mode dio` and an f32 KV
-cache, llamacpp_harness.py) and generates some 30 tokens a second on one thread, so a scrape sees the load
+cache, harness.py) and generates some 30 tokens a second on one thread, so a scrape sees the load
 and the queue. The vocabulary is SentencePiece-style (`tokenizer.ggml.model = "llama"`):
 `<unk>`, `<s>`, `</s>`, the 256 byte tokens `<0x00>`..`<0xFF>` (llama.cpp falls back to them for any
 character not in the vocabulary, and fails without them), then "▁" and the lower-case letters alone and

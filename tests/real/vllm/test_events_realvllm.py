@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import harness
 import pytest
 from support import value
 
 from oomguard.config_file import load_config
 from oomguard.runtime import Runtime
 from oomguard.web import make_app
+from tests.real.vllm import harness
 
 pytestmark = pytest.mark.realvllm
 

@@ -9,15 +9,16 @@ import asyncio
 import time
 from pathlib import Path
 
-import llamacpp_harness as harness
 import pytest
-from real_server import RecordingProxy
 from support import value
 
 from oomguard.config_file import load_config
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeNvml
 from oomguard.web import make_app
+from tests.real.llamacpp import harness
+from tests.real.server import RecordingProxy, Scrape, target_state
+from tests.real.server import scrapes_until_up as real_scrapes_until_up
 
 pytestmark = pytest.mark.realllamacpp
 TARGET = "tiny-llamacpp"
@@ -43,30 +44,11 @@ def exporter_figures(text: str, target: str = TARGET) -> tuple[float, float]:
 
 
 def state(text: str) -> str:
-    return next(s for s in ("up", "loading", "down") if value(text, "oomguard_target_state", target=TARGET, state=s))
+    return target_state(text, TARGET)
 
 
-def health_code(text: str) -> float | None:
-    try:
-        return value(text, "oomguard_target_health_status_code", target=TARGET)
-    except KeyError:
-        return None
-
-
-async def scrapes_until_up(client, server: harness.LlamaServer) -> list[tuple[str, float | None, str]]:
-    """(state, /health code, exposition) of each scrape until the target reads "up" with its /metrics read (the
-    last one). The state is /health's word: at the end of the load a scrape may get /metrics' 503 and /health's
-    200, and read "up" with nothing read."""
-    seen: list[tuple[str, float | None, str]] = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        text = await (await client.get("/metrics")).text()
-        seen.append((state(text), health_code(text), text))
-        if seen[-1][0] == "up" and value(text, "oomguard_target_up", target=TARGET) == 1.0:
-            return seen
-        assert server.proc.poll() is None, server.log_tail()
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"not up after 60 s; states {[s for s, _, _ in seen[-5:]]}\n{server.log_tail()}")
+async def scrapes_until_up(client, server: harness.LlamaServer) -> list[Scrape]:
+    return await real_scrapes_until_up(client, server, TARGET, seconds=60, poll_seconds=0.02)
 
 
 async def test_exporter_follows_a_real_llama_server(

@@ -14,11 +14,11 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-import real_server
-from real_server import HOST, ServerProcess, post_json
-from real_server import free_port as free_port  # the tests' one import for the server's helpers
+from tests.real import server as real_server
+from tests.real.server import HOST, ServerProcess, post_json
+from tests.real.server import free_port as free_port  # the tests' one import for the server's helpers
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 MAKE_TINY_MODEL = Path(__file__).with_name("make_tiny_model.py")
 MODEL_SENTINEL = ".oomguard-complete"  # written last by make_tiny_model.py
 SERVED_NAME = "tiny"

@@ -7,12 +7,12 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
-import llamacpp_harness as harness
 import pytest
 
 from oomguard.config import TargetConfig
 from oomguard.engines.llamacpp.slots import fetch_kv_usage_ratio
 from oomguard.sources.targets import TargetScraper
+from tests.real.llamacpp import harness
 
 pytestmark = pytest.mark.realllamacpp
 PROMPT, GENERATED, CTX = 64, 40, 4096
