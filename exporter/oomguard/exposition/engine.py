@@ -14,7 +14,7 @@ ENGINE_KV_CACHE_USAGE_RATIO = metric(
     "gauge",
     "ratio",
     "target model_name",
-    "Share of the engine's KV cache blocks in use, 0-1 (vLLM `kv_cache_usage_perc`, or `gpu_cache_usage_perc` before 0.9, averaged over data-parallel engines; other engines: docs/engines.md).",
+    "Share of the engine's KV cache blocks in use, 0-1, averaged over its data-parallel ranks (each engine's families: docs/metrics.md, \"Engine families read\").",
 )
 ENGINE_REQUESTS_WAITING = metric(
     SECTION,
@@ -60,7 +60,7 @@ ENGINE_GPU_MEMORY_UTILIZATION_RATIO = metric(
     "gauge",
     "ratio",
     "target",
-    "The engine's configured share of each GPU's total memory (vLLM `gpu_memory_utilization`, SGLang `mem_fraction_static`).",
+    "The engine's configured share of each GPU's total memory: its reservation setting (each engine's families: docs/metrics.md, \"Engine families read\").",
     presence=CONDITIONAL,
 )
 ENGINE_KV_CACHE_BLOCKS = metric(
@@ -69,7 +69,7 @@ ENGINE_KV_CACHE_BLOCKS = metric(
     "gauge",
     "blocks",
     "target",
-    "KV cache blocks the engine allocated at start (vLLM `num_gpu_blocks`).",
+    'KV cache blocks the engine allocated at start (each engine\'s families: docs/metrics.md, "Engine families read").',
     presence=CONDITIONAL,
 )
 ENGINE_KV_CACHE_BLOCK_SIZE_TOKENS = metric(
@@ -87,7 +87,7 @@ ENGINE_KV_CACHE_MEMORY_BYTES = metric(
     "gauge",
     "bytes",
     "target",
-    "Memory the engine reserved for its KV cache (recent vLLM only).",
+    'Memory the engine reserved for its KV cache, where it says (each engine\'s families: docs/metrics.md, "Engine families read").',
     presence=CONDITIONAL,
 )
 ENGINE_PROCESS_START_TIME_SECONDS = metric(
@@ -105,7 +105,7 @@ ENGINE_SLEEP_STATE = metric(
     "gauge",
     "",
     "target state",
-    "1 for the engine's sleep state (vLLM sleep mode: awake, weights_offloaded, discard_all), 0 for the others. A sleeping engine has released its memory: memory near zero is then no fault, and its reservation does not count.",
+    "1 for the engine's sleep state (awake, weights_offloaded, discard_all; each engine's families: docs/metrics.md, \"Engine families read\"), 0 for the others. A sleeping engine has released its memory: memory near zero is then no fault, and its reservation does not count.",
     presence=CONDITIONAL,
 )
 ENGINE_MEMORY_BYTES = metric(
@@ -114,7 +114,7 @@ ENGINE_MEMORY_BYTES = metric(
     "gauge",
     "bytes",
     "target component",
-    "GPU memory the engine says each part of it holds on each of its GPUs (the largest over its ranks): component weights, kv_cache or cuda_graphs (SGLang's `*_memory_usage_gb`, GiB converted to bytes). Only the parts the engine reports; they need not add up to its whole use.",
+    'GPU memory the engine says each part of it holds on each of its GPUs (the largest over its ranks): component weights, kv_cache or cuda_graphs (each engine\'s families: docs/metrics.md, "Engine families read"). Only the parts the engine reports; they need not add up to its whole use.',
     presence=CONDITIONAL,
 )
 ENGINE_SETTING = metric(
