@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 from support import value  # the tests' one exposition reader
 
@@ -283,3 +284,15 @@ async def scrapes_until_up(
         assert server.proc is not None and server.proc.poll() is None, server.log_tail()
         await asyncio.sleep(poll_seconds)
     raise AssertionError(f"not up after {seconds:g} s; states {[s for s, _, _ in seen[-5:]]}\n{server.log_tail()}")
+
+
+def assert_restart_measured(text: str, target: str, outside: float, launched_at: float) -> float:
+    """The exporter counted one restart, its startup within a second of the one measured from outside (launch
+    to the first /health 200), stamped at the launch; the startup it measured."""
+    assert value(text, "oomguard_target_restarts_total", target=target) == 1.0
+    measured = value(text, "oomguard_target_startup_seconds", target=target)
+    assert abs(measured - outside) <= 1.0, (measured, outside)
+    assert value(text, "oomguard_target_last_restart_timestamp_seconds", target=target) == pytest.approx(
+        launched_at, abs=1.0
+    )
+    return measured
