@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -139,11 +139,18 @@ def mean(samples: Iterable[Sample]) -> float | None:
 # Every family an engine reader keeps is a count, a size, a ratio, a setting or a timestamp: none is negative, and
 # none is NaN or infinite. The readers see only the samples that pass; their readings then pass `_check_reading`,
 # which bounds the ratios. The scraper calls `read_checked` for every engine (docs/engines.md, "Values checked").
-_RATIO_FIELDS = frozenset({"kv_cache_usage_ratio"})  # of ModelReading; 0 to 1
-_MODEL_FIELDS = ("kv_cache_usage_ratio", "requests_waiting", "requests_running", "preemptions_total",
-                 "prefix_cache_queries_total", "prefix_cache_hits_total")  # fmt: skip
-_ENGINE_FIELDS = ("kv_cache_blocks", "kv_cache_block_size_tokens", "kv_cache_memory_bytes",
-                  "process_start_time_seconds")  # fmt: skip
+
+
+def _figures(reading: type, *, but: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """A reading's figures, read from its fields (a new one is checked with no change here): those that are a
+    number or None, in the model's order."""
+    return tuple(f.name for f in fields(reading) if f.type == "float | None" and f.name not in but)
+
+
+_MODEL_FIELDS = _figures(ModelReading)
+# The share of the GPUs is checked on its own (0 is no share: no budget).
+_ENGINE_FIELDS = _figures(EngineReading, but=("memory_utilization_ratio",))
+_RATIO_FIELDS = frozenset(name for name in _MODEL_FIELDS if name.endswith("_ratio"))  # a ratio is 0 to 1, by its name
 
 
 @dataclass(slots=True)
