@@ -126,7 +126,9 @@ class PodEvents:
     def follow(self, target: str, config: TargetConfig, *, from_start: bool) -> None:
         """The pod's event sources given to the runner: its API events and its engine container's log under
         events.k8s_pods_dir (blocking: a replaced pod's old log is closed, read to its end)."""
-        pod = self._pods[target]
+        pod = self._pods.get(target)
+        if pod is None:
+            return  # removed while this waited for its thread: `unfollow` closes what it had
         log = pod_log(
             config, self._config, self._runner.saved, (pod.namespace, pod.name, pod.uid, pod.container),
             from_start=from_start,
