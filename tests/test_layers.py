@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,18 @@ def test_pod_discovery_reaches_the_event_runner_through_one_door() -> None:
     the event machinery (the runner, the registry, the sources' protocol) is behind it (docs/architecture.md)."""
     arrows = imports()["sources"]["events"]
     assert {arrow.split(" imports ")[1] for arrow in arrows} == {"oomguard.events.kubernetes"}, sorted(arrows)
+
+
+def test_the_architecture_map_shows_the_floors_as_they_are() -> None:
+    """docs/architecture.md's table of floors is the map a newcomer reads: it must say what the imports say."""
+    doc = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()
+    table = doc[doc.index("| floor | rooms |") :].split("\n\n", 1)[0]
+    written: dict[str, int] = {}
+    for row in table.splitlines()[2:]:
+        level, rooms = (cell.strip() for cell in row.strip("|").split("|"))
+        for room in re.findall(r"`([a-z_]+)(?:\.py|/)`", rooms):
+            written[room] = int(level)
+    found = floors(imports())
+    # Written beside cli.py, "and __main__.py above it".
+    assert written.pop("__main__") == found["cli"] and found.pop("__main__") == found["cli"] + 1
+    assert written == found
