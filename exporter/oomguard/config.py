@@ -209,7 +209,8 @@ class SimulationConfig(StrictModel):
     )
     engine: str = Field(
         "vllm",
-        description="Which engine the simulation runs: one with a simulator (`oomguard serve --help` lists them).",
+        description="Which engine the simulation runs: one with a simulator (docs/engines.md, Simulators); another is "
+        "refused, naming those.",
     )
 
     @field_validator("engine")

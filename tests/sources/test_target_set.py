@@ -40,7 +40,7 @@ def test_targets_keep_the_order_they_came_in_and_a_name_is_watched_once() -> Non
     targets.add(config("b"))
     assert targets.names() == ["a", "c", "b"]
     assert [s.name for s in targets.scrapers()] == ["a", "c", "b"]
-    assert "c" in targets and "z" not in targets and len(targets) == 3
+    assert "c" in targets.names() and "z" not in targets.names() and len(targets.scrapers()) == 3
     with pytest.raises(ValueError, match="'a' is already watched"):
         targets.add(config("a", url="http://127.0.0.2:9"))
     targets.remove("z")  # gone already: nothing to do

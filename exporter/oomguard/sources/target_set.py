@@ -26,12 +26,6 @@ class TargetSet:
         for config in configs:
             self.add(config)
 
-    def __len__(self) -> int:
-        return len(self._by_name)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._by_name
-
     def names(self) -> list[str]:
         return list(self._by_name)
 
