@@ -18,10 +18,10 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-import aiohttp
 import psutil
 import pytest
 
+from oomguard.capped import EngineClient
 from oomguard.config import TargetConfig
 from oomguard.sources.targets import TargetScraper
 
@@ -132,7 +132,7 @@ async def test_a_refusal_while_loading_is_info_once_and_after_up_a_warning(
         TargetConfig(url=closed, name="life", local_process="no"), timeout=1.0, max_body_bytes=1 << 20
     )
     caplog.set_level(logging.DEBUG, logger="oomguard.sources.targets")
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         for _ in range(3):  # loading: refused, then the same refusal again, then another error
             assert (await target.scrape(session)).state == "loading"
         target.config = target.config.model_copy(update={"url": f"{zoo.base}/500"})

@@ -13,8 +13,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-import aiohttp
-
+from oomguard.capped import EngineClient
 from oomguard.events.runner import EventRunner
 from oomguard.join import join_gpus, join_targets
 from oomguard.model import NvmlReading, Snapshot, TargetReading
@@ -34,7 +33,7 @@ class Collection:
         self,
         *,
         registry: SourceRegistry,
-        session: aiohttp.ClientSession,
+        client: EngineClient,
         nvml: NvmlReader | None,
         targets: TargetSet,
         processes: ProcessLookup,
@@ -47,7 +46,7 @@ class Collection:
         """`attribute`: gives discovered targets their pod and its processes on the GPUs (sources/kubernetes/);
         `settings`: gives local targets their engine's settings from their process's command line (sources/local/)."""
         self.registry = registry
-        self.session = session
+        self.client = client
         self.nvml = nvml
         self.targets = targets
         self.processes = processes
@@ -115,7 +114,7 @@ class Collection:
         # The process lookup runs in a thread while the requests are out, not after them.
         lookup = asyncio.ensure_future(self.processes.get()) if self.processes.ports else None
         try:
-            return list(await asyncio.gather(*(s.scrape(self.session, lookup) for s in self.targets.scrapers())))
+            return list(await asyncio.gather(*(s.scrape(self.client, lookup) for s in self.targets.scrapers())))
         finally:
             if lookup is not None and not lookup.done():
                 lookup.cancel()

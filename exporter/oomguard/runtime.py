@@ -24,9 +24,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import aiohttp
-
 from oomguard import __version__
+from oomguard.capped import EngineClient
 from oomguard.collection import Collection
 from oomguard.config import Config, TargetConfig
 from oomguard.engines.simulation import simulation
@@ -89,7 +88,7 @@ class Runtime:
         self.registry = SourceRegistry()
         self.collection: Collection | None = None  # set by start()
         self.targets: TargetSet | None = None  # set by start()
-        self._session: aiohttp.ClientSession | None = None
+        self._client: EngineClient | None = None
         self._nvml: NvmlReader | None = None
         self._events: EventRunner | None = None
         self.discovery: KubernetesDiscovery | None = None
@@ -111,11 +110,8 @@ class Runtime:
         config = self.config
         if self.simulation is not None and self._start_simulation:
             await self.simulation.start()
-        # One client session for every target, for the life of the runtime.
-        self._session = aiohttp.ClientSession(
-            headers={"User-Agent": f"oomguard/{__version__}", "Accept": "text/plain"},
-            connector=aiohttp.TCPConnector(limit=scrape_connection_limit(), limit_per_host=4),
-        )
+        # One client for every target, for the life of the runtime.
+        self._client = EngineClient(limit=scrape_connection_limit(), user_agent=f"oomguard/{__version__}")
         lib = self._lib()
         nvml = self._nvml = (
             NvmlReader(NvmlSource(lib, per_process=config.nvml.per_process), config.nvml.timeout_seconds)
@@ -153,7 +149,7 @@ class Runtime:
             else None
         )
         self.collection = collection = Collection(
-            registry=self.registry, session=self._session, nvml=nvml, targets=targets, processes=processes,
+            registry=self.registry, client=self._client, nvml=nvml, targets=targets, processes=processes,
             tracker=tracker, events=events, attribute=discovery.attribute if discovery else None,
             settings=SettingsReader(),
         )  # fmt: skip
@@ -196,8 +192,8 @@ class Runtime:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         await asyncio.to_thread(self._close_blocking)
-        if self._session is not None:
-            await self._session.close()
+        if self._client is not None:
+            await self._client.close()
         if self.simulation is not None:
             await self.simulation.stop()  # first: its supervisor would make the log again at a relaunch
         if self._own_log is not None:

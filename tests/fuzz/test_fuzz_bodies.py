@@ -12,7 +12,6 @@ import asyncio
 import math
 import time
 
-import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from hypothesis import event, example, given, settings
@@ -20,6 +19,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from support import vllm_body
 
+from oomguard.capped import EngineClient
 from oomguard.config import TargetConfig
 from oomguard.engines.base import Rejected, read_checked
 from oomguard.engines.vllm import reader as vllm
@@ -241,7 +241,7 @@ async def _serve_and_scrape(chunks: list[bytes], *, length: bool, cap: int, time
             timeout=10.0,
             max_body_bytes=cap,
         )
-        async with aiohttp.ClientSession() as session:
+        async with EngineClient() as session:
             return [await scraper.scrape(session) for _ in range(times)]
     finally:
         await server.close()

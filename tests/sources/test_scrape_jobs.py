@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
-import aiohttp
 import pytest
 
+from oomguard.capped import EngineClient
 from oomguard.engines.base import KvUsageError, ReservationError
 from oomguard.model import EngineReading, ModelReading, ProcessTree
 from oomguard.sources.processes import ProcessFinder
@@ -52,7 +52,7 @@ class Fetches:
         self.answers = list(answers)
         self.calls = 0
 
-    async def __call__(self, session: aiohttp.ClientSession, url: str, timeout: float) -> float | None:
+    async def __call__(self, session: EngineClient, url: str, timeout: float) -> float | None:
         self.calls += 1
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
@@ -64,7 +64,7 @@ async def test_the_reservation_is_fetched_once_per_life_and_retried_after_a_fail
     now = [0.0]
     fetch = Fetches(ReservationError("no such key"), 0.85, 0.7)
     once = ReservationOnce(fetch, "t", retry_seconds=60.0, clock=lambda: now[0])
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         assert (await once.add(session, URL, 1.0, reading(), "up", 0)).memory_utilization_ratio is None
         now[0] = 30.0
         assert (await once.add(session, URL, 1.0, reading(), "up", 0)).memory_utilization_ratio is None
@@ -82,14 +82,14 @@ async def test_the_reservation_is_fetched_once_per_life_and_retried_after_a_fail
 
 # -- the KV use, each scrape -------------------------------------------------------------------------------------
 async def test_the_kv_use_fills_what_metrics_lacks_and_a_failure_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
-    async def refuses(session: aiohttp.ClientSession, url: str, timeout: float, cap: int) -> float | None:
+    async def refuses(session: EngineClient, url: str, timeout: float, cap: int) -> float | None:
         raise KvUsageError("/slots is disabled (start llama-server with --slots)")
 
-    async def hangs(session: aiohttp.ClientSession, url: str, timeout: float, cap: int) -> float | None:
+    async def hangs(session: EngineClient, url: str, timeout: float, cap: int) -> float | None:
         raise TimeoutError
 
     each = KvUsageEach(refuses, "t")
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         ratio, error = await each.get(session, URL, 1.0, 1 << 20)
         assert ratio is None and "--slots" in error
         assert await KvUsageEach(hangs, "t").get(session, URL, 2.5, 1 << 20) == (

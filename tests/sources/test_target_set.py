@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import aiohttp
 import pytest
 from targets_zoo import Zoo
 
+from oomguard.capped import EngineClient
 from oomguard.collection import SETTINGS, Collection
 from oomguard.config import TargetConfig
 from oomguard.model import ProcessTree, TargetView
@@ -67,7 +67,7 @@ def test_owners_give_each_targets_processes_on_this_host_by_its_port() -> None:
 
 async def test_a_retargeted_target_keeps_its_counts_and_loads_until_it_answers(zoo: Zoo) -> None:
     targets = TargetSet(make_scraper, [config("pod", url=f"{zoo.base}/good")])
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         first = await targets.scrapers()[0].scrape(session)
         assert first.state == "up" and targets.has_served("pod")
         targets.retarget("pod", config("pod", url=f"{zoo.base}/500"))
@@ -81,7 +81,7 @@ async def test_a_new_container_loads_until_it_answers_and_a_start_reaches_its_tr
     targets = TargetSet(make_scraper, [config("pod", url=f"{zoo.base}/500")])
     scraper = targets.scrapers()[0]
     scraper.status.ever_up = True  # it served before: a 500 now is down
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         assert (await scraper.scrape(session)).state == "down"
         targets.new_life("pod")
         assert (await scraper.scrape(session)).state == "loading"
@@ -94,9 +94,9 @@ async def test_a_new_container_loads_until_it_answers_and_a_start_reaches_its_tr
 async def test_a_collection_in_flight_scrapes_the_set_as_it_stood(zoo: Zoo) -> None:
     targets = TargetSet(make_scraper, [config("slow", url=f"{zoo.base}/slow"), config("good", url=f"{zoo.base}/good")])
     registry = SourceRegistry()
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         collection = Collection(
-            registry=registry, session=session, nvml=None, targets=targets,
+            registry=registry, client=session, nvml=None, targets=targets,
             processes=ProcessLookup(ProcessFinder(), [], registry),
         )  # fmt: skip
         in_flight = asyncio.ensure_future(collection.snapshot())
@@ -118,9 +118,9 @@ async def test_the_settings_step_is_a_source_and_its_failure_keeps_the_readings(
     monkeypatch.setattr(local_settings, "find_loading", denied)
     targets = TargetSet(make_scraper, [config("loading", url=f"{zoo.base}/500")])
     registry = SourceRegistry()
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         collection = Collection(
-            registry=registry, session=session, nvml=None, targets=targets,
+            registry=registry, client=session, nvml=None, targets=targets,
             processes=ProcessLookup(ProcessFinder(), [], registry), settings=SettingsReader(),
         )  # fmt: skip
         snapshot = await collection.snapshot()

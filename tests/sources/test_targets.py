@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiohttp
 from targets_zoo import Zoo
 
+from oomguard.capped import EngineClient
 from oomguard.config import TargetConfig
 from oomguard.sources.targets import TargetScraper
 
@@ -43,7 +43,7 @@ async def test_each_failure_has_its_kind_and_none_delays_the_others(zoo: Zoo) ->
     for s, kind in zip(scrapers, cases, strict=True):
         s.config = s.config.model_copy(update={"url": f"{zoo.base}/{kind}"})
     refused = scraper(f"http://127.0.0.1:{unused_port()}", "refused")
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         started = time.perf_counter()
         readings = await asyncio.gather(*(s.scrape(session) for s in [*scrapers, refused]))
         elapsed = time.perf_counter() - started
@@ -69,7 +69,7 @@ async def test_each_failure_has_its_kind_and_none_delays_the_others(zoo: Zoo) ->
 async def test_body_cap_is_checked_before_reading(zoo: Zoo) -> None:
     s = scraper(zoo.base, "small-cap", max_body_bytes=1000)
     s.config = s.config.model_copy(update={"url": f"{zoo.base}/good"})
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         reading = await s.scrape(session)
     assert reading.error_kind == "too_large"
 
@@ -77,7 +77,7 @@ async def test_body_cap_is_checked_before_reading(zoo: Zoo) -> None:
 async def test_states_loading_up_down(zoo: Zoo) -> None:
     s = scraper(zoo.base, "life")
     s.config = s.config.model_copy(update={"url": f"{zoo.base}/good"})
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         zoo.health_status["good"] = 503  # SGLang-style "starting": never up yet -> loading
         assert (await s.scrape(session)).state == "loading"
         zoo.health_status["good"] = 200
@@ -95,7 +95,7 @@ async def test_health_404_falls_back_to_metrics(zoo: Zoo) -> None:
     s = scraper(zoo.base, "nohealth")
     s.config = s.config.model_copy(update={"url": f"{zoo.base}/good"})
     zoo.health_status["good"] = 404
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         reading = await s.scrape(session)
     assert reading.state == "up" and reading.health_status == 404
 
@@ -127,7 +127,7 @@ def test_limits_default_to_the_scrape_section_and_a_target_overrides_them() -> N
 async def test_a_body_over_a_limit_is_dropped_whole_and_says_which_setting(zoo: Zoo) -> None:
     from oomguard.promtext import Limits
 
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         cases = ((Limits(samples=5), "sample_limit"), (Limits(label_value_length=3), "label_value"),
                  (Limits(labels=2), "label_limit"))  # fmt: skip
         for limits, setting in cases:

@@ -20,12 +20,12 @@ from oomguard.model import VALUE_REJECT_REASONS, EngineReading, ModelReading
 from oomguard.promtext import Sample
 
 if TYPE_CHECKING:
-    import aiohttp
+    from oomguard.capped import EngineClient
 
 # Fetches the engine's reservation (its share of each GPU's total memory) where its /metrics does not carry it:
-# (session, base url, timeout in seconds) -> the ratio, or None when the engine does not publish it. Raises
-# ReservationError (or aiohttp's and asyncio's errors) on a failure, to be tried again later.
-ReservationFetcher = Callable[["aiohttp.ClientSession", str, float], Awaitable[float | None]]
+# (client, base url, timeout in seconds) -> the ratio, or None when the engine does not publish it. Raises
+# ReservationError (or capped.py's and asyncio's errors) on a failure, to be tried again later.
+ReservationFetcher = Callable[["EngineClient", str, float], Awaitable[float | None]]
 
 
 class ReservationError(Exception):
@@ -33,9 +33,9 @@ class ReservationError(Exception):
 
 
 # Fetches the engine's KV cache use on each scrape, where its /metrics does not carry it (llama.cpp's /slots):
-# (session, base url, timeout in seconds, body cap in bytes) -> the ratio, or None when the engine does not publish
-# it (the endpoint off, a version without the fields). Raises KvUsageError (or aiohttp's and asyncio's errors).
-KvUsageFetcher = Callable[["aiohttp.ClientSession", str, float, int], Awaitable[float | None]]
+# (client, base url, timeout in seconds, body cap in bytes) -> the ratio, or None when the engine does not publish
+# it (the endpoint off, a version without the fields). Raises KvUsageError (or capped.py's and asyncio's errors).
+KvUsageFetcher = Callable[["EngineClient", str, float, int], Awaitable[float | None]]
 
 
 class KvUsageError(Exception):

@@ -9,9 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-import aiohttp
-
-from oomguard.capped import BodyTooLarge
+from oomguard.capped import BodyTooLarge, EngineClient, EngineHttpError
 from oomguard.engines.base import KvUsageError, KvUsageFetcher, ReservationError, ReservationFetcher
 from oomguard.model import EngineReading
 
@@ -36,7 +34,7 @@ class ReservationOnce:
         self._retry_at = 0.0
 
     async def add(
-        self, session: aiohttp.ClientSession, url: str, timeout: float, reading: EngineReading, state: str, life: int
+        self, client: EngineClient, url: str, timeout: float, reading: EngineReading, state: str, life: int
     ) -> EngineReading:
         """`reading` with the reservation, where its /metrics gave none and it is known for this life."""
         if state != "up":
@@ -44,9 +42,9 @@ class ReservationOnce:
             return reading
         if self._life != life and self.clock() >= self._retry_at:
             try:
-                self._value = await self.fetch(session, url, timeout)
+                self._value = await self.fetch(client, url, timeout)
                 self._life = life
-            except (ReservationError, BodyTooLarge, TimeoutError, aiohttp.ClientError, OSError) as exc:
+            except (ReservationError, BodyTooLarge, TimeoutError, EngineHttpError, OSError) as exc:
                 self._retry_at = self.clock() + self.retry_seconds
                 log.warning("target %s: cannot read its reservation (retried in %.0fs): %s",
                             self.target, self.retry_seconds, exc or type(exc).__name__)  # fmt: skip
@@ -64,14 +62,14 @@ class KvUsageEach:
         self._error = ""  # the last failure logged
 
     async def get(
-        self, session: aiohttp.ClientSession, url: str, timeout: float, max_body_bytes: int
+        self, client: EngineClient, url: str, timeout: float, max_body_bytes: int
     ) -> tuple[float | None, str]:
         """The use, and why not when it could not be read (never raising into the scrape)."""
         try:
-            return await self.fetch(session, url, timeout, max_body_bytes), ""
+            return await self.fetch(client, url, timeout, max_body_bytes), ""
         except TimeoutError:
             return None, f"took longer than {timeout:g}s (timeout_seconds)"
-        except (KvUsageError, BodyTooLarge, aiohttp.ClientError, OSError) as exc:
+        except (KvUsageError, BodyTooLarge, EngineHttpError, OSError) as exc:
             return None, str(exc) or type(exc).__name__
 
     def add(self, reading: EngineReading | None, ratio: float | None, error: str) -> EngineReading | None:

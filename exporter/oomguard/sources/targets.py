@@ -16,10 +16,8 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Mapping
 
-import aiohttp
-
 from oomguard import capped
-from oomguard.capped import BodyTooLarge
+from oomguard.capped import BodyTooLarge, ConnectError, EngineClient, EngineHttpError, TlsError
 from oomguard.config import TargetConfig
 from oomguard.engines import ENGINES
 from oomguard.engines.base import Rejected, checked_value, figures_read, read_checked
@@ -91,16 +89,16 @@ class TargetScraper:
         self.status.new_life()
 
     async def scrape(
-        self, session: aiohttp.ClientSession, processes: Awaitable[Mapping[int, ProcessTree | None]] | None = None
+        self, client: EngineClient, processes: Awaitable[Mapping[int, ProcessTree | None]] | None = None
     ) -> TargetReading:
         """One reading; `processes` is the collection's lookup of local engines by port, shared by all targets."""
         started = time.perf_counter()
         url = self.config.url
         # /metrics first: it is the longer of the two, so it leaves first and /health runs alongside.
-        health_task = asyncio.ensure_future(self._probe_health(session))
+        health_task = asyncio.ensure_future(self._probe_health(client))
         # The KV use apart from /metrics leaves with them, under the same timeout: one more request, no more time.
         kv_task = (
-            asyncio.ensure_future(self.kv_usage.get(session, url, self.timeout, self.max_body_bytes))
+            asyncio.ensure_future(self.kv_usage.get(client, url, self.timeout, self.max_body_bytes))
             if self.kv_usage is not None
             else None
         )
@@ -108,7 +106,7 @@ class TargetScraper:
         error_kind = error = ""
         rejected = Rejected()
         try:
-            reading = await self._fetch_metrics(session, rejected)
+            reading = await self._fetch_metrics(client, rejected)
         except ScrapeError as exc:
             error_kind, error = exc.kind, str(exc)
             self.errors_total[exc.kind] += 1
@@ -131,7 +129,7 @@ class TargetScraper:
         self.restarts.observe(answered_at, state, start, process.root_pid if process else None)
         if reading is not None and self.reservation is not None:
             reading = await self.reservation.add(
-                session, url, self.timeout, reading, state, self.restarts.restarts_total
+                client, url, self.timeout, reading, state, self.restarts.restarts_total
             )  # fmt: skip
         self._log.error(state, error_kind, error)
         return TargetReading(
@@ -156,21 +154,21 @@ class TargetScraper:
             startup_seconds=self.restarts.startup_seconds,
         )
 
-    async def _probe_health(self, session: aiohttp.ClientSession) -> tuple[int | None, float | None]:
+    async def _probe_health(self, client: EngineClient) -> tuple[int | None, float | None]:
         started = time.perf_counter()
         try:
             answer = await capped.get(
-                session, self.config.url + self.engine.health_path, timeout=self.timeout, cap=HEALTH_BODY_BYTES,
+                client, self.config.url + self.engine.health_path, timeout=self.timeout, cap=HEALTH_BODY_BYTES,
                 truncate=True,
             )  # fmt: skip
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except (TimeoutError, EngineHttpError, OSError):
             return None, None
         return answer.status, time.perf_counter() - started
 
-    async def _fetch_metrics(self, session: aiohttp.ClientSession, rejected: Rejected) -> EngineReading:
+    async def _fetch_metrics(self, client: EngineClient, rejected: Rejected) -> EngineReading:
         url = self.config.url + self.engine.metrics_path
         try:
-            answer = await capped.get(session, url, timeout=self.timeout, cap=self.max_body_bytes)
+            answer = await capped.get(client, url, timeout=self.timeout, cap=self.max_body_bytes)
             if answer.status != 200:
                 raise ScrapeError("http_status", f"GET {url} answered HTTP {answer.status}")
             body = answer.body
@@ -181,11 +179,13 @@ class TargetScraper:
             ) from None
         except TimeoutError:
             raise ScrapeError("timeout", f"GET {url} took longer than {self.timeout:g}s (timeout_seconds)") from None
-        except aiohttp.ClientSSLError as exc:  # before its base class, ClientConnectorError
-            raise ScrapeError("tls", f"TLS with {url} failed: {exc.os_error or exc}") from None
-        except aiohttp.ClientConnectorError as exc:
-            raise ScrapeError("refused", f"cannot connect to {url}: {exc.os_error or exc}") from None
-        except (aiohttp.ClientError, OSError) as exc:
+        except TlsError as exc:  # before its base class, ConnectError
+            raise ScrapeError("tls", f"TLS with {url} failed: {exc.os_error}") from None
+        except ConnectError as exc:
+            raise ScrapeError("refused", f"cannot connect to {url}: {exc.os_error}") from None
+        except EngineHttpError as exc:  # an answer that is no HTTP, or cut short: its message names the URL
+            raise ScrapeError("other", str(exc)) from None
+        except OSError as exc:
             raise ScrapeError("other", f"GET {url} failed: {exc!r}") from None
         try:
             text = body.decode("utf-8")

@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 from support import FIXTURES, fixture_body
 
+from oomguard.capped import EngineClient
 from oomguard.engines.llamacpp.reader import LlamaCppReader
 from oomguard.engines.llamacpp.slots import SlotsError, fetch_kv_usage_ratio, kv_usage_ratio
 from oomguard.model import EngineReading
@@ -85,10 +86,10 @@ async def test_fetching_the_slots(aiohttp_client) -> None:
     app.router.add_get("/{prefix}/slots", slots)
     client = await aiohttp_client(app)
     base = f"http://{client.host}:{client.port}/"
-    session = client.session
-    assert await fetch_kv_usage_ratio(session, base + "a", 5) == pytest.approx(179 / 4096)
-    assert await fetch_kv_usage_ratio(session, base + "off", 5) is None
-    with pytest.raises(SlotsError, match="no JSON"):
-        await fetch_kv_usage_ratio(session, base + "broken", 5)
-    with pytest.raises(SlotsError, match="HTTP 503"):
-        await fetch_kv_usage_ratio(session, base + "loading", 5)
+    async with EngineClient() as session:
+        assert await fetch_kv_usage_ratio(session, base + "a", 5) == pytest.approx(179 / 4096)
+        assert await fetch_kv_usage_ratio(session, base + "off", 5) is None
+        with pytest.raises(SlotsError, match="no JSON"):
+            await fetch_kv_usage_ratio(session, base + "broken", 5)
+        with pytest.raises(SlotsError, match="HTTP 503"):
+            await fetch_kv_usage_ratio(session, base + "loading", 5)

@@ -12,11 +12,11 @@ import logging
 import time
 from collections.abc import Callable
 
-import aiohttp
 import pytest
 from aiohttp import web
 from support import FIXTURES, fixture_body, value
 
+from oomguard.capped import EngineClient
 from oomguard.config import TargetConfig
 from oomguard.config_file import load_config
 from oomguard.runtime import Runtime
@@ -70,7 +70,7 @@ def scraper(url: str, *, timeout: float = 2.0, max_body_bytes: int = 1 << 20) ->
 
 
 async def kv_after_scrape(s: TargetScraper) -> float | None:
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         reading = await s.scrape(session)
     assert reading.up and reading.state == "up" and reading.error == "", reading.error
     assert reading.engine_reading is not None
@@ -168,7 +168,7 @@ async def test_a_loading_server_logs_nothing_of_its_slots(
     fake.metrics_status = 503
     fake.slots = lambda: web.json_response({"error": {"code": 503, "message": "Loading model"}}, status=503)
     with caplog.at_level(logging.WARNING, logger="oomguard.sources.targets"):
-        async with aiohttp.ClientSession() as session:
+        async with EngineClient() as session:
             reading = await scraper(url).scrape(session)
     assert reading.state == "loading" and reading.engine_reading is None
     assert not [r for r in caplog.records if "KV cache" in r.getMessage()]

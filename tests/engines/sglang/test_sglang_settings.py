@@ -8,11 +8,11 @@ import json
 import time
 from collections import Counter
 
-import aiohttp
 import pytest
 from aiohttp import web
 from support import fixture_body
 
+from oomguard.capped import EngineClient
 from oomguard.config import TargetConfig
 from oomguard.engines.base import ReservationError
 from oomguard.engines.sglang.settings import mem_fraction_static
@@ -63,7 +63,7 @@ async def sglang(aiohttp_server):
 
 
 async def fetch(base: str, timeout: float = 2.0) -> float | None:
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         return await mem_fraction_static(session, base, timeout)
 
 
@@ -114,7 +114,7 @@ def scraper(base: str) -> TargetScraper:
 
 async def test_the_scraper_fetches_it_once_per_life_and_joins_it_to_the_reading(sglang: FakeSglang) -> None:
     s = scraper(sglang.base)
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         for _ in range(3):
             reading = await s.scrape(session)
             assert reading.up and reading.state == "up"
@@ -137,7 +137,7 @@ async def test_the_scraper_fetches_it_once_per_life_and_joins_it_to_the_reading(
 async def test_a_failed_fetch_does_not_fail_the_scrape_and_is_retried_later(sglang: FakeSglang) -> None:
     s = scraper(sglang.base)
     sglang.routes["/server_info"] = web.Response(status=500)
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         reading = await s.scrape(session)
         assert reading.up and reading.error == ""
         assert reading.engine_reading is not None and reading.engine_reading.memory_utilization_ratio is None
@@ -155,7 +155,7 @@ async def test_a_hung_server_info_costs_one_timeout_not_the_scrape(sglang: FakeS
     s = scraper(sglang.base)
     s.timeout = 0.3
     sglang.slow = True
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         reading = await s.scrape(session)
     assert reading.up and reading.engine_reading is not None
     assert reading.engine_reading.memory_utilization_ratio is None
@@ -165,7 +165,7 @@ async def test_503_while_starting_is_loading(sglang: FakeSglang) -> None:
     """SGLang answers /health 503 until it serves: never up yet, that is loading, not down."""
     s = scraper(sglang.base)
     sglang.health, sglang.metrics_ok = 503, False
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         first = await s.scrape(session)
         assert (first.state, first.health_status) == ("loading", 503)
         sglang.health, sglang.metrics_ok = 200, True
@@ -206,7 +206,7 @@ async def test_503_after_a_restart_is_loading_again(sglang: FakeSglang, new_proc
     config = TargetConfig(url=sglang.base, name="sglang-0", engine="sglang", local_process="yes")
     finder = FakeFinder()
     s = TargetScraper(config, timeout=1.0, max_body_bytes=1 << 20, finder=finder)  # type: ignore[arg-type]
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         assert (await s.scrape(session)).state == "up"
         sglang.health, sglang.metrics_ok = 503, False
         finder.new_process = new_process

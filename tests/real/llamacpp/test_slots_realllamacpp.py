@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import aiohttp
 import pytest
 
+from oomguard.capped import EngineClient
 from oomguard.config import TargetConfig
 from oomguard.engines.llamacpp.slots import fetch_kv_usage_ratio
 from oomguard.sources.targets import TargetScraper
@@ -20,7 +20,7 @@ PROMPT, GENERATED, CTX = 64, 40, 4096
 
 async def test_the_kv_use_follows_a_request(tiny_gguf: Path, tmp_path: Path) -> None:
     server = harness.LlamaServer(tiny_gguf, harness.free_port(), slots=2, ctx_per_slot=CTX, log_path=tmp_path / "a.log")
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         with server:
             await asyncio.to_thread(server.wait_healthy, 60)
             assert await fetch_kv_usage_ratio(session, server.url, 5) == 0.0  # no slot has served yet
@@ -58,7 +58,7 @@ async def test_the_scraper_reads_the_kv_use_on_each_scrape(tiny_gguf: Path, tmp_
     server = harness.LlamaServer(tiny_gguf, harness.free_port(), slots=2, ctx_per_slot=CTX, log_path=tmp_path / "c.log")
     config = TargetConfig(url=server.url, name="tiny-llamacpp", engine="llamacpp", local_process="no")
     scraper = TargetScraper(config, timeout=5.0, max_body_bytes=1 << 20)
-    async with aiohttp.ClientSession() as session:
+    async with EngineClient() as session:
         with server:
             await asyncio.to_thread(server.wait_healthy, 60)
             request = asyncio.ensure_future(

@@ -16,10 +16,8 @@ import json
 import math
 from typing import Any
 
-import aiohttp
-
 from oomguard import capped
-from oomguard.capped import BodyTooLarge
+from oomguard.capped import BodyTooLarge, EngineClient
 from oomguard.engines.base import KvUsageError
 
 SLOTS_PATH = "/slots"
@@ -55,13 +53,13 @@ def _number(x: Any) -> bool:
 
 
 async def fetch_kv_usage_ratio(
-    session: aiohttp.ClientSession, url: str, timeout: float, max_body_bytes: int = 4 * 1024 * 1024
+    client: EngineClient, url: str, timeout: float, max_body_bytes: int = 4 * 1024 * 1024
 ) -> float | None:
     """GET <url>/slots and its KV use; None when the server has the endpoint off (501) or its slots do not tell.
     SlotsError when the answer is another status, too large, or not the slots' JSON."""
     # Each slot carries its sampling parameters: a few KB a slot. The cap is the scrape's body cap.
     try:
-        answer = await capped.get(session, url + SLOTS_PATH, timeout=timeout, cap=max_body_bytes)
+        answer = await capped.get(client, url + SLOTS_PATH, timeout=timeout, cap=max_body_bytes)
     except BodyTooLarge:
         raise SlotsError(
             f"GET {url}{SLOTS_PATH} sent more than {max_body_bytes} bytes (scrape.max_body_bytes)"

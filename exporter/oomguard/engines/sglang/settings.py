@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 
-import aiohttp
-
 from oomguard import capped
-from oomguard.capped import BodyTooLarge
+from oomguard.capped import BodyTooLarge, EngineClient
 from oomguard.engines.base import ReservationError
 from oomguard.promtext import finite
 
@@ -20,12 +18,12 @@ PATHS = ("/server_info", "/get_server_info")  # newest first
 MAX_BODY_BYTES = 4 * 1024 * 1024  # the arguments and a little state per data-parallel rank: a few KB
 
 
-async def mem_fraction_static(session: aiohttp.ClientSession, base_url: str, timeout: float) -> float | None:
+async def mem_fraction_static(client: EngineClient, base_url: str, timeout: float) -> float | None:
     """The fraction, or None when the server publishes none; ReservationError when it could not be read now."""
     for path in PATHS:
         url = base_url + path
         try:
-            answer = await capped.get(session, url, timeout=timeout, cap=MAX_BODY_BYTES)
+            answer = await capped.get(client, url, timeout=timeout, cap=MAX_BODY_BYTES)
         except BodyTooLarge:
             raise ReservationError(f"{url} sent more than {MAX_BODY_BYTES} bytes") from None
         if answer.status == 404:
