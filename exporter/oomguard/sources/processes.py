@@ -7,9 +7,10 @@ per-process GPU memory to the target. Blocking (/proc reads): runs in a thread.
 
 Cost: listing every process on the host (the parent-to-children map) is done only for an
 engine not seen yet, one whose family changed (a member exited, a pid was reused), and
-every FAMILY_RESCAN_SECONDS; otherwise the known family is re-read pid by pid. On a
-2-core host saturated by vLLM, the full listing on every scrape took seconds. A worker
-started later than the first look is found within FAMILY_RESCAN_SECONDS.
+every FAMILY_RESCAN_SECONDS; otherwise the known family is re-read pid by pid, one read of
+/proc/PID/stat each (its start tick and its RSS), at most once per lookup. On a 2-core host
+saturated by vLLM, the full listing on every scrape took seconds. A worker started later than
+the first look is found within FAMILY_RESCAN_SECONDS.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from collections.abc import Iterable
 import psutil
 
 from oomguard.model import ProcessTree
-from oomguard.process_start import start_ticks as _start_ticks
 from oomguard.process_start import start_time
 
 log = logging.getLogger(__name__)
@@ -48,11 +48,12 @@ class ProcessFinder:
         pid by pid: a handful of /proc reads. Only a new or changed family (and each one every
         FAMILY_RESCAN_SECONDS) costs the pass over every process on the host, done once for all ports.
         """
-        listeners = {port: self._cached_listener(port) for port in ports}
+        stats = _Stats()
+        listeners = {port: self._cached_listener(port, stats) for port in ports}
         unknown = {port for port, pid in listeners.items() if pid is None}
         if unknown:
-            listeners.update(self._scan_listeners(unknown))
-        known = {port: self._known_family(port, pid) for port, pid in listeners.items() if pid is not None}
+            listeners.update(self._scan_listeners(unknown, stats))
+        known = {port: self._known_family(port, pid, stats) for port, pid in listeners.items() if pid is not None}
         children = _children_by_parent() if any(family is None for family in known.values()) else {}
         trees: dict[int, ProcessTree | None] = {}
         for port, pid in listeners.items():
@@ -60,7 +61,7 @@ class ProcessFinder:
             if pid is None:
                 continue
             try:
-                trees[port] = self._tree(pid, port, children, known.get(port))
+                trees[port] = self._tree(pid, port, children, stats, known.get(port))
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 self._listener_by_port.pop(port, None)
                 self._family.pop(port, None)
@@ -85,17 +86,17 @@ class ProcessFinder:
                 return True
         return False
 
-    def _cached_listener(self, port: int) -> int | None:
+    def _cached_listener(self, port: int, stats: _Stats) -> int | None:
         cached = self._listener_by_port.get(port)
         if cached is None:
             return None
         pid, ticks = cached
-        if _start_ticks(pid) == ticks:  # the same process (a reused pid has another start tick)
+        if stats.start_ticks(pid) == ticks:  # the same process (a reused pid has another start tick)
             return pid
         del self._listener_by_port[port]
         return None
 
-    def _scan_listeners(self, ports: set[int]) -> dict[int, int]:
+    def _scan_listeners(self, ports: set[int], stats: _Stats) -> dict[int, int]:
         try:
             connections = psutil.net_connections("inet")
         except psutil.AccessDenied:
@@ -109,23 +110,25 @@ class ProcessFinder:
             port = conn.laddr.port if conn.laddr else None
             if conn.pid and port in ports and port not in found and conn.status == psutil.CONN_LISTEN:
                 found[port] = conn.pid
-                ticks = _start_ticks(conn.pid)
+                ticks = stats.start_ticks(conn.pid)
                 if ticks is not None:
                     self._listener_by_port[port] = (conn.pid, ticks)
         return found
 
-    def _known_family(self, port: int, root: int) -> list[int] | None:
+    def _known_family(self, port: int, root: int, stats: _Stats) -> list[int] | None:
         """The descendants of `root` from the last listing of /proc, if none of them changed since."""
         family = self._family.get(port)
         if family is None or family[0] != root or time.monotonic() - family[1] > FAMILY_RESCAN_SECONDS:
             return None
-        if any(_start_ticks(pid) != ticks for pid, ticks in family[2].items()):
+        if any(stats.start_ticks(pid) != ticks for pid, ticks in family[2].items()):
             return None  # a member exited (or its pid was reused): list /proc again
         return [pid for pid in family[2] if pid != root]
 
-    def _tree(self, pid: int, port: int, children: dict[int, list[int]], known: list[int] | None = None) -> ProcessTree:
+    def _tree(
+        self, pid: int, port: int, children: dict[int, list[int]], stats: _Stats, known: list[int] | None = None
+    ) -> ProcessTree:
         try:
-            rss = _resident_bytes(pid)
+            rss = stats.resident_bytes(pid)
         except FileNotFoundError:
             raise psutil.NoSuchProcess(pid) from None
         except PermissionError:
@@ -137,14 +140,14 @@ class ProcessFinder:
             if child in pids:
                 continue
             try:
-                rss += _resident_bytes(child)
+                rss += stats.resident_bytes(child)
             except OSError:
                 continue  # a worker that exited between the listing and the read
             pids.add(child)
             if known is None:
                 stack.extend(children.get(child, ()))
         if known is None:
-            ticks = {p: _start_ticks(p) for p in pids}
+            ticks = {p: stats.start_ticks(p) for p in pids}
             self._family[port] = (pid, time.monotonic(), {p: t for p, t in ticks.items() if t is not None})
         last = self._last_listener.get(port)
         if known is not None and last is not None and last.root_pid == pid:
@@ -172,10 +175,41 @@ class ProcessFinder:
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _resident_bytes(pid: int) -> float:
-    """RSS from /proc/PID/statm (what psutil reads too), without building a Process object."""
-    with open(f"/proc/{pid}/statm", "rb") as f:
-        return float(int(f.read().split()[1]) * _PAGE_SIZE)
+class _Stats:
+    """/proc/PID/stat read once per pid for one lookup: its start tick (field 22: which life) and its RSS (field
+    24, in pages, as `ps` shows it). Several ports of one process, and the root checked as listener and as family
+    member, cost one read, where a statm read for the RSS was one more per process. Newer kernels keep the count
+    per CPU and sum it for statm (psutil) but not here: the two differ by the pages not yet folded in, tens of kB
+    on this host, at most one batch per CPU (32 pages; twice the CPUs on hosts of more than 16)."""
+
+    def __init__(self) -> None:
+        self._read: dict[int, tuple[int, int] | OSError] = {}
+
+    def _fields(self, pid: int) -> tuple[int, int]:
+        got = self._read.get(pid)
+        if got is None:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()  # after the command name, which may hold spaces
+                got = (int(fields[19]), int(fields[21]))
+            except OSError as exc:
+                got = exc
+            except (ValueError, IndexError):
+                got = FileNotFoundError(f"/proc/{pid}/stat is unreadable")
+            self._read[pid] = got
+        if isinstance(got, OSError):
+            raise got
+        return got
+
+    def start_ticks(self, pid: int) -> int | None:
+        try:
+            return self._fields(pid)[0]
+        except OSError:
+            return None
+
+    def resident_bytes(self, pid: int) -> float:
+        """OSError (FileNotFoundError: exited; PermissionError) when the process cannot be read."""
+        return float(self._fields(pid)[1] * _PAGE_SIZE)
 
 
 def _children_by_parent() -> dict[int, list[int]]:
