@@ -160,7 +160,8 @@ def test_a_discovered_targets_series_carry_its_pod_and_the_others_empty_ones() -
 
 def test_values_are_written_as_prometheus_client_writes_them_cached_or_not() -> None:
     """The encoder keeps each value's text: 0.0 and -0.0 (one key, two texts), NaN and the infinities included,
-    and once its bound is reached it starts over rather than growing."""
+    and once its bound is reached it starts over rather than growing. Through `Exposition.add` as well: -0.0 is
+    never written as 0.0's text."""
     from prometheus_client.utils import floatToGoString
 
     from oomguard.exposition import encoder
@@ -170,8 +171,18 @@ def test_values_are_written_as_prometheus_client_writes_them_cached_or_not() -> 
         for value in values:
             assert encoder._value_text(value) == floatToGoString(value) + "\n", value
             cached = encoder._VALUES.get(value)
-            assert cached in (None, floatToGoString(value) + "\n"), value
-    assert 0.0 not in encoder._VALUES
+            assert cached in (None, floatToGoString(value) + "\n") or value == 0, value
+    assert encoder._VALUES[-0.0] == "0.0\n"  # the key of both zeros holds 0.0's text...
+    spec = encoder.MetricSpec("oomguard_x", "gauge", "", ("a",), "x", "s")
+    out = encoder.Exposition((spec,), frozenset({spec}))
+    for label, value in (("p", 0.0), ("n", -0.0), ("p2", 0.0)):
+        out.add(spec, (label,), value)
+    assert out.render().decode().splitlines()[2:] == [
+        'oomguard_x{a="p"} 0.0',
+        'oomguard_x{a="n"} -0.0',
+        'oomguard_x{a="p2"} 0.0',
+    ]
     for i in range(encoder._VALUES_MAX + 10):
         encoder._value_text(i + 0.5)
     assert len(encoder._VALUES) <= encoder._VALUES_MAX
+    assert encoder._VALUES[0.0] == "0.0\n"  # ...also after the cache started over

@@ -195,7 +195,10 @@ async def serve(aiohttp_server, bodies: Bodies) -> str:
 
 def prefix_cache_bytes() -> int:
     """The bytes the exposition's label-prefix cache holds: each prefix and the label values of its key."""
-    return sum(len(prefix) + sum(len(v) for v in labels) for (_, labels), prefix in encoder._PREFIXES.items())
+    return sum(
+        len(prefix) + sum(len(v) for v in labels) + sum(len(v) for v in pod or ())
+        for (_, labels, pod), prefix in encoder._PREFIXES.items()
+    )
 
 
 async def test_rotating_label_values_keep_the_prefix_cache_bounded(aiohttp_client, aiohttp_server) -> None:

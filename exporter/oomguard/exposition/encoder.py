@@ -25,19 +25,24 @@ def _escape(value: str) -> str:
     return value
 
 
-# "name{labels} " by metric and label values: the same series come back at every scrape. Label values churn (pids,
+# "name{labels} " by metric, label values and (for a per-target metric) the target's pod labels, apart: the same
+# series come back at every scrape, and a key of three parts costs no copy of the labels. Label values churn (pids,
 # restarts, an engine's model names: tenant-controlled): the cache is bounded in entries and in bytes (each prefix
 # and the label values its key holds), and emptied when either is full, never grown forever. A host's series take
 # a few MB at most (docs/engines.md, "Values checked"); a prefix alone over PREFIX_MAX_BYTES is written, not kept.
-_PREFIXES: dict[tuple[MetricSpec, tuple[str, ...]], str] = {}
+PrefixKey = tuple[MetricSpec, tuple[str, ...], tuple[str, ...] | None]
+_PREFIXES: dict[PrefixKey, str] = {}
 _PREFIXES_MAX = 50_000
 PREFIX_CACHE_MAX_BYTES = 16 * 1024 * 1024
 PREFIX_MAX_BYTES = 64 * 1024
 _cached_bytes = 0
 
 
-def _prefix(spec: MetricSpec, labels: tuple[str, ...]) -> str:
+def _prefix(spec: MetricSpec, labels: tuple[str, ...], pod: tuple[str, ...] | None = None) -> str:
     global _cached_bytes
+    key = (spec, labels, pod)
+    if pod is not None:
+        labels += pod
     if spec.label_order:
         pairs = ",".join(f'{label}="{_escape(labels[i])}"' for i, label in spec.label_order)
         prefix = f"{spec.sample_name}{{{pairs}}} "
@@ -49,24 +54,26 @@ def _prefix(spec: MetricSpec, labels: tuple[str, ...]) -> str:
     if len(_PREFIXES) >= _PREFIXES_MAX or _cached_bytes + size > PREFIX_CACHE_MAX_BYTES:
         _PREFIXES.clear()
         _cached_bytes = 0
-    _PREFIXES[(spec, labels)] = prefix
+    _PREFIXES[key] = prefix
     _cached_bytes += size
     return prefix
 
 
 # A value's text by value, with its newline: the same values come back in most series (0 and 1 in a third and a
-# quarter of them, the one-hot states and the up series) and at every scrape. Zero is never kept: 0.0 and -0.0 are
-# one key but two texts. Emptied when full.
-_VALUES: dict[float, str] = {}
+# quarter of them, the one-hot states and the up series) and at every scrape. 0.0 and -0.0 are one key but two
+# texts: the key holds 0.0's, and a zero found under it is told apart by its sign. Emptied when full.
+_ZERO = "0.0\n"
+_VALUES: dict[float, str] = {0.0: _ZERO}
 _VALUES_MAX = 4096
 
 
 def _value_text(value: float) -> str:
     if value == 0:
-        return "-0.0\n" if math.copysign(1.0, value) < 0 else "0.0\n"
+        return "-0.0\n" if math.copysign(1.0, value) < 0 else _ZERO
     text = floatToGoString(value) + "\n"
     if len(_VALUES) >= _VALUES_MAX:
         _VALUES.clear()
+        _VALUES[0.0] = _ZERO
     _VALUES[value] = text
     return text
 
@@ -101,16 +108,19 @@ class Exposition:
     def add(self, spec: MetricSpec, labels: tuple[str, ...], value: float | None) -> None:
         if value is None:
             return
-        if spec.target_index >= 0:
-            labels = labels + self._pods.get(labels[spec.target_index], NO_POD)
+        index = spec.target_index
+        pod = self._pods.get(labels[index], NO_POD) if index >= 0 else None
         lines = self._lines.get(spec)
         if lines is None:
             assert spec in self._declared, f"{spec.name} is not in the exposition's list of metrics"
             lines = self._lines[spec] = []
-        lines.append(_PREFIXES.get((spec, labels)) or _prefix(spec, labels))
-        lines.append(_VALUES.get(value) or _value_text(value))
+        lines.append(_PREFIXES.get((spec, labels, pod)) or _prefix(spec, labels, pod))
+        text = _VALUES.get(value)
+        if text is None or (text is _ZERO and math.copysign(1.0, value) < 0):
+            text = _value_text(value)
+        lines.append(text)
         if self._samples is not None:
-            self._samples.setdefault(spec, []).append((labels, value))
+            self._samples.setdefault(spec, []).append((labels + pod if pod is not None else labels, value))
 
     def render(self) -> bytes:
         out: list[str] = []
