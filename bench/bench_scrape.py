@@ -1,9 +1,12 @@
 """Scrape latency: one GET /metrics of the exporter (8 fake GPUs, 16 targets) vs the slowest target alone.
 
-Goal (from the issue): a scrape within 5 ms of the slowest target. The exporter runs twice:
+Goals (the scrape-cost issue): a scrape within 3 ms (median) of the slowest target alone, its p99 within 10 ms
+of the slowest's p99, and at most 8 ms of exporter CPU a scrape. The exporter runs twice:
 with the default `local_process: auto` (loopback targets count as local, so their processes
 are looked up on every scrape) and with `local_process: no` (as for targets on other hosts).
-Run: python bench/bench_scrape.py [--scrapes 300] [--slowest-ms 20] [--modes auto no]
+The slowest target is served by a process of its own, the other 15 by another (`--one-targets-process`: all by
+one, as before 2026-12-05; docs/performance.md says why that measured the targets' process as well).
+Run: python bench/bench_scrape.py [--scrapes 300] [--slowest-ms 20] [--modes auto no] [--one-targets-process]
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from _common import (
     start_targets,
 )
 
-GOAL_MS = 5.0
+GOAL_MS = 3.0  # the medians' gap
+GOAL_P99_MS = 10.0  # the p99s' gap
+GOAL_CPU_MS = 8.0  # exporter CPU a scrape
 WARMUP = 20  # first scrapes open connections, start NVML and scan for processes
 
 
@@ -96,36 +101,56 @@ def main() -> None:
     parser.add_argument("--scrapes", type=int, default=300)
     parser.add_argument("--slowest-ms", type=float, default=20.0, help="delay of the slowest target's /metrics")
     parser.add_argument("--modes", nargs="+", choices=["auto", "no"], default=["auto", "no"], help="local_process")
+    parser.add_argument(
+        "--one-targets-process", action="store_true",
+        help="serve the slowest target from the same process as the other 15 (this benchmark's layout before "
+        "2026-12-05): its timer then wakes late after that process served the others, which the baseline never sees",
+    )  # fmt: skip
     args = parser.parse_args()
     where = machine()
 
-    targets, ports = start_targets(default_delays(args.slowest_ms))
+    delays = default_delays(args.slowest_ms)
+    if args.one_targets_process:
+        processes = [start_targets(delays)]
+        ports = processes[0][1]
+    else:  # the slowest in a process of its own, as an engine is: the others' answers do not delay its timer
+        processes = [start_targets(delays[:1]), start_targets(delays[1:])]
+        ports = [port for _, process_ports in processes for port in process_ports]
     try:
         runs = {mode: run_mode(ports, mode, args.scrapes) for mode in args.modes}
     finally:
-        targets.terminate()
+        for process, _ in processes:
+            process.terminate()
 
     print(
         f"## Scrape latency: {N_GPUS} GPUs x {N_TARGETS} targets, slowest {args.slowest_ms:g} ms, "
-        f"others 0-5 ms, {args.scrapes} sequential scrapes ({where})\n"
+        f"others 0-5 ms, {args.scrapes} sequential scrapes, the slowest served "
+        f"{'with the others' if args.one_targets_process else 'by a process of its own'} ({where})\n"
     )
     print(
         "| local_process | exporter median ms | exporter p99 ms | slowest alone median ms | slowest alone p99 ms "
-        f"| exporter - slowest, medians (goal <= {GOAL_MS:g} ms) | exporter CPU ms/scrape | other load % |"
+        f"| exporter - slowest, medians (goal <= {GOAL_MS:g} ms) | p99s (goal <= {GOAL_P99_MS:g} ms) "
+        f"| exporter CPU ms/scrape (goal <= {GOAL_CPU_MS:g}) | other load % |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mode, run in runs.items():
         gap = median(run.scrapes) - median(run.alone)
-        verdict = "met" if gap <= GOAL_MS else "not met"
+        gap99 = percentile(run.scrapes, 99) - percentile(run.alone, 99)
         print(
             f"| {mode} | {median(run.scrapes):.2f} | {percentile(run.scrapes, 99):.2f} | {median(run.alone):.2f} "
-            f"| {percentile(run.alone, 99):.2f} | **{gap:+.2f}** ({verdict}) | {run.cpu_ms:.1f} | {run.other:.0f} |"
+            f"| {percentile(run.alone, 99):.2f} | **{gap:+.2f}** ({_met(gap <= GOAL_MS)}) "
+            f"| {gap99:+.2f} ({_met(gap99 <= GOAL_P99_MS)}) | **{run.cpu_ms:.1f}** ({_met(run.cpu_ms <= GOAL_CPU_MS)}) "
+            f"| {run.other:.0f} |"
         )
     body = next(iter(runs.values())).body
     samples = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
     print(f"\nexporter answer: {samples} samples, {len(body) / 1000:.1f} kB.")
     print("exporter CPU: all its threads, background work (trend sampler) included, divided by the scrapes.")
     print("other load: share of the CPUs used by processes outside this benchmark during the run (approximate).")
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "not met"
 
 
 if __name__ == "__main__":
