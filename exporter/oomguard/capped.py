@@ -341,7 +341,8 @@ class _Connection(asyncio.Protocol):
         if framing == _LENGTH:
             if len(self._buffer) < self._need:
                 return
-            body = bytes(self._buffer[: self._need])
+            with memoryview(self._buffer) as view:
+                body = bytes(view[: self._need])  # one copy, where a slice of the bytearray and bytes() made two
             del self._buffer[: self._need]
             self._done(Answer(status, body), keep)
         elif framing == _CHUNKED:
