@@ -1,0 +1,84 @@
+"""The engines' HTTP client alone: CPU per target for the two requests a scrape sends (/metrics and /health at once),
+oomguard's own client (capped.py) against aiohttp's, which it replaced.
+
+100 stand-in targets (one process, the real 50 kB vLLM body) are read in rounds, every target at once, by this
+process; its CPU time (time.process_time: user and system) is divided by the targets and rounds. The two clients
+take turns, three times each, so both see the same load.
+Run: python bench/bench_client.py [--targets 100] [--rounds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import aiohttp
+from _common import machine, median, start_targets
+
+from oomguard import capped
+from oomguard.capped import EngineClient
+
+CAP = 8 * 1024 * 1024
+
+
+async def with_aiohttp(ports: list[int], rounds: int) -> float:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, limit_per_host=4)) as session:
+
+        async def get(url: str) -> bytes:
+            async with asyncio.timeout(5), session.get(url, allow_redirects=False) as response:
+                return await response.read()
+
+        async def target(port: int) -> None:
+            health = asyncio.ensure_future(get(f"http://127.0.0.1:{port}/health"))
+            await get(f"http://127.0.0.1:{port}/metrics")
+            await health
+
+        return await _timed(ports, rounds, target)
+
+
+async def with_capped(ports: list[int], rounds: int) -> float:
+    async with EngineClient(limit=1024) as client:
+
+        async def target(port: int) -> None:
+            health = asyncio.ensure_future(
+                capped.get(client, f"http://127.0.0.1:{port}/health", timeout=5, cap=4096, truncate=True)
+            )
+            await capped.get(client, f"http://127.0.0.1:{port}/metrics", timeout=5, cap=CAP)
+            await health
+
+        return await _timed(ports, rounds, target)
+
+
+async def _timed(ports: list[int], rounds: int, target) -> float:  # type: ignore[no-untyped-def]
+    for _ in range(3):  # connections opened, caches warm
+        await asyncio.gather(*(target(port) for port in ports))
+    started = time.process_time()
+    for _ in range(rounds):
+        await asyncio.gather(*(target(port) for port in ports))
+    return (time.process_time() - started) / rounds / len(ports) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--targets", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=30)
+    args = parser.parse_args()
+    targets, ports = start_targets([0.0] * args.targets)
+    results: dict[str, list[float]] = {"aiohttp": [], "capped.py": []}
+    try:
+        for _ in range(3):
+            results["aiohttp"].append(asyncio.run(with_aiohttp(ports, args.rounds)))
+            results["capped.py"].append(asyncio.run(with_capped(ports, args.rounds)))
+    finally:
+        targets.terminate()
+    print(f"## The engines' client: /metrics (50 kB) and /health of {args.targets} targets at once, "
+          f"{args.rounds} rounds, 3 turns each ({machine()})\n")  # fmt: skip
+    print("| client | CPU ms per target (median of 3 turns) | turns |")
+    print("|---|---:|---|")
+    for name, values in results.items():
+        print(f"| {name} | {median(values):.3f} | {', '.join(f'{v:.3f}' for v in values)} |")
+
+
+if __name__ == "__main__":
+    main()
