@@ -100,7 +100,6 @@ class EngineClient:
         self._urls: dict[str, _Url] = {}
         self._tls: ssl.SSLContext | None = None
         self._swept = clock()
-        self.connections_opened = 0  # for tests and benchmarks: how often keep-alive did not serve
         self._closed = False
 
     async def __aenter__(self) -> EngineClient:
@@ -198,7 +197,6 @@ class EngineClient:
             raise TlsError(exc) from None
         except OSError as exc:
             raise ConnectError(exc) from None
-        self.connections_opened += 1
         return connection
 
     def _parse(self, url: str) -> _Url:

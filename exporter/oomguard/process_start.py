@@ -10,14 +10,21 @@ import os
 import time
 
 
+def stat_fields(pid: int) -> tuple[int, int]:
+    """(start tick, resident pages): fields 22 and 24 of /proc/PID/stat, one read. OSError when it cannot be read
+    (FileNotFoundError: the process is gone), ValueError when it holds no such fields."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rpartition(b")")[2].split()  # counted after the command name, which may hold spaces
+    if len(fields) < 22:
+        raise ValueError(f"/proc/{pid}/stat has {len(fields)} fields after the command name")
+    return int(fields[19]), int(fields[21])
+
+
 def start_ticks(pid: int) -> int | None:
     """Clock ticks after boot at which the process started (field 22 of /proc/PID/stat)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-        # Counted after the parenthesised command name, which may hold spaces.
-        return int(stat.rpartition(")")[2].split()[19])
-    except (OSError, ValueError, IndexError):
+        return stat_fields(pid)[0]
+    except (OSError, ValueError):
         return None
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 import psutil
 
 from oomguard.model import ProcessTree
-from oomguard.process_start import start_time
+from oomguard.process_start import start_time, stat_fields
 
 log = logging.getLogger(__name__)
 
@@ -189,13 +189,11 @@ class _Stats:
         got = self._read.get(pid)
         if got is None:
             try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    fields = f.read().rpartition(b")")[2].split()  # after the command name, which may hold spaces
-                got = (int(fields[19]), int(fields[21]))
+                got = stat_fields(pid)
             except OSError as exc:
                 got = exc
-            except (ValueError, IndexError):
-                got = FileNotFoundError(f"/proc/{pid}/stat is unreadable")
+            except ValueError as exc:  # not a stat line: as good as gone
+                got = FileNotFoundError(str(exc))
             self._read[pid] = got
         if isinstance(got, OSError):
             raise got

@@ -156,15 +156,6 @@ def url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def start_ticks(pid: int) -> int | None:
-    """Clock ticks after boot at which the process started: with the pid, one life of one process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rpartition(b")")[2].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def environ(pid: int) -> dict[str, str] | None:
     """The process's environment as it started, None where it cannot be read (another user's, gone)."""
     try:

@@ -26,13 +26,13 @@ import psutil
 
 from oomguard.config import Config, TargetConfig
 from oomguard.engines.cmdline import Cmdline, flag, program
+from oomguard.process_start import start_ticks
 from oomguard.sources.local.cmdline import (
     EngineProcess,
     engine_port,
     environ,
     find_engines,
     listening_ports,
-    start_ticks,
     url_host,
     wanted_port,
 )
