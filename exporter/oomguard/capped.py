@@ -8,12 +8,12 @@ every fetch an engine plugin adds (engines/<name>/) go through `get`; tests/host
 holds that no other module of the engines or the scraper sends a request of its own.
 
 Why not aiohttp's client (the exporter's server stays aiohttp): a scrape sends two requests a target, and its
-client cost 0.28 ms of CPU a target for them against 0.14 for this one (docs/performance.md, "The engines'
-client"): its general machinery (cookie jar, redirects, traces, a stream reader per response, decompression)
-is what a node agent with 500 targets pays for on every scrape. What this one speaks: GET only, kept-alive
-connections (at most PER_HOST_IDLE idle per address, closed after KEEPALIVE_SECONDS unused), a body by
-Content-Length, chunks or the connection's end, identity encoding only (none other is asked for), TLS with
-the system's certificate authorities.
+client cost 0.26 ms of CPU a target for them against 0.14 for this one (bench/bench_client.py;
+docs/performance.md, "The scrape-cost issue, second round"): its general machinery (cookie jar, redirects,
+traces, a stream reader per response, decompression) is what a node agent with 500 targets pays for on every
+scrape. What this one speaks: GET only, kept-alive connections (at most PER_HOST_IDLE idle per address, closed
+after KEEPALIVE_SECONDS unused), a body by Content-Length, chunks or the connection's end, identity encoding
+only (none other is asked for), TLS with the system's certificate authorities.
 """
 
 from __future__ import annotations
