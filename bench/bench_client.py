@@ -3,8 +3,10 @@ oomguard's own client (capped.py) against aiohttp's, which it replaced.
 
 100 stand-in targets (one process, the real 50 kB vLLM body) are read in rounds, every target at once, by this
 process; its CPU time (time.process_time: user and system) is divided by the targets and rounds. The two clients
-take turns, three times each, so both see the same load.
-Run: python bench/bench_client.py [--targets 100] [--rounds 30]
+take turns, three times each, so both see the same load. `--close`: no connection kept between rounds (each
+request on a new connection), as when Prometheus scrapes every 15 s an engine that closes idle connections
+after 5 s (uvicorn's and cpp-httplib's keep-alive): what a scrape costs there.
+Run: python bench/bench_client.py [--targets 100] [--rounds 30] [--close]
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from oomguard.capped import EngineClient
 CAP = 8 * 1024 * 1024
 
 
-async def with_aiohttp(ports: list[int], rounds: int) -> float:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024, limit_per_host=4)) as session:
+async def with_aiohttp(ports: list[int], rounds: int, close: bool) -> float:
+    connector = aiohttp.TCPConnector(limit=1024, limit_per_host=4, force_close=close)
+    async with aiohttp.ClientSession(connector=connector) as session:
 
         async def get(url: str) -> bytes:
             async with asyncio.timeout(5), session.get(url, allow_redirects=False) as response:
@@ -37,8 +40,8 @@ async def with_aiohttp(ports: list[int], rounds: int) -> float:
         return await _timed(ports, rounds, target)
 
 
-async def with_capped(ports: list[int], rounds: int) -> float:
-    async with EngineClient(limit=1024) as client:
+async def with_capped(ports: list[int], rounds: int, close: bool) -> float:
+    async with EngineClient(limit=1024, idle_per_host=0 if close else capped.PER_HOST_IDLE) as client:
 
         async def target(port: int) -> None:
             health = asyncio.ensure_future(
@@ -63,17 +66,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--targets", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--close", action="store_true", help="no connection kept: each request on a new one")
     args = parser.parse_args()
     targets, ports = start_targets([0.0] * args.targets)
     results: dict[str, list[float]] = {"aiohttp": [], "capped.py": []}
     try:
         for _ in range(3):
-            results["aiohttp"].append(asyncio.run(with_aiohttp(ports, args.rounds)))
-            results["capped.py"].append(asyncio.run(with_capped(ports, args.rounds)))
+            results["aiohttp"].append(asyncio.run(with_aiohttp(ports, args.rounds, args.close)))
+            results["capped.py"].append(asyncio.run(with_capped(ports, args.rounds, args.close)))
     finally:
         targets.terminate()
+    kept = "each request on a new connection" if args.close else "connections kept"
     print(f"## The engines' client: /metrics (50 kB) and /health of {args.targets} targets at once, "
-          f"{args.rounds} rounds, 3 turns each ({machine()})\n")  # fmt: skip
+          f"{args.rounds} rounds, 3 turns each, {kept} ({machine()})\n")  # fmt: skip
     print("| client | CPU ms per target (median of 3 turns) | turns |")
     print("|---|---:|---|")
     for name, values in results.items():

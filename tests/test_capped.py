@@ -305,6 +305,14 @@ async def test_idle_connections_are_bounded_and_expire() -> None:
         assert server.connections == 11 and client.idle_connections() == 1
 
 
+async def test_no_connection_is_kept_when_none_may_be() -> None:
+    async with serving(sends(ok(b"x"))) as server, EngineClient(idle_per_host=0) as client:
+        for _ in range(3):
+            assert (await get(client, server.url)).body == b"x"
+        assert client.idle_connections() == 0
+    assert server.connections == 3
+
+
 async def test_in_flight_requests_are_bounded_by_the_limit() -> None:
     busy = 0
     most = 0

@@ -92,8 +92,13 @@ class EngineClient:
     `limit` bounds the requests in flight at once (each holds one connection, so: the sockets open for them),
     the idle ones are bounded per address. One request per connection at a time, no pipelining."""
 
-    def __init__(self, *, limit: int = 64, user_agent: str = "oomguard", clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, *, limit: int = 64, user_agent: str = "oomguard", idle_per_host: int = PER_HOST_IDLE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        """`idle_per_host` 0: no connection kept (each request on a new one)."""
         self._slots = asyncio.Semaphore(limit)
+        self._idle_per_host = idle_per_host
         self._user_agent = user_agent
         self._clock = clock
         self._idle: dict[tuple[str, str, int], list[tuple[_Connection, float]]] = {}
@@ -161,7 +166,7 @@ class EngineClient:
 
     def _put_idle(self, key: tuple[str, str, int], connection: _Connection) -> None:
         connections = self._idle.setdefault(key, [])
-        if len(connections) >= PER_HOST_IDLE:
+        if len(connections) >= self._idle_per_host:
             connection.close()
             return
         connections.append((connection, self._clock()))
