@@ -196,6 +196,17 @@ async def test_another_status_is_the_answer_and_its_body_is_not_read() -> None:
     assert len(server.heads) == 1
 
 
+async def test_a_short_answer_of_another_status_keeps_its_connection() -> None:
+    # An engine loading its model answers 503 to every scrape: one connection, not one a request.
+    loading = sends(
+        b'HTTP/1.1 503 Service Unavailable\r\nContent-Length: 41\r\n\r\n{"error": "Loading model", "code": 503}  '
+    )
+    async with serving(loading) as server, EngineClient() as client:
+        for _ in range(5):
+            assert await get(client, server.url) == capped.Answer(503, b"")
+    assert server.connections == 1 and len(server.heads) == 5
+
+
 # -- what is no HTTP ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("answer", "message"),

@@ -28,6 +28,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers; a server's are a few hundred bytes
 MAX_CHUNK_LINE_BYTES = 1024  # a chunk's size line (hex digits and extensions)
+SHORT_ANSWER_BYTES = 4096  # another status's body read (and dropped) to keep its connection, up to this length
 # Chunks a body may come in: each costs a few microseconds of Python, so a body of one-byte chunks would cost
 # seconds of CPU where its bytes alone cost milliseconds. Servers send a write or a buffer a chunk (kB each).
 MIN_CHUNKS, BYTES_PER_CHUNK = 1024, 64
@@ -347,7 +348,7 @@ class _Connection(asyncio.Protocol):
             with memoryview(self._buffer) as view:
                 body = bytes(view[: self._need])  # one copy, where a slice of the bytearray and bytes() made two
             del self._buffer[: self._need]
-            self._done(Answer(status, body), keep)
+            self._done(Answer(status, body if status == 200 else b""), keep)
         elif framing == _CHUNKED:
             if self._read_chunks():
                 self._done(Answer(status, bytes(self._body)), keep)
@@ -403,8 +404,15 @@ class _Connection(asyncio.Protocol):
             headers[name] = value
         connection = headers.get("connection", "").lower()
         keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-        if status != 200:  # its body is not read: the connection is not reused
-            self._head = (status, _LENGTH, False)
+        if status != 200:
+            length = headers.get("content-length", "")
+            if length.isdigit() and int(length) <= SHORT_ANSWER_BYTES and "transfer-encoding" not in headers:
+                # A short answer is read and dropped, and its connection kept: an engine loading its model answers
+                # 503 on every scrape, and a new connection each time (three a scrape) overflowed llama-server's
+                # accept queue (5): a client's SYN dropped waits a second to be sent again.
+                self._head, self._need = (status, _LENGTH, keep), int(length)
+                return True
+            self._head = (status, _LENGTH, False)  # any other: its body is not read, the connection not reused
             self._done(Answer(status, b""), False)
             return False
         encoding = headers.get("content-encoding", "identity").lower()

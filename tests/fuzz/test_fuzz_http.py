@@ -107,16 +107,19 @@ def test_truncate_gives_the_first_bytes_of_any_framing(data: st.DataObject, answ
     assert not (outcome[0].truncated and outcome[1]), "a truncated read left the rest of its body to the next answer"
 
 
-@given(st.data(), st.integers(100, 599))
-def test_another_status_is_the_answer_and_never_reused(data: st.DataObject, status: int) -> None:
-    raw = f"HTTP/1.1 {status} Whatever\r\nContent-Length: 5\r\n\r\nhello".encode()
-    outcome = asyncio.run(exchange(data.draw(chunked(raw))))
-    if 100 <= status < 200:  # an interim answer, then the close: no answer came
+@given(st.data(), st.integers(100, 599).filter(lambda status: status != 200), st.sampled_from([5, 4096, 4097, None]))
+def test_another_status_is_the_answer_its_body_dropped(data: st.DataObject, status: int, length: int | None) -> None:
+    """Another status's body is never the answer's; a short one is read to keep the connection, a longer or
+    unbounded one is not read and the connection is not reused."""
+    framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+    body = b"h" * (length or 5) if length is not None else b"5\r\nhello\r\n0\r\n\r\n"
+    raw = f"HTTP/1.1 {status} Whatever\r\n{framing}\r\n\r\n".encode() + body
+    outcome = asyncio.run(exchange(data.draw(chunked(raw, max_chunks=6))))
+    if status < 200:  # an interim answer, then the close: no answer came
         assert isinstance(outcome, ProtocolError), outcome
-    elif status == 200:
-        assert outcome == (Answer(200, b"hello"), True)  # whole before the close that followed: reusable then
     else:
-        assert outcome == (Answer(status, b""), False)
+        kept = length is not None and length <= 4096
+        assert outcome == (Answer(status, b""), kept), outcome
 
 
 HEADS = st.sampled_from(
