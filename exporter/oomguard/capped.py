@@ -407,9 +407,9 @@ class _Connection(asyncio.Protocol):
         if status != 200:
             length = headers.get("content-length", "")
             if length.isdigit() and int(length) <= SHORT_ANSWER_BYTES and "transfer-encoding" not in headers:
-                # A short answer is read and dropped, and its connection kept: an engine loading its model answers
-                # 503 on every scrape, and a new connection each time (three a scrape) overflowed llama-server's
-                # accept queue (5): a client's SYN dropped waits a second to be sent again.
+                # A short answer is read and dropped, and its connection kept, as aiohttp's client did: an engine
+                # loading its model answers 503 on every scrape, and is not made to accept three new connections
+                # a scrape (with them, the real llama-server test timed its restart a second late in CI).
                 self._head, self._need = (status, _LENGTH, keep), int(length)
                 return True
             self._head = (status, _LENGTH, False)  # any other: its body is not read, the connection not reused
