@@ -133,7 +133,7 @@ class EngineClient:
                     return await self._exchange(connection, target, url, cap, truncate)
                 except _Stale:
                     pass  # the server closed the kept connection as we sent: once more on a new one
-            connection = await self._connect(target.key, url)
+            connection = await self._connect(target.key)
             try:
                 return await self._exchange(connection, target, url, cap, truncate)
             except _Stale:
@@ -160,7 +160,7 @@ class EngineClient:
         connections = self._idle.get(key)
         while connections:
             connection, since = connections.pop()
-            if connection.open and now - since <= KEEPALIVE_SECONDS:
+            if _fresh(connection, since, now):
                 return connection
             connection.close()
         return None
@@ -178,7 +178,7 @@ class EngineClient:
         for key in list(self._idle):
             kept = []
             for connection, since in self._idle[key]:
-                if connection.open and now - since <= KEEPALIVE_SECONDS:
+                if _fresh(connection, since, now):
                     kept.append((connection, since))
                 else:
                     connection.close()
@@ -187,7 +187,7 @@ class EngineClient:
             else:
                 del self._idle[key]
 
-    async def _connect(self, key: tuple[str, str, int], url: str) -> _Connection:
+    async def _connect(self, key: tuple[str, str, int]) -> _Connection:
         scheme, host, port = key
         tls = None
         if scheme == "https":
@@ -230,6 +230,11 @@ class EngineClient:
             self._urls.clear()
         parsed = self._urls[url] = _Url((parts.scheme, parts.hostname, port), request)
         return parsed
+
+
+def _fresh(connection: _Connection, idle_since: float, now: float) -> bool:
+    """An idle connection still worth a request: the server has not closed it, nor left it unused too long."""
+    return connection.open and now - idle_since <= KEEPALIVE_SECONDS
 
 
 class _Stale(Exception):
@@ -330,7 +335,7 @@ class _Connection(asyncio.Protocol):
         elif not self._got_bytes and exc is None:
             waiter.set_exception(ProtocolError(f"{self._url} closed the connection without answering"))
         elif self._head is not None and self._head[1] == _TO_CLOSE and exc is None:
-            self._done(Answer(200, bytes(self._body)), False)
+            self._done(Answer(self._head[0], bytes(self._body)), False)
         elif isinstance(exc, ssl.SSLError):
             waiter.set_exception(TlsError(exc))
         else:
