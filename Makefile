@@ -37,8 +37,9 @@ lint: install-test
 test: deps install-test lint check-generated
 	OOMGUARD_REQUIRE_REALVLLM=1 OOMGUARD_REQUIRE_REALLAMACPP=1 $(BIN)/python -m pytest
 
-# Generated files must match their generator: regenerate into a scratch folder and diff. deploy/kubernetes/
-# holds copies of the PrometheusRule and the dashboards (kustomize reads no file outside its folder).
+# Generated files must match their generator: regenerate into a scratch folder and diff. deploy/kubernetes/ and
+# deploy/kubernetes-cluster/ hold copies of the PrometheusRule and the dashboards (kustomize reads no file outside
+# its folder).
 check-generated: install
 	@tmp=$$(mktemp -d); \
 	$(BIN)/oomguard docs --output $$tmp/metrics.md >/dev/null; \
@@ -46,6 +47,8 @@ check-generated: install
 	diff -u docs/metrics.md $$tmp/metrics.md && diff -ru rules $$tmp/rules -x tests && diff -ru dashboards $$tmp/dashboards \
 	  && diff -u deploy/kubernetes/prometheusrule.yaml $$tmp/deploy/kubernetes/prometheusrule.yaml \
 	  && diff -ru deploy/kubernetes/dashboards $$tmp/deploy/kubernetes/dashboards \
+	  && diff -u deploy/kubernetes-cluster/prometheusrule.yaml $$tmp/deploy/kubernetes-cluster/prometheusrule.yaml \
+	  && diff -ru deploy/kubernetes-cluster/dashboards $$tmp/deploy/kubernetes-cluster/dashboards \
 	  || { echo "generated files are stale: run make generate and commit the result"; rm -rf $$tmp; exit 1; }; \
 	rm -rf $$tmp; echo "check-generated: up to date"
 

@@ -43,7 +43,7 @@ def vllm(
 def joined(nvml_gpus: list[GpuReading], *targets: TargetReading):
     nvml = NvmlReading(True, gpus=tuple(nvml_gpus))
     memory = join_targets(nvml, targets)
-    return memory, join_gpus(nvml, targets, memory)
+    return memory, {index: g for (_node, index), g in join_gpus(nvml, targets, memory).items()}  # one node: ""
 
 
 def test_a_healthy_vllm_at_090_uses_six_percent_of_its_headroom() -> None:

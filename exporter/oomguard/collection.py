@@ -17,6 +17,7 @@ from oomguard.capped import EngineClient
 from oomguard.events.runner import EventRunner
 from oomguard.join import join_gpus, join_targets
 from oomguard.model import NvmlReading, Snapshot, TargetReading
+from oomguard.sources.dcgm import DcgmReader
 from oomguard.sources.local.settings import SettingsReader
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
@@ -34,7 +35,7 @@ class Collection:
         *,
         registry: SourceRegistry,
         client: EngineClient,
-        nvml: NvmlReader | None,
+        nvml: NvmlReader | DcgmReader | None,
         targets: TargetSet,
         processes: ProcessLookup,
         tracker: TrendTracker | None = None,
@@ -42,6 +43,7 @@ class Collection:
         attribute: Callable[[NvmlReading | None, tuple[TargetReading, ...]], Awaitable[tuple[TargetReading, ...]]]
         | None = None,
         settings: SettingsReader | None = None,
+        local_node: str = "",
     ) -> None:
         """`attribute`: gives discovered targets their pod and its processes on the GPUs (sources/kubernetes/);
         `settings`: gives local targets their engine's settings from their process's command line (sources/local/)."""
@@ -54,6 +56,7 @@ class Collection:
         self.events = events
         self.attribute = attribute
         self.settings = settings
+        self.local_node = local_node  # the exporter's node: its configured targets' and its NVML GPUs'
         self._in_flight: asyncio.Future[Snapshot] | None = None
         self.last: Snapshot | None = None
 
@@ -70,7 +73,10 @@ class Collection:
     async def _collect(self) -> Snapshot:
         targets, nvml = await asyncio.gather(
             self.registry.run("targets", self._scrape_targets()),
-            self.registry.run("nvml", self._read_nvml(), ok=lambda r: r.up) if self.nvml else _none(),
+            # dcgm-exporter's reading is up while any node answers; its success wants every node's
+            self.registry.run(self.nvml.name, self._read_nvml(), ok=lambda r: r.up and not r.error)
+            if self.nvml
+            else _none(),
         )
         targets = tuple(targets or ())
         if self.attribute is not None:  # its /proc reads are a source of their own (pod_processes); never raises
@@ -78,7 +84,7 @@ class Collection:
         # A source like the others: timed, its success recorded; a failure leaves the readings as they were.
         if self.settings is not None:
             targets = await self.registry.run(SETTINGS, self.settings.add(targets)) or targets
-        memory = join_targets(nvml, targets)
+        memory = join_targets(nvml, targets, self.local_node)
         tracker, events = self.tracker, self.events
         # As the last poll left them: no lock taken on the loop, no dict read while a poll changes it.
         seen = events.view if events else None
@@ -99,6 +105,7 @@ class Collection:
             xid=seen.xid if seen else {},
             xid_last=seen.xid_last if seen else {},
             xid_read_errors=seen.xid_read_errors if seen else None,
+            node=self.local_node,
         )
         self.last = snapshot
         return snapshot

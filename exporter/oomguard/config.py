@@ -298,8 +298,14 @@ class EventsConfig(StrictModel):
 
 
 class KubernetesConfig(StrictModel):
-    """Pod discovery (docs/kubernetes.md): the engine pods of this node become targets named `namespace/pod`."""
+    """Pod discovery (docs/kubernetes.md): the engine pods of this node (or, in the cluster mode, of the whole
+    cluster) become targets named `namespace/pod`."""
 
+    scope: Literal["node", "cluster"] = Field(
+        "node",
+        description="node: the pods of this node (a DaemonSet; GPUs from NVML, logs from /var/log/pods); "
+        "cluster: every node's (one Deployment, no host access; GPUs from dcgm-exporter, logs through the API).",
+    )
     label_selector: str = Field("", description="Which pods are engines (`app.kubernetes.io/name=vllm`); empty: all.")
     port: str | int = Field(description="The engine's container port: its name (`http`) or its number (8000).")
     engine: str = Field("vllm", description="Which engine the pods run.")
@@ -331,6 +337,8 @@ class KubernetesConfig(StrictModel):
 
     @model_validator(mode="after")
     def _node(self) -> KubernetesConfig:
+        if self.scope == "cluster":
+            return self  # every node's pods: no node of its own needed
         if not self.node_name:
             node = os.environ.get("NODE_NAME", "")
             if not node:
@@ -339,6 +347,46 @@ class KubernetesConfig(StrictModel):
                     "(fieldRef spec.nodeName, as deploy/kubernetes/daemonset.yaml does) or node_name"
                 )
             object.__setattr__(self, "node_name", node)
+        return self
+
+
+class DcgmConfig(StrictModel):
+    """GPU memory from NVIDIA's dcgm-exporter instead of NVML (docs/kubernetes.md, "The modes")."""
+
+    urls: tuple[str, ...] = Field(
+        (),
+        description="dcgm-exporter /metrics URLs whose GPUs are this exporter's own node's (a node agent that may not "
+        "read NVML).",
+    )
+    discover: bool = Field(
+        False,
+        description="Find every node's dcgm-exporter pod through the Kubernetes API (the cluster mode; needs "
+        "`kubernetes:`); its GPUs are that pod's node's.",
+    )
+    label_selector: str = Field(
+        "app=nvidia-dcgm-exporter", description="Which pods are dcgm-exporter (the GPU Operator's label)."
+    )
+    namespaces: tuple[str, ...] = Field((), description="Where its pods run; empty: every namespace.")
+    port: int = Field(9400, ge=1, le=65535, description="dcgm-exporter's port on its pod.")
+    timeout_seconds: float = Field(5.0, gt=0, description="Longest wait for one dcgm-exporter's answer.")
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, gt=0, description="Largest body read from one dcgm-exporter (8 GPUs take about 60 KB)."
+    )
+
+    @field_validator("urls")
+    @classmethod
+    def _check_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+                raise ValueError(f"{url!r} is not an http(s) URL; give dcgm-exporter's, e.g. http://HOST:9400/metrics")
+        return value
+
+    @model_validator(mode="after")
+    def _one_way(self) -> DcgmConfig:
+        if bool(self.urls) == self.discover:
+            raise ValueError(
+                "give dcgm-exporter's urls (a node agent) or discover: true (the cluster mode), one of them"
+            )
         return self
 
 
@@ -381,6 +429,9 @@ class Config(StrictModel):
     simulation: SimulationConfig = SimulationConfig()
     targets: tuple[TargetConfig, ...] = ()
     kubernetes: KubernetesConfig | None = Field(None, description="Discover engine pods on this node.")
+    dcgm: DcgmConfig | None = Field(
+        None, description="Read GPU memory from dcgm-exporter instead of NVML (no per-process memory, no XIDs)."
+    )
     discovery: DiscoveryConfig = DiscoveryConfig()
 
     @model_validator(mode="after")
@@ -391,6 +442,27 @@ class Config(StrictModel):
                 raise ValueError(f"two targets are named {target.label!r}; give each a distinct `name:`")
             seen.add(target.label)
         return self
+
+    @model_validator(mode="after")
+    def _gpu_source(self) -> Config:
+        cluster = self.kubernetes is not None and self.kubernetes.scope == "cluster"
+        if self.dcgm is not None and self.dcgm.discover and not cluster:
+            raise ValueError("dcgm.discover finds dcgm-exporter through the API: it needs kubernetes.scope: cluster")
+        if cluster and self.dcgm is None and self.nvml.enabled:
+            raise ValueError(
+                "kubernetes.scope: cluster reads no NVML (it runs on no GPU node): add dcgm: {discover: true} to read "
+                "every node's GPUs from dcgm-exporter, or set nvml.enabled: false for no GPU memory"
+            )
+        return self
+
+    @property
+    def local_node(self) -> str:
+        """The node this exporter runs on, which its NVML GPUs and its configured targets are on: the DaemonSet's
+        node, else $NODE_NAME, else "" (outside Kubernetes; in the cluster mode, GPUs are on their pods' nodes)."""
+        k8s = self.kubernetes
+        if k8s is not None and k8s.scope == "node":
+            return k8s.node_name
+        return os.environ.get("NODE_NAME", "")
 
     @property
     def discovers_local(self) -> bool:

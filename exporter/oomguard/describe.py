@@ -42,9 +42,14 @@ def describe(config: Config) -> list[str]:
     k8s = config.kubernetes
     if k8s is not None:
         namespaces = ", ".join(k8s.namespaces) or "every namespace"
+        where, logs = (
+            ("every node", "their logs followed through the API (pods/log)")
+            if k8s.scope == "cluster"
+            else (f"node {k8s.node_name}", "their logs followed")
+        )
         engines.append(
-            f"the {k8s.engine} pods of node {k8s.node_name} matching {k8s.label_selector or 'any label'}, port "
-            f"{k8s.port}, in {namespaces} (discovered, their logs followed)"
+            f"the {k8s.engine} pods of {where} matching {k8s.label_selector or 'any label'}, port "
+            f"{k8s.port}, in {namespaces} (discovered, {logs})"
         )
     if config.simulation.scenario:
         engines.append(f"the simulated {config.simulation.engine} of scenario {config.simulation.scenario}")
@@ -68,11 +73,7 @@ def describe(config: Config) -> list[str]:
             "watched; add the engines under targets: (docs/configuration.md), a kubernetes: block "
             "(docs/kubernetes.md), or set discovery.local to auto"
         )
-    lines.append(
-        "GPUs: every GPU NVML finds, per process " + ("on" if config.nvml.per_process else "off")
-        if config.nvml.enabled
-        else "GPUs: none (nvml.enabled is false): no GPU memory, no memory alerts"
-    )
+    lines.append(_gpus(config))
     lines.append(
         f"kernel OOM kills: from {config.events.kernel_log_path} where readable, each also counted for the target "
         "whose process or pod it killed"
@@ -85,6 +86,21 @@ def describe(config: Config) -> list[str]:
         else "state: in memory only (no state_dir): event counts start from zero at each restart"
     )
     return lines
+
+
+def _gpus(config: Config) -> str:
+    dcgm = config.dcgm
+    if dcgm is not None and dcgm.discover:
+        where = ", ".join(dcgm.namespaces) or "every namespace"
+        return (
+            f"GPUs: every node's, from its dcgm-exporter pod ({dcgm.label_selector} in {where}, port {dcgm.port}); "
+            "no per-process memory, no XIDs"
+        )
+    if dcgm is not None:
+        return f"GPUs: this node's, from dcgm-exporter at {', '.join(dcgm.urls)}; no per-process memory, no XIDs"
+    if config.nvml.enabled:
+        return "GPUs: every GPU NVML finds, per process " + ("on" if config.nvml.per_process else "off")
+    return "GPUs: none (nvml.enabled is false): no GPU memory, no memory alerts"
 
 
 def warnings(config: Config) -> list[str]:

@@ -20,8 +20,18 @@ one rule, for both joins.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
-from oomguard.model import GpuMemory, GpuReading, NvmlReading, ProcessTree, TargetMemory, TargetReading
+from oomguard.model import (
+    GpuKey,
+    GpuMemory,
+    GpuReading,
+    NvmlReading,
+    PodRef,
+    ProcessTree,
+    TargetMemory,
+    TargetReading,
+)
 
 # The settings that are a share of each GPU's total taken at start, as the engine reports it (vLLM, SGLang).
 RESERVATION_SETTINGS = ("gpu_memory_utilization", "mem_fraction_static")
@@ -45,25 +55,49 @@ def reservation(t: TargetReading, *, awake: bool = True) -> float | None:
     return told[0] if told and 0 < told[0] <= 1 else None
 
 
-def target_gpus(configured: tuple[int, ...], process: ProcessTree | None, gpus: Mapping[int, GpuReading]) -> list[int]:
-    """The target's GPUs among `gpus`: those configured, else those NVML lists its processes on."""
-    if configured:
-        return [i for i in configured if i in gpus]
-    if process is None:
-        return []
-    return sorted(i for i, g in gpus.items() if any(p.pid in process.pids for p in g.processes or ()))
+@dataclass(frozen=True, slots=True)
+class GpuClaim:
+    """What tells a target's GPUs among those read: its configured indices on its node, else the GPUs whose
+    processes (NVML's lists, on its node) are its, else those dcgm-exporter labels with its pod."""
+
+    configured: tuple[int, ...] = ()
+    process: ProcessTree | None = None
+    node: str = ""  # the node it runs on: its pod's, else the exporter's own
+    pod: tuple[str, str] | None = None  # (namespace, name) of a discovered pod
 
 
-def _own_by_gpu(process: ProcessTree | None, measured: list[GpuReading]) -> dict[int, float] | None:
+def claim(configured: tuple[int, ...], process: ProcessTree | None, pod: PodRef | None, local_node: str) -> GpuClaim:
+    """A target's claim: a pod on the node its object names, any other target on the exporter's node."""
+    if pod is None:
+        return GpuClaim(configured, process, local_node)
+    return GpuClaim(configured, process, pod.node or local_node, (pod.namespace, pod.name))
+
+
+def target_gpus(claim: GpuClaim, gpus: Mapping[GpuKey, GpuReading]) -> list[GpuKey]:
+    """The target's GPUs among `gpus`: those configured, else those NVML lists its processes on, else those
+    dcgm-exporter names its pod on."""
+    if claim.configured:
+        return [key for i in claim.configured if (key := (claim.node, i)) in gpus]
+    process, pod = claim.process, claim.pod
+    mine = {k: g for k, g in gpus.items() if k[0] == claim.node}  # pids and pods are of one node
+    found = []
+    if process is not None:
+        found = [k for k, g in mine.items() if any(p.pid in process.pids for p in g.processes or ())]
+    if not found and pod is not None:
+        found = [k for k, g in mine.items() if pod in g.pods]
+    return sorted(found)
+
+
+def _own_by_gpu(process: ProcessTree | None, measured: list[GpuReading]) -> dict[GpuKey, float] | None:
     """The target's own processes' use on each of its GPUs; None when NVML's list cannot tell."""
     if process is None or any(g.processes is None for g in measured):
         return None
-    own = {g.index: 0.0 for g in measured}
+    own = {g.key: 0.0 for g in measured}
     matched = False
     for g in measured:
         for p in g.processes or ():
             if p.pid in process.pids:
-                own[g.index] += p.used_bytes or 0.0
+                own[g.key] += p.used_bytes or 0.0
                 matched = True
     # No match at all: the exporter sees other pids than NVML (a container without the
     # host PID namespace), so "0 bytes" would be a lie.
@@ -71,31 +105,28 @@ def _own_by_gpu(process: ProcessTree | None, measured: list[GpuReading]) -> dict
 
 
 def join(
-    configured: tuple[int, ...],
-    process: ProcessTree | None,
-    gpus: Mapping[int, GpuReading],
-    memory_utilization_ratio: float | None = None,
+    claim: GpuClaim, gpus: Mapping[GpuKey, GpuReading], memory_utilization_ratio: float | None = None
 ) -> TargetMemory:
-    """`gpus`: the GPUs that are up, by index. The target is judged by its worst GPU."""
-    mine = tuple(target_gpus(configured, process, gpus))
-    measured = [gpus[i] for i in mine if gpus[i].measured]
+    """`gpus`: the GPUs that are up, by key. The target is judged by its worst GPU."""
+    mine = tuple(target_gpus(claim, gpus))
+    measured = [gpus[k] for k in mine if gpus[k].measured]
     if not measured:
         return TargetMemory(mine, None, None, None, None, None)
     worst = max(measured, key=lambda g: (g.used_bytes or 0.0) / (g.total_bytes or 1.0))
-    own_by_gpu = _own_by_gpu(process, measured)
+    own_by_gpu = _own_by_gpu(claim.process, measured)
     own = sum(own_by_gpu.values()) if own_by_gpu is not None else None
     budget = over = None
     if memory_utilization_ratio is not None:
         budget = memory_utilization_ratio * (worst.total_bytes or 0.0)
         over = max(
-            (own_by_gpu[g.index] if own_by_gpu is not None else g.used_bytes or 0.0)
+            (own_by_gpu[g.key] if own_by_gpu is not None else g.used_bytes or 0.0)
             - memory_utilization_ratio * (g.total_bytes or 0.0)
             for g in measured
         )
     return TargetMemory(mine, worst.used_bytes, worst.total_bytes, own, budget, over, own_by_gpu)
 
 
-def join_gpu(gpu: GpuReading, engines: list[tuple[float, dict[int, float] | None]]) -> GpuMemory | None:
+def join_gpu(gpu: GpuReading, engines: list[tuple[float, dict[GpuKey, float] | None]]) -> GpuMemory | None:
     """One GPU with the engines that reserve it: (reservation ratio, own use by GPU or None) each."""
     if not engines or not gpu.measured:
         return None
@@ -103,7 +134,7 @@ def join_gpu(gpu: GpuReading, engines: list[tuple[float, dict[int, float] | None
     reserved = sum(ratio * total for ratio, _ in engines)
     engine_used = over = other = None
     if all(own is not None for _, own in engines):
-        owns = [(ratio, own[gpu.index]) for ratio, own in engines if own is not None]
+        owns = [(ratio, own[gpu.key]) for ratio, own in engines if own is not None]
         engine_used = sum(mine for _, mine in owns)
         over = sum(max(0.0, mine - ratio * total) for ratio, mine in owns)
         other = max(0.0, used - engine_used)
@@ -114,35 +145,40 @@ def join_gpu(gpu: GpuReading, engines: list[tuple[float, dict[int, float] | None
     headroom = total - reserved
     # Reservations that take the whole GPU: anything else in use is already too much.
     ratio = unreserved / headroom if headroom > 0 else float(unreserved > 0)
-    return GpuMemory(gpu.index, total, used, reserved, engine_used, over, other, unreserved, ratio)
+    return GpuMemory(gpu.key, total, used, reserved, engine_used, over, other, unreserved, ratio)
 
 
-def up_gpus(gpus: tuple[GpuReading, ...]) -> dict[int, GpuReading]:
-    return {g.index: g for g in gpus if g.up}
+def up_gpus(gpus: tuple[GpuReading, ...]) -> dict[GpuKey, GpuReading]:
+    return {g.key: g for g in gpus if g.up}
 
 
-def join_targets(nvml: NvmlReading | None, targets: Iterable[TargetReading]) -> dict[str, TargetMemory]:
-    """Every target of a collection joined with the GPUs NVML read (none when it did not)."""
+def join_targets(
+    nvml: NvmlReading | None, targets: Iterable[TargetReading], local_node: str = ""
+) -> dict[str, TargetMemory]:
+    """Every target of a collection joined with the GPUs NVML read (none when it did not). `local_node`: the
+    exporter's own node, where a target that is no pod runs."""
     gpus = up_gpus(nvml.gpus) if nvml is not None else {}
-    return {t.name: join(t.gpus, t.process, gpus, reservation(t, awake=False)) for t in targets}
+    return {
+        t.name: join(claim(t.gpus, t.process, t.pod, local_node), gpus, reservation(t, awake=False)) for t in targets
+    }
 
 
 def join_gpus(
     nvml: NvmlReading | None, targets: Iterable[TargetReading], memory: Mapping[str, TargetMemory]
-) -> dict[int, GpuMemory]:
+) -> dict[GpuKey, GpuMemory]:
     """Every GPU on which an awake engine with a known reservation (`reservation`) runs, with its engines."""
     if nvml is None:
         return {}
-    engines_on: dict[int, list[tuple[float, dict[int, float] | None]]] = {}
+    engines_on: dict[GpuKey, list[tuple[float, dict[GpuKey, float] | None]]] = {}
     for t in targets:
         ratio = reservation(t)
         joined = memory.get(t.name)
         if ratio is None or joined is None:
             continue
-        for index in joined.gpus:
-            engines_on.setdefault(index, []).append((ratio, joined.own_by_gpu))
+        for key in joined.gpus:
+            engines_on.setdefault(key, []).append((ratio, joined.own_by_gpu))
     out = {}
     for gpu in nvml.gpus:
-        if gpu.up and (joined_gpu := join_gpu(gpu, engines_on.get(gpu.index, []))) is not None:
-            out[gpu.index] = joined_gpu
+        if gpu.up and (joined_gpu := join_gpu(gpu, engines_on.get(gpu.key, []))) is not None:
+            out[gpu.key] = joined_gpu
     return out

@@ -25,9 +25,16 @@ SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 # The parts of an engine's GPU memory it can tell apart (oomguard_engine_memory_bytes{component}).
 MEMORY_COMPONENTS = ("weights", "kv_cache", "cuda_graphs")
 HOST = ""  # the `target` of host-wide event sources (the kernel log)
+# Where GPU memory is read, as oomguard_source_success names it: NVML on this host, or dcgm-exporter (sources/dcgm.py).
+GPU_SOURCES = ("nvml", "dcgm")
 
 
-# -- GPUs (NVML) -----------------------------------------------------------------------------
+# -- GPUs (NVML, or dcgm-exporter) ----------------------------------------------------------
+# A GPU among all an exporter reads: (its node, its index there). One node's GPUs in a node agent; many in the
+# cluster mode, where two nodes' GPU 0 are two GPUs. The node is "" where the exporter does not know it.
+GpuKey = tuple[str, int]
+
+
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
     pid: int
@@ -47,9 +54,17 @@ class GpuReading:
     free_bytes: float | None = None
     reserved_bytes: float | None = None
     utilization_ratio: float | None = None
-    # None when the per-process query failed: an empty tuple means "no processes".
+    # None when the per-process query failed, or the source does not publish it (dcgm-exporter): an empty tuple
+    # means "no processes".
     processes: tuple[GpuProcess, ...] | None = None
     error: str = ""
+    node: str = ""  # the Kubernetes node it is on ("" outside Kubernetes)
+    # The pods using it as dcgm-exporter labels it (namespace, pod): how a pod finds its GPUs without its pids.
+    pods: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def key(self) -> GpuKey:
+        return (self.node, self.index)
 
     @property
     def measured(self) -> bool:
@@ -59,10 +74,15 @@ class GpuReading:
 
 @dataclass(frozen=True, slots=True)
 class NvmlReading:
+    """What the GPU source read: NVML on this host, or dcgm-exporter (sources/dcgm.py) on one node or many."""
+
     up: bool
     driver_version: str = ""
     gpus: tuple[GpuReading, ...] = ()
     error: str = ""
+    # Whether the source lists each GPU's processes (NVML does, dcgm-exporter does not): without, the figures
+    # that need them are absent, and oomguard_gpu_process_query_success says why.
+    per_process: bool = True
 
 
 # -- the engine's own view (its /metrics) ----------------------------------------------------
@@ -146,6 +166,7 @@ class PodRef:
     name: str
     container: str  # the engine's container
     probe_grace_seconds: float | None = None  # its probes: the time from its start to the first possible kill
+    node: str = ""  # the node it runs on (spec.nodeName): which node's GPUs are its
 
 
 # -- a target as the background services see it --------------------------------------------
@@ -159,6 +180,7 @@ class TargetView:
     port: int | None  # a target on this host: its port, where the process lookup keeps its processes; else None
     state: str  # loading, up or down
     asleep: bool  # in the engine's sleep mode, as its last reading said
+    pod: PodRef | None = None  # a discovered pod: its GPUs by its node and by dcgm-exporter's pod labels
 
 
 # -- the engine's settings as started (its command line) ------------------------------------
@@ -209,20 +231,20 @@ class TargetMemory:
     memory on one device, and an average of 99 % and 90 % hides the one about to fail.
     """
 
-    gpus: tuple[int, ...]  # the target's GPUs that NVML answers for
+    gpus: tuple[GpuKey, ...]  # the target's GPUs that NVML (or dcgm-exporter) answers for
     used_bytes: float | None  # all processes on its worst GPU (highest used/total); None when none is measured
     total_bytes: float | None  # that GPU's total
     own_bytes: float | None  # the target's own processes on all its GPUs (local targets whose pids NVML lists)
     budget_bytes: float | None  # gpu_memory_utilization x the worst GPU's total
     over_budget_bytes: float | None  # the largest, over its GPUs, of own (else used) minus budget
-    own_by_gpu: dict[int, float] | None = None  # its own processes' use per GPU, where attributable
+    own_by_gpu: dict[GpuKey, float] | None = None  # its own processes' use per GPU, where attributable
 
 
 @dataclass(frozen=True, slots=True)
 class GpuMemory:
     """A GPU joined with the engines that reserve it (join.py); only for a GPU with a known reservation."""
 
-    index: int
+    key: GpuKey
     total_bytes: float
     used_bytes: float
     reserved_bytes: float  # the awake engines' gpu_memory_utilization x total, summed
@@ -319,11 +341,16 @@ class TrendSettings:
 
 @dataclass(frozen=True, slots=True)
 class TrendKey:
-    """Which memory a series follows: ("gpu", "0", "gpu") or ("target", "llama", "gpu"|"host")."""
+    """Which memory a series follows: ("gpu", "0", "gpu", node) or ("target", "llama", "gpu"|"host")."""
 
     kind: str
     name: str
     memory: str
+    node: str = ""  # a GPU's node
+
+    @classmethod
+    def of_gpu(cls, key: GpuKey) -> TrendKey:
+        return cls("gpu", str(key[1]), "gpu", key[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,7 +434,7 @@ class Snapshot:
     sources: dict[str, SourceResult]
     collected_at: float
     memory: dict[str, TargetMemory] = field(default_factory=dict)  # target name -> its GPUs joined
-    gpu_memory: dict[int, GpuMemory] = field(default_factory=dict)  # GPU index -> its engines joined
+    gpu_memory: dict[GpuKey, GpuMemory] = field(default_factory=dict)  # a GPU -> its engines joined
     trends: dict[TrendKey, TrendReading] = field(default_factory=dict)
     trend_samples_total: int | None = None  # None: trend sampling is off
     trend_errors_total: int = 0
@@ -415,6 +442,7 @@ class Snapshot:
     event_sources: tuple[EventSourceHealth, ...] = ()
     event_state_write_errors: int | None = None  # None: no state_dir
     event_state_read_errors: int | None = None  # None: no state_dir
-    xid: dict[tuple[int, int], int] = field(default_factory=dict)  # (gpu, xid code) -> count
+    xid: dict[tuple[int, int], int] = field(default_factory=dict)  # (gpu, xid code) -> count, on this node
+    node: str = ""  # the exporter's own node (its NVML GPUs' and XIDs'): "" outside Kubernetes
     xid_last: dict[int, float] = field(default_factory=dict)
     xid_read_errors: int | None = None  # None: XID events are off

@@ -33,6 +33,7 @@ from oomguard.events.kubernetes import PodEvents
 from oomguard.events.runner import EventRunner
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
 from oomguard.simulate.runner import Simulation
+from oomguard.sources.dcgm import DcgmEndpoint, DcgmReader
 from oomguard.sources.kubernetes.discovery import KubernetesDiscovery
 from oomguard.sources.local.discovery import LocalDiscovery
 from oomguard.sources.local.settings import SettingsReader
@@ -96,8 +97,8 @@ class Runtime:
         self._tasks: list[asyncio.Future[Any]] = []
 
     def _lib(self) -> ModuleType | Any | None:
-        if not self.config.nvml.enabled:
-            return None
+        if not self.config.nvml.enabled or self.config.dcgm is not None:
+            return None  # no NVML, or GPU memory from dcgm-exporter instead
         if self._nvml_lib is not _REAL_NVML:
             return self._nvml_lib
         if self.simulation is not None:
@@ -114,7 +115,10 @@ class Runtime:
         self._client = EngineClient(limit=scrape_connection_limit(), user_agent=f"oomguard/{__version__}")
         lib = self._lib()
         nvml = self._nvml = (
-            NvmlReader(NvmlSource(lib, per_process=config.nvml.per_process), config.nvml.timeout_seconds)
+            NvmlReader(
+                NvmlSource(lib, per_process=config.nvml.per_process, node=config.local_node),
+                config.nvml.timeout_seconds,
+            )
             if lib is not None
             else None
         )
@@ -143,15 +147,23 @@ class Runtime:
             if config.kubernetes is not None
             else None
         )
+        gpus: NvmlReader | DcgmReader | None = nvml
+        if config.dcgm is not None:
+            dcgm = config.dcgm
+            configured = [DcgmEndpoint(url, config.local_node) for url in dcgm.urls]
+            endpoints = discovery.dcgm_endpoints if discovery is not None and dcgm.discover else lambda: configured
+            gpus = DcgmReader(
+                self._client, endpoints, timeout_seconds=dcgm.timeout_seconds, max_body_bytes=dcgm.max_body_bytes
+            )
         local = self.local_discovery = (
             LocalDiscovery(config, registry=self.registry, targets=targets, processes=processes)
             if config.discovers_local
             else None
         )
         self.collection = collection = Collection(
-            registry=self.registry, client=self._client, nvml=nvml, targets=targets, processes=processes,
+            registry=self.registry, client=self._client, nvml=gpus, targets=targets, processes=processes,
             tracker=tracker, events=events, attribute=discovery.attribute if discovery else None,
-            settings=SettingsReader(),
+            settings=SettingsReader(), local_node=config.local_node,
         )  # fmt: skip
         # What exists at start lives as long as the runtime: keep it out of the garbage collector's
         # full passes, which otherwise stall a scrape for tens of milliseconds now and then.
@@ -165,7 +177,8 @@ class Runtime:
         self._tasks.append(asyncio.ensure_future(collection.snapshot()))
         if tracker is not None:
             pod_processes = discovery.pod_processes if discovery is not None else None
-            sampler = Sampler(tracker, TrendObserver(nvml, processes, targets.views, tracker, pod_processes).observe)
+            observer = TrendObserver(gpus, processes, targets.views, tracker, pod_processes, config.local_node)
+            sampler = Sampler(tracker, observer.observe)
             self._tasks.append(asyncio.ensure_future(sampler.run()))
         if events.sources or discovery is not None:
             self._tasks.append(asyncio.ensure_future(self._follow_events(events, targets, processes)))

@@ -127,7 +127,12 @@ def test_inhibitions_guard_against_missing_equal_labels() -> None:
         target = [parse_matcher(m) for m in rule["target_matchers"]]
         assert rule["equal"], rule
         assert rule["equal"][0] == "cluster", f"{rule}: a page in one cluster must not silence another's"
-        for label in rule["equal"][1:]:  # cluster may be absent from both (a single Prometheus): that is equal
+        # cluster may be absent from both (a single Prometheus), and a GPU's node (outside Kubernetes): that is
+        # equal, the others required still tell the alerts apart
+        for label in rule["equal"][1:]:
+            if label == "node":
+                assert "gpu" in rule["equal"], f"{rule}: node tells GPUs apart, with gpu"
+                continue
             assert (label, "=~", ".+") in source, f'{rule}: source must require {label}=~".+"'
         for name, op, value in source + target:
             if name == "alertname" and op in ("=", "=~") and value != "OomGuard.+":

@@ -134,6 +134,7 @@ def substitute(expr: str, scrape_interval_s: int) -> str:
         "$instance": ".*",
         "$target": ".*",
         "$gpu": ".*",
+        "$node": ".*",
         **{f"${label}": ".*" for label in FLEET},  # All: the test's Prometheus has no cluster label
     }
     for variable, value in values.items():
@@ -141,7 +142,10 @@ def substitute(expr: str, scrape_interval_s: int) -> str:
     return expr
 
 
-async def test_every_panel_query_returns_data_from_a_real_prometheus(tmp_path: Path, promtool: str) -> None:
+async def test_every_panel_query_returns_data_from_a_real_prometheus(
+    tmp_path: Path, promtool: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")  # the GPU series carry a node, as on Kubernetes: `$node` lists it
     sim = simulation("leak", time_scale=60.0, log_path=tmp_path / "engine.log")
     trend = {
         "interval_seconds": 0.1, "short_window_seconds": 2, "long_window_seconds": 30,

@@ -39,7 +39,7 @@ def _judged(config: BundleConfig, alert: str) -> str:
     the headroom the engines' reservation leaves where one is known, used/total elsewhere."""
     a = getattr(config.alerts, alert)
     M = _sel(config)
-    on = ", ".join(grouping(config, "gpu"))
+    on = ", ".join(grouping(config, "node", "gpu"))
     return (
         f"(oomguard_gpu_memory_headroom_used_ratio{M} > {a.headroom_threshold})"
         f" or (oomguard_gpu_memory_used_ratio{M} > {a.threshold}"
@@ -292,7 +292,11 @@ def _variables(config: BundleConfig, with_target: bool, with_gpu: bool) -> list[
     if with_target:
         variables.append(query_var("target", "Target", f"label_values(oomguard_target_info{M}, target)"))
     if with_gpu:
-        variables.append(query_var("gpu", "GPU", f"label_values(oomguard_gpu_info{M}, gpu)"))
+        # The cluster mode's GPUs are on many nodes; a node agent's carry its one node, or none outside Kubernetes
+        # (then the variable lists no value, and its All matches the absent label, as a fleet label's does).
+        variables.append(query_var("node", "Node", f"label_values(oomguard_gpu_info{M}, node)"))
+        on_node = _sel(config, 'node=~"$node"')
+        variables.append(query_var("gpu", "GPU", f"label_values(oomguard_gpu_info{on_node}, gpu)"))
     return variables
 
 
@@ -460,7 +464,7 @@ def overview(config: BundleConfig) -> list[Panel]:
         Graph(
             "GPU memory used",
             "Every GPU's memory used against the warning and critical lines: a climb that never falls back is a leak, a jump to the top is over-provisioning.",
-            (Q(f"oomguard_gpu_memory_used_ratio{M}", "{{instance}} GPU {{gpu}}"),),
+            (Q(f"oomguard_gpu_memory_used_ratio{M}", "{{instance}} GPU {{gpu}} {{node}}"),),
             "percentunit",
             (24, 8),
             thresholds=ratio_steps,
@@ -473,7 +477,7 @@ def target(config: BundleConfig) -> list[Panel]:
     a = config.alerts
     high, critical = a.gpu_memory_high.threshold, a.gpu_memory_critical.threshold
     probe = float(a.startup_slower_than_probe.probe_initial_delay_seconds)
-    M, MT, MG = _sel(config), _sel(config, 'target=~"$target"'), _sel(config, 'gpu=~"$gpu"')
+    M, MT, MG = _sel(config), _sel(config, 'target=~"$target"'), _sel(config, 'node=~"$node"', 'gpu=~"$gpu"')
     stacked = ("custom.stacking", {"mode": "normal", "group": "used"})
     line = (("custom.stacking", {"mode": "none", "group": "lines"}), ("custom.fillOpacity", 0), ("custom.lineWidth", 2))
 
@@ -485,7 +489,7 @@ def target(config: BundleConfig) -> list[Panel]:
         Graph(
             "GPU memory used",
             f"Used memory of each GPU as a share of its total, with the {high:.0%} and {critical:.0%} lines: the memory alerts' judgement on a GPU with no known engine reservation. A GPU an engine reserves (vLLM: gpu_memory_utilization x total, from its start) sits at its reservation, idle or busy: judge it on the headroom panel.",
-            (Q(f"oomguard_gpu_memory_used_ratio{MG}", "GPU {{gpu}}"),),
+            (Q(f"oomguard_gpu_memory_used_ratio{MG}", "GPU {{gpu}} {{node}}"),),
             "percentunit",
             (12, 8),
             thresholds=_thresholds(("green", None), ("orange", high), ("red", critical)),
@@ -494,7 +498,7 @@ def target(config: BundleConfig) -> list[Panel]:
         Graph(
             "Headroom used beyond the reservation",
             f"On a GPU an engine reserves: the memory outside the reservation (the engines' use beyond it, and every other process) as a share of the headroom the reservation leaves (total - reserved). The memory alerts judge this there: warning above {a.gpu_memory_high.headroom_threshold:.0%}, page above {a.gpu_memory_critical.headroom_threshold:.0%}; above 100 % the reservation cannot be honoured.",
-            (Q(f"oomguard_gpu_memory_headroom_used_ratio{MG}", "GPU {{gpu}}"),),
+            (Q(f"oomguard_gpu_memory_headroom_used_ratio{MG}", "GPU {{gpu}} {{node}}"),),
             "percentunit",
             (12, 8),
             thresholds=_headroom_steps(config),
@@ -528,9 +532,9 @@ def target(config: BundleConfig) -> list[Panel]:
             "GPU memory: used, reserved by the driver, total",
             "Bytes used, reserved by the driver (NVML's reserved memory, not an engine's reservation), and total, per GPU.",
             (
-                Q(f"oomguard_gpu_memory_used_bytes{MG}", "used GPU {{gpu}}", "A"),
-                Q(f"oomguard_gpu_memory_reserved_bytes{MG}", "reserved GPU {{gpu}}", "B"),
-                Q(f"oomguard_gpu_memory_total_bytes{MG}", "total GPU {{gpu}}", "C"),
+                Q(f"oomguard_gpu_memory_used_bytes{MG}", "used GPU {{gpu}} {{node}}", "A"),
+                Q(f"oomguard_gpu_memory_reserved_bytes{MG}", "reserved GPU {{gpu}} {{node}}", "B"),
+                Q(f"oomguard_gpu_memory_total_bytes{MG}", "total GPU {{gpu}} {{node}}", "C"),
             ),
             "bytes",
             (12, 8),
@@ -549,7 +553,7 @@ def target(config: BundleConfig) -> list[Panel]:
         Graph(
             "Per-process GPU memory",
             "GPU memory of each compute process: who holds the memory.",
-            (Q(f"oomguard_gpu_process_memory_used_bytes{MG}", "GPU {{gpu}} pid {{pid}} {{process_name}}"),),
+            (Q(f"oomguard_gpu_process_memory_used_bytes{MG}", "GPU {{gpu}} {{node}} pid {{pid}} {{process_name}}"),),
             "bytes",
             (12, 8),
         ),
@@ -559,8 +563,9 @@ def target(config: BundleConfig) -> list[Panel]:
             "Robust slope of used memory per GPU over the long window: positive and steady is a climb.",
             (
                 Q(
-                    "oomguard_gpu_memory_slope_bytes_per_second" + _sel(config, 'gpu=~"$gpu"', 'window="long"'),
-                    "GPU {{gpu}}",
+                    "oomguard_gpu_memory_slope_bytes_per_second"
+                    + _sel(config, 'node=~"$node"', 'gpu=~"$gpu"', 'window="long"'),
+                    "GPU {{gpu}} {{node}}",
                 ),
             ),
             "Bps",
@@ -569,14 +574,14 @@ def target(config: BundleConfig) -> list[Panel]:
         Graph(
             "Trend state",
             "The trend state of each GPU's memory (1 = current): steady, sawtooth, climbing (leak), spike (over-provisioning), saturated.",
-            (Q(f"oomguard_gpu_memory_trend_state{MG} == 1", "GPU {{gpu}} {{state}}"),),
+            (Q(f"oomguard_gpu_memory_trend_state{MG} == 1", "GPU {{gpu}} {{node}} {{state}}"),),
             "none",
             (8, 7),
         ),
         Graph(
             "Time to full",
             "At the current pace, time until each GPU is full; shown only while climbing or spiking.",
-            (Q(f"oomguard_gpu_memory_seconds_to_full{MG}", "GPU {{gpu}}"),),
+            (Q(f"oomguard_gpu_memory_seconds_to_full{MG}", "GPU {{gpu}} {{node}}"),),
             "s",
             (8, 7),
             thresholds=_thresholds(

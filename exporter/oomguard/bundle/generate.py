@@ -17,6 +17,7 @@ RECORDS_FILE = "oomguard-records.yaml"
 PROMETHEUS_RULE_FILE = "oomguard-prometheusrule.yaml"
 # The kustomize base (docs/kubernetes.md) and its copy of the PrometheusRule.
 KUBERNETES_DIR = Path("deploy") / "kubernetes"
+KUBERNETES_CLUSTER_DIR = Path("deploy") / "kubernetes-cluster"  # the cluster mode's base (a Deployment)
 KUBERNETES_PROMETHEUS_RULE_FILE = "prometheusrule.yaml"
 
 
@@ -97,8 +98,9 @@ def render(config: BundleConfig) -> dict[str, str]:
 def write(config: BundleConfig, output: Path) -> list[Path]:
     """Rules into OUTPUT/rules/, dashboards into OUTPUT/dashboards/, and the copies the Kubernetes manifests load.
 
-    kustomize reads no file outside its own folder, so deploy/kubernetes/ holds the PrometheusRule and the
-    dashboards' JSON itself: the same text as rules/ and dashboards/, written here so that they cannot drift.
+    kustomize reads no file outside its own folder, so deploy/kubernetes/ and deploy/kubernetes-cluster/ hold the
+    PrometheusRule and the dashboards' JSON themselves: the same text as rules/ and dashboards/, written here so
+    that they cannot drift.
     """
     rules, boards = render(config), dashboards.render(config)
     outputs = (
@@ -106,6 +108,8 @@ def write(config: BundleConfig, output: Path) -> list[Path]:
         (Path("dashboards"), boards),
         (KUBERNETES_DIR, {KUBERNETES_PROMETHEUS_RULE_FILE: rules[PROMETHEUS_RULE_FILE]}),
         (KUBERNETES_DIR / "dashboards", boards),
+        (KUBERNETES_CLUSTER_DIR, {KUBERNETES_PROMETHEUS_RULE_FILE: rules[PROMETHEUS_RULE_FILE]}),
+        (KUBERNETES_CLUSTER_DIR / "dashboards", boards),
     )
     written = []
     for folder, files in outputs:

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from oomguard.diagnose.clock import Clock
-from oomguard.diagnose.evidence import Facts, Item, evidence, gather
+from oomguard.diagnose.evidence import Facts, Item, evidence, gather, gpu_id
 from oomguard.diagnose.query import Data, fetch_exporter, fetch_prometheus
 from oomguard.diagnose.recommend import Recommendation, recommend
 from oomguard.diagnose.verdict import INSUFFICIENT, confidence_label, decide
@@ -72,12 +72,12 @@ def _subjects(data: Data) -> list[tuple[str | None, str | None, list[str]]]:
     subjects: list[tuple[str | None, str | None, list[str]]] = []
     for instance in instances:
         mine = [s for s in data.series if s.labels.get("instance") == instance]
-        gpus = sorted({s.labels["gpu"] for s in mine if "gpu" in s.labels and s.name.startswith("oomguard_gpu_")})
+        gpus = sorted({gpu_id(s.labels) for s in mine if "gpu" in s.labels and s.name.startswith("oomguard_gpu_")})
         targets = sorted({s.labels["target"] for s in mine if "target" in s.labels})
         for target in targets:
             own = sorted(
                 {
-                    s.labels["gpu"]
+                    gpu_id(s.labels)
                     for s in mine
                     # a relabelling may have dropped the gpu label: then the instance's GPUs stand in
                     if s.name == "oomguard_target_gpu_info" and s.labels.get("target") == target and "gpu" in s.labels

@@ -388,6 +388,19 @@ def _fallback(facts: Facts, select: Callable[..., list[Series]], on: dict[str, s
 # ---- gathering ---------------------------------------------------------------------------------
 
 
+def gpu_id(labels: dict[str, str]) -> str:
+    """A GPU as a diagnosis names it: its index, and its node where the series carry one (`0@node-a`): in the cluster
+    mode one exporter holds many nodes' GPU 0."""
+    node = labels.get("node", "")
+    return f"{labels['gpu']}@{node}" if node else labels["gpu"]
+
+
+def gpu_labels(gpu: str) -> dict[str, str]:
+    """The labels of a GPU named by `gpu_id`."""
+    index, _, node = gpu.partition("@")
+    return {"gpu": index, "node": node} if node else {"gpu": index}
+
+
 def gather(data: Data, instance: str | None, target: str | None, gpus: list[str], clock: Clock = REAL) -> Facts:
     """The facts of one target (its GPUs) or, with `target` None, of one GPU, read on `clock`."""
     facts = Facts(target, instance, gpus, data.history, data.start, data.end, clock=clock)
@@ -400,7 +413,7 @@ def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]
         return found
 
     def gpu_series(name: str, gpu: str) -> list[Series]:
-        return select(name, gpu=gpu, **where)
+        return select(name, **gpu_labels(gpu), **where)
 
     # 1. memory, per GPU then the worst GPU's
     worst_gpu, worst_peak = None, -1.0

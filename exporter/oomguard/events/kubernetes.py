@@ -19,8 +19,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from oomguard.config import EventsConfig, TargetConfig
+from oomguard.events.api_log import ApiLogReader
 from oomguard.events.kinds import CONTAINER_OOM_KILLED, KUBERNETES_EVENT_KINDS, PROBE_FAILURE, PROBE_KILL
-from oomguard.events.registry import pod_log
+from oomguard.events.registry import pod_api_log, pod_log
 from oomguard.events.source import POSITIONS, source_health
 from oomguard.model import Event, EventSourceHealth, ReadStats, Termination
 
@@ -134,6 +135,17 @@ class PodEvents:
             from_start=from_start,
         )  # fmt: skip
         self._runner.set_sources(target, [pod.api, log])
+
+    def follow_api(self, target: TargetConfig, *, from_start: bool) -> ApiLogReader | None:
+        """The cluster mode's `follow`: the pod's API events and its engine container's log through the API, whose
+        reader the discovery's follower feeds (blocking: a replaced pod's old sources are closed). None: removed."""
+        pod = self._pods.get(target.label)
+        if pod is None:
+            return None
+        key = (pod.namespace, pod.name, pod.container)
+        log, reader = pod_api_log(target, self._config, self._runner.saved, key, from_start=from_start)
+        self._runner.set_sources(target.label, [pod.api, log])
+        return reader
 
     def unfollow(self, target: str) -> None:
         """The target's sources closed, what they held counted (blocking)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from oomguard.config import Config, EventsConfig, TargetConfig
 from oomguard.engines import ENGINES
+from oomguard.events.api_log import ApiLogReader
 from oomguard.events.catalogue import load_catalogue
 from oomguard.events.cgroup import CgroupOomReader, CgroupSource
 from oomguard.events.cri import PodLogReader
@@ -110,6 +111,18 @@ def pod_log(
     pattern = os.path.join(events.k8s_pods_dir, f"{namespace}_{name}_{uid}", container, "*.log")
     reader = PodLogReader(pattern, state=state.get(POSITIONS), from_start=from_start or events.from_start)
     return log_source(target, events, source, reader, state)
+
+
+def pod_api_log(
+    target: TargetConfig, events: EventsConfig, saved: SavedState, pod: tuple[str, str, str], *, from_start: bool
+) -> tuple[EventSource, ApiLogReader]:
+    """The cluster mode's: the engine container's log of a discovered pod (namespace, name, container) through the
+    API; the reader is what its follower (sources/kubernetes/pod_logs.py) feeds."""
+    namespace, name, container = pod
+    source = f"k8s-log:{namespace}/{name}/{container}"
+    state = saved.of(target.label, source)
+    reader = ApiLogReader(state=state.get(POSITIONS), from_start=from_start or events.from_start)
+    return log_source(target, events, source, reader, state), reader
 
 
 def cgroup(target: TargetConfig, events: EventsConfig, saved: SavedState) -> list[EventSource]:

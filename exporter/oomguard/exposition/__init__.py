@@ -10,7 +10,7 @@ from __future__ import annotations
 from oomguard.exposition import engine, events, gpu, health, joined, trend
 from oomguard.exposition.encoder import Exposition
 from oomguard.exposition.spec import MetricSpec
-from oomguard.model import Snapshot
+from oomguard.model import GPU_SOURCES, Snapshot
 
 METRICS: tuple[MetricSpec, ...] = (
     *gpu.METRICS,
@@ -28,7 +28,7 @@ def families(snapshot: Snapshot, *, keep_samples: bool = False) -> Exposition:
     pods = {t.name: (t.pod.namespace, t.pod.name, t.pod.container) for t in snapshot.targets if t.pod}
     out = Exposition(METRICS, _DECLARED, pods, keep_samples=keep_samples)
     health.add_exporter(out, snapshot)
-    if snapshot.nvml is not None and "nvml" in snapshot.sources:
+    if snapshot.nvml is not None and any(source in snapshot.sources for source in GPU_SOURCES):
         gpu.add(out, snapshot.nvml)
     for target in snapshot.targets:
         health.add_target(out, target)

@@ -85,7 +85,7 @@ GPU_EVENTS = metric(
     "gpu_events",
     "counter",
     "",
-    "gpu kind xid",
+    "node gpu kind xid",
     "GPU events from NVML: kind xid, by XID code (31 page fault, 43 GPU stopped, 48 double-bit ECC, 79 fell off the bus).",
     presence=EVENT,
 )
@@ -94,7 +94,7 @@ GPU_LAST_EVENT_TIMESTAMP_SECONDS = metric(
     "gpu_last_event_timestamp_seconds",
     "gauge",
     "seconds",
-    "gpu kind",
+    "node gpu kind",
     "When the GPU's last XID was seen, Unix time.",
     presence=EVENT,
 )
@@ -229,9 +229,9 @@ def add(out: Exposition, snapshot: Snapshot) -> None:
             out.add(HOST_EVENTS, (kind,), float(host.total.get(kind, 0)))
             out.add(HOST_LAST_EVENT_TIMESTAMP_SECONDS, (kind,), host.last.get(kind))
     for (gpu, xid), n in sorted(snapshot.xid.items()):
-        out.add(GPU_EVENTS, (str(gpu), XID, str(xid)), float(n))
+        out.add(GPU_EVENTS, (snapshot.node, str(gpu), XID, str(xid)), float(n))
     for gpu, at in sorted(snapshot.xid_last.items()):
-        out.add(GPU_LAST_EVENT_TIMESTAMP_SECONDS, (str(gpu), XID), at)
+        out.add(GPU_LAST_EVENT_TIMESTAMP_SECONDS, (snapshot.node, str(gpu), XID), at)
     if snapshot.xid_read_errors is not None:
         out.add(GPU_EVENT_READ_ERRORS, (), float(snapshot.xid_read_errors))
     if snapshot.event_state_write_errors is not None:

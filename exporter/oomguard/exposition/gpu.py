@@ -12,7 +12,7 @@ GPU_INFO = metric(
     "gpu_info",
     "info",
     "",
-    "gpu uuid name pci_bus_id driver_version",
+    "node gpu uuid name pci_bus_id driver_version",
     "Identity of a GPU; join on `gpu` to add names to other series.",
 )
 GPU_UP = metric(
@@ -20,40 +20,49 @@ GPU_UP = metric(
     "gpu_up",
     "gauge",
     "",
-    "gpu",
+    "node gpu",
     "1 when NVML answers for this GPU, 0 when it is lost (fell off the bus, needs a reset).",
 )
-GPU_MEMORY_TOTAL_BYTES = metric(SECTION, "gpu_memory_total_bytes", "gauge", "bytes", "gpu", "Total memory of the GPU.")
+GPU_MEMORY_TOTAL_BYTES = metric(
+    SECTION, "gpu_memory_total_bytes", "gauge", "bytes", "node gpu", "Total memory of the GPU."
+)
 GPU_MEMORY_USED_BYTES = metric(
     SECTION,
     "gpu_memory_used_bytes",
     "gauge",
     "bytes",
-    "gpu",
+    "node gpu",
     "Memory allocated by processes (NVML `used`; excludes the driver's reservation where NVML reports it apart).",
 )
-GPU_MEMORY_FREE_BYTES = metric(SECTION, "gpu_memory_free_bytes", "gauge", "bytes", "gpu", "Memory free for allocation.")
+GPU_MEMORY_FREE_BYTES = metric(
+    SECTION, "gpu_memory_free_bytes", "gauge", "bytes", "node gpu", "Memory free for allocation."
+)
 GPU_MEMORY_RESERVED_BYTES = metric(
     SECTION,
     "gpu_memory_reserved_bytes",
     "gauge",
     "bytes",
-    "gpu",
+    "node gpu",
     "Memory reserved by the driver and firmware (NVML memory info v2; absent on drivers with v1 only).",
     presence=CONDITIONAL,
 )
 GPU_MEMORY_USED_RATIO = metric(
-    SECTION, "gpu_memory_used_ratio", "gauge", "ratio", "gpu", "used / total, 0-1: the figure the 90 % alert watches."
+    SECTION,
+    "gpu_memory_used_ratio",
+    "gauge",
+    "ratio",
+    "node gpu",
+    "used / total, 0-1: the figure the 90 % alert watches.",
 )
 GPU_UTILIZATION_RATIO = metric(
-    SECTION, "gpu_utilization_ratio", "gauge", "ratio", "gpu", "Share of the last sample period a kernel ran, 0-1."
+    SECTION, "gpu_utilization_ratio", "gauge", "ratio", "node gpu", "Share of the last sample period a kernel ran, 0-1."
 )
 GPU_PROCESS_MEMORY_USED_BYTES = metric(
     SECTION,
     "gpu_process_memory_used_bytes",
     "gauge",
     "bytes",
-    "gpu pid process_name",
+    "node gpu pid process_name",
     "GPU memory used by one compute process (absent when NVML cannot say).",
     presence=CONDITIONAL,
 )
@@ -62,8 +71,8 @@ GPU_PROCESS_QUERY_SUCCESS = metric(
     "gpu_process_query_success",
     "gauge",
     "",
-    "gpu",
-    "1 when the per-process query worked, so an absent process series means an idle GPU and not a failed query.",
+    "node gpu",
+    "1 when the per-process query worked, so an absent process series means an idle GPU and not a failed query; 0 when it failed, or the GPU source lists no processes (dcgm-exporter).",
 )
 METRICS = (
     GPU_INFO, GPU_UP, GPU_MEMORY_TOTAL_BYTES, GPU_MEMORY_USED_BYTES, GPU_MEMORY_FREE_BYTES, GPU_MEMORY_RESERVED_BYTES,
@@ -74,18 +83,19 @@ METRICS = (
 def add(out: Exposition, nvml: NvmlReading) -> None:
     driver = nvml.driver_version
     for gpu in nvml.gpus:
-        g = str(gpu.index)
-        out.add(GPU_UP, (g,), 1.0 if gpu.up else 0.0)
+        g = (gpu.node, str(gpu.index))
+        out.add(GPU_UP, g, 1.0 if gpu.up else 0.0)
         if gpu.uuid:
-            out.add(GPU_INFO, (g, gpu.uuid, gpu.name, gpu.pci_bus_id, driver), 1.0)
-        out.add(GPU_MEMORY_TOTAL_BYTES, (g,), gpu.total_bytes)
-        out.add(GPU_MEMORY_USED_BYTES, (g,), gpu.used_bytes)
-        out.add(GPU_MEMORY_FREE_BYTES, (g,), gpu.free_bytes)
-        out.add(GPU_MEMORY_RESERVED_BYTES, (g,), gpu.reserved_bytes)
+            out.add(GPU_INFO, (*g, gpu.uuid, gpu.name, gpu.pci_bus_id, driver), 1.0)
+        out.add(GPU_MEMORY_TOTAL_BYTES, g, gpu.total_bytes)
+        out.add(GPU_MEMORY_USED_BYTES, g, gpu.used_bytes)
+        out.add(GPU_MEMORY_FREE_BYTES, g, gpu.free_bytes)
+        out.add(GPU_MEMORY_RESERVED_BYTES, g, gpu.reserved_bytes)
         if gpu.total_bytes and gpu.used_bytes is not None:
-            out.add(GPU_MEMORY_USED_RATIO, (g,), gpu.used_bytes / gpu.total_bytes)
-        out.add(GPU_UTILIZATION_RATIO, (g,), gpu.utilization_ratio)
+            out.add(GPU_MEMORY_USED_RATIO, g, gpu.used_bytes / gpu.total_bytes)
+        out.add(GPU_UTILIZATION_RATIO, g, gpu.utilization_ratio)
         if gpu.up and not gpu.error:
-            out.add(GPU_PROCESS_QUERY_SUCCESS, (g,), 0.0 if gpu.processes is None else 1.0)
+            # A source without per-process lists (dcgm-exporter) says 0: the process series are absent, not 0.
+            out.add(GPU_PROCESS_QUERY_SUCCESS, g, 0.0 if gpu.processes is None else 1.0)
         for proc in gpu.processes or ():
-            out.add(GPU_PROCESS_MEMORY_USED_BYTES, (g, str(proc.pid), proc.name), proc.used_bytes)
+            out.add(GPU_PROCESS_MEMORY_USED_BYTES, (*g, str(proc.pid), proc.name), proc.used_bytes)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from oomguard import __version__
 from oomguard.exposition.encoder import Exposition
 from oomguard.exposition.spec import CONDITIONAL, metric
-from oomguard.model import ERROR_KINDS, TARGET_STATES, VALUE_REJECT_REASONS, Snapshot, TargetReading
+from oomguard.model import ERROR_KINDS, GPU_SOURCES, TARGET_STATES, VALUE_REJECT_REASONS, Snapshot, TargetReading
 
 SECTION = "Exporter health"
 BUILD_INFO = metric(SECTION, "build_info", "info", "", "version python_version", "The running oomguard.")
@@ -18,7 +18,7 @@ SOURCE_SUCCESS = metric(
     "gauge",
     "",
     "source",
-    "1 when the source (nvml, targets, processes, settings, events, local_discovery, kubernetes, pod_processes: those in use) completed in time in its last run; for kubernetes, its last list or watch of the API.",
+    "1 when the source (nvml or dcgm, targets, processes, settings, events, local_discovery, kubernetes, pod_processes: those in use) completed in time in its last run; for kubernetes, its last list or watch of the API.",
 )
 SOURCE_DURATION_SECONDS = metric(
     SECTION,
@@ -35,7 +35,8 @@ NVML_UP = metric(
     "",
     "",
     "1 when the NVML library is loaded and answering; 0 on a host without an NVIDIA driver. Absent when "
-    "nvml.enabled is false (a CPU deployment).",
+    "nvml.enabled is false (a CPU deployment). Where GPUs are read from dcgm-exporter instead (`dcgm:`), 1 while "
+    'any of its endpoints answers (each failing one makes oomguard_source_success{source="dcgm"} 0).',
     presence=CONDITIONAL,
 )
 TARGET_UP = metric(
@@ -160,7 +161,7 @@ def add_exporter(out: Exposition, snapshot: Snapshot) -> None:
     for name, result in sorted(snapshot.sources.items()):
         out.add(SOURCE_SUCCESS, (name,), 1.0 if result.success else 0.0)
         out.add(SOURCE_DURATION_SECONDS, (name,), result.duration_seconds)
-    if "nvml" in snapshot.sources:
+    if any(source in snapshot.sources for source in GPU_SOURCES):
         out.add(NVML_UP, (), 1.0 if snapshot.nvml is not None and snapshot.nvml.up else 0.0)
 
 

@@ -12,7 +12,7 @@ TARGET_GPU_INFO = metric(
     "target_gpu_info",
     "info",
     "",
-    "target gpu",
+    "target node gpu",
     "Which GPUs a target runs on (from `gpus:` in the config, else from NVML's process list).",
     presence=CONDITIONAL,
 )
@@ -84,7 +84,7 @@ GPU_MEMORY_ENGINE_RESERVED_BYTES = metric(
     "gpu_memory_engine_reserved_bytes",
     "gauge",
     "bytes",
-    "gpu",
+    "node gpu",
     "Memory the engines on this GPU reserve from their start (gpu_memory_utilization x total, summed over the awake engines that say it). Only on a GPU with such an engine.",
     presence=CONDITIONAL,
 )
@@ -93,7 +93,7 @@ GPU_MEMORY_ENGINE_USED_BYTES = metric(
     "gpu_memory_engine_used_bytes",
     "gauge",
     "bytes",
-    "gpu",
+    "node gpu",
     "Memory the engines' own processes use on this GPU (NVML's per-process list); only where every engine on it is a local one whose pids NVML lists.",
     presence=CONDITIONAL,
 )
@@ -102,7 +102,7 @@ GPU_MEMORY_ENGINE_OVER_RESERVATION_BYTES = metric(
     "gpu_memory_engine_over_reservation_bytes",
     "gauge",
     "bytes",
-    "gpu",
+    "node gpu",
     "The engines' own use beyond their reservations, summed over engines (activations, late CUDA graphs, NCCL buffers, a leak); where attributable.",
     presence=CONDITIONAL,
 )
@@ -111,7 +111,7 @@ GPU_MEMORY_OTHER_USED_BYTES = metric(
     "gpu_memory_other_used_bytes",
     "gauge",
     "bytes",
-    "gpu",
+    "node gpu",
     "Memory used on this GPU by anything but its engines (other processes, driver contexts); where attributable.",
     presence=CONDITIONAL,
 )
@@ -120,7 +120,7 @@ GPU_MEMORY_UNRESERVED_USED_BYTES = metric(
     "gpu_memory_unreserved_used_bytes",
     "gauge",
     "bytes",
-    "gpu",
+    "node gpu",
     "What can still grow on a GPU with a reservation: the engines' use beyond it plus every other use; where that cannot be attributed, used minus reserved.",
     presence=CONDITIONAL,
 )
@@ -129,7 +129,7 @@ GPU_MEMORY_HEADROOM_USED_RATIO = metric(
     "gpu_memory_headroom_used_ratio",
     "gauge",
     "ratio",
-    "gpu",
+    "node gpu",
     "Unreserved use / (total - reserved): the share of the headroom the reservations leave that is in use, what the memory alerts judge on a reserved GPU. Above 1: the reservation cannot be honoured.",
     presence=CONDITIONAL,
 )
@@ -149,7 +149,7 @@ def add(out: Exposition, target: TargetReading, memory: TargetMemory | None) -> 
     if memory is None:
         return
     for gpu in memory.gpus:
-        out.add(TARGET_GPU_INFO, (t, str(gpu)), 1.0)
+        out.add(TARGET_GPU_INFO, (t, gpu[0], str(gpu[1])), 1.0)
     if memory.used_bytes is None or not memory.total_bytes:
         return
     out.add(TARGET_GPU_MEMORY_USED_BYTES, (t,), memory.used_bytes)
@@ -161,7 +161,7 @@ def add(out: Exposition, target: TargetReading, memory: TargetMemory | None) -> 
 
 
 def add_gpu(out: Exposition, gpu: GpuMemory) -> None:
-    g = (str(gpu.index),)
+    g = (gpu.key[0], str(gpu.key[1]))
     out.add(GPU_MEMORY_ENGINE_RESERVED_BYTES, g, gpu.reserved_bytes)
     out.add(GPU_MEMORY_ENGINE_USED_BYTES, g, gpu.engine_used_bytes)
     out.add(GPU_MEMORY_ENGINE_OVER_RESERVATION_BYTES, g, gpu.over_reservation_bytes)

@@ -9,14 +9,14 @@ from oomguard.model import TREND_STATES, Snapshot
 SECTION = "Memory trend (see docs/trend.md)"
 _STATE_HELP = "1 for the current trend state (steady, sawtooth, climbing, spike, saturated; defined in docs/trend.md), 0 for the others."
 GPU_MEMORY_TREND_STATE = metric(
-    SECTION, "gpu_memory_trend_state", "gauge", "", "gpu state", _STATE_HELP, presence=CONDITIONAL
+    SECTION, "gpu_memory_trend_state", "gauge", "", "node gpu state", _STATE_HELP, presence=CONDITIONAL
 )
 GPU_MEMORY_SLOPE_BYTES_PER_SECOND = metric(
     SECTION,
     "gpu_memory_slope_bytes_per_second",
     "gauge",
     "bytes/s",
-    "gpu window",
+    "node gpu window",
     "Robust slope (Theil-Sen over bucket medians) of used memory over the short or long window.",
     presence=CONDITIONAL,
 )
@@ -25,7 +25,7 @@ GPU_MEMORY_CLIMB_SECONDS = metric(
     "gpu_memory_climb_seconds",
     "gauge",
     "seconds",
-    "gpu",
+    "node gpu",
     "How long used memory has risen without falling back by more than the tolerance.",
     presence=CONDITIONAL,
 )
@@ -34,7 +34,7 @@ GPU_MEMORY_SECONDS_TO_FULL = metric(
     "gpu_memory_seconds_to_full",
     "gauge",
     "seconds",
-    "gpu",
+    "node gpu",
     "At the current pace, time until the GPU is full; only while climbing or spiking.",
     presence=EVENT,
 )
@@ -118,10 +118,12 @@ def add(out: Exposition, snapshot: Snapshot) -> None:
     budgets = {
         t.name: t.engine_reading.memory_utilization_ratio for t in snapshot.targets if t.engine_reading is not None
     }
-    for key, reading in sorted(snapshot.trends.items(), key=lambda kv: (kv[0].kind, kv[0].name, kv[0].memory)):
+    for key, reading in sorted(
+        snapshot.trends.items(), key=lambda kv: (kv[0].kind, kv[0].node, kv[0].name, kv[0].memory)
+    ):
         trend, capacity = reading.trend, reading.capacity_bytes
         state_spec, slope_spec, climb_spec, full_spec = _FAMILIES[key.kind]
-        labels = (key.name,) if key.kind == "gpu" else (key.name, key.memory)
+        labels = (key.node, key.name) if key.kind == "gpu" else (key.name, key.memory)
         for state in TREND_STATES:
             out.add(state_spec, (*labels, state), 1.0 if trend.state == state else 0.0)
         for window, slope in (("short", trend.slope_short), ("long", trend.slope_long)):

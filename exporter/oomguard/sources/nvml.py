@@ -47,9 +47,12 @@ class NvmlSource:
         lib: ModuleType | Any,
         *,
         per_process: bool = True,
+        node: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`node`: the Kubernetes node this host is (the `node` label of its GPUs), "" outside Kubernetes."""
         self._lib = lib
+        self._node = node
         self._per_process = per_process
         self._clock = clock
         self._lock = threading.Lock()  # reads may overlap when one times out
@@ -120,7 +123,7 @@ class NvmlSource:
             seen = {p.pid for g in gpus for p in g.processes or ()}
             for pid in set(self._process_names) - seen:
                 del self._process_names[pid]
-            return NvmlReading(up=True, driver_version=self._driver_version, gpus=gpus)
+            return NvmlReading(up=True, driver_version=self._driver_version, gpus=gpus, per_process=self._per_process)
 
     def _static(self, index: int) -> _Gpu:
         gpu = self._gpus.get(index)
@@ -157,7 +160,7 @@ class NvmlSource:
             # The handle of a GPU that fell off the bus is useless: look it up afresh next time.
             self._gpus.pop(index, None)
             log.error("GPU %d is lost (%s): marked down; check `nvidia-smi` and dmesg for XID 79", index, exc)
-            return GpuReading(index=index, up=False, error=str(exc))
+            return GpuReading(index=index, up=False, error=str(exc), node=self._node)
         except lib.NVMLError as exc:
             log.warning("GPU %d: NVML call failed: %s", index, exc)
             cached = self._gpus.get(index)
@@ -168,6 +171,7 @@ class NvmlSource:
                 name=cached.name if cached else "",
                 pci_bus_id=cached.pci_bus_id if cached else "",
                 error=str(exc),
+                node=self._node,
             )
         total = float(memory.total) if memory else None
         used = float(memory.used) if memory else None
@@ -183,6 +187,7 @@ class NvmlSource:
             reserved_bytes=float(memory.reserved) if memory is not None and hasattr(memory, "reserved") else None,
             utilization_ratio=utilization.gpu / 100.0 if utilization is not None else None,
             processes=processes,
+            node=self._node,
         )
 
     def _memory(self, index: int, handle: Any) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from oomguard.config import TargetConfig
-from oomguard.model import ProcessTree, TargetView
+from oomguard.model import PodRef, ProcessTree, TargetView
 from oomguard.sources.targets import TargetScraper
 
 
@@ -23,6 +23,7 @@ class TargetSet:
         self._make = make_scraper
         self._by_name: dict[str, TargetScraper] = {}  # in the order added: the exposition's order
         self._pod_uids: dict[str, str] = {}  # a discovered pod's UID, by target name
+        self._pods: dict[str, PodRef] = {}  # a discovered pod, by target name: its node, its name for dcgm's labels
         for config in configs:
             self.add(config)
 
@@ -44,6 +45,7 @@ class TargetSet:
         """Gone, with its counts (a target that comes back starts from zero, as a new series would)."""
         self._by_name.pop(name, None)
         self._pod_uids.pop(name, None)
+        self._pods.pop(name, None)
 
     def retarget(self, name: str, config: TargetConfig) -> None:
         """The target at a new address (a pod replaced under its name): its counts go on, the new process is
@@ -55,9 +57,11 @@ class TargetSet:
         down."""
         self._by_name[name].status.new_life()
 
-    def set_pod_uid(self, name: str, uid: str) -> None:
-        """The pod a discovered target is: a kernel OOM kill in its cgroup is its own (`owners`)."""
+    def set_pod(self, name: str, uid: str, pod: PodRef) -> None:
+        """The pod a discovered target is: a kernel OOM kill in its cgroup is its own (`owners`); its node and name
+        tell its GPUs (`views`)."""
         self._pod_uids[name] = uid
+        self._pods[name] = pod
 
     def log_start(self, name: str, at: float, pid: int | None) -> None:
         """An engine's start read in its log (a life that never serves is seen nowhere else); a target gone since
@@ -85,6 +89,7 @@ class TargetSet:
                 port=s.port if s.finder is not None else None,
                 state=s.status.state,
                 asleep=s.asleep,
+                pod=self._pods.get(name),
             )
             for name, s in self._by_name.items()
         )

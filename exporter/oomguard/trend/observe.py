@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
-from oomguard.join import target_gpus, up_gpus
-from oomguard.model import NvmlReading, Observation, ProcessTree, TargetView, TrendKey
+from oomguard.join import GpuClaim, claim, target_gpus, up_gpus
+from oomguard.model import GpuKey, NvmlReading, Observation, ProcessTree, TargetView, TrendKey
+from oomguard.sources.dcgm import DcgmReader
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.trend.sampler import TrendTracker, observations
@@ -26,15 +27,17 @@ class TrendObserver:
 
     def __init__(
         self,
-        nvml: NvmlReader | None,
+        nvml: NvmlReader | DcgmReader | None,
         processes: ProcessLookup,
         targets: Callable[[], Sequence[TargetView]],
         tracker: TrendTracker,
         pod_processes: Callable[[NvmlReading | None], Awaitable[dict[str, ProcessTree]]] | None = None,
+        local_node: str = "",
     ) -> None:
         """`targets`: the targets as they stand (sources/target_set.py `views`); `pod_processes`: discovered pods'
-        processes by target name (sources/kubernetes/), where there are any."""
+        processes by target name (sources/kubernetes/), where there are any; `local_node`: the exporter's node."""
         self.nvml = nvml
+        self.local_node = local_node
         self.pod_processes = pod_processes
         self.processes = processes
         self.targets = targets
@@ -53,25 +56,24 @@ class TrendObserver:
         trees = await self.processes.get(max_age=PROCESS_LOOKUP_MAX_AGE)
         pods = await self.pod_processes(nvml) if self.pod_processes is not None else {}
         views = self.targets()
-        targets = [(v.name, v.gpus, trees.get(v.port) if v.port is not None else pods.get(v.name)) for v in views]
+        node = self.local_node
+        targets: list[tuple[str, GpuClaim]] = [
+            (v.name, claim(v.gpus, trees.get(v.port) if v.port is not None else pods.get(v.name), v.pod, node))
+            for v in views
+        ]
         asleep = {v.name for v in views if v.asleep}
         loading = {v.name for v in views if v.state == "loading"}
         woke, self._asleep = self._asleep - asleep, asleep
         loaded, self._loading = self._loading - loading, loading
         gpus = up_gpus(nvml.gpus) if nvml else {}
 
-        def gpus_of(names: set[str]) -> set[int]:
-            return {
-                index
-                for name, configured, process in targets
-                if name in names
-                for index in target_gpus(configured, process, gpus)
-            }
+        def gpus_of(names: set[str]) -> set[GpuKey]:
+            return {key for name, c in targets if name in names for key in target_gpus(c, gpus)}
 
         if woke or loaded:
             fresh = woke | loaded
             keys = {TrendKey("target", name, memory) for name in fresh for memory in ("gpu", "host")}
-            keys |= {TrendKey("gpu", str(index), "gpu") for index in gpus_of(fresh)}
+            keys |= {TrendKey.of_gpu(key) for key in gpus_of(fresh)}
             self.tracker.forget(keys)
         active = [t for t in targets if t[0] not in asleep | loading]
         quiet_gpus = gpus_of(loading) - gpus_of({t[0] for t in active})

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Collection
 
 import psutil
 
-from oomguard.join import join, up_gpus
-from oomguard.model import NvmlReading, Observation, ProcessTree, TrendKey, TrendReading
+from oomguard.join import GpuClaim, join, up_gpus
+from oomguard.model import GpuKey, NvmlReading, Observation, TrendKey, TrendReading
 from oomguard.trend.analysis import Series, TrendSettings
 
 log = logging.getLogger(__name__)
@@ -128,19 +128,20 @@ class Sampler:
 
 def observations(
     nvml: NvmlReading | None,
-    targets: list[tuple[str, tuple[int, ...], ProcessTree | None]],
-    skip_gpus: Collection[int] = (),
+    targets: list[tuple[str, GpuClaim]],
+    skip_gpus: Collection[GpuKey] = (),
 ) -> dict[TrendKey, Observation]:
     """What one tick sees: GPUs (but `skip_gpus`), and per target its GPUs' memory (join.py) and its processes'
     RSS."""
     out: dict[TrendKey, Observation] = {}
     gpus = up_gpus(nvml.gpus) if nvml else {}
-    for index, gpu in gpus.items():
-        if gpu.measured and index not in skip_gpus:
-            out[TrendKey("gpu", str(index), "gpu")] = Observation(gpu.used_bytes or 0.0, gpu.total_bytes or 0.0)
+    for key, gpu in gpus.items():
+        if gpu.measured and key not in skip_gpus:
+            out[TrendKey.of_gpu(key)] = Observation(gpu.used_bytes or 0.0, gpu.total_bytes or 0.0)
     host_total = float(psutil.virtual_memory().total)
-    for name, configured, process in targets:
-        memory = join(configured, process, gpus)
+    for name, claim in targets:
+        memory = join(claim, gpus)
+        process = claim.process
         if memory.used_bytes is not None and memory.total_bytes:
             out[TrendKey("target", name, "gpu")] = Observation(memory.used_bytes, memory.total_bytes)
         if process is not None:

@@ -95,7 +95,10 @@ def kubeconfig(path: Path, port: int) -> Path:
     return path
 
 
-def config(tmp: Path, api_port: int, trend: dict[str, Any] | None = None, **kubernetes: Any) -> Config:
+def config(
+    tmp: Path, api_port: int, trend: dict[str, Any] | None = None, top: dict[str, Any] | None = None, **kubernetes: Any
+) -> Config:
+    """`top`: more top-level sections (the cluster mode's `dcgm:`)."""
     (tmp / "pods").mkdir(exist_ok=True)
     (tmp / "proc").mkdir(exist_ok=True)
     return Config.model_validate(
@@ -119,6 +122,7 @@ def config(tmp: Path, api_port: int, trend: dict[str, Any] | None = None, **kube
             },
             "trend": trend or {"enabled": False},
             "scrape": {"timeout_seconds": 1.0},
+            **(top or {}),
         },
         context=CHECKS,  # each part's section checked, as load_config does
     )
@@ -127,10 +131,19 @@ def config(tmp: Path, api_port: int, trend: dict[str, Any] | None = None, **kube
 class Cluster:
     """The stand-in API and a runtime discovering from it."""
 
-    def __init__(self, tmp: Path, nvml: Any = None, trend: dict[str, Any] | None = None, **kubernetes: Any) -> None:
-        self.api = StandIn()
+    def __init__(
+        self,
+        tmp: Path,
+        nvml: Any = None,
+        trend: dict[str, Any] | None = None,
+        top: dict[str, Any] | None = None,
+        api: StandIn | None = None,
+        **kubernetes: Any,
+    ) -> None:
+        """`api`: a stand-in kept from another runtime's test (an exporter restarted against the same cluster)."""
+        self.api = api or StandIn()
         self.server = Server(self.api.app(), "127.0.0.1", free_port())
-        self.runtime = Runtime(config(tmp, self.server.port, trend, **kubernetes), nvml_lib=nvml)
+        self.runtime = Runtime(config(tmp, self.server.port, trend, top, **kubernetes), nvml_lib=nvml)
 
     async def __aenter__(self) -> Cluster:
         await self.server.start()

@@ -2,8 +2,11 @@
 
 Lists (`GET /api/v1/pods`, `/api/v1/namespaces/NS/pods`, the same for events) answer a List with its
 resourceVersion; `?watch=1` streams newline-delimited JSON events (ADDED, MODIFIED, DELETED, BOOKMARK,
-ERROR) from the given resourceVersion, chunked, until `timeoutSeconds` or the test ends it. Field
-selectors (`a.b=c`, comma-separated) and label selectors (`k=v`) are matched by equality, as the
+ERROR) from the given resourceVersion, chunked, until `timeoutSeconds` or the test ends it. `pods/log`
+serves each container's lines with the kubelet's timestamps (`timestamps=true`, RFC 3339 with nanoseconds),
+from `sinceTime` (whole seconds, included), following (`follow=true`) until the container ends or the test drops
+the stream; `previous=true` the container before the current one (400 when there is none). Field
+selectors (`a.b=c`, `a.b!=c`, comma-separated) and label selectors (`k=v`) are matched by equality, as the
 API does for these. Faults on demand: 403 for everything, 410 Gone (as the HTTP status or as an
 ERROR event), a watch closed early.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +37,10 @@ def _field(obj: Obj, path: str) -> str:
 def _matches(obj: Obj, fields: str, labels: str) -> bool:
     for term in filter(None, fields.split(",")):
         key, _, want = term.partition("=")
-        if _field(obj, key) != want:
+        if key.endswith("!"):  # `a.b!=c`
+            if _field(obj, key[:-1]) == want:
+                return False
+        elif _field(obj, key) != want:
             return False
     have = (obj.get("metadata") or {}).get("labels") or {}
     for term in filter(None, labels.split(",")):
@@ -55,9 +62,14 @@ class StandIn:
     requests: list[str] = field(default_factory=list)
     authorizations: list[str] = field(default_factory=list)  # each request's Authorization header
     _changed: asyncio.Condition | None = None
+    # pods/log: (namespace, pod, container) -> its containers, oldest first, each [ID, lines (timestamp, text), ended]
+    logs: dict[tuple[str, str, str], list[list[Any]]] = field(default_factory=dict)
+    log_requests: list[dict[str, str]] = field(default_factory=list)
+    _log_epoch: int = 0  # raised by drop_log_streams: the open streams end
 
     def app(self) -> web.Application:
         app = web.Application()
+        app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}/log", self._log)
         for resource in self.kinds:
             app.router.add_get(f"/api/v1/{resource}", self._handler(resource))
             app.router.add_get(f"/api/v1/namespaces/{{namespace}}/{resource}", self._handler(resource))
@@ -111,7 +123,65 @@ class StandIn:
         async with self._condition():
             self._condition().notify_all()
 
+    # -- pods/log: the test's side ------------------------------------------------------------------
+    async def log(self, namespace: str, pod: str, container: str, text: str, *, container_id: str = "") -> None:
+        """A line written by the container's current process (a new container when `container_id` is new)."""
+        containers = self.logs.setdefault((namespace, pod, container), [])
+        if not containers or (container_id and containers[-1][0] != container_id):
+            containers.append([container_id, [], False])
+        stamp = time.time_ns()
+        seconds, nanos = divmod(stamp, 1_000_000_000)
+        at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos:09d}Z"
+        containers[-1][1].append((at, text))
+        await self._notify()
+
+    async def end_container(self, namespace: str, pod: str, container: str) -> None:
+        """The current container stopped: its follow streams end after its last line."""
+        self.logs[(namespace, pod, container)][-1][2] = True
+        await self._notify()
+
+    async def drop_log_streams(self) -> None:
+        """Every open log stream ends now, as a dropped connection would."""
+        self._log_epoch += 1
+        await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._condition():
+            self._condition().notify_all()
+
     # -- the API's side -------------------------------------------------------------------------
+    async def _log(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(request.path_qs)
+        self.log_requests.append(dict(request.query))
+        if self.forbidden:
+            return _status(403, "Forbidden", 'pods "x" is forbidden: cannot get resource "pods/log"')
+        key = (request.match_info["namespace"], request.match_info["name"], request.query.get("container", ""))
+        containers = self.logs.get(key, [])
+        previous = request.query.get("previous") == "true"
+        if len(containers) < (2 if previous else 1):
+            which = "previous terminated" if previous else "running"
+            return _status(400, "BadRequest", f'container "{key[2]}" in pod "{key[1]}": no {which} container')
+        container = containers[-2] if previous else containers[-1]
+        since = request.query.get("sinceTime", "")  # RFC 3339 seconds: included
+        since_key = since[:-1] if since else ""
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        follow, epoch, position = request.query.get("follow") == "true" and not previous, self._log_epoch, 0
+        while True:
+            lines = container[1]
+            while position < len(lines):
+                at, text = lines[position]
+                position += 1
+                if at[:19] >= since_key:
+                    stamp = f"{at} " if request.query.get("timestamps") == "true" else ""
+                    await response.write(f"{stamp}{text}\n".encode())
+            if not follow or container[2] or self._log_epoch != epoch:
+                return response
+            async with self._condition():
+                if position == len(container[1]) and not container[2] and self._log_epoch == epoch:
+                    await self._condition().wait()
+
     def _handler(self, resource: str) -> Any:
         async def handle(request: web.Request) -> web.StreamResponse:
             self.requests.append(request.path_qs)

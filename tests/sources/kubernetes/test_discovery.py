@@ -198,8 +198,8 @@ async def test_nvml_pids_are_attributed_to_their_pod_through_cgroups(tmp_path: P
             await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=uid))
             await wait_for(lambda: k8s.value("oomguard_target_process_gpu_memory_bytes", **POD), "its own GPU memory")
             assert await k8s.value("oomguard_target_process_gpu_memory_bytes", **POD) == 50 * GIB
-            assert await k8s.value("oomguard_target_gpu_info", gpu="0", **POD) == 1.0
-            assert await k8s.value("oomguard_target_gpu_info", gpu="1", **POD) is None
+            assert await k8s.value("oomguard_target_gpu_info", node=objects.NODE, gpu="0", **POD) == 1.0
+            assert await k8s.value("oomguard_target_gpu_info", node=objects.NODE, gpu="1", **POD) is None
             # The trend sampler finds the pod's GPUs the same way.
             await wait_for(
                 lambda: k8s.value("oomguard_target_memory_trend_state", memory="gpu", state="steady", **POD),
@@ -294,9 +294,15 @@ async def test_a_loading_pod_is_judged_above_the_reservation_its_args_tell(tmp_p
     async with Cluster(tmp_path, nvml=nvml) as k8s:
         args = ["--model", "m", "--gpu-memory-utilization", "0.95"]
         await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=uid, args=args))
-        await wait_for(lambda: k8s.value("oomguard_gpu_memory_headroom_used_ratio", gpu="0"), "GPU 0 joined")
+        await wait_for(
+            lambda: k8s.value("oomguard_gpu_memory_headroom_used_ratio", node=objects.NODE, gpu="0"), "GPU 0 joined"
+        )
         assert await k8s.value("oomguard_target_state", state="loading", **POD) == 1.0
-        assert await k8s.value("oomguard_gpu_memory_engine_reserved_bytes", gpu="0") == 0.95 * 80 * GIB
-        assert await k8s.value("oomguard_gpu_memory_headroom_used_ratio", gpu="0") == 0.125  # 0.5 of 4 GiB
+        assert (
+            await k8s.value("oomguard_gpu_memory_engine_reserved_bytes", node=objects.NODE, gpu="0") == 0.95 * 80 * GIB
+        )
+        assert (
+            await k8s.value("oomguard_gpu_memory_headroom_used_ratio", node=objects.NODE, gpu="0") == 0.125
+        )  # 0.5 of 4 GiB
         setting = {"setting": "gpu_memory_utilization", "origin": "flag"}
         assert await k8s.value("oomguard_engine_setting", engine="vllm", **setting, **POD) == 0.95

@@ -167,6 +167,34 @@ class ApiClient:
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             raise ApiError(0, f"watch {path}: {exc or type(exc).__name__}") from None
 
+    async def log_lines(self, path: str, params: dict[str, str], max_line_bytes: int) -> AsyncIterator[str]:
+        """A container's log (`pods/log`), line by line, as it is written while `follow` holds; a line longer than
+        `max_line_bytes` is cut there (its head is what a log pattern reads), the rest of it skipped."""
+        try:
+            async with self.session.get(
+                self.connection.server + path,
+                params=params,
+                headers=await self._headers(),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None),
+            ) as response:
+                await _raise_for_status(response, path)
+                held, cut = b"", False
+                async for chunk in response.content.iter_any():
+                    lines = (held + chunk).split(b"\n")
+                    held = lines.pop()
+                    for line in lines:
+                        if not cut:
+                            yield line[:max_line_bytes].decode("utf-8", errors="replace")
+                        cut = False
+                    if len(held) > max_line_bytes:
+                        if not cut:
+                            yield held[:max_line_bytes].decode("utf-8", errors="replace")
+                        held, cut = b"", True
+                if held and not cut:
+                    yield held.decode("utf-8", errors="replace")
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise ApiError(0, f"GET {path}: {exc or type(exc).__name__}") from None
+
     async def close(self) -> None:
         await self.session.close()
 

@@ -20,8 +20,10 @@ from oomguard.config import Config, TargetConfig
 from oomguard.events.kubernetes import PodEvents
 from oomguard.model import NvmlReading, ProcessTree, TargetReading
 from oomguard.process_start import start_time
+from oomguard.sources.dcgm import DcgmEndpoint
 from oomguard.sources.kubernetes import cgroup
 from oomguard.sources.kubernetes.api import ApiClient, ApiError, connect
+from oomguard.sources.kubernetes.pod_logs import PodLogFollower
 from oomguard.sources.kubernetes.pods import PodTarget, pod_target
 from oomguard.sources.kubernetes.watch import ListWatch, Obj
 from oomguard.sources.registry import SourceRegistry
@@ -56,6 +58,9 @@ class KubernetesDiscovery:
         self._scopes: list[str | None] = list(self.k8s.namespaces) or [None]
         self._pods_listed_in: set[str | None] = set()
         self._client: ApiClient | None = None
+        self.cluster = self.k8s.scope == "cluster"  # every node's pods, no host access (docs/kubernetes.md)
+        self._dcgm: dict[tuple[str, str], DcgmEndpoint] = {}  # the dcgm-exporter pods found, by (namespace, name)
+        self._log_followers: dict[str, asyncio.Task[None]] = {}  # the cluster mode's, by target name
 
     # -- running --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -74,10 +79,15 @@ class KubernetesDiscovery:
         try:
             await asyncio.gather(*(w.run() for w in self._make_watches(self._client)))
         finally:
+            for task in self._log_followers.values():
+                task.cancel()
+            await asyncio.gather(*self._log_followers.values(), return_exceptions=True)
             await self._client.close()
 
     def _make_watches(self, client: ApiClient) -> list[ListWatch]:
-        pods: dict[str, str] = {"fieldSelector": f"spec.nodeName={self.k8s.node_name}"}
+        # Filtered by the server: a node's pods (an indexed field), the engines' labels; finished pods make no target.
+        fields = "status.phase!=Succeeded,status.phase!=Failed"
+        pods: dict[str, str] = {"fieldSelector": fields if self.cluster else f"spec.nodeName={self.k8s.node_name}"}
         if self.k8s.label_selector:
             pods["labelSelector"] = self.k8s.label_selector
         events = {"fieldSelector": "involvedObject.kind=Pod,source=kubelet"}
@@ -95,7 +105,43 @@ class KubernetesDiscovery:
                         resync_seconds=self.k8s.resync_seconds, retry_max_seconds=self.k8s.retry_max_seconds,
                     )
                 )  # fmt: skip
+        dcgm = self.config.dcgm
+        if dcgm is not None and dcgm.discover:
+            params = {"labelSelector": dcgm.label_selector, "fieldSelector": fields}
+            for namespace in dcgm.namespaces or (None,):
+                path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+                self.watches.append(
+                    ListWatch(
+                        client, path, params,
+                        on_list=_scoped(self._dcgm_listed, namespace), on_event=self._dcgm_event,
+                        on_health=_health_of(self, path + "?dcgm"),
+                        resync_seconds=self.k8s.resync_seconds, retry_max_seconds=self.k8s.retry_max_seconds,
+                    )
+                )  # fmt: skip
         return self.watches
+
+    # -- dcgm-exporter's pods: where each node's GPUs are read (sources/dcgm.py) ----------------------------
+    def dcgm_endpoints(self) -> list[DcgmEndpoint]:
+        return list(self._dcgm.values())
+
+    async def _dcgm_listed(self, items: list[Obj], namespace: str | None) -> None:
+        self._dcgm = {key: e for key, e in self._dcgm.items() if namespace is not None and key[0] != namespace}
+        for obj in items:
+            await self._dcgm_event("ADDED", obj)
+
+    async def _dcgm_event(self, kind: str, obj: Obj) -> None:
+        meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        ip, node = status.get("podIP") or "", spec.get("nodeName") or ""
+        if kind == "DELETED" or not ip or not node or status.get("phase") in ("Succeeded", "Failed"):
+            if self._dcgm.pop(key, None) is not None:
+                log.info("kubernetes: dcgm-exporter %s/%s gone", *key)
+            return
+        host = f"[{ip}]" if ":" in ip else ip
+        endpoint = DcgmEndpoint(f"http://{host}:{self.config.dcgm.port}/metrics", node)  # type: ignore[union-attr]
+        if self._dcgm.get(key) != endpoint:
+            log.info("kubernetes: dcgm-exporter of node %s at %s", node, endpoint.url)
+        self._dcgm[key] = endpoint
 
     def _record(self, path: str, ok: bool, duration: float, error: str) -> None:
         self._health[path] = (ok, duration)
@@ -149,15 +195,32 @@ class KubernetesDiscovery:
         elif pod.restart_count > known.restart_count:
             self.targets.new_life(pod.target)  # a new container: loading until it answers, not down
         self.known[pod.target] = pod
-        self.targets.set_pod_uid(pod.target, pod.uid)
+        self.targets.set_pod(pod.target, pod.uid, pod.ref)
         self.pod_events.update(pod.target, uid=pod.uid, container=pod.container, ended=pod.last_termination)
-        if follow:
+        if follow and self.cluster:
+            await self._follow_api(pod, config)
+        elif follow:
             await asyncio.to_thread(self.pod_events.follow, pod.target, config, from_start=self._listed)
+
+    async def _follow_api(self, pod: PodTarget, config: TargetConfig) -> None:
+        """The cluster mode: the engine container's log through the API, one stream per container."""
+        if (old := self._log_followers.pop(pod.target, None)) is not None:
+            old.cancel()
+        reader = await asyncio.to_thread(self.pod_events.follow_api, config, from_start=self._listed)
+        if reader is None or self._client is None or self.known.get(pod.target) is not pod:
+            return  # removed or replaced while this waited for its thread
+        follower = PodLogFollower(
+            self._client, reader, namespace=pod.namespace, pod=pod.name, container=pod.container,
+            retry_max_seconds=self.k8s.retry_max_seconds,
+        )  # fmt: skip
+        self._log_followers[pod.target] = asyncio.ensure_future(follower.run())
 
     async def _remove(self, name: str) -> None:
         self.known.pop(name)
         self.targets.remove(name)
         self.pod_events.remove(name)
+        if (follower := self._log_followers.pop(name, None)) is not None:
+            follower.cancel()
         await asyncio.to_thread(self.pod_events.unfollow, name)
         log.info("kubernetes: target %s gone", name)
 
@@ -176,7 +239,8 @@ class KubernetesDiscovery:
         on the GPUs (which GPUs, their own memory) and its engine container's settings (its command line: the
         reservation it was told, while it reports none). Never raises: a failed /proc read is the `pod_processes`
         source's failure, and the readings go on without the processes."""
-        trees = await self.registry.run(PROCESSES, self.pod_processes(nvml)) or {}  # timed, never raising
+        # timed, never raising; the cluster mode reads no /proc: no such source
+        trees = {} if self.cluster else await self.registry.run(PROCESSES, self.pod_processes(nvml)) or {}
         out = []
         for t in targets:
             pod = self.known.get(t.name)
@@ -197,8 +261,8 @@ class KubernetesDiscovery:
     async def pod_processes(self, nvml: NvmlReading | None) -> dict[str, ProcessTree]:
         """Target name -> its pod's processes in NVML's lists (for the collection and the trend sampler)."""
         pods = {pod.uid: name for name, pod in self.known.items()}
-        if nvml is None or not pods:
-            return {}
+        if nvml is None or not pods or self.cluster:
+            return {}  # the cluster mode reads no host's /proc (and dcgm-exporter lists no pids)
         pids = {p.pid for g in nvml.gpus for p in g.processes or ()}
         return await asyncio.to_thread(_trees, pids, self.k8s.proc_dir, pods)
 

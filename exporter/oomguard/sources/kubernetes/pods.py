@@ -38,6 +38,7 @@ class PodTarget:
     restart_count: int
     last_termination: Termination | None
     probe_grace_seconds: float | None
+    node: str = ""  # spec.nodeName: whose GPUs are its
     # The engine container's settings from its command, args and env (`container_settings`), by name.
     settings: Settings = field(default_factory=dict)
 
@@ -47,7 +48,7 @@ class PodTarget:
 
     @property
     def ref(self) -> PodRef:
-        return PodRef(self.namespace, self.name, self.container, self.probe_grace_seconds)
+        return PodRef(self.namespace, self.name, self.container, self.probe_grace_seconds, self.node)
 
     @property
     def url(self) -> str:
@@ -123,6 +124,7 @@ def pod_target(pod: dict[str, Any], port: str | int, engine: str | None = None) 
         restart_count=int(state.get("restartCount") or 0),
         last_termination=last,
         probe_grace_seconds=grace_seconds(container),
+        node=spec.get("nodeName") or "",
         settings=container_settings(container, engine) if engine else {},
     )
 

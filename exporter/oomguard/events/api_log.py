@@ -1,0 +1,130 @@
+"""A pod's engine container's log as the Kubernetes API serves it (`pods/log`), for the cluster mode.
+
+The stream itself is read on the event loop (sources/kubernetes/pod_logs.py), which hands each line, with the
+timestamp the API puts before it (`timestamps=true`: RFC 3339, nanoseconds), to `ApiLogReader.offer`; the runner's
+poll takes the lines in its thread, like a file follower's.
+
+Resuming without losing or repeating a line: a dropped stream is asked again from `sinceTime`, which the API
+takes in whole seconds and includes, so the new stream repeats the last second. The reader keeps the last
+timestamp it took and how many lines carried exactly it; a line older than that, or one of those already taken at
+it, is a repeat and is dropped. The position is saved with the other event state, so an exporter that restarts
+goes on from it. One position serves the engine container across its restarts: a container's lines are all later
+than its predecessor's (one node's clock), so the previous container's last lines (`previous=true`, where a
+crash's traceback is) and the new one's are each taken once, whichever is read first.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from oomguard.model import ReadStats
+
+MAX_HELD_LINES = 100_000  # lines not yet polled: beyond, the oldest are dropped and counted (the poller is stuck)
+
+
+def parse_timestamp(text: str) -> tuple[int, int] | None:
+    """`2026-12-05T12:00:01.123456789Z` -> (Unix seconds, nanoseconds); None when it is not one."""
+    head, dot, rest = text.partition(".")
+    fraction = rest.rstrip("Z") if dot else ""
+    if dot and (not rest.endswith("Z") or not fraction.isdigit() or len(fraction) > 9):
+        return None
+    if not dot:
+        if not head.endswith("Z"):
+            return None
+        head = head[:-1]
+    try:
+        seconds = datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+    return int(seconds), int(fraction.ljust(9, "0")) if fraction else 0
+
+
+def since_time(at: tuple[int, int]) -> str:
+    """The `sinceTime` that includes `at` (whole seconds, as the API takes it)."""
+    return datetime.fromtimestamp(at[0], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ApiLogReader:
+    """The lines of one pod's engine container, from the API; a `LineReader` (events/source.py)."""
+
+    def __init__(self, *, state: dict[str, Any] | None = None, from_start: bool = False) -> None:
+        """`from_start`: a pod that came while we watched, its log read whole; else (a pod found at start, without
+        a saved position) from now on, as a file is followed from its end (what it logged before may be counted
+        already)."""
+        self.stats = ReadStats(files_followed=1)
+        self._lock = threading.Lock()
+        self._held: list[str] = []
+        self._seen_again = 0  # lines at `last` seen again in this stream
+        self.last: tuple[int, int] | None = None if from_start else (int(time.time()), 0)  # the newest taken
+        self.same = 0  # lines taken at exactly `last`
+        if isinstance(state, dict):
+            self._restore(state)  # a saved position goes on from where it was
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        last, same = state.get("last"), state.get("same")
+        if isinstance(last, str) and isinstance(same, int) and not isinstance(same, bool) and same >= 0:
+            parsed = parse_timestamp(last)
+            if parsed is not None:  # a damaged position: as if none was saved
+                self.last, self.same = parsed, same
+
+    # -- the stream's side (the event loop) ------------------------------------------------------------------
+    def offer(self, line: str) -> bool:
+        """One line of the API's stream, its timestamp first; False when it was a repeat (or had no timestamp)."""
+        stamp, _, message = line.partition(" ")
+        at = parse_timestamp(stamp)
+        with self._lock:
+            if at is None:
+                self.stats.lines_malformed += 1
+                return False
+            if self.last is not None and (at < self.last or (at == self.last and self._repeat())):
+                return False
+            if at == self.last:
+                self.same += 1
+            else:
+                self.last, self.same = at, 1
+            if len(self._held) >= MAX_HELD_LINES:
+                del self._held[0]
+                self.stats.lines_truncated += 1
+            self._held.append(message)
+            self.stats.lines_read += 1
+            self.stats.bytes_read += len(line) + 1
+            return True
+
+    def _repeat(self) -> bool:
+        """A line at the last timestamp: a repeat while fewer than `same` of them came in this stream."""
+        self._seen_again += 1
+        return self._seen_again <= self.same
+
+    def new_stream(self) -> str | None:
+        """A stream (re)starts: its `sinceTime`, or None to read the container's log from its start."""
+        with self._lock:
+            self._seen_again = 0
+            return since_time(self.last) if self.last is not None else None
+
+    def error(self, message: str) -> None:
+        with self._lock:
+            self.stats.read_errors += 1
+            self.stats.last_error = message
+
+    def ok(self) -> None:
+        with self._lock:
+            self.stats.last_error = ""
+
+    # -- the runner's side (its thread) ----------------------------------------------------------------------
+    def poll(self) -> list[str]:
+        with self._lock:
+            lines, self._held = self._held, []
+        return lines
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            if self.last is None:
+                return {}
+            stamp = datetime.fromtimestamp(self.last[0], UTC).strftime("%Y-%m-%dT%H:%M:%S")
+            return {"last": f"{stamp}.{self.last[1]:09d}Z", "same": self.same}
+
+    def close(self) -> list[str]:
+        return self.poll()

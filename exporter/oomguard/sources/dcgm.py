@@ -1,0 +1,124 @@
+"""GPU memory from NVIDIA's dcgm-exporter, where NVML may not be read: the cluster mode (one exporter, every node's
+dcgm-exporter found through the API) and a node agent without the driver's devices.
+
+Each endpoint is a dcgm-exporter's /metrics on one node; its GPUs become `GpuReading`s of that node, in bytes, with
+the pods dcgm-exporter names on each (its Kubernetes mapping), which is how a pod finds its GPUs here (join.py). What
+dcgm-exporter does not publish is absent, never guessed: no per-process memory (so `processes` is None: the
+figures that need it, the engines' own use and the use beyond their reservation, are absent, and
+oomguard_gpu_process_query_success says 0), no driver version. An endpoint that fails leaves its node's GPUs out of
+the reading, is logged, and makes the source's success 0 (`oomguard_source_success{source="dcgm"}`): the other
+nodes are read as usual. Bodies are parsed off the event loop, all of a read's in one thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from oomguard.capped import BodyTooLarge, EngineClient, EngineHttpError, get
+from oomguard.model import GpuReading, NvmlReading
+from oomguard.sources.dcgm_body import DcgmBody, DcgmBodyError, parse
+
+log = logging.getLogger(__name__)
+SOURCE = "dcgm"  # the `source` label of oomguard_source_success
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmEndpoint:
+    url: str  # dcgm-exporter's /metrics
+    node: str  # the node it runs on: its GPUs'
+
+
+@dataclass(frozen=True, slots=True)
+class _Fetched:
+    endpoint: DcgmEndpoint
+    body: bytes = b""
+    error: str = ""
+
+
+class DcgmReader:
+    """Reads every dcgm-exporter endpoint at once; `read` has NvmlReader's shape, so the collection and the trend
+    sampler take either."""
+
+    name = SOURCE
+
+    def __init__(
+        self,
+        client: EngineClient,
+        endpoints: Callable[[], Sequence[DcgmEndpoint]],
+        *,
+        timeout_seconds: float,
+        max_body_bytes: int,
+    ) -> None:
+        """`endpoints`: the dcgm-exporters as they stand (configured, or discovered by sources/kubernetes/)."""
+        self.client = client
+        self.endpoints = endpoints
+        self.timeout_seconds = timeout_seconds
+        self.max_body_bytes = max_body_bytes
+        self._failing: set[str] = set()  # endpoints whose failure was logged: logged again only once they recover
+
+    async def read(self) -> NvmlReading:
+        endpoints = list(self.endpoints())
+        if not endpoints:
+            return NvmlReading(up=False, per_process=False, error="no dcgm-exporter found (see docs/kubernetes.md)")
+        fetched = await asyncio.gather(*(self._fetch(e) for e in endpoints))
+        return await asyncio.to_thread(self._reading, fetched)
+
+    async def _fetch(self, endpoint: DcgmEndpoint) -> _Fetched:
+        try:
+            answer = await get(self.client, endpoint.url, timeout=self.timeout_seconds, cap=self.max_body_bytes)
+        except TimeoutError:
+            return _Fetched(endpoint, error=f"no answer within {self.timeout_seconds:g}s")
+        except BodyTooLarge:
+            return _Fetched(endpoint, error=f"body over {self.max_body_bytes} bytes (dcgm.max_body_bytes)")
+        except (EngineHttpError, OSError) as exc:
+            return _Fetched(endpoint, error=str(exc) or type(exc).__name__)
+        if answer.status != 200:
+            return _Fetched(endpoint, error=f"HTTP {answer.status}")
+        return _Fetched(endpoint, answer.body)
+
+    def _reading(self, fetched: list[_Fetched]) -> NvmlReading:
+        """The bodies parsed and put together (blocking: runs in a thread)."""
+        gpus: list[GpuReading] = []
+        errors: list[str] = []
+        for f in fetched:
+            url, error = f.endpoint.url, f.error
+            if not error:
+                try:
+                    gpus += _gpus(parse(f.body.decode("utf-8", errors="replace")), f.endpoint.node)
+                except DcgmBodyError as exc:
+                    error = str(exc)
+            if error:
+                errors.append(f"{url} (node {f.endpoint.node or '?'}): {error}")
+                if url not in self._failing:
+                    log.warning("dcgm-exporter %s (node %s): %s", url, f.endpoint.node or "?", error)
+                self._failing.add(url)
+            elif url in self._failing:
+                self._failing.discard(url)
+                log.info("dcgm-exporter %s answers again", url)
+        gpus.sort(key=lambda g: g.key)
+        # Up while any node answers: a failing one is the source's failure (its success 0), not every GPU's.
+        return NvmlReading(up=len(errors) < len(fetched), gpus=tuple(gpus), error="; ".join(errors), per_process=False)
+
+
+def _gpus(body: DcgmBody, node: str) -> list[GpuReading]:
+    return [
+        GpuReading(
+            index=g.index,
+            up=True,
+            uuid=g.uuid,
+            name=g.name,
+            pci_bus_id=g.pci_bus_id,
+            total_bytes=g.total_bytes,
+            used_bytes=g.used_bytes,
+            free_bytes=g.free_bytes,
+            reserved_bytes=g.reserved_bytes,
+            utilization_ratio=g.utilization_ratio,
+            processes=None,  # not published by dcgm-exporter: absent, not "no processes"
+            node=node or g.hostname,
+            pods=tuple(sorted({(namespace, pod) for namespace, pod, _container in g.pods})),
+        )
+        for g in body.gpus
+    ]

@@ -1,0 +1,101 @@
+"""Following an engine container's log through the API (`pods/log`): the cluster mode's log source.
+
+One stream per engine container (`follow=true&timestamps=true`), on the event loop; its lines go to the target's
+`ApiLogReader` (events/api_log.py), which drops what a resumed stream repeats. The stream ends when the container
+stops, when the kubelet cuts it (after hours), or when the connection drops: it is asked again from the last
+second read (`sinceTime`). Before each stream the previous container's log is read from there too
+(`previous=true`): a container that died while no stream was open (its last lines, a crash's traceback among
+them, are only there) is read once, before its successor; where there was no restart its lines are all repeats.
+The pod's status is not needed for this, and may lag the new container's first lines anyway. Only the last
+container before the current one is kept by the kubelet: two restarts while the API is away lose the first
+one's end (its OOMKilled status is still counted, events/kubernetes.py). While the API refuses (a container
+waiting to start: 400; no RBAC on pods/log: 403), the failure is the source's read error and the request is tried
+again after a wait that doubles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from oomguard.sources.kubernetes.api import ApiClient, ApiError
+
+log = logging.getLogger(__name__)
+MAX_LINE_BYTES = 64 * 1024  # the head of a longer line is kept (a log pattern reads a line's start)
+RETRY_FIRST_SECONDS = 0.5
+
+
+class LogSink(Protocol):
+    """Where the lines go: events/api_log.py's `ApiLogReader`, made by the event runner's door (PodEvents)."""
+
+    def offer(self, line: str) -> bool: ...
+
+    def new_stream(self) -> str | None: ...
+
+    def ok(self) -> None: ...
+
+    def error(self, message: str) -> None: ...
+
+
+class PodLogFollower:
+    def __init__(
+        self,
+        client: ApiClient,
+        reader: LogSink,
+        *,
+        namespace: str,
+        pod: str,
+        container: str,
+        retry_max_seconds: float,
+    ) -> None:
+        self.client = client
+        self.reader = reader
+        self.path = f"/api/v1/namespaces/{namespace}/pods/{pod}/log"
+        self.container = container
+        self.retry_max_seconds = retry_max_seconds
+        self.streams = 0  # streams opened (for the tests: a resume is seen)
+
+    async def run(self) -> None:
+        retry = RETRY_FIRST_SECONDS
+        while True:
+            try:
+                await self._catch_up()
+                taken = await self._follow()
+                # A stream that brought lines ended as streams end: asked again at once. One that brought none is
+                # a container that stopped and is not running again yet: asked again after a wait that doubles.
+                retry = RETRY_FIRST_SECONDS if taken else min(retry * 2, self.retry_max_seconds)
+                if not taken:
+                    await asyncio.sleep(retry)
+            except ApiError as exc:
+                self.reader.error(str(exc))
+                if exc.status == 403:
+                    log.error("kubernetes: %s refused (403): the service account needs get on pods/log", self.path)
+                await asyncio.sleep(retry)
+                retry = min(retry * 2, self.retry_max_seconds)
+
+    async def _catch_up(self) -> None:
+        """The previous container's lines after the position: a container that ended while no stream was open."""
+        since = self.reader.new_stream()
+        params = {"container": self.container, "previous": "true", "timestamps": "true"}
+        if since is not None:
+            params["sinceTime"] = since
+        try:
+            async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
+                self.reader.offer(line)
+        except ApiError as exc:
+            if exc.status != 400:  # 400: no previous container (none restarted yet): nothing to read
+                raise
+
+    async def _follow(self) -> int:
+        """One stream, until it ends; the lines it brought that were not repeats."""
+        since = self.reader.new_stream()
+        params = {"container": self.container, "follow": "true", "timestamps": "true"}
+        if since is not None:
+            params["sinceTime"] = since
+        self.streams += 1
+        taken = 0
+        async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
+            self.reader.ok()
+            taken += self.reader.offer(line)
+        return taken

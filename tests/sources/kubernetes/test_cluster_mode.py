@@ -1,0 +1,206 @@
+"""The cluster mode against the stand-in API: every node's engine pods, their GPUs from each node's dcgm-exporter
+(found as pods), and their logs through `pods/log`, resumed without a line lost or counted twice."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from tests.sources.kubernetes import objects
+from tests.sources.kubernetes.k8s_harness import Cluster, Engine, Server, free_port, wait_for
+from tests.sources.kubernetes.stand_in import StandIn
+
+MIB = 1048576
+A, B = "llm/vllm-a", "llm/vllm-b"
+POD_A = {"namespace": "llm", "pod": "vllm-a", "container": "vllm", "target": A}
+POD_B = {"namespace": "llm", "pod": "vllm-b", "container": "vllm", "target": B}
+UID = "11111111-1111-4111-8111-111111111111"
+STARTED = "INFO 12-05 12:00:00 [api_server.py:1885] vLLM API server version 0.11.0"
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"
+
+
+def dcgm_body(node: str, gpus: list[tuple[int, int, int, str]]) -> str:
+    """A dcgm-exporter 4.x body with its Kubernetes mapping (tests/fixtures/dcgm/ has the real shapes): per GPU
+    (index, used MiB, free MiB, the pod using it or "")."""
+    out = []
+    for family, column, help_text in (
+        ("DCGM_FI_DEV_FB_FREE", 2, "Framebuffer memory free (in MiB)."),
+        ("DCGM_FI_DEV_FB_USED", 1, "Framebuffer memory used (in MiB)."),
+        ("DCGM_FI_DEV_FB_RESERVED", None, "Framebuffer memory reserved (in MiB)."),
+    ):
+        out += [f"# HELP {family} {help_text}", f"# TYPE {family} gauge"]
+        for gpu in gpus:
+            pod = f',container="vllm",namespace="llm",pod="{gpu[3]}"' if gpu[3] else ""
+            labels = (f'gpu="{gpu[0]}",UUID="GPU-{node}-{gpu[0]}",pci_bus_id="00000000:1{gpu[0]}:00.0",'
+                      f'device="nvidia{gpu[0]}",modelName="NVIDIA H100 80GB HBM3",Hostname="{node}"{pod}')  # fmt: skip
+            out.append(f"{family}{{{labels}}} {gpu[column] if column else 0}")
+    return "\n".join(out) + "\n"
+
+
+class Dcgm:
+    """A dcgm-exporter stand-in at a pod IP."""
+
+    def __init__(self, host: str, port: int, body: str) -> None:
+        self.body = body
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self.server = Server(app, host, port)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.body)
+
+
+def dcgm_pod(name: str, ip: str, node: str) -> dict[str, Any]:
+    obj = objects.pod(name, ip, 9400, namespace="gpu-operator", node=node, labels={"app": "nvidia-dcgm-exporter"})
+    obj["spec"]["containers"][0]["name"] = "nvidia-dcgm-exporter"
+    return obj
+
+
+def cluster_config(dcgm_port: int) -> dict[str, Any]:
+    return {"scope": "cluster", "top": {"dcgm": {"discover": True, "port": dcgm_port, "timeout_seconds": 1.0}}}
+
+
+async def test_two_nodes_gpus_from_their_dcgm_exporters_joined_to_their_pods(tmp_path: Path) -> None:
+    port, dcgm_port = free_port("127.0.0.2"), free_port("127.0.0.4")
+    # Node gpu-a: vllm-a on GPU 0 at its reservation (0.9 of 80 GiB, 74 GiB used); node gpu-b: vllm-b on its GPU 0,
+    # 40 GiB used. The same GPU index on two nodes: two GPUs.
+    engines = [Engine("127.0.0.2", port), Engine("127.0.0.3", port)]
+    exporters = [
+        Dcgm("127.0.0.4", dcgm_port, dcgm_body("gpu-a", [(0, 74 * 1024, 6 * 1024, "vllm-a"), (1, 0, 80 * 1024, "")])),
+        Dcgm("127.0.0.5", dcgm_port, dcgm_body("gpu-b", [(0, 40 * 1024, 40 * 1024, "vllm-b")])),
+    ]
+    for server in [*(e.server for e in engines), *(d.server for d in exporters)]:
+        await server.start()
+    try:
+        async with Cluster(tmp_path, **cluster_config(dcgm_port)) as k8s:
+            await k8s.api.put("pods", objects.pod("vllm-a", "127.0.0.2", port, node="gpu-a"))
+            await k8s.api.put("pods", objects.pod("vllm-b", "127.0.0.3", port, node="gpu-b"))
+            await k8s.api.put("pods", dcgm_pod("dcgm-a", "127.0.0.4", "gpu-a"))
+            await k8s.api.put("pods", dcgm_pod("dcgm-b", "127.0.0.5", "gpu-b"))
+            await wait_for(lambda: k8s.targets() == [A, B], "both nodes' pods as targets")
+            await wait_for(lambda: k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-b", gpu="0"), "gpu-b's GPU 0")
+            metrics = await k8s.metrics()
+
+            def value(name: str, **labels: str) -> float | None:
+                return metrics.get((name, tuple(sorted((k, v) for k, v in labels.items() if v))))
+
+            assert value("oomguard_gpu_memory_used_bytes", node="gpu-a", gpu="0") == 74 * 1024 * MIB
+            assert value("oomguard_gpu_memory_used_bytes", node="gpu-b", gpu="0") == 40 * 1024 * MIB
+            assert value("oomguard_gpu_memory_total_bytes", node="gpu-a", gpu="1") == 80 * 1024 * MIB
+            assert value("oomguard_nvml_up") == 1.0
+            assert value("oomguard_source_success", source="dcgm") == 1.0
+            # Each pod's GPUs are those its node's dcgm-exporter names it on.
+            assert value("oomguard_target_gpu_info", node="gpu-a", gpu="0", **POD_A) == 1.0
+            assert value("oomguard_target_gpu_info", node="gpu-b", gpu="0", **POD_B) == 1.0
+            assert value("oomguard_target_gpu_info", node="gpu-b", gpu="0", **POD_A) is None
+            assert value("oomguard_target_gpu_memory_used_bytes", **POD_B) == 40 * 1024 * MIB
+            # The reservation join, from the engine's own gpu_memory_utilization (its /metrics), per node's GPU.
+            assert value("oomguard_gpu_memory_engine_reserved_bytes", node="gpu-a", gpu="0") is not None
+            assert value("oomguard_gpu_memory_headroom_used_ratio", node="gpu-b", gpu="0") is not None
+            # Per-process memory is not published by dcgm-exporter: absent, and said so, never a guessed 0.
+            assert value("oomguard_gpu_process_query_success", node="gpu-a", gpu="0") == 0.0
+            assert not [k for k in metrics if k[0] == "oomguard_gpu_process_memory_used_bytes"]
+            assert value("oomguard_target_process_gpu_memory_bytes", **POD_A) is None
+            assert value("oomguard_gpu_memory_engine_used_bytes", node="gpu-a", gpu="0") is None
+            # The cluster mode reads no host's /proc: no such source.
+            assert value("oomguard_source_success", source="pod_processes") is None
+
+            # gpu-b's dcgm-exporter stops answering: its GPUs go, gpu-a's stay, and the source says it fails.
+            await exporters[1].server.stop()
+            await wait_for(
+                lambda: _equals(lambda: k8s.value("oomguard_source_success", source="dcgm"), 0.0),
+                "the dcgm source failing",
+            )
+            assert await k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-b", gpu="0") is None
+            assert await k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-a", gpu="0") == 74 * 1024 * MIB
+            # Its pod goes (the DaemonSet's pod deleted): the endpoint is forgotten, the source is whole again.
+            await k8s.api.delete("pods", "gpu-operator", "dcgm-b")
+            await wait_for(
+                lambda: _equals(lambda: k8s.value("oomguard_source_success", source="dcgm"), 1.0), "dcgm-b forgotten"
+            )
+    finally:
+        for server in [*(e.server for e in engines), *(d.server for d in exporters)]:
+            await server.stop()
+
+
+async def test_logs_through_the_api_every_oom_once_across_drops_restarts_and_an_exporter_restart(
+    tmp_path: Path,
+) -> None:
+    port = free_port("127.0.0.2")
+    engine = Engine("127.0.0.2", port)
+    await engine.server.start()
+    api = StandIn()
+    first_id, second_id, third_id = "a" * 64, "b" * 64, "c" * 64
+    config = {"scope": "cluster", "top": {"nvml": {"enabled": False}}}
+    try:
+        async with Cluster(tmp_path, api=api, **config) as k8s:
+            await api.log("llm", "vllm-a", "vllm", STARTED, container_id=first_id)
+            await k8s.api.put(
+                "pods",
+                objects.pod(
+                    "vllm-a", "127.0.0.2", port, node="gpu-a", uid=UID, container_id=f"containerd://{first_id}"
+                ),
+            )
+            await wait_for(lambda: k8s.targets() == [A], "the pod's target")
+            # A pod found at start: its log from now on (what it logged before may be counted already).
+            await wait_for(lambda: [r for r in api.log_requests if r.get("follow")], "the log followed")
+            first = next(r for r in api.log_requests if r.get("follow"))
+            assert first["follow"] == "true" and first["timestamps"] == "true" and "sinceTime" in first
+
+            async def ooms() -> float | None:
+                return await k8s.value("oomguard_target_events_total", kind="cuda_oom", **POD_A)
+
+            # The stream drops, and the container dies of OOM before it is back: its traceback is only in the
+            # previous container's log, read (from the position, in whole seconds) before the new container's,
+            # whose lines may come before the pod's status names it.
+            await api.drop_log_streams()
+            await api.log("llm", "vllm-a", "vllm", OOM)
+            await api.end_container("llm", "vllm-a", "vllm")
+            await api.log("llm", "vllm-a", "vllm", STARTED, container_id=second_id)
+            await wait_for(lambda: _equals(ooms, 1.0), "the OOM, from the previous container")
+            previous = [r for r in api.log_requests if r.get("previous") == "true"]
+            assert previous and previous[-1]["sinceTime"].endswith("Z") and "." not in previous[-1]["sinceTime"]
+            await k8s.api.put(
+                "pods",
+                objects.pod(
+                    "vllm-a", "127.0.0.2", port, node="gpu-a", uid=UID, container_id=f"containerd://{second_id}",
+                    restart_count=1,
+                ),
+            )  # fmt: skip
+
+            # The stream drops while the new container runs; what it logs meanwhile comes with the next stream.
+            await api.drop_log_streams()
+            await api.log("llm", "vllm-a", "vllm", OOM)
+            await wait_for(lambda: _equals(ooms, 2.0), "the OOM logged while the stream was down")
+            # Dropped again: the next stream repeats the last second, and nothing is counted twice.
+            streams = len(api.log_requests)
+            await api.drop_log_streams()
+            await wait_for(lambda: len(api.log_requests) >= streams + 2, "the previous read and the stream again")
+            await asyncio.sleep(0.5)  # the runner's polls
+            assert await ooms() == 2.0
+        # The exporter restarts on the same state: it goes on from its saved position, counting nothing again.
+        async with Cluster(tmp_path, api=api, **config) as k8s:
+            await wait_for(lambda: k8s.targets() == [A], "the pod's target again")
+            await wait_for(lambda: _equals(lambda: ooms_of(k8s), 2.0), "the counts restored")
+            await api.end_container("llm", "vllm-a", "vllm")
+            await api.log("llm", "vllm-a", "vllm", STARTED, container_id=third_id)
+            await api.log("llm", "vllm-a", "vllm", OOM)
+            await wait_for(lambda: _equals(lambda: ooms_of(k8s), 3.0), "only the new OOM counted")
+            await asyncio.sleep(0.5)
+            assert await ooms_of(k8s) == 3.0
+            resumed = next(r for r in api.log_requests[streams + 2 :] if r.get("follow") == "true")
+            assert "sinceTime" in resumed  # from the saved position, not the start nor now
+    finally:
+        await engine.server.stop()
+
+
+def ooms_of(k8s: Cluster) -> Any:
+    return k8s.value("oomguard_target_events_total", kind="cuda_oom", **POD_A)
+
+
+async def _equals(value: Any, wanted: float) -> bool:
+    """Whether the awaitable `value()` gives `wanted` (for wait_for)."""
+    return (await value()) == wanted

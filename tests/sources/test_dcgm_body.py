@@ -1,0 +1,374 @@
+"""dcgm-exporter /metrics bodies read into GPUs: the bodies in tests/fixtures/dcgm/ (its README.md cites the
+dcgm-exporter source each is reproduced from), a few written inline, and the bodies that are refused."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support import FIXTURES, fixture_body, vllm_body
+
+from oomguard.promtext import LimitExceeded
+from oomguard.sources.dcgm_body import DcgmBody, DcgmBodyError, DcgmGpu, parse
+
+MIB = 1048576
+BODIES = sorted(path.name for path in (FIXTURES / "dcgm").glob("*.prom"))
+A100_80 = "NVIDIA A100-SXM4-80GB"
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def dcgm_body(name: str) -> str:
+    return fixture_body("dcgm", name)
+
+
+def gpu(
+    index: int,
+    uuid: str,
+    name: str,
+    pci: str,
+    host: str,
+    used: int,
+    free: int,
+    reserved: int | None,
+    util: float,
+    pods: tuple[tuple[str, str, str], ...] = (),
+) -> DcgmGpu:
+    """A GPU as expected, its memory in MiB (as the body has it); total is used + free + reserved."""
+    return DcgmGpu(
+        index=index,
+        uuid=uuid,
+        name=name,
+        pci_bus_id=pci,
+        hostname=host,
+        used_bytes=used * MIB,
+        free_bytes=free * MIB,
+        reserved_bytes=None if reserved is None else reserved * MIB,
+        total_bytes=(used + free + (reserved or 0)) * MIB,
+        utilization_ratio=util,
+        pods=pods,
+    )
+
+
+@pytest.mark.parametrize("name", BODIES)
+def test_fixture_is_exposition_with_help_and_type(name: str) -> None:
+    body = dcgm_body(name)
+    families = list(text_string_to_metric_families(body))  # the full parser reads it whole
+    assert {family.name for family in families} >= {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"}
+    for family in families:
+        assert f"# HELP {family.name} " in body and f"# TYPE {family.name} {family.type}\n" in body
+
+
+def test_default_counters_two_gpus_hostname() -> None:
+    assert parse(dcgm_body("dcgm-3.x-default-2gpu.prom")) == DcgmBody(
+        gpus=(
+            gpu(0, "GPU-8f2c1d90-5b7e-4c3a-9e61-2d4f7a0b3c18", A100_80, "", "gpu-node-07", 74137, 7115, None, 0.97),
+            gpu(1, "GPU-3a9e7c42-1f08-4d6b-b2c5-7e91d0a4f653", A100_80, "", "gpu-node-07", 4, 81248, None, 0.0),
+        ),
+        mig_series_skipped=0,
+    )
+
+
+def test_kubernetes_labels_empty_on_the_gpu_in_no_pod() -> None:
+    body = dcgm_body("dcgm-3.x-kubernetes-2gpu.prom")
+    assert 'gpu="1",' in body and 'container="",namespace="",pod=""} 81248' in body
+    (first, second) = parse(body).gpus
+    assert first == gpu(
+        0,
+        "GPU-8f2c1d90-5b7e-4c3a-9e61-2d4f7a0b3c18",
+        A100_80,
+        "",
+        "gpu-node-07",
+        74137,
+        7115,
+        None,
+        0.97,
+        (("llm", "vllm-mistral-7b-5f7d9c6b8-qtz4n", "vllm"),),
+    )
+    assert second.pods == () and second.used_bytes == 4 * MIB
+
+
+def test_lowercase_hostname_reserved_and_gpus_sorted_by_index() -> None:
+    body = dcgm_body("dcgm-main-lowercase-hostname-2gpu.prom")
+    assert body.index('gpu="1"') < body.index('gpu="0"')  # the expfmt renderer sorts by UUID
+    assert "Hostname=" not in body
+    assert parse(body) == DcgmBody(
+        gpus=(
+            gpu(
+                0,
+                "GPU-e4b1c7d2-9a30-4f85-8c16-b0d2e9f4a751",
+                "NVIDIA H200",
+                "00000000:19:00.0",
+                "gpu-node-21",
+                126880,
+                16239,
+                652,
+                0.99,
+            ),
+            gpu(
+                1,
+                "GPU-1c6f0a3e-72d4-4b19-a5e8-3f9d6c2b0e47",
+                "NVIDIA H200",
+                "00000000:3B:00.0",
+                "gpu-node-21",
+                9,
+                143110,
+                652,
+                0.0,
+            ),
+        ),
+        mig_series_skipped=0,
+    )
+
+
+def test_relabelled_body_reads_exported_pod_labels_not_the_exporters_own_pod() -> None:
+    body = dcgm_body("dcgm-4.x-relabelled-exported.prom")
+    assert 'pod="nvidia-dcgm-exporter-7xk2p"' in body
+    a100_40 = "NVIDIA A100-SXM4-40GB"
+    assert parse(body) == DcgmBody(
+        gpus=(
+            gpu(
+                0,
+                "GPU-f1a3c5e7-2b4d-4f68-9a0c-e2d4f6a8b0c1",
+                a100_40,
+                "00000000:10:00.0",
+                "gpu-node-05",
+                36104,
+                4017,
+                839,
+                0.92,
+                (("team-a", "vllm-llama-3-8b-7f6d5c4b3-h9j2k", "vllm"),),
+            ),
+            gpu(
+                1,
+                "GPU-0c2e4a6b-8d1f-4a3c-b5e7-9f1b3d5a7c9e",
+                a100_40,
+                "00000000:16:00.0",
+                "gpu-node-05",
+                0,
+                40121,
+                839,
+                0.0,
+            ),
+        ),
+        mig_series_skipped=0,
+    )
+
+
+def test_exported_labels_alone() -> None:
+    body = (
+        'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1",exported_namespace="ns",exported_pod="p",exported_container="c"} 10\n'
+        'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-1",exported_namespace="ns",exported_pod="p",exported_container="c"} 20\n'
+    )
+    (only,) = parse(body).gpus
+    assert only.pods == (("ns", "p", "c"),) and only.total_bytes == 30 * MIB
+
+
+def test_mig_instance_series_skipped_and_counted() -> None:
+    assert parse(dcgm_body("dcgm-4.x-mig-kubernetes.prom")) == DcgmBody(
+        gpus=(
+            gpu(
+                1,
+                "GPU-47c1a8d3-e25b-4f9a-8d07-6b3e9f0c2a15",
+                A100_80,
+                "00000000:0F:00.0",
+                "gpu-node-12",
+                52340,
+                28912,
+                668,
+                0.71,
+                (("ml", "vllm-phi-3-mini-5d8c7b9f6-r3t6k", "vllm"),),
+            ),
+        ),
+        mig_series_skipped=6,  # FB_USED, FB_FREE and GPU_UTIL of two instances
+    )
+
+
+def test_a_body_of_mig_instances_only_has_no_gpus() -> None:
+    body = 'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1",GPU_I_PROFILE="1g.10gb",GPU_I_ID="7"} 5\n'
+    assert parse(body) == DcgmBody(gpus=(), mig_series_skipped=1)
+
+
+def test_eight_gpus_two_pods() -> None:
+    body = parse(dcgm_body("dcgm-4.x-kubernetes-8gpu-2pods.prom"))
+    vllm = (("inference", "vllm-llama-3-70b-6d9f7c8b5-x2x9q", "vllm"),)
+    sglang = (("inference", "sglang-qwen2-5-32b-84b6c9d7f-7lk5w", "sglang"),)
+    used = [73412, 73398, 73398, 73406, 69322, 69310, 0, 0]
+    util = [0.96, 0.95, 0.97, 0.94, 0.88, 0.9, 0.0, 0.0]
+    pods = [vllm] * 4 + [sglang] * 2 + [()] * 2
+    assert [(g.index, g.used_bytes, g.free_bytes, g.utilization_ratio, g.pods) for g in body.gpus] == [
+        (i, used[i] * MIB, (81014 - used[i]) * MIB, util[i], pods[i]) for i in range(8)
+    ]
+    assert {(g.name, g.hostname, g.reserved_bytes, g.total_bytes) for g in body.gpus} == {
+        (H100, "gpu-node-03", 545 * MIB, 81559 * MIB)
+    }
+    assert body.gpus[7].uuid == "GPU-2e5c7b98-9d1a-4f36-8b7e-4a0c6d2f9e15"
+    assert body.gpus[7].pci_bus_id == "00000000:DB:00.0"
+    assert body.mig_series_skipped == 0
+
+
+def test_shared_gpu_per_process_series_beside_the_gpus_own() -> None:
+    """--kubernetes-virtual-gpus, recent versions: FB_USED and GPU_UTIL have the GPU's series and one per pod
+    (its processes' memory); the GPU's series gives the value, every series gives a pod."""
+    l40s = "NVIDIA L40S"
+    both = (
+        ("serving", "tei-embed-6c8f9d7b4-2kq8x", "tei"),
+        ("serving", "vllm-qwen2-5-1-5b-7b9c4d6f5-m4n7p", "vllm"),
+    )
+    assert parse(dcgm_body("dcgm-main-virtual-gpus-shared.prom")) == DcgmBody(
+        gpus=(
+            gpu(
+                0,
+                "GPU-b83d6f1a-4c29-4e7b-9a05-d1e3f5a7c9b2",
+                l40s,
+                "00000000:41:00.0",
+                "gpu-node-30",
+                30514,
+                15082,
+                472,
+                0.87,
+                both,
+            ),
+            gpu(
+                1,
+                "GPU-63a0e9c4-1b7d-4f25-8e3a-c5f7b9d1e3a8",
+                l40s,
+                "00000000:C1:00.0",
+                "gpu-node-30",
+                0,
+                45596,
+                472,
+                0.0,
+            ),
+        ),
+        mig_series_skipped=0,
+    )
+
+
+def test_shared_gpu_one_series_per_pod_value_taken_once() -> None:
+    """A GPU shared by pods, every family copied once per pod with the same value: read once, every pod kept."""
+    labels = 'gpu="0",UUID="GPU-1",device="nvidia0",modelName="NVIDIA L4",Hostname="n1"'
+    pod_a = 'container="a",namespace="ns",pod="pod-a",vgpu="0"'
+    pod_b = 'container="b",namespace="ns",pod="pod-b",vgpu="1"'
+    pod_a_again = 'container="a",namespace="ns",pod="pod-a",vgpu="2"'  # a pod holding two replicas of the GPU
+    body = "".join(
+        f"{name}{{{labels},{pod}}} {value}\n"
+        for name, value in (("DCGM_FI_DEV_FB_USED", 9000), ("DCGM_FI_DEV_FB_FREE", 13000), ("DCGM_FI_DEV_GPU_UTIL", 40))
+        for pod in (pod_a, pod_b, pod_a_again)
+    )
+    (only,) = parse(body).gpus
+    assert (only.used_bytes, only.free_bytes, only.total_bytes) == (9000 * MIB, 13000 * MIB, 22000 * MIB)
+    assert only.utilization_ratio == 0.4
+    assert only.pods == (("ns", "pod-a", "a"), ("ns", "pod-b", "b"))
+
+
+def test_use_old_namespace_labels() -> None:
+    pod = 'container_name="c",pod_namespace="ns",pod_name="p"'
+    labels = f'gpu="0",uuid="GPU-1",device="nvidia0",modelName="Tesla T4",{pod}'
+    body = f"DCGM_FI_DEV_FB_USED{{{labels}}} 100\nDCGM_FI_DEV_FB_FREE{{{labels}}} 15000\n"
+    (only,) = parse(body).gpus
+    assert (only.uuid, only.hostname, only.pods) == ("GPU-1", "", (("ns", "p", "c"),))
+
+
+def test_fb_total_wins_where_published_and_fields_absent_are_none() -> None:
+    body = (
+        'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1"} 100\n'
+        'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-1"} 200\n'
+        'DCGM_FI_DEV_FB_TOTAL{gpu="0",UUID="GPU-1"} 512\n'
+        'DCGM_FI_DEV_FB_FREE{gpu="1",UUID="GPU-2"} 200\n'
+    )
+    first, second = parse(body).gpus
+    assert first.total_bytes == 512 * MIB and first.reserved_bytes is None
+    assert (second.used_bytes, second.total_bytes, second.utilization_ratio) == (None, None, None)
+    assert (second.name, second.pci_bus_id, second.hostname) == ("", "", "")
+
+
+def test_negative_and_non_finite_values_are_none_not_errors() -> None:
+    body = (
+        'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1"} NaN\n'
+        'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-1"} -1\n'
+        'DCGM_FI_DEV_FB_RESERVED{gpu="0",UUID="GPU-1"} +Inf\n'
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1"} NaN\n'
+        'DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-2"} 10\n'
+        'DCGM_FI_DEV_FB_FREE{gpu="1",UUID="GPU-2"} 20\n'
+        'DCGM_FI_DEV_FB_RESERVED{gpu="1",UUID="GPU-2"} -Inf\n'
+    )
+    first, second = parse(body).gpus
+    assert (first.used_bytes, first.free_bytes, first.reserved_bytes, first.total_bytes) == (None, None, None, None)
+    assert first.utilization_ratio is None
+    assert (second.reserved_bytes, second.total_bytes) == (None, 30 * MIB)
+
+
+NOT_DCGM = (
+    "no DCGM_FI_DEV_FB_USED or DCGM_FI_DEV_FB_FREE: is this dcgm-exporter's /metrics (port 9400), and are the "
+    "framebuffer fields in its counters CSV?"
+)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        vllm_body("vllm-0.32.0-cpu-idle.txt"),
+        "",
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0"} 5\n',
+        'dcgm_fb_used{gpu="0",UUID="GPU-1"} 5\n',  # etc/1.x-compatibility-metrics.csv's names: not read
+    ],
+)
+def test_not_dcgm_exporter(body: str) -> None:
+    with pytest.raises(DcgmBodyError, match=f"^{re.escape(NOT_DCGM)}$"):
+        parse(body)
+
+
+@pytest.mark.parametrize("value", ["GPU-0", "-1", "0.5", "", "²"])
+def test_gpu_label_not_an_index(value: str) -> None:
+    body = f'DCGM_FI_DEV_FB_USED{{gpu="{value}",UUID="GPU-1"}} 5\n'
+    message = (
+        f"DCGM_FI_DEV_FB_USED has gpu={value!r}: dcgm-exporter's gpu label is the GPU's index, a non-negative "
+        "integer; is this dcgm-exporter's /metrics (port 9400)?"
+    )
+    with pytest.raises(DcgmBodyError, match=f"^{re.escape(message)}$"):
+        parse(body)
+
+
+def test_a_sample_without_gpu_label() -> None:
+    with pytest.raises(DcgmBodyError, match=r"^DCGM_FI_DEV_FB_FREE has gpu='': "):
+        parse('DCGM_FI_DEV_FB_FREE{UUID="GPU-1"} 5\n')
+
+
+def test_more_gpus_than_max_gpus() -> None:
+    body = dcgm_body("dcgm-4.x-kubernetes-8gpu-2pods.prom")
+    assert len(parse(body, max_gpus=8).gpus) == 8
+    message = (
+        "more than 7 GPUs (values of the gpu label) in one body: is this one node's dcgm-exporter? "
+        "Raise max_gpus if a node has that many"
+    )
+    with pytest.raises(DcgmBodyError, match=f"^{re.escape(message)}$"):
+        parse(body, max_gpus=7)
+
+
+def test_body_over_the_sample_limit() -> None:
+    body = "".join(f'DCGM_FI_DEV_FB_USED{{gpu="{i}",UUID="GPU-{i}"}} 1\n' for i in range(5001))
+    message = (
+        "more than 5000 samples in the families oomguard reads, over the sample limit: is this one node's "
+        "dcgm-exporter?"
+    )
+    with pytest.raises(DcgmBodyError, match=f"^{re.escape(message)}$") as raised:
+        parse(body, max_gpus=10_000)
+    assert isinstance(raised.value.__cause__, LimitExceeded)
+
+
+def test_malformed_body() -> None:
+    body = 'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1"} 5\nDCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1"} 6\n'
+    message = (
+        'not read as dcgm-exporter\'s /metrics: the series DCGM_FI_DEV_FB_USED{UUID="GPU-1",gpu="0"} is written '
+        "more than once"
+    )
+    with pytest.raises(DcgmBodyError, match=f"^{re.escape(message)}$"):
+        parse(body)
+
+
+def test_fixtures_readme_names_every_body() -> None:
+    readme = Path(FIXTURES / "dcgm" / "README.md").read_text(encoding="utf-8")
+    assert len(BODIES) == 7
+    assert all(f"`{name}`" in readme for name in BODIES)
