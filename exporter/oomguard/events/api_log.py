@@ -57,11 +57,12 @@ class ApiLogReader:
         self.stats = ReadStats(files_followed=1)
         self._lock = threading.Lock()
         self._held: list[str] = []
-        self._seen_again = 0  # lines at `last` seen again in this stream
+        self._seen_again = 0  # lines at the stream's starting position seen again in it
         self.last: tuple[int, int] | None = None if from_start else (int(time.time()), 0)  # the newest taken
         self.same = 0  # lines taken at exactly `last`
         if isinstance(state, dict):
             self._restore(state)  # a saved position goes on from where it was
+        self._resumed: tuple[tuple[int, int] | None, int] = (self.last, self.same)  # where this stream started
 
     def _restore(self, state: dict[str, Any]) -> None:
         last, same = state.get("last"), state.get("same")
@@ -79,12 +80,12 @@ class ApiLogReader:
             if at is None:
                 self.stats.lines_malformed += 1
                 return False
-            if self.last is not None and (at < self.last or (at == self.last and self._repeat())):
+            if self._repeat(at):
                 return False
-            if at == self.last:
-                self.same += 1
-            else:
+            if self.last is None or at > self.last:
                 self.last, self.same = at, 1
+            elif at == self.last:
+                self.same += 1
             if len(self._held) >= MAX_HELD_LINES:
                 del self._held[0]
                 self.stats.lines_truncated += 1
@@ -93,15 +94,21 @@ class ApiLogReader:
             self.stats.bytes_read += len(line) + 1
             return True
 
-    def _repeat(self) -> bool:
-        """A line at the last timestamp: a repeat while fewer than `same` of them came in this stream."""
+    def _repeat(self, at: tuple[int, int]) -> bool:
+        """Taken before this stream: older than the position it resumed from, or one of the lines taken at exactly
+        that time (the first `same` of them that come again)."""
+        resumed_at, resumed_same = self._resumed
+        if resumed_at is None or at > resumed_at:
+            return False
+        if at < resumed_at:
+            return True
         self._seen_again += 1
-        return self._seen_again <= self.same
+        return self._seen_again <= resumed_same
 
     def new_stream(self) -> str | None:
         """A stream (re)starts: its `sinceTime`, or None to read the container's log from its start."""
         with self._lock:
-            self._seen_again = 0
+            self._resumed, self._seen_again = (self.last, self.same), 0
             return since_time(self.last) if self.last is not None else None
 
     def error(self, message: str) -> None:

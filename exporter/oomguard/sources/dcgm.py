@@ -58,8 +58,19 @@ class DcgmReader:
         self.timeout_seconds = timeout_seconds
         self.max_body_bytes = max_body_bytes
         self._failing: set[str] = set()  # endpoints whose failure was logged: logged again only once they recover
+        self._in_flight: asyncio.Future[NvmlReading] | None = None
 
     async def read(self) -> NvmlReading:
+        """Every endpoint's GPUs; a scrape and a trend tick at once share one round of requests."""
+        if self._in_flight is None:
+            self._in_flight = asyncio.ensure_future(self._read())
+            self._in_flight.add_done_callback(self._clear)
+        return await asyncio.shield(self._in_flight)  # one caller cancelled does not cancel the others' read
+
+    def _clear(self, _: asyncio.Future[NvmlReading]) -> None:
+        self._in_flight = None
+
+    async def _read(self) -> NvmlReading:
         endpoints = list(self.endpoints())
         if not endpoints:
             return NvmlReading(up=False, per_process=False, error="no dcgm-exporter found (see docs/kubernetes.md)")

@@ -1,0 +1,139 @@
+"""dcgm-exporter as the GPU source (sources/dcgm.py): every endpoint read at once, each node's GPUs in bytes with
+their pods, and each way one endpoint fails leaving the others' GPUs whole and saying why."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from support import FIXTURES
+
+from oomguard.capped import EngineClient
+from oomguard.sources.dcgm import DcgmEndpoint, DcgmReader
+
+MIB = 1048576
+K8S_BODY = (FIXTURES / "dcgm" / "dcgm-3.x-kubernetes-2gpu.prom").read_text()
+HOSTNAME_BODY = (FIXTURES / "dcgm" / "dcgm-main-lowercase-hostname-2gpu.prom").read_text()
+
+
+class Endpoints:
+    """dcgm-exporter stand-ins on one server: /good (the fixture), /slow, /huge, /vllm (not dcgm), /503."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        app = web.Application()
+        app.router.add_get("/good", self._good)
+        app.router.add_get("/hostname", self._hostname)
+        app.router.add_get("/slow", self._slow)
+        app.router.add_get("/huge", self._huge)
+        app.router.add_get("/vllm", self._vllm)
+        app.router.add_get("/503", self._unavailable)
+        self.app = app
+
+    async def _good(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        await asyncio.sleep(0.05)  # long enough for two readers to overlap
+        return web.Response(text=K8S_BODY)
+
+    async def _hostname(self, request: web.Request) -> web.Response:
+        return web.Response(text=HOSTNAME_BODY)
+
+    async def _slow(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.Response(text=K8S_BODY)
+
+    async def _huge(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        chunk = b"# " + b"x" * 65534 + b"\n"
+        for _ in range(1000):  # 64 MB, endlessly for the reader's purposes
+            await response.write(chunk)
+        return response
+
+    async def _vllm(self, request: web.Request) -> web.Response:
+        return web.Response(text=(FIXTURES / "vllm" / "vllm-0.32.0-cpu-under-load.txt").read_text())
+
+    async def _unavailable(self, request: web.Request) -> web.Response:
+        return web.Response(status=503, text="starting")
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, Endpoints]]:
+    endpoints = Endpoints()
+    runner = web.AppRunner(endpoints.app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}", endpoints
+    await runner.cleanup()
+
+
+async def test_each_nodes_gpus_in_bytes_with_their_pods(server: tuple[str, Endpoints]) -> None:
+    base, _ = server
+    async with EngineClient() as client:
+        reader = DcgmReader(
+            client,
+            lambda: [DcgmEndpoint(f"{base}/good", "gpu-a"), DcgmEndpoint(f"{base}/hostname", "")],
+            timeout_seconds=2.0,
+            max_body_bytes=1 << 20,
+        )
+        reading = await reader.read()
+    assert reading.up and not reading.error and not reading.per_process
+    keys = [g.key for g in reading.gpus]
+    # The discovered endpoint's node is its pod's; a configured one without a node takes the body's hostname.
+    assert keys == [("gpu-a", 0), ("gpu-a", 1), ("gpu-node-21", 0), ("gpu-node-21", 1)]
+    gpu = reading.gpus[0]
+    assert gpu.used_bytes is not None and gpu.used_bytes % MIB == 0 and gpu.total_bytes
+    assert gpu.processes is None  # not published: absent, not "no processes"
+    assert any(g.pods for g in reading.gpus[:2])
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("/slow", "no answer within 0.5s"),
+        ("/huge", "body over 1048576 bytes (dcgm.max_body_bytes)"),
+        ("/vllm", "no DCGM_FI_DEV_FB_USED or DCGM_FI_DEV_FB_FREE"),
+        ("/503", "HTTP 503"),
+    ],
+)
+async def test_one_endpoint_failing_leaves_the_others_and_says_why(
+    server: tuple[str, Endpoints], path: str, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    base, _ = server
+    async with EngineClient() as client:
+        reader = DcgmReader(
+            client,
+            lambda: [DcgmEndpoint(f"{base}/good", "gpu-a"), DcgmEndpoint(f"{base}{path}", "gpu-b")],
+            timeout_seconds=0.5,
+            max_body_bytes=1 << 20,
+        )
+        reading = await reader.read()
+        assert reading.up  # gpu-a answers
+        assert {g.node for g in reading.gpus} == {"gpu-a"}
+        assert why in reading.error and "gpu-b" in reading.error
+        # Logged once while it fails, not at every read.
+        await reader.read()
+    said = [r.getMessage() for r in caplog.records if why in r.getMessage()]
+    assert len(said) == 1, said
+
+
+async def test_no_endpoint_is_no_gpu_source_and_says_where_to_look() -> None:
+    async with EngineClient() as client:
+        reading = await DcgmReader(client, list, timeout_seconds=1.0, max_body_bytes=1 << 20).read()
+    assert not reading.up and "no dcgm-exporter found" in reading.error
+
+
+async def test_a_scrape_and_a_trend_tick_at_once_share_one_round(server: tuple[str, Endpoints]) -> None:
+    base, endpoints = server
+    async with EngineClient() as client:
+        reader = DcgmReader(
+            client, lambda: [DcgmEndpoint(f"{base}/good", "gpu-a")], timeout_seconds=2.0, max_body_bytes=1 << 20
+        )
+        first, second = await asyncio.gather(reader.read(), reader.read())
+        assert first is second and endpoints.requests == 1
+        await reader.read()
+        assert endpoints.requests == 2  # a read after the round is a new round
