@@ -31,6 +31,7 @@ _ENVIRONMENT = {
     "simulate": ("OOMGUARD_SIMULATE", "simulation.scenario"),
     "simulate_gpus": ("OOMGUARD_SIMULATE_GPUS", "simulation.gpus"),
     "simulate_time_scale": ("OOMGUARD_SIMULATE_TIME_SCALE", "simulation.time_scale"),
+    "simulate_gpu_source": ("OOMGUARD_SIMULATE_GPU_SOURCE", "simulation.gpu_source"),
     "nvml": ("OOMGUARD_COLLECTOR_NVML", "nvml.enabled"),
     "log_level": ("OOMGUARD_LOG_LEVEL", None),
 }
@@ -80,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
         help="simulated seconds per real second [$OOMGUARD_SIMULATE_TIME_SCALE] (default 1)",
     )
     serve.add_argument(
+        "--simulate.gpu-source",
+        dest="simulate_gpu_source",
+        choices=["nvml", "dcgm"],
+        help="the simulated GPUs through a fake NVML, as a node agent reads them, or through a simulated "
+        "dcgm-exporter, as the cluster mode does [$OOMGUARD_SIMULATE_GPU_SOURCE] (default nvml)",
+    )
+    serve.add_argument(
         "--collector.nvml",
         dest="nvml",
         action=argparse.BooleanOptionalAction,
@@ -115,6 +123,13 @@ def _parser() -> argparse.ArgumentParser:
         help="also write oomguard diagnose's incident report of the drill: FILE.md (PNG beside) or FILE.html",
     )
     drill.add_argument("--time-scale", type=float, default=30.0, help="simulated seconds per real second (default 30)")
+    drill.add_argument(
+        "--mode",
+        choices=["node", "cluster"],
+        default="node",
+        help="node: the exporter reads the GPUs through NVML, as the DaemonSet does; cluster: through a simulated "
+        "dcgm-exporter beside the engine, as the cluster mode does, without per-process memory (default node)",
+    )
     drill.add_argument(
         "--alertmanager-config",
         type=Path,
@@ -282,7 +297,7 @@ def _drill(args: argparse.Namespace) -> int:
             report = run(
                 DRILLS[args.scenario], args.workdir or Path(scratch), time_scale=args.time_scale,
                 alertmanager_config=args.alertmanager_config, diagnosis_report=args.diagnosis_report, tls=args.tls,
-                progress=progress,
+                mode=args.mode, progress=progress,
             )  # fmt: skip
     except MissingPrerequisite as exc:
         print(f"oomguard drill: {exc}", file=sys.stderr)

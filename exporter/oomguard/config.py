@@ -212,6 +212,11 @@ class SimulationConfig(StrictModel):
         description="Which engine the simulation runs: one with a simulator (docs/engines.md, Simulators); another is "
         "refused, naming those.",
     )
+    gpu_source: Literal["nvml", "dcgm"] = Field(
+        "nvml",
+        description="nvml: the GPUs through a fake NVML, as a node agent reads them; dcgm: through a simulated "
+        "dcgm-exporter beside the engine, as the cluster mode reads them (no per-process memory).",
+    )
 
     @field_validator("engine")
     @classmethod

@@ -27,11 +27,12 @@ from typing import Any
 from oomguard import __version__
 from oomguard.capped import EngineClient
 from oomguard.collection import Collection
-from oomguard.config import Config, TargetConfig
+from oomguard.config import Config, DcgmConfig, TargetConfig
 from oomguard.engines.simulation import simulation
 from oomguard.events.kubernetes import PodEvents
 from oomguard.events.runner import EventRunner
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
+from oomguard.simulate.dcgm_exporter import SimulatedDcgmExporter
 from oomguard.simulate.runner import Simulation
 from oomguard.sources.dcgm import DcgmEndpoint, DcgmReader
 from oomguard.sources.kubernetes.discovery import KubernetesDiscovery
@@ -51,6 +52,7 @@ from oomguard.web_config.server import scrape_connection_limit
 log = logging.getLogger(__name__)
 
 _REAL_NVML = object()  # default of nvml_lib: pynvml, or the simulation's fake GPUs
+SIMULATED_NODE = "sim-node"  # the hostname the simulated dcgm-exporter writes
 
 
 class Runtime:
@@ -65,6 +67,7 @@ class Runtime:
         """`nvml_lib`: pynvml or a stand-in with its API; None for no GPUs. `start_simulation=False`
         leaves the simulated engine to be started by the caller (the drill starts it once Prometheus scrapes)."""
         self.simulation: Simulation | None = None
+        self.sim_dcgm: SimulatedDcgmExporter | None = None
         self._own_log: Path | None = None
         if config.simulation.scenario:
             sim = config.simulation
@@ -79,6 +82,13 @@ class Runtime:
                 sim.scenario, gpus=sim.gpus, time_scale=sim.time_scale, log_path=log_path, engine=sim.engine
             )
             config = config.model_copy(update={"targets": (*config.targets, self.simulation.target())})
+            if sim.gpu_source == "dcgm":
+                # The cluster mode's GPU source: a simulated dcgm-exporter beside the engine, its URL known at start.
+                sim_engine = self.simulation
+                self.sim_dcgm = SimulatedDcgmExporter(
+                    sim_engine.current_gpus, node=SIMULATED_NODE, pod=("sim", f"sim-{sim.engine}", sim.engine),
+                    pod_gpus=sim_engine.gpus,
+                )  # fmt: skip
             # Every duration the exporter judges runs on the scenario's clock (simulate/clock.py).
             config = events_on_clock(config, sim.time_scale)
             log.info("simulation %r: engine at %s, its log in %s", sim.scenario, self.simulation.url, log_path)
@@ -108,6 +118,10 @@ class Runtime:
         return pynvml
 
     async def start(self) -> None:
+        if self.sim_dcgm is not None:
+            await self.sim_dcgm.start()
+            dcgm = DcgmConfig(urls=(self.sim_dcgm.url,), timeout_seconds=self.config.nvml.timeout_seconds)
+            self.config = self.config.model_copy(update={"dcgm": dcgm})
         config = self.config
         if self.simulation is not None and self._start_simulation:
             await self.simulation.start()
@@ -209,6 +223,8 @@ class Runtime:
             await self._client.close()
         if self.simulation is not None:
             await self.simulation.stop()  # first: its supervisor would make the log again at a relaunch
+        if self.sim_dcgm is not None:
+            await self.sim_dcgm.stop()
         if self._own_log is not None:
             await asyncio.to_thread(self._own_log.unlink, missing_ok=True)
 

@@ -33,10 +33,18 @@ ROUTING = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 # Nothing happens in an hour of a steady server: faster, measured stable (docs/drill.md).
 TIME_SCALES = {"default-steady": 60.0, "tight-steady": 60.0}
 DRILLS_AT_ONCE = 3
+# Every scenario as the DaemonSet reads the GPUs (NVML), and the incident as the cluster mode does (a simulated
+# dcgm-exporter, no per-process memory): the same alerts, receivers and verdict are expected of both.
+DRILLS = [*SCENARIOS, "incident@cluster"]
 
 
 def _time_scale(name: str) -> float:
-    return TIME_SCALES.get(name, 30.0)
+    return TIME_SCALES.get(name.partition("@")[0], 30.0)
+
+
+def _scenario_and_mode(name: str) -> tuple[str, str]:
+    scenario, _, mode = name.partition("@")
+    return scenario, mode or "node"
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +54,18 @@ def drills(
     """The scenarios selected in this session, started three at a time, the longest first."""
     selected = [item.callspec.params["name"] for item in request.session.items
                 if item.module is request.module and item.originalname == "test_drill"]  # fmt: skip
-    longest_first = sorted(selected, key=lambda name: -SCENARIOS[name].minutes / _time_scale(name))
+    longest_first = sorted(
+        selected, key=lambda name: -SCENARIOS[_scenario_and_mode(name)[0]].minutes / _time_scale(name)
+    )
     pool = ThreadPoolExecutor(max_workers=DRILLS_AT_ONCE, thread_name_prefix="drill")
     started: dict[str, tuple[Path, Future[DrillReport]]] = {}
     for name in longest_first:
-        workdir = tmp_path_factory.mktemp(f"drill-{name}")
+        scenario, mode = _scenario_and_mode(name)
+        workdir = tmp_path_factory.mktemp(f"drill-{name.replace('@', '-')}")
         diagnosis = workdir / "diagnosis.md" if name == "incident" else None
         started[name] = workdir, pool.submit(
-            run, SCENARIOS[name], workdir, alertmanager_config=ROUTING, time_scale=_time_scale(name),
-            diagnosis_report=diagnosis,
+            run, SCENARIOS[scenario], workdir, alertmanager_config=ROUTING, time_scale=_time_scale(name),
+            diagnosis_report=diagnosis, mode=mode,
         )  # fmt: skip
     try:
         yield started
@@ -62,14 +73,16 @@ def drills(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
+@pytest.mark.parametrize("name", DRILLS)
 def test_drill(name: str, drills: dict[str, tuple[Path, Future[DrillReport]]]) -> None:
-    scenario = SCENARIOS[name]
+    scenario_name, mode = _scenario_and_mode(name)
+    scenario = SCENARIOS[scenario_name]
     tmp_path, future = drills[name]
     diagnosis = tmp_path / "diagnosis.md" if name == "incident" else None
     report = future.result()
     print(report.markdown())
     assert report.ok, report.markdown()
+    assert report.mode == mode
     # `oomguard diagnose` on the drill's Prometheus: one diagnosis, of the scenario's verdict.
     assert report.verdicts == [scenario.verdict], report.diagnosis_text
     assert report.diagnosis_text.startswith(scenario.verdict.upper())

@@ -83,12 +83,13 @@ async def test_each_nodes_gpus_in_bytes_with_their_pods(server: tuple[str, Endpo
         reading = await reader.read()
     assert reading.up and not reading.error and not reading.per_process
     keys = [g.key for g in reading.gpus]
-    # The discovered endpoint's node is its pod's; a configured one without a node takes the body's hostname.
-    assert keys == [("gpu-a", 0), ("gpu-a", 1), ("gpu-node-21", 0), ("gpu-node-21", 1)]
-    gpu = reading.gpus[0]
+    # A discovered endpoint's node is its pod's; a configured one's the exporter's own ("" outside Kubernetes), not
+    # the body's hostname label: its GPUs are those its configured targets name.
+    assert keys == [("", 0), ("", 1), ("gpu-a", 0), ("gpu-a", 1)]
+    gpu = reading.gpus[2]
     assert gpu.used_bytes is not None and gpu.used_bytes % MIB == 0 and gpu.total_bytes
     assert gpu.processes is None  # not published: absent, not "no processes"
-    assert any(g.pods for g in reading.gpus[:2])
+    assert any(g.pods for g in reading.gpus[2:])
 
 
 @pytest.mark.parametrize(

@@ -101,6 +101,7 @@ class DrillReport:
     diagnosis: list[dict[str, Any]] = field(default_factory=list)  # Diagnosis.json() of each target
     diagnosis_text: str = ""
     tls: list[str] = field(default_factory=list)  # under --tls: the checks of the https chain that held
+    mode: str = "node"  # node: GPUs through NVML; cluster: through a simulated dcgm-exporter
 
     @property
     def verdicts(self) -> list[str]:
@@ -120,7 +121,12 @@ class DrillReport:
             "",
             self.summary,
             "",
-            f"Times in simulated minutes relative to {self.reference} (time scale {self.time_scale:g}x).",
+            f"Times in simulated minutes relative to {self.reference} (time scale {self.time_scale:g}x)"
+            + (
+                ", in the cluster mode: GPU memory from a simulated dcgm-exporter, no per-process memory."
+                if self.mode == "cluster"
+                else "."
+            ),
             "",
             "## Timeline",
             "",
@@ -267,22 +273,30 @@ async def run_drill(
     alertmanager_config: Path | None = None,
     diagnosis_report: Path | None = None,
     tls: bool = False,
+    mode: str = "node",
     progress: Progress = _quiet,
 ) -> DrillReport:
     """`diagnosis_report`: also write `oomguard diagnose --report` of the drill's Prometheus there (.md or .html).
+
+    `mode`: node, the GPUs through NVML as the DaemonSet reads them; cluster, through a simulated dcgm-exporter
+    beside the engine, as the cluster mode reads them (no per-process memory).
 
     `tls`: the chain under a throwaway CA and password (drill/tls.py), checked at the end.
     `progress`: called with a line at each phase, each arriving alert and every PROGRESS_EVERY seconds.
     """
     progress(
-        f"starting Prometheus, Alertmanager and the exporter{' (https, basic auth)' if tls else ''}; "
+        f"starting Prometheus, Alertmanager and the exporter{' (https, basic auth)' if tls else ''}"
+        f"{' (the cluster mode: GPUs from a simulated dcgm-exporter)' if mode == 'cluster' else ''}; "
         f"{scenario.minutes:g} simulated minutes at {time_scale:g}x: "
         f"about {expected_seconds(scenario, time_scale):.0f} s in all"
     )
     # The runtime puts the trend and the events on the scenario's clock (simulate/clock.py), as `serve --simulate`.
     config = load_config(None, {
         "state_dir": str(workdir / "state"),
-        "simulation": {"scenario": scenario.simulation, "time_scale": time_scale, "engine": scenario.engine},
+        "simulation": {
+            "scenario": scenario.simulation, "time_scale": time_scale, "engine": scenario.engine,
+            "gpu_source": "dcgm" if mode == "cluster" else "nvml",
+        },
         "events": {"kernel_log": False},
     })  # fmt: skip
     runtime = Runtime(config, start_simulation=False, simulation_log=workdir / "engine.log")
@@ -313,6 +327,7 @@ async def run_drill(
                 progress("checking the https chain: passwords, certificates, what Prometheus reached")
                 held, problems = await asyncio.to_thread(check_chain, secure, chain.exporter_url, chain.prometheus)
                 report.tls, report.problems = held, report.problems + problems
+            report.mode = mode
             return report
     finally:
         await runtime.simulation.stop()

@@ -74,8 +74,15 @@ class Simulation:
 
     def _refresh_on_count(self, call: str) -> None:
         # nvmlDeviceGetCount opens every read of the NVML source: bring the GPUs up to date.
-        if call != "nvmlDeviceGetCount":
-            return
+        if call == "nvmlDeviceGetCount":
+            self._refresh()
+
+    def current_gpus(self) -> list[FakeGpu]:
+        """The GPUs as they are now (for a reader other than NVML's: the simulated dcgm-exporter)."""
+        self._refresh()
+        return self.nvml.gpus
+
+    def _refresh(self) -> None:
         first = self._first_launched_at
         foreign = self.scenario.foreign_ratio((time.time() - first) * self.time_scale) if first is not None else 0.0
         child = self._child

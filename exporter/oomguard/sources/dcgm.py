@@ -128,7 +128,9 @@ def _gpus(body: DcgmBody, node: str) -> list[GpuReading]:
             reserved_bytes=g.reserved_bytes,
             utilization_ratio=g.utilization_ratio,
             processes=None,  # not published by dcgm-exporter: absent, not "no processes"
-            node=node or g.hostname,
+            # A configured endpoint's GPUs are the exporter's own node's, as its configured targets are: its node,
+            # not dcgm-exporter's hostname label (its own pod's name, unless it was given NODE_NAME).
+            node=node,
             pods=tuple(sorted({(namespace, pod) for namespace, pod, _container in g.pods})),
         )
         for g in body.gpus

@@ -1,0 +1,57 @@
+"""The simulated dcgm-exporter (simulate/dcgm_exporter.py): its body is one dcgm-exporter's as the parser reads real
+ones, and `serve --simulate --simulate.gpu-source dcgm` reads the simulation's GPUs through it, as the cluster mode
+reads a node's."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from support import samples
+
+from oomguard.config_file import load_config
+from oomguard.exposition import render
+from oomguard.runtime import Runtime
+from oomguard.simulate.dcgm_exporter import body
+from oomguard.simulate.fake_nvml import GIB, FakeGpu
+from oomguard.sources.dcgm_body import parse
+
+MIB = 1024**2
+
+
+def test_its_body_reads_as_dcgm_exporters_with_the_engines_pod() -> None:
+    gpus = [FakeGpu(0, used_bytes=70 * GIB + 3), FakeGpu(1, used_bytes=GIB), FakeGpu(2, lost=True)]
+    gpus[0].utilization_percent = 85
+    parsed = parse(body(gpus, node="sim-node", pod=("sim", "sim-vllm", "vllm"), pod_gpus=(0,)))
+    assert [g.index for g in parsed.gpus] == [0, 1]  # a lost GPU is not written
+    first, second = parsed.gpus
+    assert first.used_bytes == 70 * GIB  # whole MiB, as dcgm-exporter writes them
+    assert first.reserved_bytes == gpus[0].reserved_bytes
+    assert first.total_bytes is not None and 80 * GIB - first.total_bytes <= MIB  # used + free + reserved, each floored
+    assert first.utilization_ratio == 0.85
+    assert first.hostname == "sim-node" and first.uuid == gpus[0].uuid
+    assert first.pods == (("sim", "sim-vllm", "vllm"),) and second.pods == ()
+
+
+async def test_the_simulation_read_through_it(tmp_path: Path) -> None:
+    config = load_config(None, {
+        "simulation": {"scenario": "steady", "time_scale": 30, "gpu_source": "dcgm"},
+        "events": {"kernel_log": False}, "trend": {"enabled": False},
+    })  # fmt: skip
+    runtime = Runtime(config)
+    await runtime.start()
+    try:
+        assert runtime.collection is not None
+        for _ in range(100):
+            got = samples(render(await runtime.collection.snapshot()).decode())
+            if got.get(("oomguard_target_up", (("target", "sim-vllm"),))) == 1.0:
+                break
+            await asyncio.sleep(0.1)
+        assert got[("oomguard_source_success", (("source", "dcgm"),))] == 1.0
+        assert ("oomguard_source_success", (("source", "nvml"),)) not in got  # NVML is not read
+        assert got[("oomguard_gpu_memory_used_bytes", (("gpu", "0"),))] > 0
+        assert got[("oomguard_gpu_process_query_success", (("gpu", "0"),))] == 0.0
+        assert got[("oomguard_target_gpu_info", (("gpu", "0"), ("target", "sim-vllm")))] == 1.0
+        assert not [key for key in got if key[0] == "oomguard_target_process_gpu_memory_bytes"]
+    finally:
+        await runtime.stop()
