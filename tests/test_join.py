@@ -191,3 +191,33 @@ def test_a_told_value_that_is_no_share_is_no_reservation(value: float) -> None:
         [gpu(0, (WORKER_0, 0.95 * TOTAL))], warming({"gpu_memory_utilization": EngineSetting(value, "flag")})
     )
     assert gpus == {}
+
+
+def test_two_nodes_gpu_0_are_two_gpus_each_joined_to_its_own_pods() -> None:
+    """The cluster mode: dcgm-exporter's GPUs of two nodes, no process lists, each GPU naming the pod using it."""
+    from oomguard.model import PodRef
+
+    def dcgm_gpu(node: str, pod: str, used: float) -> GpuReading:
+        return GpuReading(0, True, total_bytes=TOTAL, used_bytes=used, node=node, pods=(("llm", pod),))
+
+    def pod_target(name: str, node: str) -> TargetReading:
+        t = vllm(gpus=(), local=False)
+        return replace(t, name=f"llm/{name}", pod=PodRef("llm", name, "vllm", node=node))
+
+    a, b = pod_target("vllm-a", "gpu-a"), pod_target("vllm-b", "gpu-b")
+    # A configured target of the exporter's own node ("" outside Kubernetes) claims no other node's GPU 0.
+    local = replace(vllm(gpus=(0,), local=False), name="configured")
+    nvml = NvmlReading(True, gpus=(dcgm_gpu("gpu-a", "vllm-a", 0.95 * TOTAL), dcgm_gpu("gpu-b", "vllm-b", 0.5 * TOTAL)))
+    memory = join_targets(nvml, [a, b, local])
+    assert memory["llm/vllm-a"].gpus == (("gpu-a", 0),) and memory["llm/vllm-a"].used_bytes == 0.95 * TOTAL
+    assert memory["llm/vllm-b"].gpus == (("gpu-b", 0),) and memory["llm/vllm-b"].used_bytes == 0.5 * TOTAL
+    assert memory["configured"].gpus == ()
+    # The pod of one node is not the pod of another: a pod name dcgm-exporter names on another node is not it.
+    moved = replace(a, pod=PodRef("llm", "vllm-a", "vllm", node="gpu-b"))
+    assert join_targets(nvml, [moved])["llm/vllm-a"].gpus == ()
+    gpus = join_gpus(nvml, [a, b], memory)
+    assert sorted(gpus) == [("gpu-a", 0), ("gpu-b", 0)]
+    # No process lists: whose bytes are whose is unknown, everything above the reservation may grow.
+    assert gpus[("gpu-a", 0)].engine_used_bytes is None
+    assert gpus[("gpu-a", 0)].unreserved_used_bytes == pytest.approx(0.05 * TOTAL)
+    assert gpus[("gpu-b", 0)].unreserved_used_bytes == 0.0

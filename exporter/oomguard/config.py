@@ -375,7 +375,7 @@ class DcgmConfig(StrictModel):
     port: int = Field(9400, ge=1, le=65535, description="dcgm-exporter's port on its pod.")
     timeout_seconds: float = Field(5.0, gt=0, description="Longest wait for one dcgm-exporter's answer.")
     max_body_bytes: int = Field(
-        4 * 1024 * 1024, gt=0, description="Largest body read from one dcgm-exporter (8 GPUs take about 60 KB)."
+        4 * 1024 * 1024, gt=0, description="Largest body read from one dcgm-exporter (8 GPUs take about 55 KB)."
     )
 
     @field_validator("urls")

@@ -8,9 +8,10 @@ second read (`sinceTime`). Before each stream the previous container's log is re
 them, are only there) is read once, before its successor; where there was no restart its lines are all repeats.
 The pod's status is not needed for this, and may lag the new container's first lines anyway. Only the last
 container before the current one is kept by the kubelet: two restarts while the API is away lose the first
-one's end (its OOMKilled status is still counted, events/kubernetes.py). While the API refuses (a container
-waiting to start: 400; no RBAC on pods/log: 403), the failure is the source's read error and the request is tried
-again after a wait that doubles.
+one's end (its OOMKilled status is still counted, events/kubernetes.py). While the API refuses (no RBAC on
+pods/log: 403) or is away, the failure is the source's read error and the request is tried again after a wait
+that doubles; a container that has not started yet (400: its image pulling, an init container running) is only
+waited for, the same way.
 """
 
 from __future__ import annotations
@@ -95,7 +96,14 @@ class PodLogFollower:
             params["sinceTime"] = since
         self.streams += 1
         taken = 0
-        async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
-            self.reader.ok()
-            taken += self.reader.offer(line)
+        try:
+            async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
+                self.reader.ok()
+                taken += self.reader.offer(line)
+        except ApiError as exc:
+            if exc.status != 400:
+                raise
+            # 400: the container has not started yet (its image pulling, an init container running): nothing to
+            # read, and nothing wrong; asked again after the wait.
+            log.debug("kubernetes: %s: %s", self.path, exc)
         return taken
