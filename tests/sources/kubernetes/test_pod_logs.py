@@ -85,3 +85,39 @@ async def test_a_container_not_started_is_waited_for_and_a_refusal_counted(api: 
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_stream_is_renewed_now_and_then_and_no_line_is_lost_or_repeated() -> None:
+    """A connection that died without a word looks like a quiet engine: the stream is ended and asked again after
+    stream_max_seconds, from where it was."""
+    from tests.sources.kubernetes.k8s_harness import Server, free_port
+    from tests.sources.kubernetes.stand_in import StandIn
+
+    stand_in = StandIn()
+    server = Server(stand_in.app(), "127.0.0.1", free_port())
+    await server.start()
+    client = ApiClient(Connection(f"http://127.0.0.1:{server.port}"))
+    reader = ApiLogReader(from_start=True)
+    follower = PodLogFollower(
+        client, reader, namespace="llm", pod="vllm-0", container="vllm", retry_max_seconds=0.2,
+        stream_max_seconds=0.3,
+    )  # fmt: skip
+    task = asyncio.ensure_future(follower.run())
+    try:
+        taken: list[str] = []
+        for i in range(8):
+            await stand_in.log("llm", "vllm-0", "vllm", f"line {i}", container_id="a" * 64)
+            await asyncio.sleep(0.15)
+            taken += reader.poll()
+        while len(taken) < 8:
+            await asyncio.sleep(0.05)
+            taken += reader.poll()
+        await asyncio.sleep(0.4)
+        taken += reader.poll()
+        assert taken == [f"line {i}" for i in range(8)]
+        assert follower.streams >= 3 and reader.stats.read_errors == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()
+        await server.stop()

@@ -132,6 +132,13 @@ class ApiClient:
             connector=aiohttp.TCPConnector(ssl=connection.ssl, limit=8),
             read_bufsize=4 * 1024 * 1024,
         )
+        # The cluster mode's log streams, one per engine container, each holding its connection for hours: a pool
+        # of their own, as large as there are containers, so that they never wait behind each other nor hold up
+        # the lists and watches (HTTP/1.1: one stream per connection).
+        self.log_session = aiohttp.ClientSession(
+            headers={"User-Agent": f"oomguard/{__version__}"},
+            connector=aiohttp.TCPConnector(ssl=connection.ssl, limit=0),
+        )
 
     async def _headers(self) -> dict[str, str]:
         token = await asyncio.to_thread(self.connection.authorization)
@@ -171,7 +178,7 @@ class ApiClient:
         """A container's log (`pods/log`), line by line, as it is written while `follow` holds; a line longer than
         `max_line_bytes` is cut there (its head is what a log pattern reads), the rest of it skipped."""
         try:
-            async with self.session.get(
+            async with self.log_session.get(
                 self.connection.server + path,
                 params=params,
                 headers=await self._headers(),
@@ -197,6 +204,7 @@ class ApiClient:
 
     async def close(self) -> None:
         await self.session.close()
+        await self.log_session.close()
 
 
 async def _raise_for_status(response: aiohttp.ClientResponse, path: str) -> None:

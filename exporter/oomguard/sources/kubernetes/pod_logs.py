@@ -24,6 +24,9 @@ from oomguard.sources.kubernetes.api import ApiClient, ApiError
 
 log = logging.getLogger(__name__)
 MAX_LINE_BYTES = 64 * 1024  # the head of a longer line is kept (a log pattern reads a line's start)
+# A stream is ended and asked again after this long: a connection that died without a word (no FIN, no data: a
+# quiet engine's stream looks the same) is not followed for ever. A new stream costs one request; nothing is lost.
+STREAM_MAX_SECONDS = 1800.0
 RETRY_FIRST_SECONDS = 0.5
 
 
@@ -49,8 +52,10 @@ class PodLogFollower:
         pod: str,
         container: str,
         retry_max_seconds: float,
+        stream_max_seconds: float = STREAM_MAX_SECONDS,
     ) -> None:
         self.client = client
+        self.stream_max_seconds = stream_max_seconds
         self.reader = reader
         self.path = f"/api/v1/namespaces/{namespace}/pods/{pod}/log"
         self.container = container
@@ -62,11 +67,11 @@ class PodLogFollower:
         while True:
             try:
                 await self._catch_up()
-                taken = await self._follow()
-                # A stream that brought lines ended as streams end: asked again at once. One that brought none is
-                # a container that stopped and is not running again yet: asked again after a wait that doubles.
-                retry = RETRY_FIRST_SECONDS if taken else min(retry * 2, self.retry_max_seconds)
-                if not taken:
+                if await self._follow():
+                    retry = RETRY_FIRST_SECONDS
+                else:
+                    # A container that stopped and is not running again yet, or not started: after a wait.
+                    retry = min(retry * 2, self.retry_max_seconds)
                     await asyncio.sleep(retry)
             except ApiError as exc:
                 self.reader.error(str(exc))
@@ -82,14 +87,18 @@ class PodLogFollower:
         if since is not None:
             params["sinceTime"] = since
         try:
-            async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
-                self.reader.offer(line)
+            async with asyncio.timeout(self.stream_max_seconds):
+                async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
+                    self.reader.offer(line)
+        except TimeoutError:
+            self.reader.error(f"GET {self.path} (previous): no end within {self.stream_max_seconds:g}s")
         except ApiError as exc:
             if exc.status != 400:  # 400: no previous container (none restarted yet): nothing to read
                 raise
 
-    async def _follow(self) -> int:
-        """One stream, until it ends; the lines it brought that were not repeats."""
+    async def _follow(self) -> bool:
+        """One stream, until it ends; whether to ask again at once: it brought new lines (it ended as streams
+        end), or it was ended on purpose after STREAM_MAX_SECONDS."""
         since = self.reader.new_stream()
         params = {"container": self.container, "follow": "true", "timestamps": "true"}
         if since is not None:
@@ -97,13 +106,16 @@ class PodLogFollower:
         self.streams += 1
         taken = 0
         try:
-            async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
-                self.reader.ok()
-                taken += self.reader.offer(line)
+            async with asyncio.timeout(self.stream_max_seconds):
+                async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
+                    self.reader.ok()
+                    taken += self.reader.offer(line)
+        except TimeoutError:
+            return True
         except ApiError as exc:
             if exc.status != 400:
                 raise
             # 400: the container has not started yet (its image pulling, an init container running): nothing to
             # read, and nothing wrong; asked again after the wait.
             log.debug("kubernetes: %s: %s", self.path, exc)
-        return taken
+        return taken > 0
