@@ -79,7 +79,7 @@ def target_gpus(claim: GpuClaim, gpus: Mapping[GpuKey, GpuReading]) -> list[GpuK
     if claim.configured:
         return [key for i in claim.configured if (key := (claim.node, i)) in gpus]
     process, pod = claim.process, claim.pod
-    mine = {k: g for k, g in gpus.items() if k[0] == claim.node}  # pids and pods are of one node
+    mine = {k: g for k, g in gpus.items() if k[0] == claim.node}  # pids and pods are of one node (see by_node)
     found = []
     if process is not None:
         found = [k for k, g in mine.items() if any(p.pid in process.pids for p in g.processes or ())]
@@ -152,15 +152,26 @@ def up_gpus(gpus: tuple[GpuReading, ...]) -> dict[GpuKey, GpuReading]:
     return {g.key: g for g in gpus if g.up}
 
 
+def by_node(gpus: Mapping[GpuKey, GpuReading]) -> dict[str, dict[GpuKey, GpuReading]]:
+    """The GPUs of each node: a target's are all on its node, so each target is joined with its node's only (the
+    cluster mode's 500 targets with 8 GPUs each, not with 800)."""
+    out: dict[str, dict[GpuKey, GpuReading]] = {}
+    for key, gpu in gpus.items():
+        out.setdefault(key[0], {})[key] = gpu
+    return out
+
+
 def join_targets(
     nvml: NvmlReading | None, targets: Iterable[TargetReading], local_node: str = ""
 ) -> dict[str, TargetMemory]:
     """Every target of a collection joined with the GPUs NVML read (none when it did not). `local_node`: the
     exporter's own node, where a target that is no pod runs."""
-    gpus = up_gpus(nvml.gpus) if nvml is not None else {}
-    return {
-        t.name: join(claim(t.gpus, t.process, t.pod, local_node), gpus, reservation(t, awake=False)) for t in targets
-    }
+    nodes = by_node(up_gpus(nvml.gpus)) if nvml is not None else {}
+    out = {}
+    for t in targets:
+        c = claim(t.gpus, t.process, t.pod, local_node)
+        out[t.name] = join(c, nodes.get(c.node, {}), reservation(t, awake=False))
+    return out
 
 
 def join_gpus(

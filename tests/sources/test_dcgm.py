@@ -12,6 +12,7 @@ from support import FIXTURES
 
 from oomguard.capped import EngineClient
 from oomguard.sources.dcgm import DcgmEndpoint, DcgmReader
+from oomguard.sources.dcgm_body import parse as parse_body
 
 MIB = 1048576
 K8S_BODY = (FIXTURES / "dcgm" / "dcgm-3.x-kubernetes-2gpu.prom").read_text()
@@ -138,3 +139,20 @@ async def test_a_scrape_and_a_trend_tick_at_once_share_one_round(server: tuple[s
         assert first is second and endpoints.requests == 1
         await reader.read()
         assert endpoints.requests == 2  # a read after the round is a new round
+
+
+async def test_a_body_seen_before_is_not_parsed_again(
+    server: tuple[str, Endpoints], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dcgm-exporter samples every 30 s: most scrapes get its last body again, whose GPUs are kept."""
+    import oomguard.sources.dcgm as dcgm
+
+    calls = []
+    monkeypatch.setattr(dcgm, "parse", lambda text: calls.append(1) or parse_body(text))
+    base, _ = server
+    async with EngineClient() as client:
+        reader = DcgmReader(
+            client, lambda: [DcgmEndpoint(f"{base}/good", "gpu-a")], timeout_seconds=2.0, max_body_bytes=1 << 20
+        )
+        first, second = await reader.read(), await reader.read()
+    assert len(calls) == 1 and first.gpus == second.gpus

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
-from oomguard.join import GpuClaim, claim, target_gpus, up_gpus
+from oomguard.join import GpuClaim, by_node, claim, target_gpus, up_gpus
 from oomguard.model import GpuKey, NvmlReading, Observation, ProcessTree, TargetView, TrendKey
 from oomguard.sources.dcgm import DcgmReader
 from oomguard.sources.nvml_reader import NvmlReader
@@ -65,10 +65,10 @@ class TrendObserver:
         loading = {v.name for v in views if v.state == "loading"}
         woke, self._asleep = self._asleep - asleep, asleep
         loaded, self._loading = self._loading - loading, loading
-        gpus = up_gpus(nvml.gpus) if nvml else {}
+        nodes = by_node(up_gpus(nvml.gpus)) if nvml else {}
 
         def gpus_of(names: set[str]) -> set[GpuKey]:
-            return {key for name, c in targets if name in names for key in target_gpus(c, gpus)}
+            return {key for name, c in targets if name in names for key in target_gpus(c, nodes.get(c.node, {}))}
 
         if woke or loaded:
             fresh = woke | loaded

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 import psutil
 
-from oomguard.join import GpuClaim, join, up_gpus
+from oomguard.join import GpuClaim, by_node, join, up_gpus
 from oomguard.model import GpuKey, NvmlReading, Observation, TrendKey, TrendReading
 from oomguard.trend.analysis import Series, TrendSettings
 
@@ -139,8 +139,9 @@ def observations(
         if gpu.measured and key not in skip_gpus:
             out[TrendKey.of_gpu(key)] = Observation(gpu.used_bytes or 0.0, gpu.total_bytes or 0.0)
     host_total = float(psutil.virtual_memory().total)
+    nodes = by_node(gpus)
     for name, claim in targets:
-        memory = join(claim, gpus)
+        memory = join(claim, nodes.get(claim.node, {}))
         process = claim.process
         if memory.used_bytes is not None and memory.total_bytes:
             out[TrendKey("target", name, "gpu")] = Observation(memory.used_bytes, memory.total_bytes)
