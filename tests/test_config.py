@@ -187,6 +187,25 @@ def test_the_kubernetes_block_takes_its_node_from_the_downward_api(
     assert load_config(write(tmp_path, "kubernetes: {port: 8000, node_name: n2}\n")).kubernetes.node_name == "n2"  # type: ignore[union-attr]
 
 
+def test_the_cluster_mode_needs_no_node_and_says_what_it_watches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    path = write(tmp_path, "kubernetes: {port: http, scope: cluster}\ndcgm: {discover: true}\n")
+    config = load_config(path)
+    assert config.local_node == "" and config.dcgm is not None and config.dcgm.port == 9400
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "pods of every node matching any label, port http" in out and "through the API (pods/log)" in out
+    assert "GPUs: every node's, from its dcgm-exporter pod (app=nvidia-dcgm-exporter in every namespace" in out
+    # A node agent that may not read NVML reads its node's dcgm-exporter.
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")
+    path = write(tmp_path, "dcgm: {urls: ['http://127.0.0.1:9400/metrics']}\n")
+    assert load_config(path).local_node == "gpu-node-1"
+    assert main(["check-config", str(path)]) == 0
+    assert "GPUs: this node's, from dcgm-exporter at http://127.0.0.1:9400/metrics" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -194,6 +213,11 @@ def test_the_kubernetes_block_takes_its_node_from_the_downward_api(
         ("kubernetes: {port: 70000, node_name: n}\n", "a port number is 1-65535"),
         ("kubernetes: {port: http, node_name: n, engine: vllmm}\n", "unknown engine 'vllmm'"),
         ("kubernetes: {node_name: n}\n", "kubernetes.port: is required: add it"),
+        ("kubernetes: {port: http, scope: cluster}\n", "add dcgm: {discover: true} to read every node's GPUs"),
+        ("kubernetes: {port: http, scope: region}\n", "kubernetes.scope"),
+        ("kubernetes: {port: http, node_name: n}\ndcgm: {discover: true}\n", "it needs kubernetes.scope: cluster"),
+        ("dcgm: {}\n", "give dcgm-exporter's urls (a node agent) or discover: true (the cluster mode)"),
+        ("dcgm: {urls: ['gpu-node:9400']}\n", "is not an http(s) URL"),
     ],
 )
 def test_a_bad_kubernetes_block_is_refused_naming_the_key(
