@@ -15,8 +15,10 @@ test suite fails when this file and the code differ. Every name starts with
 (an unsupported NVML call, a family the engine version lacks) is left out, never
 exported as NaN.
 
-Labels: `gpu` is the NVML index (as `nvidia-smi` numbers GPUs), `target` the
-configured target name, `model_name` the engine's served model name.
+Labels: `gpu` is the NVML index (as `nvidia-smi` numbers GPUs), `node` the Kubernetes node the GPU is on
+(the node agent's `$NODE_NAME`, a dcgm-exporter pod's node in the cluster mode; empty, so absent in Prometheus,
+outside Kubernetes): a GPU is its `node` and `gpu` together. `target` is the target's name (`namespace/pod` for a
+discovered pod), `model_name` the engine's served model name.
 """
 
 
