@@ -80,9 +80,6 @@ class NvmlReading:
     driver_version: str = ""
     gpus: tuple[GpuReading, ...] = ()
     error: str = ""
-    # Whether the source lists each GPU's processes (NVML does, dcgm-exporter does not): without, the figures
-    # that need them are absent, and oomguard_gpu_process_query_success says why.
-    per_process: bool = True
 
 
 # -- the engine's own view (its /metrics) ----------------------------------------------------

@@ -90,9 +90,11 @@ def test_a_damaged_position_is_refused_and_the_log_read_as_if_none_was_saved(sta
 
 
 def test_what_the_poller_has_not_taken_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("oomguard.events.api_log.MAX_HELD_LINES", 3)
+    monkeypatch.setattr("oomguard.events.api_log.MAX_HELD_BYTES", 20)
     reader = ApiLogReader(from_start=True)
     for i in range(5):
-        reader.offer(f"2026-12-05T12:00:0{i}Z line {i}")
+        reader.offer(f"2026-12-05T12:00:0{i}Z line {i}")  # 6 characters each: 3 fit
     assert reader.poll() == ["line 2", "line 3", "line 4"]
     assert reader.stats.lines_truncated == 2
+    reader.offer("2026-12-05T12:00:06Z line 6")
+    assert reader.poll() == ["line 6"]  # the count starts afresh after a poll

@@ -82,7 +82,7 @@ async def test_each_nodes_gpus_in_bytes_with_their_pods(server: tuple[str, Endpo
             max_body_bytes=1 << 20,
         )
         reading = await reader.read()
-    assert reading.up and not reading.error and not reading.per_process
+    assert reading.up and not reading.error
     keys = [g.key for g in reading.gpus]
     # A discovered endpoint's node is its pod's; a configured one's the exporter's own ("" outside Kubernetes), not
     # the body's hostname label: its GPUs are those its configured targets name.

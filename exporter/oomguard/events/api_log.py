@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
 from oomguard.model import ReadStats
 
-MAX_HELD_LINES = 100_000  # lines not yet polled: beyond, the oldest are dropped and counted (the poller is stuck)
+# What is held for the poller, which takes it every poll (0.5 s): beyond this, the oldest lines are dropped and
+# counted (the poller is stuck, or a tenant's engine logs faster than it can be read). Lines are at most 64 KiB
+# (sources/kubernetes/pod_logs.py), so 500 followed containers hold at most 500 MiB in the worst case, and a few KB
+# each in the usual one.
+MAX_HELD_BYTES = 1024 * 1024
 
 
 def parse_timestamp(text: str) -> tuple[int, int] | None:
@@ -56,7 +61,8 @@ class ApiLogReader:
         already)."""
         self.stats = ReadStats(files_followed=1)
         self._lock = threading.Lock()
-        self._held: list[str] = []
+        self._held: deque[str] = deque()
+        self._held_bytes = 0
         self._seen_again = 0  # lines at the stream's starting position seen again in it
         self.last: tuple[int, int] | None = None if from_start else (int(time.time()), 0)  # the newest taken
         self.same = 0  # lines taken at exactly `last`
@@ -86,10 +92,11 @@ class ApiLogReader:
                 self.last, self.same = at, 1
             elif at == self.last:
                 self.same += 1
-            if len(self._held) >= MAX_HELD_LINES:
-                del self._held[0]
-                self.stats.lines_truncated += 1
             self._held.append(message)
+            self._held_bytes += len(message)
+            while self._held_bytes > MAX_HELD_BYTES:
+                self._held_bytes -= len(self._held.popleft())
+                self.stats.lines_truncated += 1
             self.stats.lines_read += 1
             self.stats.bytes_read += len(line) + 1
             return True
@@ -123,7 +130,7 @@ class ApiLogReader:
     # -- the runner's side (its thread) ----------------------------------------------------------------------
     def poll(self) -> list[str]:
         with self._lock:
-            lines, self._held = self._held, []
+            lines, self._held, self._held_bytes = list(self._held), deque(), 0
         return lines
 
     def state(self) -> dict[str, Any]:

@@ -76,7 +76,7 @@ class DcgmReader:
     async def _read(self) -> NvmlReading:
         endpoints = list(self.endpoints())
         if not endpoints:
-            return NvmlReading(up=False, per_process=False, error="no dcgm-exporter found (see docs/kubernetes.md)")
+            return NvmlReading(up=False, error="no dcgm-exporter found (see docs/kubernetes.md)")
         fetched = await asyncio.gather(*(self._fetch(e) for e in endpoints))
         return await asyncio.to_thread(self._reading, fetched)
 
@@ -120,7 +120,7 @@ class DcgmReader:
         self._parsed = parsed  # the endpoints gone or failing are forgotten
         gpus.sort(key=lambda g: g.key)
         # Up while any node answers: a failing one is the source's failure (its success 0), not every GPU's.
-        return NvmlReading(up=len(errors) < len(fetched), gpus=tuple(gpus), error="; ".join(errors), per_process=False)
+        return NvmlReading(up=len(errors) < len(fetched), gpus=tuple(gpus), error="; ".join(errors))
 
 
 def _gpus(body: DcgmBody, node: str) -> list[GpuReading]:

@@ -123,7 +123,7 @@ class NvmlSource:
             seen = {p.pid for g in gpus for p in g.processes or ()}
             for pid in set(self._process_names) - seen:
                 del self._process_names[pid]
-            return NvmlReading(up=True, driver_version=self._driver_version, gpus=gpus, per_process=self._per_process)
+            return NvmlReading(up=True, driver_version=self._driver_version, gpus=gpus)
 
     def _static(self, index: int) -> _Gpu:
         gpu = self._gpus.get(index)
