@@ -84,10 +84,9 @@ class Runtime:
             config = config.model_copy(update={"targets": (*config.targets, self.simulation.target())})
             if sim.gpu_source == "dcgm":
                 # The cluster mode's GPU source: a simulated dcgm-exporter beside the engine, its URL known at start.
-                sim_engine = self.simulation
                 self.sim_dcgm = SimulatedDcgmExporter(
-                    sim_engine.current_gpus, node=SIMULATED_NODE, pod=("sim", f"sim-{sim.engine}", sim.engine),
-                    pod_gpus=sim_engine.gpus,
+                    self.simulation.current_gpus, node=SIMULATED_NODE, pod=("sim", f"sim-{sim.engine}", sim.engine),
+                    pod_gpus=self.simulation.gpus,
                 )  # fmt: skip
             # Every duration the exporter judges runs on the scenario's clock (simulate/clock.py).
             config = events_on_clock(config, sim.time_scale)

@@ -207,8 +207,9 @@ class KubernetesDiscovery:
         if (old := self._log_followers.pop(pod.target, None)) is not None:
             old.cancel()
         reader = await asyncio.to_thread(self.pod_events.follow_api, config, from_start=self._listed)
-        if reader is None or self._client is None or self.known.get(pod.target) is not pod:
-            return  # removed or replaced while this waited for its thread
+        now = self.known.get(pod.target)
+        if reader is None or self._client is None or now is None or now.uid != pod.uid:
+            return  # removed or replaced while this waited for its thread (its replacement follows its own log)
         follower = PodLogFollower(
             self._client, reader, namespace=pod.namespace, pod=pod.name, container=pod.container,
             retry_max_seconds=self.k8s.retry_max_seconds,
