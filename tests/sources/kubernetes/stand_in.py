@@ -135,6 +135,11 @@ class StandIn:
         containers[-1][1].append((at, text))
         await self._notify()
 
+    def new_pod(self, namespace: str, pod: str) -> None:
+        """The pod replaced under its name: the new pod's containers have logs of their own, no previous one."""
+        for key in [k for k in self.logs if k[:2] == (namespace, pod)]:
+            del self.logs[key]
+
     async def end_container(self, namespace: str, pod: str, container: str) -> None:
         """The current container stopped: its follow streams end after its last line."""
         self.logs[(namespace, pod, container)][-1][2] = True

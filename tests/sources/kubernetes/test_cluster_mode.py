@@ -9,6 +9,9 @@ from typing import Any
 
 from aiohttp import web
 
+from oomguard.diagnose.core import diagnose_data
+from oomguard.diagnose.query import fetch_exporter
+from oomguard.exposition import render
 from tests.sources.kubernetes import objects
 from tests.sources.kubernetes.k8s_harness import Cluster, Engine, Server, free_port, wait_for
 from tests.sources.kubernetes.stand_in import StandIn
@@ -107,6 +110,7 @@ async def test_two_nodes_gpus_from_their_dcgm_exporters_joined_to_their_pods(tmp
             assert value("oomguard_gpu_memory_engine_used_bytes", node="gpu-a", gpu="0") is None
             # The cluster mode reads no host's /proc: no such source.
             assert value("oomguard_source_success", source="pod_processes") is None
+            await _diagnose_each_pod_on_its_own_nodes_gpu(k8s)
 
             # gpu-b's dcgm-exporter stops answering: its GPUs go, gpu-a's stay, and the source says it fails.
             await exporters[1].server.stop()
@@ -193,6 +197,65 @@ async def test_logs_through_the_api_every_oom_once_across_drops_restarts_and_an_
             assert await ooms_of(k8s) == 3.0
             resumed = next(r for r in api.log_requests[streams + 2 :] if r.get("follow") == "true")
             assert "sinceTime" in resumed  # from the saved position, not the start nor now
+    finally:
+        await engine.server.stop()
+
+
+async def _diagnose_each_pod_on_its_own_nodes_gpu(k8s: Cluster) -> None:
+    """`oomguard diagnose --exporter` on the cluster-mode exporter: one diagnosis a pod, each judged on its own
+    node's GPU 0, never the other node's."""
+    assert k8s.runtime.collection is not None
+    text = render(await k8s.runtime.collection.snapshot())
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=text, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = Server(app, "127.0.0.1", free_port())
+    await server.start()
+    try:
+        data = await asyncio.to_thread(fetch_exporter, f"http://127.0.0.1:{server.port}")
+    finally:
+        await server.stop()
+    found = {d.target: d for d in diagnose_data(data)}
+    assert sorted(found) == [A, B]
+    assert found[A].gpus == ["0@gpu-a"] and found[B].gpus == ["0@gpu-b"]
+    facts_a, facts_b = found[A].facts, found[B].facts
+    assert facts_a is not None and facts_b is not None
+    assert facts_a.per_gpu["0@gpu-a"][-1][1] == 0.925  # 74 of 80 GiB
+    assert facts_b.per_gpu["0@gpu-b"][-1][1] == 0.5
+
+
+async def test_a_replaced_pods_log_is_read_whole_and_its_predecessors_ooms_not_again(tmp_path: Path) -> None:
+    port = free_port("127.0.0.2")
+    engine = Engine("127.0.0.2", port)
+    await engine.server.start()
+    try:
+        async with Cluster(tmp_path, scope="cluster", top={"nvml": {"enabled": False}}) as k8s:
+            api = k8s.api
+            await k8s.api.put("pods", objects.pod("vllm-a", "127.0.0.2", port, node="gpu-a", uid=UID))
+            await wait_for(lambda: [r for r in api.log_requests if r.get("follow")], "the log followed")
+            await api.log("llm", "vllm-a", "vllm", STARTED, container_id="a" * 64)
+            await api.log("llm", "vllm-a", "vllm", OOM)
+            await wait_for(lambda: _equals(lambda: ooms_of(k8s), 1.0), "the first pod's OOM")
+            # Replaced under its name (a StatefulSet's): deleted, then a new pod with a new UID and a log of its own,
+            # which came while the exporter watched: read from its start.
+            await k8s.api.delete("pods", "llm", "vllm-a")
+            await wait_for(lambda: k8s.targets() == [], "the target gone with its pod")
+            api.new_pod("llm", "vllm-a")
+            await api.log("llm", "vllm-a", "vllm", STARTED, container_id="b" * 64)
+            await api.log("llm", "vllm-a", "vllm", OOM)
+            uid = "22222222-2222-4222-8222-222222222222"
+            await k8s.api.put("pods", objects.pod("vllm-a", "127.0.0.2", port, node="gpu-a", uid=uid))
+            await wait_for(lambda: k8s.targets() == [A], "the new pod's target")
+            # The target's counts go on under its name: the new pod's OOM, read from its log's start, is the
+            # second; the old pod's is not read again.
+            await wait_for(lambda: _equals(lambda: ooms_of(k8s), 2.0), "the new pod's OOM")
+            await asyncio.sleep(0.5)
+            assert await ooms_of(k8s) == 2.0
+            new = [r for r in api.log_requests if r.get("follow")][-1]
+            assert "sinceTime" not in new  # from its start
     finally:
         await engine.server.stop()
 
