@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from oomguard.diagnose.core import diagnose_data
@@ -267,3 +268,30 @@ def ooms_of(k8s: Cluster) -> Any:
 async def _equals(value: Any, wanted: float) -> bool:
     """Whether the awaitable `value()` gives `wanted` (for wait_for)."""
     return (await value()) == wanted
+
+
+def test_pods_dcgm_exporter_does_not_map_are_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Their memory figures would be absent without a word: a node whose dcgm-exporter maps no pod (its Kubernetes
+    mapping off) is said once, a pod its node's dcgm-exporter does not name is said once, and said again only
+    after it was mapped in between."""
+    from oomguard.model import GpuReading, NvmlReading
+    from oomguard.sources.kubernetes.discovery import UnmappedPods
+    from oomguard.sources.kubernetes.pods import pod_target
+
+    def gpu(node: str, *pods: str) -> GpuReading:
+        return GpuReading(0, True, total_bytes=1.0, used_bytes=0.5, node=node, pods=tuple(("llm", p) for p in pods))
+
+    pods = [pod_target(objects.pod(name, "10.0.0.9", 8000, node=node), "http") for name, node in
+            (("vllm-a", "gpu-a"), ("vllm-b", "gpu-a"), ("vllm-c", "gpu-c"), ("vllm-d", "gpu-d"))]  # fmt: skip
+    reading = NvmlReading(True, gpus=(gpu("gpu-a", "vllm-a"), gpu("gpu-c")))  # gpu-d: no dcgm-exporter read
+    unmapped = UnmappedPods()
+    for _ in range(3):
+        unmapped.say(reading, [p for p in pods if p is not None])
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert "names no GPU of pod llm/vllm-b" in said[0]
+    assert "dcgm-exporter on node gpu-c names no pod on its GPUs: its Kubernetes mapping is off" in said[1]
+    # vllm-b mapped, then not again: said again.
+    unmapped.say(NvmlReading(True, gpus=(gpu("gpu-a", "vllm-a", "vllm-b"),)), [p for p in pods if p is not None])
+    unmapped.say(reading, [p for p in pods if p is not None])
+    assert len(caplog.records) == 3

@@ -61,6 +61,7 @@ class KubernetesDiscovery:
         self.cluster = self.k8s.scope == "cluster"  # every node's pods, no host access (docs/kubernetes.md)
         self._dcgm: dict[tuple[str, str], DcgmEndpoint] = {}  # the dcgm-exporter pods found, by (namespace, name)
         self._log_followers: dict[str, asyncio.Task[None]] = {}  # the cluster mode's, by target name
+        self._unmapped = UnmappedPods()
 
     # -- running --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -257,6 +258,8 @@ class KubernetesDiscovery:
             if pod.settings and not t.settings:
                 t = replace(t, settings=pod.settings)
             out.append(t)
+        if self.cluster and nvml is not None:
+            self._unmapped.say(nvml, [self.known[t.name] for t in out if t.name in self.known])
         return tuple(out)
 
     async def pod_processes(self, nvml: NvmlReading | None) -> dict[str, ProcessTree]:
@@ -266,6 +269,43 @@ class KubernetesDiscovery:
             return {}  # the cluster mode reads no host's /proc (and dcgm-exporter lists no pids)
         pids = {p.pid for g in nvml.gpus for p in g.processes or ()}
         return await asyncio.to_thread(_trees, pids, self.k8s.proc_dir, pods)
+
+
+class UnmappedPods:
+    """The cluster mode finds a pod's GPUs by dcgm-exporter's pod labels alone: where they are missing, the pod's
+    memory figures and alerts are silently absent. Said once per node (its dcgm-exporter names no pod at all: its
+    Kubernetes mapping is off) and once per pod (its node's names others, not it: a pod that uses GPUs without
+    requesting nvidia.com/gpu is not mapped, nor is a CPU engine, which needs nothing)."""
+
+    def __init__(self) -> None:
+        self._said: set[str] = set()  # nodes and pods said, said again only after they are mapped
+
+    def say(self, gpus: NvmlReading, pods: list[PodTarget]) -> None:
+        nodes: dict[str, set[tuple[str, str]]] = {}
+        for gpu in gpus.gpus:
+            nodes.setdefault(gpu.node, set()).update(gpu.pods)
+        for pod in pods:
+            mapped = nodes.get(pod.node)
+            if mapped is None:
+                continue  # no GPU read on its node (no dcgm-exporter there, or it failed: said by the source)
+            key, node_key = f"pod {pod.target}", f"node {pod.node}"
+            if not mapped:
+                self._once(node_key, "kubernetes: dcgm-exporter on node %s names no pod on its GPUs: its Kubernetes "
+                           "mapping is off (the GPU Operator sets it; dcgm-exporter's --kubernetes), so no pod there "
+                           "is joined with its GPUs", pod.node)  # fmt: skip
+            elif (pod.namespace, pod.name) not in mapped:
+                self._said.discard(node_key)
+                self._once(key, "kubernetes: dcgm-exporter on node %s names no GPU of pod %s: its memory figures are "
+                           "absent (a pod that uses GPUs without requesting nvidia.com/gpu is not mapped)",
+                           pod.node, pod.target)  # fmt: skip
+            else:
+                self._said.discard(key)
+                self._said.discard(node_key)
+
+    def _once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.warning(message, *args)
 
 
 def _trees(pids: set[int], proc_dir: str, pods: dict[str, str]) -> dict[str, ProcessTree]:
