@@ -24,6 +24,7 @@ class Endpoints:
 
     def __init__(self) -> None:
         self.requests = 0
+        self.body = K8S_BODY
         app = web.Application()
         app.router.add_get("/good", self._good)
         app.router.add_get("/hostname", self._hostname)
@@ -36,7 +37,7 @@ class Endpoints:
     async def _good(self, request: web.Request) -> web.Response:
         self.requests += 1
         await asyncio.sleep(0.05)  # long enough for two readers to overlap
-        return web.Response(text=K8S_BODY)
+        return web.Response(text=self.body)
 
     async def _hostname(self, request: web.Request) -> web.Response:
         return web.Response(text=HOSTNAME_BODY)
@@ -156,3 +157,23 @@ async def test_a_body_seen_before_is_not_parsed_again(
         )
         first, second = await reader.read(), await reader.read()
     assert len(calls) == 1 and first.gpus == second.gpus
+
+
+async def test_a_gpu_it_stops_listing_is_lost_not_gone_without_a_word(server: tuple[str, Endpoints]) -> None:
+    """dcgm-exporter stops writing a GPU it cannot read: while the endpoint answers, that GPU is down (the lost-GPU
+    page), as NVML reads one; the endpoint gone (its pod deleted), its GPUs are forgotten."""
+    base, endpoints = server
+    endpoint = DcgmEndpoint(f"{base}/good", "gpu-a")
+    listed = [endpoint]
+    async with EngineClient() as client:
+        reader = DcgmReader(client, lambda: listed, timeout_seconds=2.0, max_body_bytes=1 << 20)
+        assert [(g.key, g.up) for g in (await reader.read()).gpus] == [(("gpu-a", 0), True), (("gpu-a", 1), True)]
+        one_gone = "\n".join(line for line in K8S_BODY.splitlines() if 'gpu="1"' not in line) + "\n"
+        endpoints.body = one_gone
+        reading = await reader.read()
+        assert [(g.key, g.up) for g in reading.gpus] == [(("gpu-a", 0), True), (("gpu-a", 1), False)]
+        lost = reading.gpus[1]
+        assert lost.uuid and "no longer in dcgm-exporter's body" in lost.error
+        listed = []
+        listed.append(DcgmEndpoint(f"{base}/hostname", "gpu-b"))  # gpu-a's pod deleted, another node's found
+        assert {g.node for g in (await reader.read()).gpus} == {"gpu-b"}

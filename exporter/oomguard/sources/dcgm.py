@@ -61,6 +61,9 @@ class DcgmReader:
         # Each endpoint's last body and its GPUs: dcgm-exporter samples every 30 s by default, so most scrapes get
         # the body of the last one again, which is not parsed twice (100 nodes: 6 % of a scrape's CPU).
         self._parsed: dict[DcgmEndpoint, tuple[bytes, list[GpuReading]]] = {}
+        # The GPUs each endpoint has listed: one it stops listing while it answers is lost (dcgm-exporter stops
+        # writing a GPU it cannot read), and is read as NVML reads a lost GPU, down, rather than gone without a word.
+        self._seen: dict[DcgmEndpoint, dict[int, GpuReading]] = {}
         self._in_flight: asyncio.Future[NvmlReading] | None = None
 
     async def read(self) -> NvmlReading:
@@ -106,7 +109,7 @@ class DcgmReader:
                     if last is None or last[0] != f.body:
                         last = (f.body, _gpus(parse(f.body.decode("utf-8", errors="replace")), f.endpoint.node))
                     parsed[f.endpoint] = last
-                    gpus += last[1]
+                    gpus += last[1] + self._lost(f.endpoint, last[1])
                 except DcgmBodyError as exc:
                     error = str(exc)
             if error:
@@ -118,9 +121,30 @@ class DcgmReader:
                 self._failing.discard(url)
                 log.info("dcgm-exporter %s answers again", url)
         self._parsed = parsed  # the endpoints gone or failing are forgotten
+        current = {f.endpoint for f in fetched}  # a failing endpoint keeps what it listed; one gone is forgotten
+        self._seen = {endpoint: seen for endpoint, seen in self._seen.items() if endpoint in current}
         gpus.sort(key=lambda g: g.key)
         # Up while any node answers: a failing one is the source's failure (its success 0), not every GPU's.
         return NvmlReading(up=len(errors) < len(fetched), gpus=tuple(gpus), error="; ".join(errors))
+
+    def _lost(self, endpoint: DcgmEndpoint, listed: list[GpuReading]) -> list[GpuReading]:
+        """The GPUs the endpoint listed before and not now, down; remembers what it lists."""
+        seen = self._seen.setdefault(endpoint, {})
+        seen.update((g.index, g) for g in listed)
+        now = {g.index for g in listed}
+        return [
+            GpuReading(
+                index=g.index,
+                up=False,
+                uuid=g.uuid,
+                name=g.name,
+                pci_bus_id=g.pci_bus_id,
+                node=g.node,
+                error="no longer in dcgm-exporter's body: lost, or taken off the node",
+            )
+            for index, g in sorted(seen.items())
+            if index not in now
+        ]
 
 
 def _gpus(body: DcgmBody, node: str) -> list[GpuReading]:
