@@ -32,9 +32,14 @@ from oomguard.web import RUNTIME, make_app
 ROUTING = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
 
-async def _exporter(scenario: str | None, **settings: Any) -> tuple[web.AppRunner, str]:
-    """A live exporter on its simulation (`scenario`), or on the targets of `settings` with no GPU."""
-    simulated = {"simulation": {"scenario": scenario, "time_scale": 60}} if scenario else {"nvml": {"enabled": False}}
+async def _exporter(scenario: str | None, gpu_source: str = "nvml", **settings: Any) -> tuple[web.AppRunner, str]:
+    """A live exporter on its simulation (`scenario`, its GPUs read through NVML or, as the cluster mode reads them,
+    dcgm-exporter), or on the targets of `settings` with no GPU."""
+    simulated = (
+        {"simulation": {"scenario": scenario, "time_scale": 60, "gpu_source": gpu_source}}
+        if scenario
+        else {"nvml": {"enabled": False}}
+    )
     config = load_config(
         None,
         {**simulated, "events": {"kernel_log": False, "xid": False}, "discovery": {"local": "off"}, **settings},
@@ -88,6 +93,7 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
     loop = asyncio.new_event_loop()
     steady, steady_at = loop.run_until_complete(_exporter("steady"))
     loading, loading_at = loop.run_until_complete(_exporter("loading"))
+    cluster, cluster_at = loop.run_until_complete(_exporter("steady", gpu_source="dcgm"))
     # The steady engine again, under a target whose logs: has a typo.
     simulation = steady.app[RUNTIME].simulation
     assert simulation is not None
@@ -111,6 +117,7 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "wrong-job": Prometheus(tmp / "wrong-job", [steady_at], rule_files=both, job="gpu-exporter"),
         "typo": Prometheus(tmp / "typo", [typo_at], rule_files=both),
         "renamed": Prometheus(tmp / "renamed", [renamed_at], rule_files=both),
+        "cluster": Prometheus(tmp / "cluster", [cluster_at], rule_files=both),
     }
     routing = yaml.safe_load(ROUTING.read_text())
     nowhere = {
@@ -134,7 +141,7 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
     finally:
         for service in [*servers.values(), *managers.values()]:
             service.stop()
-        for runner in (steady, loading, typo, renamed, engine):
+        for runner in (steady, loading, cluster, typo, renamed, engine):
             asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
@@ -156,6 +163,16 @@ def test_a_correct_deployment_with_its_engine_up_and_no_event_yet_passes(deploym
     assert "oomguard_engine_kv_cache_usage_ratio," in present and "oomguard_gpu_memory_used_ratio," in present
     assert "the bundle's" in out and "alerts and" in out and "recording rules are loaded" in out
     assert "sends alerts to no Alertmanager" in out  # said, not a gap
+
+
+def test_a_correct_cluster_mode_deployment_passes(deployments: Any) -> None:
+    """GPUs read as the cluster mode reads them (dcgm-exporter: no per-process memory): nothing the alerts need is
+    missing, so no gap; what it lacks by design is no alert's input."""
+    servers, _ = deployments
+    code, out = _check(servers["cluster"].url)
+    assert code == 0, out
+    assert out.splitlines()[0].startswith(f"{servers['cluster'].url}: OK, the bundle is loaded and fed"), out
+    assert "Gaps" not in out
 
 
 def test_an_engine_that_loads_reads_as_loading_not_as_a_gap(deployments: Any) -> None:
@@ -242,13 +259,14 @@ def test_route_matching_follows_alertmanager() -> None:
     assert not _matches({"matchers": ["severity = critical"]}, {"severity": "warning"})
 
 
-async def test_each_declared_presence_holds_on_a_live_exporter(aiohttp_client) -> None:
+@pytest.mark.parametrize("gpu_source", ["nvml", "dcgm"])
+async def test_each_declared_presence_holds_on_a_live_exporter(aiohttp_client, gpu_source: str) -> None:
     """What the check relies on: a metric declared always there, per GPU, per target or while the engine is up
-    is there, on a live exporter whose engine is up."""
+    is there, on a live exporter whose engine is up, its GPUs read through NVML or dcgm-exporter."""
     config = load_config(
         None,
         {
-            "simulation": {"scenario": "steady", "time_scale": 60},
+            "simulation": {"scenario": "steady", "time_scale": 60, "gpu_source": gpu_source},
             "events": {"kernel_log": False, "xid": False},
             "discovery": {"local": "off"},
         },
