@@ -64,6 +64,7 @@ def test_lines_without_a_timestamp_are_counted_malformed_not_taken() -> None:
 def test_the_position_is_saved_and_restored() -> None:
     reader = ApiLogReader(from_start=True)
     lines(reader, ("2026-12-05T12:00:02.5Z", "b"), ("2026-12-05T12:00:02.5Z", "c"))
+    reader.poll()  # the poller took them: their position is what is saved
     state = reader.state()
     assert state == {"last": "2026-12-05T12:00:02.500000000Z", "same": 2}
     again = ApiLogReader(state=state)  # an exporter restarted: not "from now", from where it was
@@ -98,3 +99,16 @@ def test_what_the_poller_has_not_taken_is_bounded(monkeypatch: pytest.MonkeyPatc
     assert reader.stats.lines_truncated == 2
     reader.offer("2026-12-05T12:00:06Z line 6")
     assert reader.poll() == ["line 6"]  # the count starts afresh after a poll
+
+
+def test_the_saved_position_is_the_last_line_the_poller_took() -> None:
+    """Lines held for the poller when the exporter stops were not read: the next exporter reads them again."""
+    reader = ApiLogReader(from_start=True)
+    lines(reader, ("2026-12-05T12:00:01Z", "a"))
+    assert reader.state() == {}  # nothing taken by the poller yet
+    assert reader.poll() == ["a"]
+    lines(reader, ("2026-12-05T12:00:02Z", "b"))
+    assert reader.state() == {"last": "2026-12-05T12:00:01.000000000Z", "same": 1}  # b is still held
+    again = ApiLogReader(state=reader.state())
+    again.new_stream()
+    assert lines(again, ("2026-12-05T12:00:01Z", "a"), ("2026-12-05T12:00:02Z", "b")) == [False, True]

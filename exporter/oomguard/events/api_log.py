@@ -69,6 +69,9 @@ class ApiLogReader:
         if isinstance(state, dict):
             self._restore(state)  # a saved position goes on from where it was
         self._resumed: tuple[tuple[int, int] | None, int] = (self.last, self.same)  # where this stream started
+        # The position of the last line the poller took: what is saved, so that lines held for the poller when
+        # the exporter stops are read again by the next one, not skipped.
+        self._polled: tuple[tuple[int, int] | None, int] = (self.last, self.same)
 
     def _restore(self, state: dict[str, Any]) -> None:
         last, same = state.get("last"), state.get("same")
@@ -131,14 +134,16 @@ class ApiLogReader:
     def poll(self) -> list[str]:
         with self._lock:
             lines, self._held, self._held_bytes = list(self._held), deque(), 0
+            self._polled = (self.last, self.same)
         return lines
 
     def state(self) -> dict[str, Any]:
         with self._lock:
-            if self.last is None:
-                return {}
-            stamp = datetime.fromtimestamp(self.last[0], UTC).strftime("%Y-%m-%dT%H:%M:%S")
-            return {"last": f"{stamp}.{self.last[1]:09d}Z", "same": self.same}
+            last, same = self._polled
+        if last is None:
+            return {}
+        stamp = datetime.fromtimestamp(last[0], UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        return {"last": f"{stamp}.{last[1]:09d}Z", "same": same}
 
     def close(self) -> list[str]:
         return self.poll()
