@@ -177,3 +177,19 @@ async def test_a_gpu_it_stops_listing_is_lost_not_gone_without_a_word(server: tu
         listed = []
         listed.append(DcgmEndpoint(f"{base}/hostname", "gpu-b"))  # gpu-a's pod deleted, another node's found
         assert {g.node for g in (await reader.read()).gpus} == {"gpu-b"}
+
+
+async def test_mig_instances_are_skipped_and_said_once(
+    server: tuple[str, Endpoints], caplog: pytest.LogCaptureFixture
+) -> None:
+    base, endpoints = server
+    endpoints.body = (FIXTURES / "dcgm" / "dcgm-4.x-mig-kubernetes.prom").read_text()
+    async with EngineClient() as client:
+        reader = DcgmReader(
+            client, lambda: [DcgmEndpoint(f"{base}/good", "gpu-a")], timeout_seconds=2.0, max_body_bytes=1 << 20
+        )
+        reading = await reader.read()
+        await reader.read()
+    assert [g.index for g in reading.gpus] == [1]  # GPU 0 in MIG mode has instance series only: not read
+    said = [r.getMessage() for r in caplog.records if "MIG instances skipped" in r.getMessage()]
+    assert len(said) == 1 and "node gpu-a" in said[0]

@@ -64,6 +64,7 @@ class DcgmReader:
         # The GPUs each endpoint has listed: one it stops listing while it answers is lost (dcgm-exporter stops
         # writing a GPU it cannot read), and is read as NVML reads a lost GPU, down, rather than gone without a word.
         self._seen: dict[DcgmEndpoint, dict[int, GpuReading]] = {}
+        self._said_mig: set[str] = set()  # nodes whose MIG instances were said to be skipped
         self._in_flight: asyncio.Future[NvmlReading] | None = None
 
     async def read(self) -> NvmlReading:
@@ -107,7 +108,9 @@ class DcgmReader:
                 last = self._parsed.get(f.endpoint)
                 try:
                     if last is None or last[0] != f.body:
-                        last = (f.body, _gpus(parse(f.body.decode("utf-8", errors="replace")), f.endpoint.node))
+                        body = parse(f.body.decode("utf-8", errors="replace"))
+                        self._say_mig(f.endpoint, body)
+                        last = (f.body, _gpus(body, f.endpoint.node))
                     parsed[f.endpoint] = last
                     gpus += last[1] + self._lost(f.endpoint, last[1])
                 except DcgmBodyError as exc:
@@ -126,6 +129,15 @@ class DcgmReader:
         gpus.sort(key=lambda g: g.key)
         # Up while any node answers: a failing one is the source's failure (its success 0), not every GPU's.
         return NvmlReading(up=len(errors) < len(fetched), gpus=tuple(gpus), error="; ".join(errors))
+
+    def _say_mig(self, endpoint: DcgmEndpoint, body: DcgmBody) -> None:
+        """MIG instances' series are skipped (their memory is an instance's, not the GPU's): said once a node."""
+        if body.mig_series_skipped and endpoint.node not in self._said_mig:
+            self._said_mig.add(endpoint.node)
+            log.warning(
+                "dcgm-exporter %s (node %s): %d series of MIG instances skipped; a GPU in MIG mode is not read "
+                "(docs/kubernetes.md, the cluster mode)", endpoint.url, endpoint.node or "?", body.mig_series_skipped,
+            )  # fmt: skip
 
     def _lost(self, endpoint: DcgmEndpoint, listed: list[GpuReading]) -> list[GpuReading]:
         """The GPUs the endpoint listed before and not now, down; remembers what it lists."""

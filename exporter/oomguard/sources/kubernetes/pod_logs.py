@@ -61,6 +61,7 @@ class PodLogFollower:
         self.container = container
         self.retry_max_seconds = retry_max_seconds
         self.streams = 0  # streams opened (for the tests: a resume is seen)
+        self._said_forbidden = False
 
     async def run(self) -> None:
         retry = RETRY_FIRST_SECONDS
@@ -74,8 +75,11 @@ class PodLogFollower:
                     retry = min(retry * 2, self.retry_max_seconds)
                     await asyncio.sleep(retry)
             except ApiError as exc:
+                # Counted and said by the event source (its read errors, its error logged when it changes); the fix
+                # of a refusal said here, once.
                 self.reader.error(str(exc))
-                if exc.status == 403:
+                if exc.status == 403 and not self._said_forbidden:
+                    self._said_forbidden = True
                     log.error("kubernetes: %s refused (403): the service account needs get on pods/log", self.path)
                 await asyncio.sleep(retry)
                 retry = min(retry * 2, self.retry_max_seconds)
