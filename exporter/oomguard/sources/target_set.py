@@ -22,8 +22,9 @@ class TargetSet:
         """`make_scraper`: a target's scraper from its configuration (the runtime's: timeouts, limits, finder)."""
         self._make = make_scraper
         self._by_name: dict[str, TargetScraper] = {}  # in the order added: the exposition's order
-        self._pod_uids: dict[str, str] = {}  # a discovered pod's UID, by target name
-        self._pods: dict[str, PodRef] = {}  # a discovered pod, by target name: its node, its name for dcgm's labels
+        # A discovered pod, by target name: its UID (whose kernel OOM kills are its own) and its reference (its node
+        # and its name, which tell its GPUs).
+        self._pods: dict[str, tuple[str, PodRef]] = {}
         for config in configs:
             self.add(config)
 
@@ -44,7 +45,6 @@ class TargetSet:
     def remove(self, name: str) -> None:
         """Gone, with its counts (a target that comes back starts from zero, as a new series would)."""
         self._by_name.pop(name, None)
-        self._pod_uids.pop(name, None)
         self._pods.pop(name, None)
 
     def retarget(self, name: str, config: TargetConfig) -> None:
@@ -60,8 +60,7 @@ class TargetSet:
     def set_pod(self, name: str, uid: str, pod: PodRef) -> None:
         """The pod a discovered target is: a kernel OOM kill in its cgroup is its own (`owners`); its node and name
         tell its GPUs (`views`)."""
-        self._pod_uids[name] = uid
-        self._pods[name] = pod
+        self._pods[name] = (uid, pod)
 
     def log_start(self, name: str, at: float, pid: int | None) -> None:
         """An engine's start read in its log (a life that never serves is seen nowhere else); a target gone since
@@ -89,7 +88,7 @@ class TargetSet:
                 port=s.port if s.finder is not None else None,
                 state=s.status.state,
                 asleep=s.asleep,
-                pod=self._pods.get(name),
+                pod=self._pods[name][1] if name in self._pods else None,
             )
             for name, s in self._by_name.items()
         )
@@ -99,4 +98,8 @@ class TargetSet:
         whose a kernel OOM kill may be (events/kill_owners.py)."""
         for name, s in self._by_name.items():
             tree = found.get(s.port) if s.finder is not None else None
-            yield name, tree.pids if tree is not None else frozenset(), self._pod_uids.get(name)
+            yield (
+                name,
+                tree.pids if tree is not None else frozenset(),
+                self._pods[name][0] if name in self._pods else None,
+            )

@@ -60,6 +60,7 @@ class KubernetesDiscovery:
         self._client: ApiClient | None = None
         self.cluster = self.k8s.scope == "cluster"  # every node's pods, no host access (docs/kubernetes.md)
         self._dcgm: dict[tuple[str, str], DcgmEndpoint] = {}  # the dcgm-exporter pods found, by (namespace, name)
+        self.dcgm_port = config.dcgm.port if config.dcgm is not None else 0
         self._log_followers: dict[str, asyncio.Task[None]] = {}  # the cluster mode's, by target name
         self._unmapped = UnmappedPods()
 
@@ -139,7 +140,7 @@ class KubernetesDiscovery:
                 log.info("kubernetes: dcgm-exporter %s/%s gone", *key)
             return
         host = f"[{ip}]" if ":" in ip else ip
-        endpoint = DcgmEndpoint(f"http://{host}:{self.config.dcgm.port}/metrics", node)  # type: ignore[union-attr]
+        endpoint = DcgmEndpoint(f"http://{host}:{self.dcgm_port}/metrics", node)
         if self._dcgm.get(key) != endpoint:
             log.info("kubernetes: dcgm-exporter of node %s at %s", node, endpoint.url)
         self._dcgm[key] = endpoint

@@ -86,14 +86,8 @@ class PodLogFollower:
 
     async def _catch_up(self) -> None:
         """The previous container's lines after the position: a container that ended while no stream was open."""
-        since = self.reader.new_stream()
-        params = {"container": self.container, "previous": "true", "timestamps": "true"}
-        if since is not None:
-            params["sinceTime"] = since
         try:
-            async with asyncio.timeout(self.stream_max_seconds):
-                async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
-                    self.reader.offer(line)
+            await self._read(previous="true")
         except TimeoutError:
             self.reader.error(f"GET {self.path} (previous): no end within {self.stream_max_seconds:g}s")
         except ApiError as exc:
@@ -103,17 +97,9 @@ class PodLogFollower:
     async def _follow(self) -> bool:
         """One stream, until it ends; whether to ask again at once: it brought new lines (it ended as streams
         end), or it was ended on purpose after STREAM_MAX_SECONDS."""
-        since = self.reader.new_stream()
-        params = {"container": self.container, "follow": "true", "timestamps": "true"}
-        if since is not None:
-            params["sinceTime"] = since
         self.streams += 1
-        taken = 0
         try:
-            async with asyncio.timeout(self.stream_max_seconds):
-                async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
-                    self.reader.ok()
-                    taken += self.reader.offer(line)
+            return await self._read(follow="true") > 0
         except TimeoutError:
             return True
         except ApiError as exc:
@@ -122,4 +108,17 @@ class PodLogFollower:
             # 400: the container has not started yet (its image pulling, an init container running): nothing to
             # read, and nothing wrong; asked again after the wait.
             log.debug("kubernetes: %s: %s", self.path, exc)
-        return taken > 0
+            return False
+
+    async def _read(self, **query: str) -> int:
+        """One request from the position (`sinceTime`), within stream_max_seconds; the lines that were not repeats."""
+        since = self.reader.new_stream()
+        params = {"container": self.container, "timestamps": "true", **query}
+        if since is not None:
+            params["sinceTime"] = since
+        taken = 0
+        async with asyncio.timeout(self.stream_max_seconds):
+            async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
+                self.reader.ok()
+                taken += self.reader.offer(line)
+        return taken
