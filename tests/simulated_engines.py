@@ -70,7 +70,7 @@ def run_life(
 
 def log_events(engine: str, log: str) -> tuple[list[str], int]:
     """The event kinds `engine`'s patterns find in a log (each incident closed), and how many startup lines."""
-    detector = IncidentDetector(load_catalogue(engine), line_prefix=ENGINES[engine].log_line_prefix)
+    detector = IncidentDetector(load_catalogue(engine), grammar=ENGINES[engine].log_grammar)
     events = []
     for line in log.splitlines():
         events += detector.feed(line, 0.0)  # a startup line closes the incident before it

@@ -77,7 +77,7 @@ def until_sync(condition: Callable[[], object], seconds: float, what: str) -> No
 
 def engine_detector(engine: str) -> IncidentDetector:
     """The incident detector a target of this engine gets: the engine's catalogue and its log line prefix."""
-    return IncidentDetector(load_catalogue(engine), line_prefix=ENGINES[engine].log_line_prefix)
+    return IncidentDetector(load_catalogue(engine), grammar=ENGINES[engine].log_grammar)
 
 
 def log_kinds(engine: str, lines: list[str]) -> list[str]:

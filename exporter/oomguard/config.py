@@ -84,7 +84,17 @@ class PodLogsConfig(StrictModel):
 
 class PatternConfig(StrictModel):
     kind: str = Field(description="cuda_oom, startup_memory, engine_death, or startup (a new life: ends an incident).")
-    regex: str = Field(description="Python regular expression, searched anywhere in a line.")
+    regex: str = Field(
+        description="Python regular expression, matched at the start of what `at` names (never anywhere in a line)."
+    )
+    at: Literal["record", "exception"] = Field(
+        "record",
+        description="record: the message of one of the engine's own log records; exception: the last line of a "
+        "Python traceback (docs/events.md).",
+    )
+    source: str | None = Field(
+        None, description="at: record only: a regex the record's logger or source file must match whole."
+    )
 
     @model_validator(mode="after")
     def _compiles(self, info: ValidationInfo) -> PatternConfig:

@@ -17,6 +17,8 @@ VLLM_OOM = [
     "Tried to allocate 2.00 GiB.",
 ]
 VLLM_NO_KV = [
+    "(EngineCore_DP0 pid=9) ERROR 12-02 12:00:00 [core.py:708] EngineCore failed to start.",
+    "(EngineCore_DP0 pid=9) ERROR 12-02 12:00:00 [core.py:708] Traceback (most recent call last):",
     "(EngineCore_DP0 pid=9) ERROR 12-02 12:00:00 [core.py:708] ValueError: No available memory for the cache "
     "blocks. Try increasing `gpu_memory_utilization` when initializing the engine.",
 ]

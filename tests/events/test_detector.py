@@ -14,14 +14,19 @@ OOM_TRACEBACK = """(EngineCore pid=77) ERROR 12-02 12:00:00 [core.py:701] Engine
 (EngineCore pid=77)     engine_core.run_busy_loop()
 (EngineCore pid=77) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB
 (APIServer pid=70) ERROR 12-02 12:00:01 [async_llm.py:480] AsyncLLM output_handler failed.
-(APIServer pid=70) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.""".splitlines()
+(APIServer pid=70) ERROR 12-02 12:00:01 [async_llm.py:480] Traceback (most recent call last):
+(APIServer pid=70) ERROR 12-02 12:00:01 [async_llm.py:480]   File "vllm/v1/engine/async_llm.py", line 439, in output_handler
+(APIServer pid=70) ERROR 12-02 12:00:01 [async_llm.py:480] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.""".splitlines()
 
-# vLLM 0.32's real startup failure with too little KV cache: the ValueError twice, then the RuntimeError.
+# vLLM 0.32's real startup failure with too little KV cache: the ValueError twice, then the RuntimeError (frames
+# left out).
 STARTUP_FAILURE = """(EngineCore pid=9) ERROR 12-02 12:00:00 [core.py:1510] EngineCore failed to start.
+(EngineCore pid=9) ERROR 12-02 12:00:00 [core.py:1510] Traceback (most recent call last):
 (EngineCore pid=9) ERROR 12-02 12:00:00 [core.py:1510] ValueError: To serve at least one request with the model's max seq len (512), (0.0 GiB KV cache is needed, which is larger than the available KV cache memory (0.0 GiB).
 Process EngineCore:
 Traceback (most recent call last):
 ValueError: To serve at least one request with the model's max seq len (512), (0.0 GiB KV cache is needed, which is larger than the available KV cache memory (0.0 GiB).
+Traceback (most recent call last):
 RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}""".splitlines()
 
 NON_MEMORY_DEATH = """(EngineCore pid=5) ERROR 12-02 12:00:00 [core.py:701] EngineCore encountered a fatal error.
@@ -33,7 +38,7 @@ STARTUP = "(APIServer pid=80) INFO 12-02 12:05:00 [api_server.py:1000] vLLM serv
 
 def detector(**kwargs: float) -> IncidentDetector:
     """A vLLM target's detector: the generic patterns, vLLM's, and vLLM's line prefix."""
-    return IncidentDetector(load_catalogue("vllm"), line_prefix=ENGINES["vllm"].log_line_prefix, **kwargs)
+    return IncidentDetector(load_catalogue("vllm"), grammar=ENGINES["vllm"].log_grammar, **kwargs)
 
 
 def feed(d: IncidentDetector, lines: list[str], now: float) -> list[str]:
@@ -62,7 +67,14 @@ def test_startup_lines_are_handed_over_with_their_pid_not_counted() -> None:
     """Each start read goes to the restart tracker (take_starts), with the pid the line names, once."""
     d = detector()
     uvicorn = "(APIServer pid=80) INFO:     Started server process [80]"
-    assert feed(d, [STARTUP, "noise", uvicorn, "INFO vLLM API server version 0.9.2"], now=5.0) == []
+    assert (
+        feed(
+            d,
+            [STARTUP, "noise", uvicorn, "INFO 07-01 12:00:00 api_server.py:600] vLLM API server version 0.6.3"],
+            now=5.0,
+        )
+        == []
+    )
     assert [(e.kind, e.timestamp, e.pid) for e in d.take_starts()] == [
         ("startup", 5.0, 80), ("startup", 5.0, 80), ("startup", 5.0, None)
     ]  # fmt: skip
@@ -100,9 +112,19 @@ def test_open_incident_survives_a_restart_of_the_exporter() -> None:
 
 
 def test_extra_patterns_from_the_configuration() -> None:
-    d = IncidentDetector(load_catalogue("vllm", [{"kind": "cuda_oom", "regex": r"HIP out of memory"}]))
-    feed(d, ["RuntimeError: HIP out of memory. Tried to allocate 1 GiB"], now=0.0)
+    extra = [
+        {"kind": "cuda_oom", "at": "exception", "regex": r"torch\.OutOfMemoryError: HIP out of memory"},
+        {"kind": "engine_death", "source": r"core\.py", "regex": "EngineCore went away"},
+    ]
+    d = IncidentDetector(load_catalogue("vllm", extra), grammar=ENGINES["vllm"].log_grammar)
+    hip = ["Traceback (most recent call last):", "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 1 GiB"]
+    feed(d, hip, now=0.0)
     assert [e.kind for e in d.close()] == ["cuda_oom"]
+    feed(d, ["(EngineCore pid=7) ERROR 12-02 12:00:00 [core.py:9] EngineCore went away"], now=0.0)
+    assert [e.kind for e in d.close()] == ["engine_death"]
+    # Not where the pattern says: from another source, or in a line that is no traceback's end.
+    feed(d, ["(EngineCore pid=7) ERROR 12-02 12:00:00 [utils.py:9] EngineCore went away", hip[1]], now=0.0)
+    assert d.close() == []
 
 
 @pytest.mark.parametrize(
@@ -141,35 +163,39 @@ def test_engine_lines_count_only_with_the_engines_patterns() -> None:
     generic = IncidentDetector(load_catalogue())
     feed(generic, NON_MEMORY_DEATH, now=0.0)
     assert generic.tick(now=10.0) == [] and generic.open is None
-    # The allocator's own words count whatever the engine.
-    feed(generic, ["RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"], now=20.0)
+    # The allocator's own words count whatever the engine, as the exception that ends a traceback.
+    feed(
+        generic, ["Traceback (most recent call last):", "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"], 20
+    )
     assert [e.kind for e in generic.tick(now=30.0)] == ["cuda_oom"]
 
 
-def test_traceback_lines_after_the_engines_prefix_keep_an_incident_open() -> None:
+def test_the_lines_of_a_traceback_keep_an_incident_open_those_of_another_process_do_not() -> None:
+    opener = "(EngineCore pid=7) Traceback (most recent call last):"
     oom = "(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of memory."
     frame = '(EngineCore pid=7)   File "vllm/v1/engine/core.py", line 701, in run_engine_core'
-    with_prefix = IncidentDetector(load_catalogue("vllm"), line_prefix=ENGINES["vllm"].log_line_prefix)
-    without = IncidentDetector(load_catalogue("vllm"))  # no prefix: Python's traceback lines only
-    for d in (with_prefix, without):
-        d.feed(oom, 0.0)
-        d.feed(frame, 4.0)
-    assert [e.kind for e in without.tick(now=6.0)] == ["cuda_oom"]  # the frame was chatter to it
-    assert with_prefix.tick(now=6.0) == []
-    assert [e.kind for e in with_prefix.tick(now=9.0)] == ["cuda_oom"]
-    # Python's own traceback lines, without a prefix, keep an incident open whatever the engine.
+    other = '(Worker pid=8)   File "vllm/v1/engine/core.py", line 701, in run_engine_core'
+    d = detector()
+    d.feed(opener, 0.0)
+    d.feed(frame, 0.0)
+    d.feed(oom, 0.0)
+    d.feed("(EngineCore pid=7) ", 4.0)  # a chained exception's blank line: still the traceback
+    d.feed(other, 8.0)  # another process's frame: not this traceback
+    assert d.tick(now=8.9) == [] and d.open is not None
+    assert [e.kind for e in d.tick(now=9.0)] == ["cuda_oom"]
+    # Python's own traceback, without a tag or header, whatever the engine.
     plain = IncidentDetector(load_catalogue())
-    plain.feed(oom, 20.0)
-    plain.feed('  File "serve.py", line 1, in main', 24.0)
-    assert plain.tick(now=26.0) == [] and plain.open is not None
-    assert [e.kind for e in plain.tick(now=29.0)] == ["cuda_oom"]
+    for line in ("Traceback (most recent call last):", '  File "serve.py", line 1, in main', oom[19:]):
+        plain.feed(line, 20.0)
+    plain.feed('  File "serve.py", line 2, in main', 24.0)  # a frame after the exception: no traceback open
+    assert [e.kind for e in plain.tick(now=25.0)] == ["cuda_oom"]
 
 
 def test_a_death_told_in_parts_seconds_apart_is_one_event() -> None:
     """vLLM 0.32's real startup failure: the engine core's traceback, 3.4 s later its parent's, 2.6 s later
     the API server's RuntimeError (timings measured on a real server here)."""
     d = detector(quiet_seconds=2, rearm_seconds=60)
-    engine_core, parent, api_server = STARTUP_FAILURE[:2], STARTUP_FAILURE[2:5], STARTUP_FAILURE[5:]
+    engine_core, parent, api_server = STARTUP_FAILURE[:3], STARTUP_FAILURE[3:6], STARTUP_FAILURE[6:]
     events = feed(d, engine_core, now=22.7) + [e.kind for e in d.tick(now=25.0)]
     events += feed(d, parent, now=26.1) + [e.kind for e in d.tick(now=28.2)]
     events += feed(d, api_server, now=28.7) + [e.kind for e in d.tick(now=40.0)]

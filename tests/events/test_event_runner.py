@@ -217,6 +217,7 @@ def test_a_partial_record_held_when_the_exporter_stops_is_not_lost(tmp_path: Pat
     r = EventRunner(config, clock=clock)
     r.poll()
     stamp = "2026-12-02T12:00:00.000000000Z"
+    write(log, [f"{stamp} stderr F (EngineCore pid=1) Traceback (most recent call last):"])
     write(log, [f"{stamp} stderr P (EngineCore pid=1) torch.OutOfMemoryError: CUDA out of memory. "])
     r.poll()
     r.close()  # the runtime cut the line and the exporter stops before its final record

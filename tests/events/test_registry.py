@@ -13,6 +13,7 @@ from kmsg_stand_in import kmsg_record
 from oomguard.config import Config, EventsConfig, TargetConfig
 from oomguard.config_file import load_config
 from oomguard.engines import ENGINES
+from oomguard.engines.base import LogGrammar
 from oomguard.events.cgroup import CgroupSource
 from oomguard.events.cri import PodLogReader
 from oomguard.events.follow import FileFollower
@@ -25,7 +26,8 @@ from oomguard.model import HOST, EventSourceHealth
 
 STAMP = "2026-12-02T12:00:00.000000000Z"
 FATAL = "(EngineCore pid=7) ERROR 12-02 12:00:00 [core.py:701] EngineCore encountered a fatal error."
-OOM = "(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+# PyTorch's OOM: the exception that ends a traceback of the engine core (two lines, frames left out).
+OOM = "(EngineCore pid=7) Traceback (most recent call last):\n(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of memory."
 RESTART = "(APIServer pid=8) INFO 12-02 12:00:05 [api_server.py:1000] vLLM server version 0.32.0, serving model m"
 
 
@@ -117,22 +119,27 @@ def test_a_targets_log_is_read_with_its_engines_patterns(tmp_path: Path) -> None
     log = tmp_path / "vllm.log"
     log.touch()
     clock = Clock()
-    extra = [{"kind": "cuda_oom", "regex": "HIP out of memory"}]
+    extra = [{"kind": "cuda_oom", "at": "exception", "regex": r"torch\.OutOfMemoryError: HIP out of memory"}]
     r = EventRunner(config(tmp_path, {"logs": [str(log)], "engine": "vllm"}, patterns=extra), clock=clock)
     r.poll()
-    write(log, [FATAL, "(EngineCore pid=7) RuntimeError: something else", RESTART])  # vLLM's own fatal error
+    write(log, [FATAL, *traceback("RuntimeError: something else", "(EngineCore pid=7) "), RESTART])  # vLLM's own
     r.poll()
-    write(log, ["RuntimeError: HIP out of memory. Tried to allocate 1 GiB", RESTART])  # the configuration's
+    write(log, [*traceback("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 1 GiB"), RESTART])  # config's
     r.poll()
-    write(log, ["RuntimeError: CUDA out of memory.", RESTART])  # the generic catalogue's
+    write(log, [*traceback("RuntimeError: CUDA out of memory."), RESTART])  # the generic catalogue's
     r.poll()
     assert r.counts["vllm"].total == {"engine_death": 1, "cuda_oom": 2}
 
 
-class _PlainEngine:
-    """An engine with no log lines of its own and no line prefix."""
+def traceback(exception: str, tag: str = "") -> list[str]:
+    """A Python traceback that ends in `exception`, each line after `tag`: where PyTorch's OOM is written."""
+    return [f"{tag}Traceback (most recent call last):", f'{tag}  File "serve.py", line 9, in main', f"{tag}{exception}"]
 
-    log_line_prefix = ""
+
+class _PlainEngine:
+    """An engine with no log lines of its own and no record header."""
+
+    log_grammar = LogGrammar()
 
     def log_patterns(self) -> list[dict[str, str]]:
         return []
@@ -147,7 +154,7 @@ def test_the_generic_patterns_count_for_any_engine(tmp_path: Path, monkeypatch: 
     clock = Clock()
     r = EventRunner(cfg, clock=clock)
     r.poll()
-    write(log, ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", FATAL])
+    write(log, [*traceback("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"), FATAL])
     r.poll()
     clock.now += 10
     r.poll()
@@ -273,7 +280,7 @@ def test_a_state_file_of_the_old_layout_resumes_without_recounting(tmp_path: Pat
     assert r.counts["vllm"].total == {"cuda_oom": 2, "cgroup_oom_kill": 3}
     assert r.counts["vllm"].last == {"cuda_oom": 950.0, "cgroup_oom_kill": 1000.0}
     assert r.counts[HOST].total == {"kernel_oom_kill": 2}
-    assert [h.lines_read for h in r.health()] == [1, 0, 1]  # only what came after the saved positions
+    assert [h.lines_read for h in r.health()] == [2, 0, 1]  # only what came after the saved positions
     r.close()
     saved = json.loads((state_dir / STATE_FILE).read_text())
     assert set(saved) == {"positions", "incidents", "counts"}

@@ -26,7 +26,7 @@ from oomguard.model import ReadStats
 from tests.fuzz.fuzz_strategies import MB, chunked
 
 CATALOGUE = load_catalogue("vllm")
-PREFIX = ENGINES["vllm"].log_line_prefix
+GRAMMAR = ENGINES["vllm"].log_grammar
 
 STARTUP = "(APIServer pid=80) INFO 12-02 12:05:00 [api_server.py:1000] vLLM server version 0.32.0, serving model tiny"
 OOM_TRACEBACK = [
@@ -203,7 +203,7 @@ def test_n_oom_tracebacks_written_in_pieces_are_n_events(tmp_path_factory, log: 
     path = tmp_path_factory.mktemp("oom") / "vllm.log"
     path.touch()
     reader = FileFollower(str(path), from_start=True, max_line_bytes=4096)
-    detector = IncidentDetector(CATALOGUE, line_prefix=PREFIX, quiet_seconds=10.0, rearm_seconds=60.0)
+    detector = IncidentDetector(CATALOGUE, grammar=GRAMMAR, quiet_seconds=10.0, rearm_seconds=60.0)
     source = LogSource("t", f"file:{path}", reader, detector)
     now = 1000.0
     kinds: list[str] = []
@@ -222,7 +222,7 @@ def test_n_oom_tracebacks_written_in_pieces_are_n_events(tmp_path_factory, log: 
 
 @given(lines=st.lists(st.one_of(st.text(max_size=80), st.sampled_from([STARTUP, *OOM_TRACEBACK])), max_size=40))
 def test_the_detector_takes_any_line(lines: list[str]) -> None:
-    detector = IncidentDetector(CATALOGUE, line_prefix=PREFIX)
+    detector = IncidentDetector(CATALOGUE, grammar=GRAMMAR)
     events = []
     for i, line in enumerate(lines):
         events += detector.feed(line, float(i))
@@ -314,14 +314,14 @@ def test_a_saved_incident_is_resumed_or_dropped_never_a_crash(state) -> None:
     """Bug: a saved incident the detector could not read (a wrong shape, a kind it does not know, a NaN
     time) raised out of `restore`, so out of building the sources at start; a NaN time kept an incident
     open, or the detector unarmed, for ever. Now such a state is dropped, as the follower drops its own."""
-    detector = IncidentDetector(CATALOGUE, line_prefix=PREFIX, quiet_seconds=5.0, rearm_seconds=60.0)
+    detector = IncidentDetector(CATALOGUE, grammar=GRAMMAR, quiet_seconds=5.0, rearm_seconds=60.0)
     detector.restore(state)
     json.dumps(detector.state(), allow_nan=False)  # what is kept can be saved again
     resumed = detector.tick(1e9) + detector.tick(2e9)  # the resumed incident ends; the detector rearms
     assert all(e.kind in LOG_EVENT_KINDS for e in resumed) and len(resumed) <= 1
     assert detector.open is None and detector.dead_until_startup is None
     # It counts the next death as it would have without a saved state.
-    assert detector.feed(OOM_TRACEBACK[-2], 2e9 + 1) == []
+    assert [e for line in OOM_TRACEBACK[1:-1] for e in detector.feed(line, 2e9 + 1)] == []  # the traceback
     assert [e.kind for e in detector.tick(3e9)] == [CUDA_OOM]
 
 

@@ -188,7 +188,7 @@ def test_the_tp_oom_traceback_names_its_gpu_and_is_one_cuda_oom() -> None:
     scenario = SCENARIOS["tp-skew"]
     text = oom_traceback(scenario, life=0, pid=PID, total_bytes=GPU_TOTAL_BYTES)
     assert "GPU 1 has a total capacity of 80.00 GiB" in text and f"(Worker_TP1 pid={PID})" in text
-    detector = IncidentDetector(load_catalogue("vllm"), line_prefix=ENGINES["vllm"].log_line_prefix)
+    detector = IncidentDetector(load_catalogue("vllm"), grammar=ENGINES["vllm"].log_grammar)
     kinds = [e.kind for line in text.splitlines() for e in detector.feed(line, 100.0)]
     kinds += [e.kind for e in detector.tick(200.0)]
     assert kinds == ["cuda_oom"]

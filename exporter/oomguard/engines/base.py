@@ -89,14 +89,33 @@ class Knobs:
 
 
 @dataclass(frozen=True, slots=True)
+class LogGrammar:
+    """How an engine writes its own log records, so that only they count (events/records.py reads lines with it).
+
+    A line is: an optional process tag (vLLM's "(EngineCore pid=7) "), then one of the engine's record headers (its
+    time, level and logger or source file), then the message; or, without a header, a raw line its processes wrote
+    to stderr (a Python traceback). Each regex is matched at the start of what is left of the line; `source`, a
+    named group of a header, is what a pattern's `source:` is matched against."""
+
+    tag: str = ""  # a process tag at the line's start ("" for none); its text keys the process's traceback
+    headers: tuple[str, ...] = ()  # the record headers, tried in order; each ends where the message begins
+    # Records that carry outside text (a request log, an access log, a request's span): never counted, whatever
+    # they hold. Matched at the start of the message...
+    outside: tuple[str, ...] = ()
+    # ...or of the header's `source`.
+    outside_sources: tuple[str, ...] = ()
+    # What a record's message may hold before "Traceback (most recent call last):" (SGLang's "Scheduler hit an
+    # exception: "): a traceback begins only at the start of a message or after this.
+    traceback_lead: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class EnginePlugin:
     name: str  # the config's `engine:`
     title: str  # as people write it: "vLLM"
     reader: type[EngineReader]
     package: str  # the plugin's package, where its patterns.yaml lives
-    # Lines of a traceback after the engine's own prefix (vLLM: "(EngineCore pid=N) ERROR ... ] "):
-    # they keep an open incident open. A regex matched at the start of a line, or "" for none.
-    log_line_prefix: str
+    log_grammar: LogGrammar  # how its own log records look: only they count (docs/security.md, "API users")
     simulator: str | None  # module run as `python -m` to simulate the engine, None when there is none
     families_table: tuple[FamilyRow, ...]
     aggregation_note: str  # how the engine's rank labels are aggregated away
@@ -120,7 +139,7 @@ class EnginePlugin:
     knobs: Knobs = Knobs()
 
     def log_patterns(self) -> list[dict[str, Any]]:
-        """The engine's own log patterns (entries of kind and regex), from its patterns.yaml."""
+        """The engine's own log patterns (entries of kind, regex, and where they match), from its patterns.yaml."""
         text = resources.files(self.package).joinpath("patterns.yaml").read_text("utf-8")
         return list(yaml.safe_load(text) or [])
 

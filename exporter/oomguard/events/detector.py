@@ -14,6 +14,10 @@ startup failure prints the cause in the engine core, again 3 s later from its pa
 process, and the API server's own error 3 s after that. So after an incident is
 counted, matching lines are taken as the same death until the engine starts again
 (a `startup` line) or the log stays free of them for `rearm_seconds`.
+
+Only the engine's own records count (records.py): each line is read with the engine's grammar first, and a
+pattern matches only where it may (the start of an engine record's message, or the exception that ends a
+traceback of the same process). A line that carries an API user's text counts nothing, whatever it holds.
 """
 
 from __future__ import annotations
@@ -24,26 +28,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from oomguard.engines.base import LogGrammar
 from oomguard.events.catalogue import Pattern
 from oomguard.events.kinds import LOG_EVENT_KINDS, STARTUP
+from oomguard.events.records import EXCEPTION, RECORD, Line, RecordReader
 from oomguard.model import Event
 
 log = logging.getLogger(__name__)
+GENERIC = LogGrammar()  # no header known: no line is a record; tracebacks still end in exceptions
 
-# Python's own traceback lines, after the engine's line prefix: they keep an open incident open
-# (a traceback flushed slowly is still one), where other chatter does not.
-PYTHON_TRACEBACK = (
-    r"(?:\s|Traceback \(most recent call last\)|During handling of the above|The above exception|Process \w+:"
-    r"|[\w.]+(?:Error|Exception|Exit)\b)"
-)
-
-# The process a startup line names: vLLM's "(APIServer pid=N)" prefix, uvicorn's "Started server process [N]".
+# The process a startup line names: vLLM's "(APIServer pid=N)" tag, uvicorn's "Started server process [N]".
 STARTUP_PID = re.compile(r"(?:\bpid=|process \[)(\d+)")
-
-
-def traceback_line(line_prefix: str = "") -> re.Pattern[str]:
-    """Lines that continue a traceback: the engine's prefix (a regex, "" for none), then Python's traceback."""
-    return re.compile(f"^(?:{line_prefix}){PYTHON_TRACEBACK}")
 
 
 @dataclass
@@ -61,32 +56,47 @@ class IncidentDetector:
         self,
         patterns: list[Pattern],
         *,
-        line_prefix: str = "",
+        grammar: LogGrammar = GENERIC,
         quiet_seconds: float = 5.0,
         rearm_seconds: float = 60.0,
     ) -> None:
-        """`line_prefix`: the regex of what the engine writes before a line of a traceback (its plugin's
-        `log_line_prefix`, vLLM's "(EngineCore pid=N) ERROR ... ] "), "" for none."""
+        """`grammar`: how the engine writes its own records (its plugin's `log_grammar`); without one, no line is a
+        record, and only the exceptions that end Python tracebacks can count."""
         self.patterns = patterns
-        self._traceback = traceback_line(line_prefix)
+        self._records = RecordReader(grammar)
+        self._at_record = [p for p in patterns if p.at == RECORD]
+        self._at_exception = [p for p in patterns if p.at == EXCEPTION]
         self.quiet_seconds = quiet_seconds
         self.rearm_seconds = rearm_seconds
         self.open: Incident | None = None
         self.dead_until_startup: float | None = None  # last matching line of a death already counted
         self.starts: list[tuple[float, int | None]] = []  # (when, pid) of each `startup` line read: take_starts
-        # One combined scan first: most lines match nothing, and one search beats a dozen.
-        self._any = re.compile("|".join(f"(?:{p.regex.pattern})" for p in patterns)) if patterns else None
+
+    def kinds(self, line: str) -> tuple[Line, list[str]]:
+        """What `line` is to the engine's grammar, and the kinds of the patterns that match it where they may."""
+        read = self._records.read(line)
+        if read.role == RECORD:
+            found = [
+                p.kind
+                for p in self._at_record
+                if p.regex.match(read.message) and (p.source is None or p.source.fullmatch(read.source))
+            ]
+        elif read.role == EXCEPTION:
+            found = [p.kind for p in self._at_exception if p.regex.match(read.message)]
+        else:
+            found = []
+        return read, found
 
     def feed(self, line: str, now: float) -> list[Event]:
-        if self._any is None or not self._any.search(line):
-            if self.open is not None and self._traceback.match(line):
-                self.open.last_line_at = now
+        read, kinds = self.kinds(line)
+        if not kinds:
+            if self.open is not None and read.in_traceback:
+                self.open.last_line_at = now  # a traceback flushed slowly is still one
             return []
-        kinds = [p.kind for p in self.patterns if p.regex.search(line)]
         if STARTUP in kinds:
             events = self.close()
             self.dead_until_startup = None
-            pid = STARTUP_PID.search(line)
+            pid = STARTUP_PID.search(read.tag) or STARTUP_PID.search(read.message[:200])
             self.starts.append((now, int(pid.group(1)) if pid else None))
             return events
         if self.dead_until_startup is not None:
@@ -120,19 +130,24 @@ class IncidentDetector:
 
     # -- persistence: an incident open when the exporter stops is resumed, not lost or doubled
     def state(self) -> dict[str, Any] | None:
-        if self.open is None and self.dead_until_startup is None:
+        tracebacks = self._records.state()
+        if self.open is None and self.dead_until_startup is None and not tracebacks:
             return None
         incident = self.open
-        return {
+        state: dict[str, Any] = {
             "open": None if incident is None else [incident.started_at, incident.last_line_at, incident.kinds],
             "dead_until_startup": self.dead_until_startup,
         }
+        if tracebacks:
+            state["tracebacks"] = tracebacks  # by process tag: a traceback being read when the exporter stopped
+        return state
 
     def restore(self, state: dict[str, Any] | None) -> None:
         """Resume what `state()` saved; a saved state this cannot read is dropped whole, with a warning (an
         incident it held may go uncounted, as after a start without state), never raised."""
-        if not state:
+        if not state or not isinstance(state, dict):
             return
+        self._records.restore(state.get("tracebacks"))
         try:
             incident = None
             if state.get("open"):

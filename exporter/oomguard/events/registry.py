@@ -61,7 +61,7 @@ def log_source(
     """A log of the target, read through a detector with its engine's patterns, its open incident resumed."""
     detector = IncidentDetector(
         load_catalogue(target.engine, [p.model_dump() for p in events.patterns]),
-        line_prefix=ENGINES[target.engine].log_line_prefix,
+        grammar=ENGINES[target.engine].log_grammar,
         quiet_seconds=events.quiet_seconds,
         rearm_seconds=events.rearm_seconds,
     )

@@ -1,6 +1,6 @@
 """llama.cpp's `llama-server` (`--metrics`): its /metrics reader, its /slots, its log lines, its families."""
 
-from oomguard.engines.base import EnginePlugin, FamilyRow
+from oomguard.engines.base import EnginePlugin, FamilyRow, LogGrammar
 from oomguard.engines.llamacpp import cmdline
 from oomguard.engines.llamacpp.reader import LlamaCppReader
 from oomguard.engines.llamacpp.slots import fetch_kv_usage_ratio
@@ -10,8 +10,13 @@ PLUGIN = EnginePlugin(
     title="llama.cpp",
     reader=LlamaCppReader,
     package=__name__,
-    # llama.cpp prints no traceback: a failure is one or a few lines, each matched on its own.
-    log_line_prefix="",
+    # llama.cpp prints no traceback: a failure is one or a few lines, each "function: message", after the time and
+    # level its --log-timestamps/--log-prefix add and the server's module ("srv    ", "slot   ").
+    log_grammar=LogGrammar(
+        headers=(r"(?:\d+\.\d+\.\d+\.\d+ [DIWE] )?(?:(?:srv|slot|que|res|mtmd) +)?",),
+        # The server's request log: "srv  log_server_r: request: GET /v1/... 127.0.0.1 401" (and, verbose, bodies).
+        outside=(r"log_server_r: ",),
+    ),
     simulator="oomguard.engines.llamacpp.simulator",
     families_table=(
         FamilyRow(

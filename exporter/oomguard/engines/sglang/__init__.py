@@ -1,6 +1,6 @@
 """SGLang: its /metrics reader, its reservation from /server_info, its log lines, its simulator, its families."""
 
-from oomguard.engines.base import EnginePlugin, FamilyRow, Knob, Knobs
+from oomguard.engines.base import EnginePlugin, FamilyRow, Knob, Knobs, LogGrammar
 from oomguard.engines.sglang import cmdline
 from oomguard.engines.sglang.reader import SglangReader
 from oomguard.engines.sglang.settings import mem_fraction_static
@@ -10,8 +10,16 @@ PLUGIN = EnginePlugin(
     title="SGLang",
     reader=SglangReader,
     package=__name__,
-    # "[2025-06-01 12:00:00 TP0] " (with DP/PP/EP ranks where used): a traceback's first line carries it.
-    log_line_prefix=r"(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Z]+\d+)*\] )?",
+    log_grammar=LogGrammar(
+        # "[2025-06-01 12:00:00 TP0] " (the ranks where used: DP, PP, EP); a traceback's lines after the first are raw.
+        headers=(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?: (?P<source>[A-Z]+\d+(?: [A-Z]+\d+)*))?\] ",),
+        outside=(
+            r"(?:Receive|Finish): obj=",  # --log-requests: the request object, its text and sampling params
+            r'(?:(?:INFO|WARNING|ERROR|DEBUG):\s+)?[^\s"]+ - "',  # uvicorn's access log
+            r"The following fields were present in the request but ignored",
+        ),
+        traceback_lead=r"\w+ hit an exception: ",  # "Scheduler hit an exception: Traceback (most recent call last):"
+    ),
     simulator="oomguard.engines.sglang.simulator",
     families_table=(
         FamilyRow(

@@ -1,6 +1,6 @@
 """Hugging Face TGI (in maintenance mode upstream): its /metrics reader, its log lines, its families."""
 
-from oomguard.engines.base import EnginePlugin, FamilyRow, Knob, Knobs
+from oomguard.engines.base import EnginePlugin, FamilyRow, Knob, Knobs, LogGrammar
 from oomguard.engines.tgi import cmdline
 from oomguard.engines.tgi.reader import TgiReader
 
@@ -9,8 +9,17 @@ PLUGIN = EnginePlugin(
     title="TGI",
     reader=TgiReader,
     package=__name__,
-    # "2025-01-01T12:00:00.000000Z ERROR text_generation_launcher: " (its text log format).
-    log_line_prefix=r"(?:\d{4}-\d\d-\d\dT[\d:.]+Z +[A-Z]+ [\w:]+: )?",
+    log_grammar=LogGrammar(
+        # tracing's text format: "2025-01-01T12:00:00.000000Z ERROR [spans: ]target: [file.rs:N: ]". A span's
+        # fields print nested braces ("generate{parameters=GenerateParameters { ... }}"), which the header
+        # refuses: a request's line is no record of the engine's own.
+        headers=(
+            r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z +(?:TRACE|DEBUG|INFO|WARN|ERROR) "
+            r"(?P<source>(?:[\w-]+(?:\{[^{}]*\})?: ?)*[a-z_][\w]*(?:::\w+)*): (?:[\w./-]+\.rs:\d+: )?",
+        ),
+        # The spans of a request (generate, chat_completions, ...): their fields hold the user's parameters.
+        outside_sources=(r"(?!warmup\{)[\w-]+\{",),
+    ),
     simulator="oomguard.engines.tgi.simulator",
     families_table=(
         FamilyRow(

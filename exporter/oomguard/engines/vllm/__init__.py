@@ -1,6 +1,6 @@
 """vLLM: its /metrics reader (V0 and V1 names), its log lines, its simulator, its families."""
 
-from oomguard.engines.base import EnginePlugin, FamilyRow, Knob, Knobs
+from oomguard.engines.base import EnginePlugin, FamilyRow, Knob, Knobs, LogGrammar
 from oomguard.engines.vllm import cmdline
 from oomguard.engines.vllm.reader import VllmReader
 
@@ -9,8 +9,21 @@ PLUGIN = EnginePlugin(
     title="vLLM",
     reader=VllmReader,
     package=__name__,
-    # "(EngineCore pid=N) " from the engine core process, then vLLM's log header "ERROR 05-01 12:00:00 [file.py:12] ".
-    log_line_prefix=r"(?:\(\w+ pid=\d+\) )?(?:(?:ERROR|WARNING|CRITICAL) [^\]]*\] )?",
+    log_grammar=LogGrammar(
+        # "(EngineCore pid=7) " before whatever a process of the engine writes, in multi-process mode.
+        tag=r"\(\w+ pid=\d+\) ",
+        headers=(
+            # vLLM's logger: "ERROR 05-01 12:00:00 [core.py:701] ", older "ERROR 05-01 12:00:00 core.py:701] ".
+            r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?(?P<source>[\w.-]+):\d+\] ",
+            r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|TRACE):\s+",  # uvicorn's: "INFO:     "
+        ),
+        outside=(
+            r'[^\s"]+ - "',  # uvicorn's access log: 'INFO:     127.0.0.1:5 - "GET /v1/... HTTP/1.1" 401'
+            r"The following fields were present in the request but ignored",
+        ),
+        # vllm/entrypoints/logger.py: "Received request ...: prompt: '...'", "Generated response ...: output: ..."
+        outside_sources=(r"logger\.py",),
+    ),
     simulator="oomguard.engines.vllm.simulator",
     families_table=(
         FamilyRow(

@@ -10,6 +10,7 @@ restart paths exactly as a real engine does.
 from __future__ import annotations
 
 import os
+import time
 
 from aiohttp import web
 
@@ -61,7 +62,7 @@ vllm:cache_config_info{{block_size="{block_size}",cache_dtype="auto",enable_pref
 """
 
 
-OOM_TRACEBACK = """(EngineCore pid={pid}) ERROR EngineCore encountered a fatal error.
+OOM_TRACEBACK = """(EngineCore pid={pid}) ERROR {stamp} [core.py:701] EngineCore encountered a fatal error.
 (EngineCore pid={pid}) Traceback (most recent call last):
 (EngineCore pid={pid})   File "vllm/v1/engine/core.py", line 701, in run_engine_core
 (EngineCore pid={pid})     engine_core.run_busy_loop()
@@ -71,41 +72,50 @@ OOM_TRACEBACK = """(EngineCore pid={pid}) ERROR EngineCore encountered a fatal e
 """
 
 # Tensor parallel: the rank whose allocation fails writes the traceback, then the engine core dies with it.
-TP_OOM_TRACEBACK = """(Worker_TP{gpu} pid={pid}) ERROR WorkerProc hit an exception.
+TP_OOM_TRACEBACK = """(Worker_TP{gpu} pid={pid}) ERROR {stamp} [multiproc_executor.py:671] WorkerProc hit an exception.
 (Worker_TP{gpu} pid={pid}) Traceback (most recent call last):
 (Worker_TP{gpu} pid={pid})   File "vllm/v1/executor/multiproc_executor.py", line 666, in worker_busy_loop
 (Worker_TP{gpu} pid={pid})     output = func(*args, **kwargs)
 (Worker_TP{gpu} pid={pid})   File "vllm/v1/worker/gpu_model_runner.py", line 2210, in execute_model
 (Worker_TP{gpu} pid={pid})     hidden_states = self.model(input_ids, positions)
 (Worker_TP{gpu} pid={pid}) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {gpu} has a total capacity of {total:.2f} GiB of which {free:.2f} MiB is free. Process {pid} has {used:.2f} GiB memory in use.
-(EngineCore_DP0 pid={pid}) ERROR EngineCore encountered a fatal error.
+(EngineCore_DP0 pid={pid}) ERROR {stamp} [core.py:701] EngineCore encountered a fatal error.
 """
 
 
 # A start that cannot allocate its KV cache (vLLM 0.32's wording): too long a max_model_len for what is left...
-MAX_LEN_TRACEBACK = """(EngineCore pid={pid}) ERROR EngineCore failed to start.
+MAX_LEN_TRACEBACK = """(EngineCore pid={pid}) ERROR {stamp} [core.py:1510] EngineCore failed to start.
 (EngineCore pid={pid}) Traceback (most recent call last):
 (EngineCore pid={pid})   File "vllm/v1/core/kv_cache_utils.py", line 686, in check_enough_kv_cache_memory
 (EngineCore pid={pid}) ValueError: To serve at least one request with the model's max seq len (32768), (4.00 GiB KV cache is needed, which is larger than the available KV cache memory (1.50 GiB). Based on the available memory, the estimated maximum model length is 12288. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.
+(APIServer pid={pid}) Traceback (most recent call last):
+(APIServer pid={pid})   File "vllm/v1/engine/core_client.py", line 476, in __init__
 (APIServer pid={pid}) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{'EngineCore': 1}}
 """
 # ...or less free memory than the reservation, because another process holds it.
-FREE_MEMORY_TRACEBACK = """(EngineCore pid={pid}) ERROR EngineCore failed to start.
+FREE_MEMORY_TRACEBACK = """(EngineCore pid={pid}) ERROR {stamp} [core.py:1510] EngineCore failed to start.
 (EngineCore pid={pid}) Traceback (most recent call last):
 (EngineCore pid={pid})   File "vllm/v1/worker/gpu_worker.py", line 190, in init_device
 (EngineCore pid={pid}) ValueError: Free memory on device ({free:.2f}/{total:.2f} GiB) on startup is less than desired GPU memory utilization ({utilization}, {wanted:.2f} GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.
+(APIServer pid={pid}) Traceback (most recent call last):
+(APIServer pid={pid})   File "vllm/v1/engine/core_client.py", line 476, in __init__
 (APIServer pid={pid}) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{'EngineCore': 1}}
 """
+
+
+def log_stamp() -> str:
+    """vLLM's logger's time: "12-02 12:00:00" (month-day), before the source in its record header."""
+    return time.strftime("%m-%d %H:%M:%S")
 
 
 def startup_traceback(scenario: Scenario, *, pid: int, total_bytes: int, foreign: float = 0.0) -> str:
     """What the engine writes when it cannot allocate its memory at start (`foreign`: the share of the GPU another
     process holds meanwhile)."""
     if scenario.foreign_after is None:
-        return MAX_LEN_TRACEBACK.format(pid=pid)
+        return MAX_LEN_TRACEBACK.format(pid=pid, stamp=log_stamp())
     free = total_bytes * (1 - foreign) - IDLE_GPU_BYTES
     wanted = scenario.gpu_memory_utilization * total_bytes
-    return FREE_MEMORY_TRACEBACK.format(pid=pid, free=free / GIB, total=total_bytes / GIB,
+    return FREE_MEMORY_TRACEBACK.format(pid=pid, stamp=log_stamp(), free=free / GIB, total=total_bytes / GIB,
                                         utilization=scenario.gpu_memory_utilization, wanted=wanted / GIB)  # fmt: skip
 
 
@@ -113,12 +123,15 @@ def oom_traceback(scenario: Scenario, *, life: int, pid: int, total_bytes: int) 
     """What the engine writes as it dies of CUDA OOM: the figures of its GPU that runs out, at its death."""
     gpu, used, free = scenario.memory_at_death(life, total_bytes)
     template = TP_OOM_TRACEBACK if scenario.gpus > 1 else OOM_TRACEBACK
-    return template.format(pid=pid, gpu=gpu, total=total_bytes / GIB, free=free / 1024**2, used=used / GIB)
+    return template.format(
+        pid=pid, stamp=log_stamp(), gpu=gpu, total=total_bytes / GIB, free=free / 1024**2, used=used / GIB
+    )
 
 
 async def serve(engine: SimulatedEngine) -> int:
     scenario, args = engine.scenario, engine.args
-    engine.log(f"(APIServer pid={os.getpid()}) INFO vLLM server version 0.32.0 (simulated by oomguard), "
+    engine.log(f"(APIServer pid={os.getpid()}) INFO {log_stamp()} [api_server.py:1000] vLLM API server version 0.32.0 "
+               "(simulated by oomguard), "
                f"serving model {args.model}")  # fmt: skip
     if not scenario.starts(args.life):
         # The weights load (80 % of the load time), then the KV cache cannot be allocated: exit, never listen.
@@ -138,7 +151,7 @@ async def serve(engine: SimulatedEngine) -> int:
         return web.Response(text="")
 
     await engine.listen({"/metrics": metrics, "/health": health})
-    engine.log(f"(APIServer pid={os.getpid()}) INFO Application startup complete.")
+    engine.log(f"(APIServer pid={os.getpid()}) INFO:     Application startup complete.")
     return await engine.serve_until_death(
         lambda: oom_traceback(scenario, life=args.life, pid=os.getpid(), total_bytes=args.gpu_total_bytes)
     )

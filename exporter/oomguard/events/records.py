@@ -1,0 +1,118 @@
+"""An engine's log lines read as its records: which lines the engine wrote itself, and which carry outside text.
+
+Anyone who can send a request to the model can put text in its log: the request logger echoes prompts, the
+access log echoes paths, a request's span echoes its parameters. A pattern searched anywhere in a line would count
+a prompt that says "CUDA out of memory". So each line is first read with its engine's grammar
+(`engines.base.LogGrammar`) and given a role, and the patterns (catalogue.py) apply only where their role says:
+
+* `record`: a record of the engine's own, its header recognised (vLLM's "ERROR 05-01 12:00:00 [core.py:701] ");
+  a pattern matches at the start of its message, and where it names a `source`, only from that logger or file.
+* `exception`: the last line of a Python traceback of the same process (the same tag): a traceback begins with
+  "Traceback (most recent call last):" at the start of a message (or after the engine's declared lead-in),
+  goes on with indented lines, and ends at the first line that is not indented: the exception.
+* `traceback`: the rest of a traceback (its first line, frames, the lines that chain two exceptions): nothing
+  counts there, but they keep an open incident open.
+* `outside`: a record that carries outside text (the grammar's `outside`, `outside_sources`): never counted.
+* `raw`: any other line (no header, outside a traceback): never counted.
+
+What a line's role is judged on is read from its first `HEAD_BYTES`: a long line costs no more to classify than a
+short one, and a header's regex cannot be made to backtrack over a megabyte.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from oomguard.engines.base import LogGrammar
+
+RECORD, EXCEPTION, TRACEBACK, OUTSIDE, RAW = "record", "exception", "traceback", "outside", "raw"
+HEAD_BYTES = 4096  # what the tag and header are looked for in
+MAX_PROCESSES = 256  # tracebacks in progress kept at once, by process tag: beyond this the oldest is forgotten
+
+_TRACEBACK = r"Traceback \(most recent call last\):\s*\Z"
+# Between two chained exceptions, and Python 3.11's exception groups' lines.
+_CHAIN = re.compile(
+    r"(?:During handling of the above exception, another exception occurred:"
+    r"|The above exception was the direct cause of the following exception:)\s*\Z"
+)
+_IN, _AFTER = 1, 2  # a process's traceback: its frames being read; its exception just read (a chain may follow)
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    role: str  # RECORD, EXCEPTION, TRACEBACK, OUTSIDE or RAW
+    message: str  # the line after its tag and header
+    source: str = ""  # the header's logger or source file, "" for none
+    tag: str = ""  # the process tag, "" for none
+    in_traceback: bool = False  # a line of a traceback (its first line included): keeps an open incident open
+
+
+class RecordReader:
+    """Reads one log's lines with its engine's grammar; keeps each process's traceback in progress."""
+
+    def __init__(self, grammar: LogGrammar) -> None:
+        self._tag = re.compile(grammar.tag) if grammar.tag else None
+        self._headers = [re.compile(h) for h in grammar.headers]
+        self._outside = re.compile("|".join(f"(?:{o})" for o in grammar.outside)) if grammar.outside else None
+        sources = grammar.outside_sources
+        self._outside_source = re.compile("|".join(f"(?:{o})" for o in sources)) if sources else None
+        lead = f"(?:{grammar.traceback_lead})?" if grammar.traceback_lead else ""
+        self._opens = re.compile(lead + _TRACEBACK)
+        self._tracebacks: dict[str, int] = {}  # process tag -> _IN or _AFTER
+
+    def read(self, line: str) -> Line:
+        head = line[:HEAD_BYTES]
+        tag, pos = "", 0
+        if self._tag is not None and (m := self._tag.match(head)):
+            tag, pos = m.group(), m.end()
+        source, headed = "", False
+        for header in self._headers:
+            if m := header.match(head, pos):
+                headed, pos = True, m.end()
+                source = m.groupdict().get("source") or ""
+                break
+        message = line[pos:]
+        if headed and self._is_outside(message, source):
+            return Line(OUTSIDE, message, source, tag)
+        state = self._tracebacks.get(tag)
+        if self._opens.match(message):
+            self._set(tag, _IN)
+            # A record that opens a traceback ("Scheduler hit an exception: Traceback ...") is still a record.
+            return Line(RECORD if headed else TRACEBACK, message, source, tag, in_traceback=True)
+        if state == _IN:
+            if not message or message[0].isspace():
+                return Line(TRACEBACK, message, source, tag, in_traceback=True)  # a frame, its source line, a note
+            self._set(tag, _AFTER)
+            return Line(EXCEPTION, message, source, tag, in_traceback=True)
+        if state == _AFTER:
+            if not message.strip() or _CHAIN.match(message):
+                return Line(TRACEBACK, message, source, tag, in_traceback=True)
+            del self._tracebacks[tag]
+        return Line(RECORD if headed else RAW, message, source, tag)
+
+    # -- persistence: a traceback cut by a restart of the exporter still ends in its exception
+    def state(self) -> dict[str, int]:
+        """The tracebacks whose exception has not come yet (one that came needs no resuming)."""
+        return {tag: state for tag, state in self._tracebacks.items() if state == _IN}
+
+    def restore(self, state: object) -> None:
+        """What `state()` saved; anything else (a damaged file) is ignored: tracebacks are read from here on."""
+        if isinstance(state, dict):
+            for tag, value in list(state.items())[-MAX_PROCESSES:]:
+                if isinstance(tag, str) and len(tag) <= HEAD_BYTES and value == _IN:
+                    self._tracebacks[tag] = value
+
+    def _is_outside(self, message: str, source: str) -> bool:
+        if self._outside is not None and self._outside.match(message, 0, HEAD_BYTES):
+            return True
+        return bool(source and self._outside_source is not None and self._outside_source.match(source))
+
+    def _set(self, tag: str, state: int) -> None:
+        self._tracebacks.pop(tag, None)  # re-inserted last: the dict's order is the order of use
+        self._tracebacks[tag] = state
+        if len(self._tracebacks) > MAX_PROCESSES:
+            del self._tracebacks[next(iter(self._tracebacks))]
+
+
+__all__ = ["EXCEPTION", "OUTSIDE", "RAW", "RECORD", "TRACEBACK", "Line", "RecordReader"]
