@@ -9,7 +9,9 @@ a prompt that says "CUDA out of memory". So each line is first read with its eng
   a pattern matches at the start of its message, and where it names a `source`, only from that logger or file.
 * `exception`: the last line of a Python traceback of the same process (the same tag): a traceback begins with
   "Traceback (most recent call last):" at the start of a message (or after the engine's declared lead-in),
-  goes on with indented lines, and ends at the first line that is not indented: the exception.
+  goes on with indented lines, and ends at the first line that is not indented: the exception. Its lines are
+  raw, or carry the very header of its first line (vLLM writes a record's header on each of its lines); a
+  record with another header is another record, written between two lines of the traceback.
 * `traceback`: the rest of a traceback (its first line, frames, the lines that chain two exceptions): nothing
   counts there, but they keep an open incident open.
 * `outside`: a record that carries outside text (the grammar's `outside`, `outside_sources`): never counted.
@@ -59,7 +61,8 @@ class RecordReader:
         self._outside_source = re.compile("|".join(f"(?:{o})" for o in sources)) if sources else None
         lead = f"(?:{grammar.traceback_lead})?" if grammar.traceback_lead else ""
         self._opens = re.compile(lead + _TRACEBACK)
-        self._tracebacks: dict[str, int] = {}  # process tag -> _IN or _AFTER
+        # process tag -> (_IN or _AFTER, the header of the traceback's first line)
+        self._tracebacks: dict[str, tuple[int, str]] = {}
 
     def read(self, line: str) -> Line:
         head = line[:HEAD_BYTES]
@@ -72,18 +75,24 @@ class RecordReader:
                 headed, pos = True, m.end()
                 source = m.groupdict().get("source") or ""
                 break
-        message = line[pos:]
-        if headed and self._is_outside(message, source):
+        message, header = line[pos:], line[len(tag) : pos]
+        if self._is_outside(message, source):
             return Line(OUTSIDE, message, source, tag)
-        state = self._tracebacks.get(tag)
+        state, opened_with = self._tracebacks.get(tag, (None, ""))
+        if headed and state is not None and header != opened_with:
+            # Another record of the same process: a traceback being read waits for its next line; one whose
+            # exception came is over.
+            if state == _AFTER:
+                del self._tracebacks[tag]
+            state = None
         if self._opens.match(message):
-            self._set(tag, _IN)
+            self._set(tag, _IN, header)
             # A record that opens a traceback ("Scheduler hit an exception: Traceback ...") is still a record.
             return Line(RECORD if headed else TRACEBACK, message, source, tag, in_traceback=True)
         if state == _IN:
             if not message or message[0].isspace():
                 return Line(TRACEBACK, message, source, tag, in_traceback=True)  # a frame, its source line, a note
-            self._set(tag, _AFTER)
+            self._set(tag, _AFTER, opened_with)
             return Line(EXCEPTION, message, source, tag, in_traceback=True)
         if state == _AFTER:
             if not message.strip() or _CHAIN.match(message):
@@ -92,25 +101,28 @@ class RecordReader:
         return Line(RECORD if headed else RAW, message, source, tag)
 
     # -- persistence: a traceback cut by a restart of the exporter still ends in its exception
-    def state(self) -> dict[str, int]:
-        """The tracebacks whose exception has not come yet (one that came needs no resuming)."""
-        return {tag: state for tag, state in self._tracebacks.items() if state == _IN}
+    def state(self) -> dict[str, str]:
+        """The tracebacks whose exception has not come yet, by process tag, with their header (one whose exception
+        came needs no resuming)."""
+        return {tag: header for tag, (state, header) in self._tracebacks.items() if state == _IN}
 
     def restore(self, state: object) -> None:
         """What `state()` saved; anything else (a damaged file) is ignored: tracebacks are read from here on."""
         if isinstance(state, dict):
-            for tag, value in list(state.items())[-MAX_PROCESSES:]:
-                if isinstance(tag, str) and len(tag) <= HEAD_BYTES and value == _IN:
-                    self._tracebacks[tag] = value
+            for tag, header in list(state.items())[-MAX_PROCESSES:]:
+                if isinstance(tag, str) and isinstance(header, str) and len(tag) + len(header) <= HEAD_BYTES:
+                    self._tracebacks[tag] = (_IN, header)
 
     def _is_outside(self, message: str, source: str) -> bool:
+        """A record that carries outside text; a raw line too where it looks like one (uvicorn's access log written
+        without the engine's header)."""
         if self._outside is not None and self._outside.match(message, 0, HEAD_BYTES):
             return True
         return bool(source and self._outside_source is not None and self._outside_source.match(source))
 
-    def _set(self, tag: str, state: int) -> None:
+    def _set(self, tag: str, state: int, header: str) -> None:
         self._tracebacks.pop(tag, None)  # re-inserted last: the dict's order is the order of use
-        self._tracebacks[tag] = state
+        self._tracebacks[tag] = (state, header)
         if len(self._tracebacks) > MAX_PROCESSES:
             del self._tracebacks[next(iter(self._tracebacks))]
 

@@ -387,11 +387,11 @@ def _check_position(key: str, entry: dict[str, Any]) -> None:
 
 def _check_incident(key: str, entry: dict[str, Any]) -> None:
     """An incident detector's: {"open": null or [started, last line, [kind, ...]], "dead_until_startup": null or T,
-    "tracebacks": {process tag: 1} (absent: none)}."""
+    "tracebacks": {process tag: header} (absent: none)}."""
     incident, dead, tracebacks = entry.get("open"), entry.get("dead_until_startup"), entry.get("tracebacks", {})
     ok = dead is None or _time(dead)
     ok = ok and isinstance(tracebacks, dict) and len(tracebacks) <= MAX_PROCESSES
-    ok = ok and all(isinstance(t, str) and type(v) is int and v == 1 for t, v in tracebacks.items())
+    ok = ok and all(isinstance(t, str) and isinstance(v, str) for t, v in tracebacks.items())
     if incident is not None:
         ok = ok and isinstance(incident, list) and len(incident) == 3 and _time(incident[0]) and _time(incident[1])
         ok = ok and isinstance(incident[2], list) and all(isinstance(k, str) for k in incident[2])
