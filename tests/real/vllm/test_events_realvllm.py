@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,8 @@ async def test_startup_memory_failure_is_one_event(tiny_model: Path, tmp_path: P
     with server:
         code = await asyncio.to_thread(server.wait_exit, 240)
     log = server.log_text()
+    if keep := os.environ.get("OOMGUARD_KEEP_LOG"):  # to read what vLLM wrote
+        Path(keep).write_text(log)
     assert code != 0, log[-3000:]
     assert log.count("larger than the available KV cache memory") >= 2, "vLLM prints the cause more than once"
     for _ in range(50):

@@ -23,6 +23,7 @@ POD_A = {"namespace": "llm", "pod": "vllm-a", "container": "vllm", "target": A}
 POD_B = {"namespace": "llm", "pod": "vllm-b", "container": "vllm", "target": B}
 UID = "11111111-1111-4111-8111-111111111111"
 STARTED = "INFO 12-05 12:00:00 [api_server.py:1885] vLLM API server version 0.11.0"
+TRACEBACK = "Traceback (most recent call last):"  # PyTorch's OOM is the exception that ends one
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"
 
 
@@ -162,6 +163,7 @@ async def test_logs_through_the_api_every_oom_once_across_drops_restarts_and_an_
             # previous container's log, read (from the position, in whole seconds) before the new container's,
             # whose lines may come before the pod's status names it.
             await api.drop_log_streams()
+            await api.log("llm", "vllm-a", "vllm", TRACEBACK)
             await api.log("llm", "vllm-a", "vllm", OOM)
             await api.end_container("llm", "vllm-a", "vllm")
             await api.log("llm", "vllm-a", "vllm", STARTED, container_id=second_id)
@@ -178,6 +180,7 @@ async def test_logs_through_the_api_every_oom_once_across_drops_restarts_and_an_
 
             # The stream drops while the new container runs; what it logs meanwhile comes with the next stream.
             await api.drop_log_streams()
+            await api.log("llm", "vllm-a", "vllm", TRACEBACK)
             await api.log("llm", "vllm-a", "vllm", OOM)
             await wait_for(lambda: _equals(ooms, 2.0), "the OOM logged while the stream was down")
             # Dropped again: the next stream repeats the last second, and nothing is counted twice.
@@ -192,6 +195,7 @@ async def test_logs_through_the_api_every_oom_once_across_drops_restarts_and_an_
             await wait_for(lambda: _equals(lambda: ooms_of(k8s), 2.0), "the counts restored")
             await api.end_container("llm", "vllm-a", "vllm")
             await api.log("llm", "vllm-a", "vllm", STARTED, container_id=third_id)
+            await api.log("llm", "vllm-a", "vllm", TRACEBACK)
             await api.log("llm", "vllm-a", "vllm", OOM)
             await wait_for(lambda: _equals(lambda: ooms_of(k8s), 3.0), "only the new OOM counted")
             await asyncio.sleep(0.5)
@@ -238,6 +242,7 @@ async def test_a_replaced_pods_log_is_read_whole_and_its_predecessors_ooms_not_a
             await k8s.api.put("pods", objects.pod("vllm-a", "127.0.0.2", port, node="gpu-a", uid=UID))
             await wait_for(lambda: [r for r in api.log_requests if r.get("follow")], "the log followed")
             await api.log("llm", "vllm-a", "vllm", STARTED, container_id="a" * 64)
+            await api.log("llm", "vllm-a", "vllm", TRACEBACK)
             await api.log("llm", "vllm-a", "vllm", OOM)
             await wait_for(lambda: _equals(lambda: ooms_of(k8s), 1.0), "the first pod's OOM")
             # Replaced under its name (a StatefulSet's): deleted, then a new pod with a new UID and a log of its own,
@@ -246,6 +251,7 @@ async def test_a_replaced_pods_log_is_read_whole_and_its_predecessors_ooms_not_a
             await wait_for(lambda: k8s.targets() == [], "the target gone with its pod")
             api.new_pod("llm", "vllm-a")
             await api.log("llm", "vllm-a", "vllm", STARTED, container_id="b" * 64)
+            await api.log("llm", "vllm-a", "vllm", TRACEBACK)
             await api.log("llm", "vllm-a", "vllm", OOM)
             uid = "22222222-2222-4222-8222-222222222222"
             await k8s.api.put("pods", objects.pod("vllm-a", "127.0.0.2", port, node="gpu-a", uid=uid))

@@ -47,6 +47,7 @@ async def test_a_pod_restarted_while_loading_is_scraped_at_its_new_ip(tmp_path: 
             log_dir = tmp_path / "pods" / f"llm_vllm-0_{uid}" / "vllm"
             log_dir.mkdir(parents=True)
             (log_dir / "0.log").write_text(
+                "2026-12-03T12:00:01.000000000Z stderr F Traceback (most recent call last):\n"
                 "2026-12-03T12:00:01.000000000Z stderr F torch.OutOfMemoryError: CUDA out of memory. "
                 "Tried to allocate 2.00 GiB\n"
             )

@@ -14,15 +14,19 @@ PLUGIN = EnginePlugin(
         tag=r"\(\w+ pid=\d+\) ",
         headers=(
             # vLLM's logger: "ERROR 05-01 12:00:00 [core.py:701] ", older "ERROR 05-01 12:00:00 core.py:701] ".
-            r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?(?P<source>[\w.-]+):\d+\] ",
+            # The file is a path from 0.11 or so ("[v1/engine/core.py:701]", "[entrypoints/.../api_utils.py:347]"):
+            # `source` is its last part.
+            r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+            r"\[?(?:[\w.-]*/)*(?P<source>[\w.-]+):\d+\] ",
             r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|TRACE):\s+",  # uvicorn's: "INFO:     "
         ),
         outside=(
             r'[^\s"]+ - "',  # uvicorn's access log: 'INFO:     127.0.0.1:5 - "GET /v1/... HTTP/1.1" 401'
             r"The following fields were present in the request but ignored",
         ),
-        # vllm/entrypoints/logger.py: "Received request ...: prompt: '...'", "Generated response ...: output: ..."
-        outside_sources=(r"logger\.py",),
+        # The request logger (entrypoints/logger.py, 0.32's entrypoints/.../utils/request_logger.py): "Received
+        # request ...: prompt: '...'", "Request ... JSON body: {...}", "Generated response ...: output: ...".
+        outside_sources=(r"(?:request_)?logger\.py",),
     ),
     simulator="oomguard.engines.vllm.simulator",
     families_table=(
