@@ -33,6 +33,10 @@ Obj = dict[str, Any]  # an API object as JSON
 _PROBE_FAILED = re.compile(r"^(Liveness|Startup) probe failed", re.IGNORECASE)
 _PROBE_KILLED = re.compile(r"failed (liveness|startup) probe", re.IGNORECASE)
 _FIELD_CONTAINER = re.compile(r"spec\.(?:initC|c)ontainers\{(.+)\}")
+MAX_EVENT_COUNT = 2**31 - 1  # an Event's count is an int32 in the API
+# What one change of an Event may add: the kubelet's event recorder lets a burst of 25 Events of one object through
+# (client-go's spam filter), so more between two changes the watch sees is no prober's doing.
+MAX_GROWTH = 25
 
 
 def probe_kind(event: Obj) -> str | None:
@@ -178,22 +182,40 @@ class PodEvents:
         return self._counts.get(uid, ("", 0))[1]
 
     def _count(self, obj: Obj, before: int) -> None:
-        new = _count(obj) - before
+        """An Event whose count grew: its growth, as events of its kind for its pod, at most MAX_GROWTH a change.
+        The kubelet writes its Event again at each failure (each a change the watch sees), so a change is one
+        failure, or a few that a dropped watch missed; a count is the Event's writer's word, and one that jumps to
+        10^15 counts MAX_GROWTH."""
+        new = min(_count(obj) - before, MAX_GROWTH)
         if new <= 0 or (kind := probe_kind(obj)) is None:
             return
-        involved = obj.get("involvedObject") or {}
-        pod = next((p for p in self._pods.values() if p.uid == involved.get("uid")), None)
+        pod = self._pod_of(obj)
         if pod is None:
             return
-        field = _FIELD_CONTAINER.match(involved.get("fieldPath", ""))
+        field = _FIELD_CONTAINER.match((obj.get("involvedObject") or {}).get("fieldPath", ""))
         if field and field.group(1) != pod.container:
             return  # another container's probe
         at = timestamp(obj.get("lastTimestamp") or obj.get("eventTime")) or time.time()
         pod.api.push(Event(kind, at, count=new))
 
+    def _pod_of(self, obj: Obj) -> _Pod | None:
+        """The pod an Event is about: its namespace, name and UID all the pod's, and the Event in the pod's namespace
+        (the kubelet writes it there; an Event written in another namespace that names the pod's UID is not)."""
+        involved, meta = obj.get("involvedObject") or {}, obj.get("metadata") or {}
+        uid = involved.get("uid")
+        for pod in self._pods.values():
+            if pod.uid == uid and pod.name == involved.get("name") and pod.namespace == involved.get("namespace"):
+                return pod if meta.get("namespace") == pod.namespace else None
+        return None
+
 
 def _count(event: Obj) -> int:
-    return int(event.get("count") or (event.get("series") or {}).get("count") or 1)
+    """An Event's count (its series' in the events.k8s.io form), 1 where it has none; one that is no whole number
+    from 1 to MAX_EVENT_COUNT is taken as 1 (a count is the Event's writer's word)."""
+    value = event.get("count") or (event.get("series") or {}).get("count") or 1
+    if type(value) is not int or not 1 <= value <= MAX_EVENT_COUNT:
+        return 1
+    return value
 
 
 def timestamp(value: str | None) -> float | None:
