@@ -27,7 +27,10 @@ from oomguard.model import HOST, EventSourceHealth
 STAMP = "2026-12-02T12:00:00.000000000Z"
 FATAL = "(EngineCore pid=7) ERROR 12-02 12:00:00 [core.py:701] EngineCore encountered a fatal error."
 # PyTorch's OOM: the exception that ends a traceback of the engine core (two lines, frames left out).
-OOM = "(EngineCore pid=7) Traceback (most recent call last):\n(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of"
+OOM = (
+    "(EngineCore pid=7) Traceback (most recent call last):\n"
+    "(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+)
 RESTART = "(APIServer pid=8) INFO 12-02 12:00:05 [api_server.py:1000] vLLM server version 0.32.0, serving model m"
 
 
