@@ -399,6 +399,8 @@ class ReadStats:
     read_errors: int = 0  # failed reads (vanished file, permission, journalctl error)
     lines_truncated: int = 0  # lines longer than the reader's limit, cut
     lines_malformed: int = 0  # lines not in the source's format (a CRI line without its header)
+    # Lines let go unread: more came than the poller took (a flood). None: a reader that never lets one go.
+    lines_dropped: int | None = None
     last_error: str = ""
     files_followed: int | None = None  # files its pattern matches, after the last poll (None: not a file source)
 
@@ -414,6 +416,7 @@ class EventSourceHealth:
     read_errors: int = 0
     lines_truncated: int = 0
     lines_malformed: int = 0
+    lines_dropped: int | None = None  # None: its reader never lets a line go (only the API's log readers do)
     files: int | None = None  # the files it follows now (file and pod log sources; None for the others)
 
 

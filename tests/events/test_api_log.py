@@ -91,14 +91,60 @@ def test_a_damaged_position_is_refused_and_the_log_read_as_if_none_was_saved(sta
 
 
 def test_what_the_poller_has_not_taken_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over the budget, lines are let go down to half of it (so that a flood asks of each line once), the oldest
+    first, and counted."""
     monkeypatch.setattr("oomguard.events.api_log.MAX_HELD_BYTES", 20)
     reader = ApiLogReader(from_start=True)
     for i in range(5):
-        reader.offer(f"2026-12-05T12:00:0{i}Z line {i}")  # 6 characters each: 3 fit
-    assert reader.poll() == ["line 2", "line 3", "line 4"]
-    assert reader.stats.lines_truncated == 2
+        reader.offer(f"2026-12-05T12:00:0{i}Z line {i}")  # 6 characters each: over 20 at the 4th, down to 10
+    assert reader.poll() == ["line 3", "line 4"]
+    assert reader.stats.lines_dropped == 3
     reader.offer("2026-12-05T12:00:06Z line 6")
     assert reader.poll() == ["line 6"]  # the count starts afresh after a poll
+
+
+def test_the_lines_that_could_count_are_let_go_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("oomguard.events.api_log.MAX_HELD_BYTES", 40)
+    asked: list[str] = []
+
+    def keep(line: str) -> bool:
+        asked.append(line)
+        return line.startswith("OOM")
+
+    reader = ApiLogReader(from_start=True, keep=keep)
+    for i, text in enumerate(["noise 0", "OOM 1", "noise 2", "noise 3", "OOM 4", "noise 5", "noise 6", "OOM 7"]):
+        reader.offer(f"2026-12-05T12:00:0{i}Z {text}")
+    assert reader.poll() == ["OOM 1", "OOM 4", "noise 6", "OOM 7"]
+    assert reader.stats.lines_dropped == 4
+    assert len(asked) == len(set(asked)), "each line asked once"
+    # Only lines that could count, over the budget: the oldest of them go (no engine writes that many at once).
+    for i in range(9):  # 5 characters each: 45 over 40
+        reader.offer(f"2026-12-05T12:01:0{i}Z OOM {i}")
+    assert reader.poll() == [f"OOM {i}" for i in range(1, 9)]
+
+
+def test_a_flood_of_long_request_lines_does_not_push_out_the_oom(tmp_path) -> None:
+    """The issue's measurement: 40 lines of 64 KiB (request logging of long prompts) around one OOM traceback,
+    all within one poll: 25 lines were cut, the OOM among them, cuda_oom 0. Now the OOM counts, once."""
+    from oomguard.config import EventsConfig, TargetConfig
+    from oomguard.events.registry import SavedState, pod_api_log
+
+    target = TargetConfig(url="http://10.0.0.1:8000", name="llm/vllm-0", engine="vllm")
+    log, reader = pod_api_log(target, EventsConfig(), SavedState(), ("llm", "vllm-0", "vllm"), from_start=True)
+    head = "(APIServer pid=1) INFO 12-05 12:00:01 [logger.py:39] Received request cmpl-1: prompt: "
+    request = head + repr("torch.OutOfMemoryError: CUDA out of memory " * 1600)[: 64 * 1024 - len(head)]
+    oom = [
+        "(EngineCore pid=7) ERROR 12-05 12:00:01 [core.py:701] EngineCore encountered a fatal error.",
+        "(EngineCore pid=7) ERROR 12-05 12:00:01 [core.py:701] Traceback (most recent call last):",
+        '(EngineCore pid=7) ERROR 12-05 12:00:01 [core.py:701]   File "vllm/v1/engine/core.py", line 701',
+        "(EngineCore pid=7) ERROR 12-05 12:00:01 [core.py:701] torch.OutOfMemoryError: CUDA out of memory.",
+    ]
+    for i, line in enumerate([request] * 20 + oom + [request] * 20):
+        reader.offer(f"2026-12-05T12:00:01.{i:09d}Z {line}")
+    kinds = [e.kind for e in log.poll(100.0)] + [e.kind for e in log.poll(200.0)]
+    assert kinds == ["cuda_oom"]
+    health = log.health()
+    assert health.lines_dropped > 0 and health.lines_read == 44
 
 
 def test_the_saved_position_is_the_last_line_the_poller_took() -> None:

@@ -18,15 +18,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from oomguard.model import ReadStats
 
-# What is held for the poller, which takes it every poll (0.5 s): beyond this, the oldest lines are dropped and
-# counted (the poller is stuck, or a tenant's engine logs faster than it can be read). Lines are at most 64 KiB
-# (sources/kubernetes/pod_logs.py), so 500 followed containers hold at most 500 MiB in the worst case, and a few KB
-# each in the usual one.
+# What is held for the poller, which takes it every poll (0.5 s): beyond this, lines are let go and counted (the
+# poller is stuck, or the engine logs faster than it can be read: long prompts with request logging on). The lines
+# that could count are kept first (`keep`, the detector's `may_count`): an OOM line in a flood of 64 KiB request
+# lines is not pushed out by them. Lines are at most 64 KiB (sources/kubernetes/pod_logs.py), so 500 followed
+# containers hold at most 500 MiB in the worst case, and a few KB each in the usual one.
 MAX_HELD_BYTES = 1024 * 1024
 
 
@@ -55,13 +57,20 @@ def since_time(at: tuple[int, int]) -> str:
 class ApiLogReader:
     """The lines of one pod's engine container, from the API; a `LineReader` (events/source.py)."""
 
-    def __init__(self, *, state: dict[str, Any] | None = None, from_start: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        state: dict[str, Any] | None = None,
+        from_start: bool = False,
+        keep: Callable[[str], bool] | None = None,
+    ) -> None:
         """`from_start`: a pod that came while we watched, its log read whole; else (a pod found at start, without
         a saved position) from now on, as a file is followed from its end (what it logged before may be counted
-        already)."""
-        self.stats = ReadStats(files_followed=1)
+        already). `keep`: whether a line could count, kept first when lines must be let go (None: none)."""
+        self.stats = ReadStats(files_followed=1, lines_dropped=0)
+        self.keep = keep
         self._lock = threading.Lock()
-        self._held: deque[str] = deque()
+        self._held: deque[list[Any]] = deque()  # [line, could it count (None: not asked yet)]
         self._held_bytes = 0
         self._seen_again = 0  # lines at the stream's starting position seen again in it
         self.last: tuple[int, int] | None = None if from_start else (int(time.time()), 0)  # the newest taken
@@ -95,14 +104,34 @@ class ApiLogReader:
                 self.last, self.same = at, 1
             elif at == self.last:
                 self.same += 1
-            self._held.append(message)
+            self._held.append([message, None])
             self._held_bytes += len(message)
-            while self._held_bytes > MAX_HELD_BYTES:
-                self._held_bytes -= len(self._held.popleft())
-                self.stats.lines_truncated += 1
+            if self._held_bytes > MAX_HELD_BYTES:
+                self._let_go()
             self.stats.lines_read += 1
             self.stats.bytes_read += len(line) + 1
             return True
+
+    def _let_go(self) -> None:
+        """Down to half the budget (so that a flood asks `keep` of each line once, not at every line), the oldest
+        lines that could not count first; then, only if those that could are over the budget (no engine writes a
+        megabyte of them between two polls), the oldest of them."""
+        excess = self._held_bytes - MAX_HELD_BYTES // 2
+        kept: deque[list[Any]] = deque()
+        for held in self._held:
+            if excess > 0:
+                if held[1] is None:
+                    held[1] = self.keep is not None and self.keep(held[0])
+                if not held[1]:
+                    excess -= len(held[0])
+                    self._held_bytes -= len(held[0])
+                    self.stats.lines_dropped += 1  # type: ignore[operator]
+                    continue
+            kept.append(held)
+        while self._held_bytes > MAX_HELD_BYTES and kept:
+            self._held_bytes -= len(kept.popleft()[0])
+            self.stats.lines_dropped += 1  # type: ignore[operator]
+        self._held = kept
 
     def _repeat(self, at: tuple[int, int]) -> bool:
         """Taken before this stream: older than the position it resumed from, or one of the lines taken at exactly
@@ -133,7 +162,7 @@ class ApiLogReader:
     # -- the runner's side (its thread) ----------------------------------------------------------------------
     def poll(self) -> list[str]:
         with self._lock:
-            lines, self._held, self._held_bytes = list(self._held), deque(), 0
+            lines, self._held, self._held_bytes = [held[0] for held in self._held], deque(), 0
             self._polled = (self.last, self.same)
         return lines
 

@@ -31,7 +31,7 @@ from typing import Any
 from oomguard.engines.base import LogGrammar
 from oomguard.events.catalogue import Pattern
 from oomguard.events.kinds import LOG_EVENT_KINDS, STARTUP
-from oomguard.events.records import EXCEPTION, RECORD, Line, RecordReader
+from oomguard.events.records import EXCEPTION, OUTSIDE, RECORD, Line, RecordReader
 from oomguard.model import Event
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,19 @@ class IncidentDetector:
         else:
             found = []
         return read, found
+
+    def may_count(self, line: str) -> bool:
+        """Whether `line` could count, read alone (a traceback's exception depends on the lines before it): a reader
+        that must let lines go keeps these. Keeps no state: safe from any thread."""
+        parsed, _, _ = self._records.parse(line)
+        if parsed.role == OUTSIDE:
+            return False
+        message = parsed.message
+        if self._records.opens_traceback(message) or any(p.regex.match(message) for p in self._at_exception):
+            return True
+        return parsed.role == RECORD and any(
+            p.regex.match(message) and (p.source is None or p.source.fullmatch(parsed.source)) for p in self._at_record
+        )
 
     def feed(self, line: str, now: float) -> list[Event]:
         read, kinds = self.kinds(line)

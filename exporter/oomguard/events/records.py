@@ -64,7 +64,9 @@ class RecordReader:
         # process tag -> (_IN or _AFTER, the header of the traceback's first line)
         self._tracebacks: dict[str, tuple[int, str]] = {}
 
-    def read(self, line: str) -> Line:
+    def parse(self, line: str) -> tuple[Line, bool, str]:
+        """`line` read alone, without the tracebacks in progress: its role as a record (RECORD, OUTSIDE or RAW),
+        whether it had a header, and that header. Keeps no state: safe from any thread."""
         head = line[:HEAD_BYTES]
         tag, pos = "", 0
         if self._tag is not None and (m := self._tag.match(head)):
@@ -75,9 +77,18 @@ class RecordReader:
                 headed, pos = True, m.end()
                 source = m.groupdict().get("source") or ""
                 break
-        message, header = line[pos:], line[len(tag) : pos]
-        if self._is_outside(message, source):
-            return Line(OUTSIDE, message, source, tag)
+        message = line[pos:]
+        role = OUTSIDE if self._is_outside(message, source) else RECORD if headed else RAW
+        return Line(role, message, source, tag), headed, line[len(tag) : pos]
+
+    def opens_traceback(self, message: str) -> bool:
+        return self._opens.match(message) is not None
+
+    def read(self, line: str) -> Line:
+        parsed, headed, header = self.parse(line)
+        if parsed.role == OUTSIDE:
+            return parsed
+        message, source, tag = parsed.message, parsed.source, parsed.tag
         state, opened_with = self._tracebacks.get(tag, (None, ""))
         if headed and state is not None and header != opened_with:
             # Another record of the same process: a traceback being read waits for its next line; one whose

@@ -122,7 +122,9 @@ def pod_api_log(
     source = f"k8s-log:{namespace}/{name}/{container}"
     state = saved.of(target.label, source)
     reader = ApiLogReader(state=state.get(POSITIONS), from_start=from_start or events.from_start)
-    return log_source(target, events, source, reader, state), reader
+    log = log_source(target, events, source, reader, state)
+    reader.keep = log.detector.may_count  # in a flood, the lines that could count are the last let go
+    return log, reader
 
 
 def cgroup(target: TargetConfig, events: EventsConfig, saved: SavedState) -> list[EventSource]:

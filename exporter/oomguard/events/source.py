@@ -71,6 +71,7 @@ def source_health(source: EventSource, stats: ReadStats, read_errors: int = 0) -
         read_errors=stats.read_errors + read_errors,
         lines_truncated=stats.lines_truncated,
         lines_malformed=stats.lines_malformed,
+        lines_dropped=stats.lines_dropped,
         files=stats.files_followed,
     )
 

@@ -152,6 +152,16 @@ EVENT_SOURCE_LINES_MALFORMED = metric(
     "Lines not in the source's format (a Kubernetes log line without its CRI header), read as they are.",
     presence=CONDITIONAL,
 )
+EVENT_SOURCE_LINES_DROPPED = metric(
+    SECTION,
+    "event_source_lines_dropped",
+    "counter",
+    "",
+    "target source",
+    "Lines let go unread because more came than the poller took (a flood of a pod's log through the API); the lines "
+    "that could count are kept first.",
+    presence=CONDITIONAL,
+)
 EVENT_SOURCE_FILES = metric(
     SECTION,
     "event_source_files",
@@ -195,7 +205,8 @@ METRICS = (
     TARGET_EVENTS, TARGET_LAST_EVENT_TIMESTAMP_SECONDS, TARGET_RESTARTS, TARGET_LAST_RESTART_TIMESTAMP_SECONDS,
     TARGET_STARTUP_SECONDS, TARGET_PROBE_GRACE_SECONDS, HOST_EVENTS, HOST_LAST_EVENT_TIMESTAMP_SECONDS, GPU_EVENTS,
     GPU_LAST_EVENT_TIMESTAMP_SECONDS, EVENT_SOURCE_LINES_READ, EVENT_SOURCE_BYTES_BEHIND, EVENT_SOURCE_READ_ERRORS,
-    EVENT_SOURCE_READ_BYTES, EVENT_SOURCE_LINES_TRUNCATED, EVENT_SOURCE_LINES_MALFORMED, EVENT_SOURCE_FILES,
+    EVENT_SOURCE_READ_BYTES, EVENT_SOURCE_LINES_TRUNCATED, EVENT_SOURCE_LINES_MALFORMED, EVENT_SOURCE_LINES_DROPPED,
+    EVENT_SOURCE_FILES,
     EVENT_STATE_WRITE_ERRORS, EVENT_STATE_READ_ERRORS, GPU_EVENT_READ_ERRORS,
 )  # fmt: skip
 
@@ -211,6 +222,8 @@ def add(out: Exposition, snapshot: Snapshot) -> None:
         out.add(EVENT_SOURCE_READ_BYTES, labels, float(health.bytes_read))
         out.add(EVENT_SOURCE_LINES_TRUNCATED, labels, float(health.lines_truncated))
         out.add(EVENT_SOURCE_LINES_MALFORMED, labels, float(health.lines_malformed))
+        if health.lines_dropped is not None:
+            out.add(EVENT_SOURCE_LINES_DROPPED, labels, float(health.lines_dropped))
         if health.files is not None:
             out.add(EVENT_SOURCE_FILES, labels, float(health.files))
     for target in snapshot.targets:
