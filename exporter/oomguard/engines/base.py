@@ -88,6 +88,10 @@ class Knobs:
         return self.reservation.flag, self.tensor_parallel_flag
 
 
+# The time of day in a record header, as events/records.py reads it (with `year`, `month` and `day` beside it).
+HEADER_CLOCK = r"(?P<hour>\d\d):(?P<minute>\d\d):(?P<second>\d\d)(?:\.(?P<fraction>\d+))?"
+
+
 @dataclass(frozen=True, slots=True)
 class LogGrammar:
     """How an engine writes its own log records, so that only they count (events/records.py reads lines with it).

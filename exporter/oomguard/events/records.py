@@ -23,6 +23,7 @@ short one, and a header's regex cannot be made to backtrack over a megabyte.
 
 from __future__ import annotations
 
+import calendar
 import re
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ class Line:
     source: str = ""  # the header's logger or source file, "" for none
     tag: str = ""  # the process tag, "" for none
     in_traceback: bool = False  # a line of a traceback (its first line included): keeps an open incident open
+    stamp: float | None = None  # the time the engine wrote in the header, in seconds (for intervals only), or None
 
 
 class RecordReader:
@@ -71,15 +73,17 @@ class RecordReader:
         tag, pos = "", 0
         if self._tag is not None and (m := self._tag.match(head)):
             tag, pos = m.group(), m.end()
-        source, headed = "", False
+        source, headed, stamp = "", False, None
         for header in self._headers:
             if m := header.match(head, pos):
                 headed, pos = True, m.end()
-                source = m.groupdict().get("source") or ""
+                groups = m.groupdict()
+                source = groups.get("source") or ""
+                stamp = engine_stamp(groups)
                 break
         message = line[pos:]
         role = OUTSIDE if self._is_outside(message, source) else RECORD if headed else RAW
-        return Line(role, message, source, tag), headed, line[len(tag) : pos]
+        return Line(role, message, source, tag, stamp=stamp), headed, line[len(tag) : pos]
 
     def opens_traceback(self, message: str) -> bool:
         return self._opens.match(message) is not None
@@ -88,7 +92,7 @@ class RecordReader:
         parsed, headed, header = self.parse(line)
         if parsed.role == OUTSIDE:
             return parsed
-        message, source, tag = parsed.message, parsed.source, parsed.tag
+        message, source, tag, stamp = parsed.message, parsed.source, parsed.tag, parsed.stamp
         state, opened_with = self._tracebacks.get(tag, (None, ""))
         if headed and state is not None and header != opened_with:
             # Another record of the same process: a traceback being read waits for its next line; one whose
@@ -99,17 +103,17 @@ class RecordReader:
         if self._opens.match(message):
             self._set(tag, _IN, header)
             # A record that opens a traceback ("Scheduler hit an exception: Traceback ...") is still a record.
-            return Line(RECORD if headed else TRACEBACK, message, source, tag, in_traceback=True)
+            return Line(RECORD if headed else TRACEBACK, message, source, tag, True, stamp)
         if state == _IN:
             if not message or message[0].isspace():
-                return Line(TRACEBACK, message, source, tag, in_traceback=True)  # a frame, its source line, a note
+                return Line(TRACEBACK, message, source, tag, True, stamp)  # a frame, its source line, a note
             self._set(tag, _AFTER, opened_with)
-            return Line(EXCEPTION, message, source, tag, in_traceback=True)
+            return Line(EXCEPTION, message, source, tag, True, stamp)
         if state == _AFTER:
             if not message.strip() or _CHAIN.match(message):
-                return Line(TRACEBACK, message, source, tag, in_traceback=True)
+                return Line(TRACEBACK, message, source, tag, True, stamp)
             del self._tracebacks[tag]
-        return Line(RECORD if headed else RAW, message, source, tag)
+        return parsed
 
     # -- persistence: a traceback cut by a restart of the exporter still ends in its exception
     def state(self) -> dict[str, str]:
@@ -136,6 +140,21 @@ class RecordReader:
         self._tracebacks[tag] = (state, header)
         if len(self._tracebacks) > MAX_PROCESSES:
             del self._tracebacks[next(iter(self._tracebacks))]
+
+
+def engine_stamp(groups: dict[str, str | None]) -> float | None:
+    """The time in a header's named groups (`year` where the engine writes it, `month`, `day`, `hour`, `minute`,
+    `second`, `fraction`), in seconds; None where it has none. Only its intervals are used, so the engine's time zone
+    does not matter; without a year, a leap year is assumed (an interval across New Year's Eve is not one)."""
+    if groups.get("second") is None:
+        return None
+    try:
+        when = (int(groups.get("year") or 2000), int(groups["month"] or 0), int(groups["day"] or 0),
+                int(groups["hour"] or 0), int(groups["minute"] or 0), int(groups["second"] or 0))  # fmt: skip
+        fraction = groups.get("fraction") or ""
+        return calendar.timegm((*when, 0, 0, 0)) + (int(fraction[:9]) / 10 ** len(fraction[:9]) if fraction else 0.0)
+    except (ValueError, OverflowError):  # month 13: no time
+        return None
 
 
 __all__ = ["EXCEPTION", "OUTSIDE", "RAW", "RECORD", "TRACEBACK", "Line", "RecordReader"]

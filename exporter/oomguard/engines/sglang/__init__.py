@@ -1,6 +1,6 @@
 """SGLang: its /metrics reader, its reservation from /server_info, its log lines, its simulator, its families."""
 
-from oomguard.engines.base import EnginePlugin, FamilyRow, Knob, Knobs, LogGrammar
+from oomguard.engines.base import HEADER_CLOCK, EnginePlugin, FamilyRow, Knob, Knobs, LogGrammar
 from oomguard.engines.sglang import cmdline
 from oomguard.engines.sglang.reader import SglangReader
 from oomguard.engines.sglang.settings import mem_fraction_static
@@ -12,7 +12,11 @@ PLUGIN = EnginePlugin(
     package=__name__,
     log_grammar=LogGrammar(
         # "[2025-06-01 12:00:00 TP0] " (the ranks where used: DP, PP, EP); a traceback's lines after the first are raw.
-        headers=(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?: (?P<source>[A-Z]+\d+(?: [A-Z]+\d+)*))?\] ",),
+        headers=(
+            r"\[(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d) "
+            + HEADER_CLOCK
+            + r"(?: (?P<source>[A-Z]+\d+(?: [A-Z]+\d+)*))?\] ",
+        ),
         outside=(
             r"(?:Receive|Finish): obj=",  # --log-requests: the request object, its text and sampling params
             r'(?:(?:INFO|WARNING|ERROR|DEBUG):\s+)?[^\s"]+ - "',  # uvicorn's access log

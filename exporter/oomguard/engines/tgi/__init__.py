@@ -1,6 +1,6 @@
 """Hugging Face TGI (in maintenance mode upstream): its /metrics reader, its log lines, its families."""
 
-from oomguard.engines.base import EnginePlugin, FamilyRow, Knob, Knobs, LogGrammar
+from oomguard.engines.base import HEADER_CLOCK, EnginePlugin, FamilyRow, Knob, Knobs, LogGrammar
 from oomguard.engines.tgi import cmdline
 from oomguard.engines.tgi.reader import TgiReader
 
@@ -14,7 +14,7 @@ PLUGIN = EnginePlugin(
         # fields print nested braces ("generate{parameters=GenerateParameters { ... }}"), which the header
         # refuses: a request's line is no record of the engine's own.
         headers=(
-            r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z +(?:TRACE|DEBUG|INFO|WARN|ERROR) "
+            r"(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)T" + HEADER_CLOCK + r"Z +(?:TRACE|DEBUG|INFO|WARN|ERROR) "
             r"(?P<source>(?:[\w-]+(?:\{[^{}]*\})?: ?)*[a-z_][\w]*(?:::\w+)*): (?:[\w./-]+\.rs:\d+: )?",
         ),
         # The spans of a request (generate, chat_completions, ...): their fields hold the user's parameters.

@@ -1,6 +1,6 @@
 """Triton Inference Server with the TensorRT-LLM backend: its /metrics reader, its log lines, its families."""
 
-from oomguard.engines.base import EnginePlugin, FamilyRow, LogGrammar
+from oomguard.engines.base import HEADER_CLOCK, EnginePlugin, FamilyRow, LogGrammar
 from oomguard.engines.triton import cmdline
 from oomguard.engines.triton.reader import TritonReader
 
@@ -12,7 +12,7 @@ PLUGIN = EnginePlugin(
     log_grammar=LogGrammar(
         headers=(
             # glog: 'E0305 19:29:57.029880 119 backend_model.cc:634] ', the message quoted from 24.x on.
-            r'[IWEF]\d{4} [\d:.]+ +\d+ (?P<source>[\w.]+):\d+\] "?',
+            r"[IWEF](?P<month>\d\d)(?P<day>\d\d) " + HEADER_CLOCK + r' +\d+ (?P<source>[\w.]+):\d+\] "?',
             r"\[TensorRT-LLM\]\[(?:ERROR|WARNING|INFO|DEBUG|VERBOSE)\] ",  # TensorRT-LLM's own logger
         ),
         # --log-verbose: each request's path (with the model's name) and its inputs.

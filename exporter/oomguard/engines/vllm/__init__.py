@@ -1,6 +1,6 @@
 """vLLM: its /metrics reader (V0 and V1 names), its log lines, its simulator, its families."""
 
-from oomguard.engines.base import EnginePlugin, FamilyRow, Knob, Knobs, LogGrammar
+from oomguard.engines.base import HEADER_CLOCK, EnginePlugin, FamilyRow, Knob, Knobs, LogGrammar
 from oomguard.engines.vllm import cmdline
 from oomguard.engines.vllm.reader import VllmReader
 
@@ -16,7 +16,7 @@ PLUGIN = EnginePlugin(
             # vLLM's logger: "ERROR 05-01 12:00:00 [core.py:701] ", older "ERROR 05-01 12:00:00 core.py:701] ".
             # The file is a path from 0.11 or so ("[v1/engine/core.py:701]", "[entrypoints/.../api_utils.py:347]"):
             # `source` is its last part.
-            r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+            r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<month>\d\d)-(?P<day>\d\d) " + HEADER_CLOCK + r" "
             r"\[?(?:[\w.-]*/)*(?P<source>[\w.-]+):\d+\] ",
             r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|TRACE):\s+",  # uvicorn's: "INFO:     "
         ),
