@@ -101,35 +101,47 @@ class IncidentDetector:
         )
 
     def feed(self, line: str, now: float) -> list[Event]:
+        """One line, written at `now` (its own time where it has one: LogSource's clock)."""
         read, kinds = self.kinds(line)
+        return self.judge(read, kinds, now)
+
+    def judge(self, read: Line, kinds: list[str], now: float) -> list[Event]:
+        """A line `kinds` read, at `now`: first what the time since the last line closed or re-armed (a backlog
+        read at once is judged as it was written), then the line."""
+        events = self.tick(now)
         if not kinds:
             if self.open is not None and read.in_traceback:
                 self.open.last_line_at = now  # a traceback flushed slowly is still one
-            return []
+            return events
         if STARTUP in kinds:
-            events = self.close()
+            events += self.close()
             self.dead_until_startup = None
             pid = STARTUP_PID.search(read.tag) or STARTUP_PID.search(read.message[:200])
             self.starts.append((now, int(pid.group(1)) if pid else None))
             return events
         if self.dead_until_startup is not None:
             self.dead_until_startup = now  # more of the death already counted
-            return []
+            return events
         if self.open is None:
             self.open = Incident(started_at=now, last_line_at=now)
         self.open.last_line_at = now
         self.open.kinds.extend(k for k in kinds if k not in self.open.kinds)
-        return []
+        return events
 
     def tick(self, now: float) -> list[Event]:
-        if self.dead_until_startup is not None and now - self.dead_until_startup >= self.rearm_seconds:
-            self.dead_until_startup = None
+        events: list[Event] = []
         if self.open is not None and now - self.open.last_line_at >= self.quiet_seconds:
             last = self.open.last_line_at
             events = self.close()
             self.dead_until_startup = last
-            return events
-        return []
+        if self.dead_until_startup is not None and now - self.dead_until_startup >= self.rearm_seconds:
+            self.dead_until_startup = None
+        return events
+
+    def saved_times(self) -> list[float]:
+        """The times the open incident and the death already counted hold (what the log's clock goes on from)."""
+        times = [] if self.open is None else [self.open.last_line_at]
+        return times + ([] if self.dead_until_startup is None else [self.dead_until_startup])
 
     def take_starts(self) -> list[Event]:
         """The engine's starts read since the last call, as `startup` events: not counted as events, they tell the

@@ -65,8 +65,10 @@ def log_source(
         quiet_seconds=events.quiet_seconds,
         rearm_seconds=events.rearm_seconds,
     )
-    detector.restore(saved.get(INCIDENTS))
-    return LogSource(target.label, name, reader, detector)
+    incidents = saved.get(INCIDENTS)
+    detector.restore(incidents)
+    clock = incidents.get("clock") if isinstance(incidents, dict) else None
+    return LogSource(target.label, name, reader, detector, clock)
 
 
 def file_logs(target: TargetConfig, events: EventsConfig, saved: SavedState) -> list[EventSource]:

@@ -39,6 +39,7 @@ from oomguard.config import Config
 from oomguard.events.followed import STATE_VERSION, FollowedFile
 from oomguard.events.kill_owners import KillOwners
 from oomguard.events.kinds import CGROUP_OOM_KILL, KERNEL_OOM_KILL, STARTUP, XID
+from oomguard.events.log_clock import is_time
 from oomguard.events.records import MAX_PROCESSES
 from oomguard.events.registry import COUNTS, GPU_COUNTS, SavedState, build_sources
 from oomguard.events.scan import kind
@@ -68,9 +69,19 @@ class EventsView:
 
 
 class EventRunner:
-    def __init__(self, config: Config, *, clock: Callable[[], float] = time.time, nvml: Any = None) -> None:
-        """`nvml`: the NVML library (pynvml, or the simulation's) whose XID events are a source; None for none."""
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
+        nvml: Any = None,
+    ) -> None:
+        """`clock` stamps events; `monotonic` is what the intervals a source judges run on (its quiet spells), by
+        default time.monotonic, or `clock` where that is not time.time (a test's clock stands for both).
+        `nvml`: the NVML library (pynvml, or the simulation's) whose XID events are a source; None for none."""
         self.clock = clock
+        self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
         self.state_path = Path(config.state_dir) / STATE_FILE if config.state_dir else None
         self.has_state = self.state_path is not None
         self.state_read_errors = 0  # a state file found unreadable at start (set aside as *.corrupt)
@@ -81,6 +92,7 @@ class EventRunner:
         }
         self.xid, self.xid_last = _gpu_counts(saved.get(GPU_COUNTS, {}).get(XID, {}))
         self.sources: list[EventSource] = build_sources(config, self.saved, nvml)
+        self._give_clock(self.sources)
         self.state_write_errors = 0
         self._failures = [0] * len(self.sources)  # polls that raised (a bug): counted as read errors
         self._states = [source.state() for source in self.sources]  # as last saved or seen
@@ -125,11 +137,17 @@ class EventRunner:
                     except Exception:
                         log.exception("event source %s of %r failed to close", source.name, target)
             new = [s for s in sources if s not in self.sources]
+            self._give_clock(new)
             self.sources = [self.sources[i] for i in kept] + new
             self._failures = [self._failures[i] for i in kept] + [0] * len(new)
             self._states = [self._states[i] for i in kept] + [s.state() for s in new]
             self._save()
             self._publish()
+
+    def _give_clock(self, sources: list[EventSource]) -> None:
+        for source in sources:
+            if hasattr(source, "monotonic"):
+                source.monotonic = self.monotonic  # type: ignore[attr-defined]
 
     def _poll(self) -> None:
         changed = False
@@ -389,7 +407,13 @@ def _check_incident(key: str, entry: dict[str, Any]) -> None:
     """An incident detector's: {"open": null or [started, last line, [kind, ...]], "dead_until_startup": null or T,
     "tracebacks": {process tag: header} (absent: none)}."""
     incident, dead, tracebacks = entry.get("open"), entry.get("dead_until_startup"), entry.get("tracebacks", {})
+    clock = entry.get("clock", {})
     ok = dead is None or _time(dead)
+    ok = (
+        ok
+        and isinstance(clock, dict)
+        and all(k in ("at", "transport", "engine") and is_time(v) for k, v in clock.items())
+    )
     ok = ok and isinstance(tracebacks, dict) and len(tracebacks) <= MAX_PROCESSES
     ok = ok and all(isinstance(t, str) and isinstance(v, str) for t, v in tracebacks.items())
     if incident is not None:

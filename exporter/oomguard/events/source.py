@@ -13,10 +13,12 @@ the layout the state file has always had.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Protocol
 
 from oomguard.events.detector import IncidentDetector
 from oomguard.events.kinds import LOG_EVENT_KINDS
+from oomguard.events.log_clock import LogClock
 from oomguard.model import Event, EventSourceHealth, ReadStats
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,9 @@ class EventSource(Protocol):
 
 
 class LineReader(Protocol):
-    """The lines of one log: a file follower, journald, Kubernetes pod logs."""
+    """The lines of one log: a file follower, journald, Kubernetes pod logs. A reader whose transport stamps each
+    line (CRI, journald, the API) also keeps `stamps`: those of the lines its last poll returned, in Unix seconds,
+    one for each line (None where a line has none)."""
 
     stats: ReadStats
 
@@ -95,22 +99,49 @@ class LogSource:
 
     kinds: tuple[str, ...] = LOG_EVENT_KINDS
 
-    def __init__(self, target: str, name: str, reader: LineReader, detector: IncidentDetector) -> None:
+    def __init__(
+        self, target: str, name: str, reader: LineReader, detector: IncidentDetector, clock: Any = None
+    ) -> None:
+        """`clock`: the log clock's saved state (log_clock.py), None for none."""
         self.target = target
         self.name = name
         self.reader = reader
         self.detector = detector
-        self._now = 0.0  # the time of the last poll
+        self.monotonic = time.monotonic  # what intervals run on: the runner gives its own
+        self._saved_clock = clock
+        self.clock: LogClock | None = None  # made at the first poll, from the runner's wall clock
         self._report = ErrorReport()
         self._said_empty = False  # said once that its pattern matches no file
 
     def poll(self, now: float) -> list[Event]:
-        self._now = now
+        mono = self.monotonic()
+        clock = self._clock(now, mono)
         lines = self.reader.poll()
         self._report(self, self.reader.stats.last_error)
         self._say_when_empty(self.reader.stats.files_followed)
-        events = [event for line in lines for event in self.detector.feed(line, now)]
-        return events + self.detector.tick(now) + self.detector.take_starts()
+        events = self._feed(lines, getattr(self.reader, "stamps", None), mono)
+        if not self.reader.stats.bytes_behind:
+            clock.caught_up(now, mono)
+        return events + self.detector.tick(clock.now(mono)) + self.detector.take_starts()
+
+    def _clock(self, wall: float, mono: float) -> LogClock:
+        if self.clock is None:
+            saved = self._saved_clock
+            if saved is None and (times := self.detector.saved_times()):
+                saved = {"at": max(times)}  # a state file from before the clock was saved: go on from its incident
+            self.clock = LogClock(wall, mono, saved)
+        return self.clock
+
+    def _feed(self, lines: list[str], stamps: list[float | None] | None, mono: float) -> list[Event]:
+        """Each line judged at its own time (log_clock.py): its transport's stamp, else its header's, else now."""
+        clock = self._clock(time.time(), mono)
+        if stamps is None or len(stamps) != len(lines):
+            stamps = [None] * len(lines)
+        events: list[Event] = []
+        for line, stamp in zip(lines, stamps, strict=True):
+            read, kinds = self.detector.kinds(line)
+            events += self.detector.judge(read, kinds, clock.line(mono, stamp, read.stamp))
+        return events
 
     def _say_when_empty(self, files: int | None) -> None:
         """A pattern that matches no file counts nothing, silently: say so once (a typo is the usual cause), and
@@ -130,8 +161,13 @@ class LogSource:
         return source_health(self, self.reader.stats)
 
     def state(self) -> dict[str, Any]:
-        return {POSITIONS: self.reader.state(), INCIDENTS: self.detector.state()}
+        incidents = self.detector.state()
+        if self.clock is not None:
+            incidents = {**(incidents or {}), "clock": self.clock.state()}
+        elif self._saved_clock is not None:
+            incidents = {**(incidents or {}), "clock": self._saved_clock}
+        return {POSITIONS: self.reader.state(), INCIDENTS: incidents}
 
     def close(self) -> list[Event]:
         held = self.reader.close() or []
-        return [event for line in held for event in self.detector.feed(line, self._now)]
+        return self._feed(held, getattr(self.reader, "stamps", None), self.monotonic())
