@@ -3,8 +3,6 @@ dropped and nothing else, the position saved and restored, a damaged one refused
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from oomguard.events.api_log import ApiLogReader, parse_timestamp, since_time
@@ -27,12 +25,12 @@ def lines(reader: ApiLogReader, *items: tuple[str, str]) -> list[bool]:
 
 def test_a_resumed_stream_repeats_its_last_second_and_only_that_is_dropped() -> None:
     reader = ApiLogReader(from_start=True)
-    assert reader.new_stream() is None  # a new pod's log: from its start
+    assert reader.new_stream() == {}  # a new pod's log: from its start
     assert lines(reader, ("2026-12-05T12:00:01.1Z", "a"), ("2026-12-05T12:00:02.5Z", "b"),
                  ("2026-12-05T12:00:02.5Z", "c")) == [True, True, True]  # fmt: skip
     assert reader.poll() == ["a", "b", "c"]
     # The stream drops; the next one starts at the second of the last line, which the API includes.
-    assert reader.new_stream() == "2026-12-05T12:00:02Z"
+    assert reader.new_stream() == {"sinceTime": "2026-12-05T12:00:02Z"}
     got = lines(
         reader,
         ("2026-12-05T12:00:02.1Z", "before b, seen"),
@@ -46,12 +44,45 @@ def test_a_resumed_stream_repeats_its_last_second_and_only_that_is_dropped() -> 
     assert reader.stats.lines_read == 5
 
 
-def test_a_pod_found_at_start_is_read_from_now() -> None:
+def test_a_pod_found_at_start_is_read_from_now_on_the_nodes_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now, as the node counts it: the last seconds (`sinceSeconds`), the seconds on the exporter's monotonic
+    clock, never its wall clock (an hour ahead of the node's, it read none of the pod's lines)."""
+    mono = [500.0]
+    monkeypatch.setattr("oomguard.events.api_log.time.monotonic", lambda: mono[0])
+    monkeypatch.setattr("oomguard.events.api_log.time.time", lambda: 1e10)  # the exporter's wall clock, far off
     reader = ApiLogReader(from_start=False)
-    since = reader.new_stream()
-    assert since is not None and abs(parse_timestamp(since)[0] - time.time()) < 5  # type: ignore[index]
-    old = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 3600)) + ".0Z"
-    assert lines(reader, (old, "an OOM an hour ago, perhaps counted already")) == [False]
+    assert reader.new_stream() == {"sinceSeconds": "1"}
+    mono[0] += 42.5  # the stream dropped before any line came: asked again for all it may have missed
+    assert reader.new_stream() == {"sinceSeconds": "43"}
+    assert lines(reader, ("2026-12-05T12:00:01Z", "a line an hour behind the exporter's clock")) == [True]
+    assert reader.new_stream() == {"sinceTime": "2026-12-05T12:00:01Z"}  # then from the node's own stamps
+
+
+def test_the_nodes_clock_stepping_back_loses_and_repeats_nothing() -> None:
+    """The node's clock steps back an hour: the lines after the step are taken in the same stream, and a stream
+    resumed after it neither repeats the lines from before the step (sent again first: their stamps are later)
+    nor loses those after it."""
+    reader = ApiLogReader(from_start=True)
+    reader.new_stream()
+    before = [("2026-12-05T13:00:00Z", "a"), ("2026-12-05T13:00:01Z", "b")]
+    after = [("2026-12-05T12:00:02Z", "OOM after the step"), ("2026-12-05T12:00:03Z", "c")]
+    assert lines(reader, *before, *after) == [True] * 4
+    assert reader.poll() == ["a", "b", "OOM after the step", "c"]
+    assert reader.state()["high"] == "2026-12-05T13:00:01.000000000Z"
+    # The stream drops; asked again from the last line's second, the API sends every line stamped at or after it:
+    # those before the step, then those after it.
+    assert reader.new_stream() == {"sinceTime": "2026-12-05T12:00:03Z"}
+    again = [*before, ("2026-12-05T12:00:03Z", "c"), ("2026-12-05T12:00:04Z", "d, new")]
+    assert lines(reader, *again) == [False, False, False, True]
+    # The same from a restarted exporter's saved position.
+    restarted = ApiLogReader(state={"last": "2026-12-05T12:00:03.000000000Z", "same": 1,
+                                    "high": "2026-12-05T13:00:01.000000000Z"})  # fmt: skip
+    restarted.new_stream()
+    assert lines(restarted, *again) == [False, False, False, True]
+    # Once the clock passes the step, nothing older comes again.
+    assert lines(reader, ("2026-12-05T13:00:02Z", "e")) == [True]
+    reader.poll()
+    assert "high" not in reader.state()
 
 
 def test_lines_without_a_timestamp_are_counted_malformed_not_taken() -> None:
@@ -68,7 +99,7 @@ def test_the_position_is_saved_and_restored() -> None:
     state = reader.state()
     assert state == {"last": "2026-12-05T12:00:02.500000000Z", "same": 2}
     again = ApiLogReader(state=state)  # an exporter restarted: not "from now", from where it was
-    assert again.new_stream() == "2026-12-05T12:00:02Z"
+    assert again.new_stream() == {"sinceTime": "2026-12-05T12:00:02Z"}
     assert lines(again, ("2026-12-05T12:00:02.5Z", "b"), ("2026-12-05T12:00:02.5Z", "c"),
                  ("2026-12-05T12:00:02.6Z", "new")) == [False, False, True]  # fmt: skip
 
@@ -87,7 +118,7 @@ def test_the_position_is_saved_and_restored() -> None:
 )
 def test_a_damaged_position_is_refused_and_the_log_read_as_if_none_was_saved(state: dict) -> None:
     reader = ApiLogReader(state=state, from_start=True)
-    assert reader.new_stream() is None
+    assert reader.new_stream() == {}
 
 
 def test_what_the_poller_has_not_taken_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,16 +5,26 @@ timestamp the API puts before it (`timestamps=true`: RFC 3339, nanoseconds), to 
 poll takes the lines in its thread, like a file follower's.
 
 Resuming without losing or repeating a line: a dropped stream is asked again from `sinceTime`, which the API
-takes in whole seconds and includes, so the new stream repeats the last second. The reader keeps the last
-timestamp it took and how many lines carried exactly it; a line older than that, or one of those already taken at
-it, is a repeat and is dropped. The position is saved with the other event state, so an exporter that restarts
-goes on from it. One position serves the engine container across its restarts: a container's lines are all later
-than its predecessor's (one node's clock), so the previous container's last lines (`previous=true`, where a
-crash's traceback is) and the new one's are each taken once, whichever is read first.
+takes in whole seconds and includes, so the new stream repeats the last second. The reader keeps the timestamp of
+the last line it took and how many lines carried exactly it; at the start of a resumed stream, a line older than
+that, or one of those already taken at it, is a repeat and is dropped; once a newer line came, nothing more is.
+The position is saved with the other event state, so an exporter that restarts goes on from it. One position
+serves the engine container across its restarts: a container's lines are all later than its predecessor's (one
+node's clock), so the previous container's last lines (`previous=true`, where a crash's traceback is) and the new
+one's are each taken once, whichever is read first.
+
+Every time here is the node's: the exporter's clock (an hour ahead, or behind) decides nothing. A pod found at
+start is read from now by asking for the lines of the last seconds (`sinceSeconds`, which the node counts back
+from its own clock), the seconds counted on the exporter's monotonic clock. A node's clock that steps back is
+followed: its lines are taken (they are new, whatever their stamps say), the position moves back with them, and
+`high` remembers the latest stamp before the step: a stream resumed from the stepped-back position is sent the
+lines from before the step again first (their stamps are later), and those, up to the stamps' jump back, are
+dropped as repeats.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -49,6 +59,11 @@ def parse_timestamp(text: str) -> tuple[int, int] | None:
     return int(seconds), int(fraction.ljust(9, "0")) if fraction else 0
 
 
+def rfc3339(at: tuple[int, int]) -> str:
+    """(Unix seconds, nanoseconds) as the API writes a time."""
+    return datetime.fromtimestamp(at[0], UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{at[1]:09d}Z"
+
+
 def since_time(at: tuple[int, int]) -> str:
     """The `sinceTime` that includes `at` (whole seconds, as the API takes it)."""
     return datetime.fromtimestamp(at[0], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -70,24 +85,31 @@ class ApiLogReader:
         self.stats = ReadStats(files_followed=1, lines_dropped=0)
         self.keep = keep
         self._lock = threading.Lock()
-        self._held: deque[list[Any]] = deque()  # [line, could it count (None: not asked yet)]
+        self._held: deque[list[Any]] = deque()  # [line, could it count (None: not asked yet), its time]
+        self.stamps: list[float | None] = []  # the time of each line the last poll returned (the node's clock)
         self._held_bytes = 0
         self._seen_again = 0  # lines at the stream's starting position seen again in it
-        self.last: tuple[int, int] | None = None if from_start else (int(time.time()), 0)  # the newest taken
+        self.last: tuple[int, int] | None = None  # the stamp of the last line taken
         self.same = 0  # lines taken at exactly `last`
+        self.high: tuple[int, int] | None = None  # the latest stamp taken before the node's clock stepped back
         if isinstance(state, dict):
             self._restore(state)  # a saved position goes on from where it was
+        # Without a position, a pod found at start is read from now: since when (time.monotonic()); None: whole.
+        self._from_now = None if from_start or self.last is not None else time.monotonic()
         self._resumed: tuple[tuple[int, int] | None, int] = (self.last, self.same)  # where this stream started
+        self._replay: tuple[int, int] | None = None  # this stream's lines up to it, before a jump back, are repeats
+        self._previous: tuple[int, int] | None = None  # the stamp of the line before, in this stream
         # The position of the last line the poller took: what is saved, so that lines held for the poller when
         # the exporter stops are read again by the next one, not skipped.
-        self._polled: tuple[tuple[int, int] | None, int] = (self.last, self.same)
+        self._polled: tuple[tuple[int, int] | None, int, tuple[int, int] | None] = (self.last, self.same, self.high)
 
     def _restore(self, state: dict[str, Any]) -> None:
-        last, same = state.get("last"), state.get("same")
+        last, same, high = state.get("last"), state.get("same"), state.get("high")
         if isinstance(last, str) and isinstance(same, int) and not isinstance(same, bool) and same >= 0:
             parsed = parse_timestamp(last)
             if parsed is not None:  # a damaged position: as if none was saved
                 self.last, self.same = parsed, same
+                self.high = parse_timestamp(high) if isinstance(high, str) else None
 
     # -- the stream's side (the event loop) ------------------------------------------------------------------
     def offer(self, line: str) -> bool:
@@ -98,13 +120,11 @@ class ApiLogReader:
             if at is None:
                 self.stats.lines_malformed += 1
                 return False
-            if self._repeat(at):
+            previous, self._previous = self._previous, at
+            if self._repeat(at, previous):
                 return False
-            if self.last is None or at > self.last:
-                self.last, self.same = at, 1
-            elif at == self.last:
-                self.same += 1
-            self._held.append([message, None])
+            self._take(at)
+            self._held.append([message, None, at[0] + at[1] / 1e9])
             self._held_bytes += len(message)
             if self._held_bytes > MAX_HELD_BYTES:
                 self._let_go()
@@ -133,22 +153,46 @@ class ApiLogReader:
             self.stats.lines_dropped += 1  # type: ignore[operator]
         self._held = kept
 
-    def _repeat(self, at: tuple[int, int]) -> bool:
-        """Taken before this stream: older than the position it resumed from, or one of the lines taken at exactly
-        that time (the first `same` of them that come again)."""
+    def _take(self, at: tuple[int, int]) -> None:
+        """The position follows the line taken, back too when the node's clock stepped back."""
+        if self.last is not None and at < self.last:
+            self.high = max(self.high or self.last, self.last)  # the step: lines up to `high` come again first
+        elif self.high is not None and at > self.high:
+            self.high = None  # the clock has passed the step: nothing older comes again
+        if at == self.last:
+            self.same += 1
+        else:
+            self.last, self.same = at, 1
+
+    def _repeat(self, at: tuple[int, int], previous: tuple[int, int] | None) -> bool:
+        """Taken before this stream: at its start, before the first line newer than where it resumed, a line older
+        than that, or one of the lines taken at exactly that time (the first `same` of them that come again); after
+        a step back of the node's clock, first the lines from before the step (up to `high`, until the stamps jump
+        back)."""
+        if self._replay is not None:
+            if (previous is None or at >= previous) and at <= self._replay:
+                return True
+            self._replay = None  # the jump back (or past the step): the lines after the step follow
         resumed_at, resumed_same = self._resumed
         if resumed_at is None or at > resumed_at:
+            self._resumed = (None, 0)  # a newer line came: whatever follows in this stream is new
             return False
         if at < resumed_at:
             return True
         self._seen_again += 1
         return self._seen_again <= resumed_same
 
-    def new_stream(self) -> str | None:
-        """A stream (re)starts: its `sinceTime`, or None to read the container's log from its start."""
+    def new_stream(self) -> dict[str, str]:
+        """A stream (re)starts: what to ask from (`sinceTime`, or `sinceSeconds` for a pod read from now that has
+        written nothing yet); {} to read the container's log from its start."""
         with self._lock:
-            self._resumed, self._seen_again = (self.last, self.same), 0
-            return since_time(self.last) if self.last is not None else None
+            self._resumed, self._seen_again, self._previous = (self.last, self.same), 0, None
+            self._replay = self.high if self.last is not None and self.high is not None else None
+            if self.last is not None:
+                return {"sinceTime": since_time(self.last)}
+            if self._from_now is not None:
+                return {"sinceSeconds": str(max(1, math.ceil(time.monotonic() - self._from_now)))}
+            return {}
 
     def error(self, message: str) -> None:
         with self._lock:
@@ -162,17 +206,17 @@ class ApiLogReader:
     # -- the runner's side (its thread) ----------------------------------------------------------------------
     def poll(self) -> list[str]:
         with self._lock:
-            lines, self._held, self._held_bytes = [held[0] for held in self._held], deque(), 0
-            self._polled = (self.last, self.same)
+            lines, self.stamps = [held[0] for held in self._held], [held[2] for held in self._held]
+            self._held, self._held_bytes = deque(), 0
+            self._polled = (self.last, self.same, self.high)
         return lines
 
     def state(self) -> dict[str, Any]:
         with self._lock:
-            last, same = self._polled
+            last, same, high = self._polled
         if last is None:
             return {}
-        stamp = datetime.fromtimestamp(last[0], UTC).strftime("%Y-%m-%dT%H:%M:%S")
-        return {"last": f"{stamp}.{last[1]:09d}Z", "same": same}
+        return {"last": rfc3339(last), "same": same, **({"high": rfc3339(high)} if high is not None else {})}
 
     def close(self) -> list[str]:
         return self.poll()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from oomguard.events.follow import FileFollower
 from oomguard.model import ReadStats
@@ -36,10 +37,19 @@ class _Pending:
     parts: list[str] = field(default_factory=list)
     size: int = 0  # UTF-8 bytes
     truncated: bool = False
+    stamp: float | None = None  # its first record's time
 
 
 def _utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", errors="replace"))
+
+
+def stamp(timestamp: str) -> float | None:
+    """A record's RFC 3339 time (`2024-05-01T12:00:00.123456789Z`), in Unix seconds (to the microsecond)."""
+    try:
+        return datetime.fromisoformat(timestamp).timestamp()
+    except ValueError:
+        return None
 
 
 def parse(line: str) -> tuple[str, str, str] | None:
@@ -65,25 +75,36 @@ class CriDecoder:
 
     def feed(self, line: str) -> list[str]:
         """The complete messages this line ends: none, one, or the line itself if malformed."""
+        return [message for message, _ in self.feed_stamped(line)]
+
+    def feed_stamped(self, line: str) -> list[tuple[str, float | None]]:
+        """`feed`, each message with its time: its first record's (None for a malformed line)."""
         record = parse(line)
         if record is None:
             self.stats.lines_malformed += 1
-            return [line]
+            return [(line, None)]
         stream, tag, message = record
         if tag == "P":
-            self._append(self._pending.setdefault(stream, _Pending()), message)
+            pending = self._pending.get(stream)
+            if pending is None:
+                pending = self._pending[stream] = _Pending(stamp=stamp(line.split(" ", 1)[0]))
+            self._append(pending, message)
             return []
         pending = self._pending.pop(stream, None)
         if pending is None:
+            at = stamp(line.split(" ", 1)[0])
             if len(message) * 4 <= self.max_message_bytes or _utf8_len(message) <= self.max_message_bytes:
-                return [message]
-            pending = _Pending()
+                return [(message, at)]
+            pending = _Pending(stamp=at)
         self._append(pending, message)
-        return [self._join(pending)]
+        return [(self._join(pending), pending.stamp)]
 
     def flush(self) -> list[str]:
         """Messages whose final record never came (their file ended): returned as they are."""
-        out = [self._join(p) for p in self._pending.values()]
+        return [message for message, _ in self.flush_stamped()]
+
+    def flush_stamped(self) -> list[tuple[str, float | None]]:
+        out = [(self._join(p), p.stamp) for p in self._pending.values()]
         self._pending.clear()
         return out
 
@@ -115,20 +136,25 @@ class PodLogReader:
         self.stats = self.follower.stats  # the decoders count their malformed and truncated lines in it
         # One per file, by the name it was first seen at: a record cut by a rotation goes on in its successor.
         self.decoders: dict[str, CriDecoder] = {}
+        self.stamps: list[float | None] = []  # the time of each message the last poll (or close) returned
 
     def poll(self) -> list[str]:
-        out: list[str] = []
+        out: list[tuple[str, float | None]] = []
         for path, lines in self.follower.poll_by_file():
             decoder = self.decoders.get(path) or self.decoders.setdefault(path, CriDecoder(stats=self.stats))
             for line in lines:
-                out.extend(decoder.feed(line))
+                out.extend(decoder.feed_stamped(line))
         if self.decoders:
             # A file let go (rotated away and drained, or deleted) with no successor: nothing will finish
             # its partial record, which is returned as it is.
             followed = self.follower.streams()
             for path in [p for p in self.decoders if p not in followed]:
-                out.extend(self.decoders.pop(path).flush())
-        return out
+                out.extend(self.decoders.pop(path).flush_stamped())
+        return self._split(out)
+
+    def _split(self, out: list[tuple[str, float | None]]) -> list[str]:
+        self.stamps = [at for _, at in out]
+        return [message for message, _ in out]
 
     def state(self) -> dict:
         return self.follower.state()
@@ -136,6 +162,6 @@ class PodLogReader:
     def close(self) -> list[str]:
         """The partial records held: the saved position is past them, so they are returned now, not lost."""
         self.follower.close()
-        held = [message for decoder in self.decoders.values() for message in decoder.flush()]
+        held = [item for decoder in self.decoders.values() for item in decoder.flush_stamped()]
         self.decoders.clear()
-        return held
+        return self._split(held)

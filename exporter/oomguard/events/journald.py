@@ -25,8 +25,19 @@ def message_text(entry: dict[str, Any]) -> str:
     return message if isinstance(message, str) else ""
 
 
-def parse_json_lines(output: str, stats: ReadStats) -> tuple[list[str], str | None]:
-    """Messages and the last cursor from `journalctl -o json` output; bad lines counted, skipped."""
+def realtime(entry: dict[str, Any]) -> float | None:
+    """When the journal received the entry (`__REALTIME_TIMESTAMP`, microseconds since the epoch), in seconds."""
+    value = entry.get("__REALTIME_TIMESTAMP")
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
+        return int(value) / 1e6
+    return None
+
+
+def parse_json_lines(
+    output: str, stats: ReadStats, stamps: list[float | None] | None = None
+) -> tuple[list[str], str | None]:
+    """Messages and the last cursor from `journalctl -o json` output; bad lines counted, skipped. `stamps`, when
+    given, gets each message line's entry time."""
     lines: list[str] = []
     cursor = None
     for raw in output.splitlines():
@@ -38,7 +49,10 @@ def parse_json_lines(output: str, stats: ReadStats) -> tuple[list[str], str | No
             stats.read_errors += 1
             stats.last_error = f"journalctl printed a line that is not JSON: {raw[:80]!r}"
             continue
-        lines.extend(message_text(entry).splitlines() or [""])
+        text = message_text(entry).splitlines() or [""]
+        lines.extend(text)
+        if stamps is not None:
+            stamps.extend([realtime(entry)] * len(text))
         cursor = entry.get("__CURSOR", cursor)
         stats.bytes_read += len(raw)
     stats.lines_read += len(lines)
@@ -52,6 +66,7 @@ class JournaldReader:
         self.unit = unit
         self.binary = binary
         self.stats = ReadStats()
+        self.stamps: list[float | None] = []  # the entry time of each line the last poll returned
         cursor = state.get("cursor") if isinstance(state, dict) else None
         self.cursor: str | None = cursor if isinstance(cursor, str) else None  # a wrong type: start afresh
         self._from_start = from_start or self.cursor is not None
@@ -73,6 +88,7 @@ class JournaldReader:
         return result.stdout
 
     def poll(self) -> list[str]:
+        self.stamps = []
         if self.cursor is None and not self._from_start:
             # First start: begin at the end, like the file follower. An empty journal for this unit
             # leaves no cursor: everything from now on is read. A failed probe is tried again.
@@ -85,7 +101,7 @@ class JournaldReader:
         output = self._run(*args)
         if output is None:
             return []
-        lines, cursor = parse_json_lines(output, self.stats)
+        lines, cursor = parse_json_lines(output, self.stats, self.stamps)
         self.cursor = cursor or self.cursor
         return lines
 

@@ -4,7 +4,8 @@ Lists (`GET /api/v1/pods`, `/api/v1/namespaces/NS/pods`, the same for events) an
 resourceVersion; `?watch=1` streams newline-delimited JSON events (ADDED, MODIFIED, DELETED, BOOKMARK,
 ERROR) from the given resourceVersion, chunked, until `timeoutSeconds` or the test ends it. `pods/log`
 serves each container's lines with the kubelet's timestamps (`timestamps=true`, RFC 3339 with nanoseconds),
-from `sinceTime` (whole seconds, included), following (`follow=true`) until the container ends or the test drops
+from `sinceTime` (whole seconds, included) or `sinceSeconds` (back from the node's clock, which `node_offset` sets
+apart from this machine's), following (`follow=true`) until the container ends or the test drops
 the stream; `previous=true` the container before the current one (400 when there is none). Field
 selectors (`a.b=c`, `a.b!=c`, comma-separated) and label selectors (`k=v`) are matched by equality, as the
 API does for these. Faults on demand: 403 for everything, 410 Gone (as the HTTP status or as an
@@ -66,6 +67,10 @@ class StandIn:
     logs: dict[tuple[str, str, str], list[list[Any]]] = field(default_factory=dict)
     log_requests: list[dict[str, str]] = field(default_factory=list)
     _log_epoch: int = 0  # raised by drop_log_streams: the open streams end
+    node_offset: float = 0.0  # the node's clock against this machine's: its log stamps and `sinceSeconds`
+
+    def node_clock(self) -> float:
+        return time.time() + self.node_offset
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -129,7 +134,7 @@ class StandIn:
         containers = self.logs.setdefault((namespace, pod, container), [])
         if not containers or (container_id and containers[-1][0] != container_id):
             containers.append([container_id, [], False])
-        stamp = time.time_ns()
+        stamp = int(self.node_clock() * 1e9)
         seconds, nanos = divmod(stamp, 1_000_000_000)
         at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos:09d}Z"
         containers[-1][1].append((at, text))
@@ -169,6 +174,8 @@ class StandIn:
         container = containers[-2] if previous else containers[-1]
         since = request.query.get("sinceTime", "")  # RFC 3339 seconds: included
         since_key = since[:-1] if since else ""
+        if seconds := request.query.get("sinceSeconds"):  # back from the node's clock, in whole seconds
+            since_key = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.node_clock() - int(seconds)))
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})
         response.enable_chunked_encoding()
         await response.prepare(request)

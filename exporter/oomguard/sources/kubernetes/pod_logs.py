@@ -35,7 +35,7 @@ class LogSink(Protocol):
 
     def offer(self, line: str) -> bool: ...
 
-    def new_stream(self) -> str | None: ...
+    def new_stream(self) -> dict[str, str]: ...
 
     def ok(self) -> None: ...
 
@@ -111,11 +111,9 @@ class PodLogFollower:
             return False
 
     async def _read(self, **query: str) -> int:
-        """One request from the position (`sinceTime`), within stream_max_seconds; the lines that were not repeats."""
-        since = self.reader.new_stream()
-        params = {"container": self.container, "timestamps": "true", **query}
-        if since is not None:
-            params["sinceTime"] = since
+        """One request from the position (`sinceTime`, `sinceSeconds`), within stream_max_seconds; the lines that
+        were not repeats."""
+        params = {"container": self.container, "timestamps": "true", **query, **self.reader.new_stream()}
         taken = 0
         async with asyncio.timeout(self.stream_max_seconds):
             async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
