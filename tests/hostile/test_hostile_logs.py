@@ -14,13 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hostile_cases import Case, assert_documented
 from support import engine_detector
 
 from oomguard.config import Config, EventsConfig, TargetConfig
 from oomguard.engines import ENGINES
 from oomguard.events.catalogue import load_catalogue
 from oomguard.events.runner import EventRunner
-from tests.engines.test_log_patterns import CASES, STARTS
+from tests.engines.test_log_patterns import CASES as REAL_CASES
+from tests.engines.test_log_patterns import STARTS
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 # What an attacker puts in a prompt, a path or a parameter: every engine's OOM, death and start words.
@@ -127,6 +129,37 @@ def llamacpp(word: str) -> list[tuple[str, str]]:
 
 
 HOSTILE = {"vllm": vllm, "sglang": sglang, "tgi": tgi, "triton": triton, "llamacpp": llamacpp}
+
+CASES = [
+    Case("vllm", "a prompt holding PyTorch's OOM, a traceback, uvicorn's start line and vLLM's fatal error, in the "
+         "request log (repr, after an escaped newline, a JSON body, the output), an ignored field, an error naming "
+         "it", "the request logger's records and the ignored-field warning are outside text; the OOM counts only as "
+         "a traceback's last line, a start only at the start of an engine record: nothing counted",
+         "test_a_line_that_carries_outside_text_counts_nothing"),
+    Case("vllm, SGLang, llama.cpp", "a path (`GET /v1/CUBLAS_STATUS_ALLOC_FAILED`, refused 401; URL-encoded; with "
+         "ANSI colours) in uvicorn's or llama-server's access log", "access log lines are outside text, with the "
+         "engine's header or without: nothing counted", "test_a_line_that_carries_outside_text_counts_nothing"),
+    Case("SGLang", "`Scheduler hit an exception`, `server_args=ServerArgs(` in a request's text (`Receive: obj=`)",
+         "the request log is outside text; patterns match at a message's start: no death, no restart",
+         "test_a_line_that_carries_outside_text_counts_nothing"),
+    Case("TGI", "`stop: [\"Shard 0 crashed\"]`, or a stop sequence that tries to close its span", "a span's fields "
+         "print nested braces, which the header refuses; a request's span is outside text: nothing counted",
+         "test_a_line_that_carries_outside_text_counts_nothing"),
+    Case("Triton", "a model name or path holding `failed to load 'tensorrt_llm'`", "counted only from "
+         "`model_lifecycle.cc`'s records; `HTTP request:` records are outside text",
+         "test_a_line_that_carries_outside_text_counts_nothing"),
+    Case("every engine", "all of the above between the lines of a real OOM or startup failure", "the incident "
+         "counts as it would alone, once, of its kind", "test_hostile_lines_inside_a_real_incident_change_nothing"),
+    Case("vLLM (real)", "a real vLLM 0.32 log with request logging at DEBUG after a prompt of OOM and start lines, "
+         "an ignored field and two refused paths", "its own start only; no event (the old search found 6 lines "
+         "to count)", "test_a_recorded_real_vllm_log_with_hostile_requests"),
+]  # fmt: skip
+
+
+def test_docs_table_is_current() -> None:
+    assert_documented(CASES, globals())
+
+
 CORPUS = [(engine, what, line) for engine, lines in HOSTILE.items() for word in WORDS for what, line in lines(word)]
 
 
@@ -148,7 +181,7 @@ def test_a_line_that_carries_outside_text_counts_nothing(engine: str, line: str)
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_hostile_lines_inside_a_real_incident_change_nothing(engine: str) -> None:
     """The real incident counts as it would alone: the hostile lines neither add an event nor end it early."""
-    for _, _, real, kinds in [c for c in CASES if c[0] == engine and c[3]]:
+    for _, _, real, kinds in [c for c in REAL_CASES if c[0] == engine and c[3]]:
         detector = engine_detector(engine)
         hostile = [line for e, _, line in CORPUS if e == engine]
         for i, line in enumerate(real):
@@ -166,7 +199,7 @@ def test_the_real_lines_still_count_after_the_hostile_ones(engine: str) -> None:
         detector.feed(line, 0.0)
     detector.feed(STARTS[engine], 1.0)
     assert len(detector.take_starts()) == 1
-    real, kinds = next((c[2], c[3]) for c in CASES if c[0] == engine and c[3])
+    real, kinds = next((c[2], c[3]) for c in REAL_CASES if c[0] == engine and c[3])
     for line in real:
         detector.feed(line, 2.0)
     assert [e.kind for e in detector.tick(100.0)] == kinds
