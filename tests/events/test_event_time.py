@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from oomguard.config_file import load_config
+from oomguard.events.log_clock import LogClock, is_clock
 from oomguard.events.runner import EventRunner
 
 DAY = "12-06"
@@ -196,3 +197,18 @@ def test_an_incident_open_when_the_exporter_restarts_behind_by_an_hour_closes_in
     assert r.counts["vllm"].total == {"cuda_oom": 1}
     # The event's time is where the log was (the wall clock an hour behind does not move it back).
     assert r.counts["vllm"].last["cuda_oom"] == pytest.approx(1_800_000_000.0, abs=10)
+
+
+def test_the_log_clock_counts_no_interval_twice() -> None:
+    """Live, a raw line between two stamped ones is at the time it was read; the next stamped line is as far after
+    the previous stamped one as their stamps say, not that far after the raw line as well. A stamp that steps back
+    moves nothing; a damaged saved clock is a fresh one."""
+    clock = LogClock(wall=5000.0, mono=10.0)
+    assert clock.line(10.0, engine=100.0) == 5000.0
+    assert clock.line(14.0) == 5004.0  # raw, read 4 s later
+    assert clock.line(14.5, engine=104.5) == 5004.5
+    assert clock.line(14.5, engine=50.0) == 5004.5  # the engine's clock stepped back an hour
+    assert clock.line(15.0, engine=51.0) == 5005.5
+    assert clock.now(20.0) == 5010.5
+    assert LogClock(1.0, 0.0, {"at": "x"}).at == 1.0 and not is_clock({"engine": [1.0]})
+    assert LogClock(1.0, 0.0, clock.state()).at == 5005.5 and is_clock(clock.state())

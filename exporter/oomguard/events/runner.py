@@ -39,7 +39,7 @@ from oomguard.config import Config
 from oomguard.events.followed import STATE_VERSION, FollowedFile
 from oomguard.events.kill_owners import KillOwners
 from oomguard.events.kinds import CGROUP_OOM_KILL, KERNEL_OOM_KILL, STARTUP, XID
-from oomguard.events.log_clock import is_time
+from oomguard.events.log_clock import is_clock
 from oomguard.events.records import MAX_PROCESSES
 from oomguard.events.registry import COUNTS, GPU_COUNTS, SavedState, build_sources
 from oomguard.events.scan import kind
@@ -405,15 +405,11 @@ def _check_position(key: str, entry: dict[str, Any]) -> None:
 
 def _check_incident(key: str, entry: dict[str, Any]) -> None:
     """An incident detector's: {"open": null or [started, last line, [kind, ...]], "dead_until_startup": null or T,
-    "tracebacks": {process tag: header} (absent: none)}."""
+    "tracebacks": {process tag: header} (absent: none), "clock": its log's clock (log_clock.py; absent: none)}."""
     incident, dead, tracebacks = entry.get("open"), entry.get("dead_until_startup"), entry.get("tracebacks", {})
     clock = entry.get("clock", {})
     ok = dead is None or _time(dead)
-    ok = (
-        ok
-        and isinstance(clock, dict)
-        and all(k in ("at", "transport", "engine") and is_time(v) for k, v in clock.items())
-    )
+    ok = ok and is_clock(clock)
     ok = ok and isinstance(tracebacks, dict) and len(tracebacks) <= MAX_PROCESSES
     ok = ok and all(isinstance(t, str) and isinstance(v, str) for t, v in tracebacks.items())
     if incident is not None:
