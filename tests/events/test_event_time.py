@@ -212,3 +212,38 @@ def test_the_log_clock_counts_no_interval_twice() -> None:
     assert clock.now(20.0) == 5010.5
     assert LogClock(1.0, 0.0, {"at": "x"}).at == 1.0 and not is_clock({"engine": [1.0]})
     assert LogClock(1.0, 0.0, clock.state()).at == 5005.5 and is_clock(clock.state())
+
+
+def test_cluster_mode_wall_clock_steps_lose_and_double_nothing() -> None:
+    """The cluster mode's log (through the API, stamped by the node): the exporter's wall clock stepping an hour
+    back, then forward, in the middle of tracebacks, while the node's stamps go on."""
+    from oomguard.config import EventsConfig, TargetConfig
+    from oomguard.events.registry import SavedState, pod_api_log
+
+    clocks = Clocks()
+    target = TargetConfig(url="http://10.0.0.1:8000", name="llm/vllm-0", engine="vllm")
+    events = EventsConfig(quiet_seconds=1, rearm_seconds=2)
+    log, reader = pod_api_log(target, events, SavedState(), ("llm", "vllm-0", "vllm"), from_start=True)
+    log.monotonic = lambda: clocks.mono  # type: ignore[attr-defined]
+    reader.new_stream()
+    counted: list[str] = []
+
+    def offer(t: float, lines: list[str]) -> None:
+        for line in cri(t, lines):
+            at, _stream, _tag, text = line.split(" ", 3)
+            reader.offer(f"{at} {text}")
+
+    def poll() -> None:
+        counted.extend(e.kind for e in log.poll(clocks.wall) if e.kind != "startup")
+
+    for i, step in enumerate((-3600.0, 3600.0, -3600.0)):
+        lines = raw_oom()
+        offer(10.0 * i, lines[:2])
+        poll()
+        clocks.wall += step  # mid-traceback
+        clocks.advance(0.2)
+        offer(10.0 * i + 0.2, lines[2:])
+        poll()
+        clocks.advance(10)
+        poll()
+    assert counted == ["cuda_oom"] * 3
