@@ -76,16 +76,10 @@ class IncidentDetector:
         """What `line` is to the engine's grammar, and the kinds of the patterns that match it where they may."""
         read = self._records.read(line)
         if read.role == RECORD:
-            found = [
-                p.kind
-                for p in self._at_record
-                if p.regex.match(read.message) and (p.source is None or p.source.fullmatch(read.source))
-            ]
-        elif read.role == EXCEPTION:
-            found = [p.kind for p in self._at_exception if p.regex.match(read.message)]
-        else:
-            found = []
-        return read, found
+            return read, [p.kind for p in self._at_record if _matches(p, read)]
+        if read.role == EXCEPTION:
+            return read, [p.kind for p in self._at_exception if p.regex.match(read.message)]
+        return read, []
 
     def may_count(self, line: str) -> bool:
         """Whether `line` could count, read alone (a traceback's exception depends on the lines before it): a reader
@@ -96,9 +90,7 @@ class IncidentDetector:
         message = parsed.message
         if self._records.opens_traceback(message) or any(p.regex.match(message) for p in self._at_exception):
             return True
-        return parsed.role == RECORD and any(
-            p.regex.match(message) and (p.source is None or p.source.fullmatch(parsed.source)) for p in self._at_record
-        )
+        return parsed.role == RECORD and any(_matches(p, parsed) for p in self._at_record)
 
     def feed(self, line: str, now: float) -> list[Event]:
         """One line, written at `now` (its own time where it has one: LogSource's clock)."""
@@ -186,6 +178,13 @@ class IncidentDetector:
             log.warning("saved incident state ignored (%s): this incident, if any, is not counted", exc)
             return
         self.open, self.dead_until_startup = incident, dead
+
+
+def _matches(pattern: Pattern, record: Line) -> bool:
+    """A record pattern: at the start of the record's message, from its source where it names one."""
+    return bool(pattern.regex.match(record.message)) and (
+        pattern.source is None or pattern.source.fullmatch(record.source) is not None
+    )
 
 
 def _time(value: Any) -> float:
