@@ -106,6 +106,7 @@ def busy_snapshot() -> Snapshot:
         event_sources=(
             EventSourceHealth("vllm-0", "file:/var/log/vllm.log", LOG_EVENT_KINDS, 10, 2048, 0, 0, 1, 0, files=1),
             EventSourceHealth(HOST, "kernel:/dev/kmsg", HOST_EVENT_KINDS, 3, 300, 0, 1),
+            EventSourceHealth("vllm-0", "k8s-log:llm/vllm-0/vllm", LOG_EVENT_KINDS, 40, 4096, lines_dropped=25),
         ),
         event_state_write_errors=0,
         event_state_read_errors=0,
