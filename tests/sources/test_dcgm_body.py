@@ -3,6 +3,7 @@ dcgm-exporter source each is reproduced from), a few written inline, and the bod
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -372,3 +373,45 @@ def test_fixtures_readme_names_every_body() -> None:
     readme = Path(FIXTURES / "dcgm" / "README.md").read_text(encoding="utf-8")
     assert len(BODIES) == 7
     assert all(f"`{name}`" in readme for name in BODIES)
+
+
+def test_values_are_checked_after_the_unit_conversion() -> None:
+    """`FB_USED 1e308` (MiB) exported an infinite total and a NaN ratio: that GPU could never page. Now a figure no
+    GPU has is none, and a GPU of no memory has no total."""
+    body = (
+        'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1"} 1e308\n'
+        'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-1"} 100\n'
+        'DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-2"} 0\n'
+        'DCGM_FI_DEV_FB_FREE{gpu="1",UUID="GPU-2"} 0\n'
+        'DCGM_FI_DEV_FB_USED{gpu="2",UUID="GPU-3"} 1073741825\n'  # a petabyte and a MiB
+        'DCGM_FI_DEV_FB_FREE{gpu="2",UUID="GPU-3"} 10\n'
+    )
+    huge, empty, over = parse(body).gpus
+    assert (huge.used_bytes, huge.total_bytes) == (None, None)
+    assert (empty.used_bytes, empty.total_bytes) == (0.0, None)
+    assert (over.used_bytes, over.total_bytes) == (None, None)
+    for gpu in (huge, empty, over):
+        assert all(v is None or math.isfinite(v) for v in (gpu.used_bytes, gpu.free_bytes, gpu.total_bytes))
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1",Hostname="a"} 5\n'
+         'DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-1",Hostname="a"} 5\n', "GPU GPU-1 is listed as gpu 0 and gpu 1"),
+        ('DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1",Hostname="a"} 5\n'
+         'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-9",Hostname="a"} 5\n', "gpu 0 is listed as two GPUs"),
+        ('DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1",Hostname="a"} 5\n'
+         'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-1",Hostname="b"} 5\n', "gpu 0 is listed as two GPUs"),
+        ('DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1",Hostname="a"} 5\n'
+         'DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-2",Hostname="b"} 5\n', r"GPUs of several hosts in one body \(a, b\)"),
+        ('DCGM_FI_DEV_FB_USED{gpu="1000000000000000000000000000000",UUID="GPU-1"} 5\n', "no GPU has an index over"),
+        ('DCGM_FI_DEV_FB_USED{gpu="1024",UUID="GPU-1"} 5\n', "no GPU has an index over 1023"),
+    ],
+    ids=["one UUID, two indices", "one index, two UUIDs", "one index, two hosts", "two hosts", "index 10^30",
+         "index 1024"],
+)  # fmt: skip
+def test_a_body_that_lists_a_gpu_twice_or_out_of_range_is_refused_whole(body: str, message: str) -> None:
+    """One GPU under two hostnames or UUIDs doubled its total (a used ratio of 0.5); a GPU index of 10^30 was taken."""
+    with pytest.raises(DcgmBodyError, match=message):
+        parse(body)

@@ -26,6 +26,10 @@ from dataclasses import dataclass
 from oomguard.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits
 
 MIB = 1048576
+# A GPU's index as NVML and dcgm-exporter number them: a node has a few (MIG instances are no index of their own).
+MAX_INDEX = 1023
+# Framebuffer memory no GPU has (a petabyte): a value past it is the body's error, not a GPU's figure.
+MAX_BYTES = 2.0**50
 USED, FREE, RESERVED = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"
 TOTAL, UTIL = "DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_GPU_UTIL"
 _EXTRACTOR = FamilyExtractor((USED, FREE, RESERVED, TOTAL, UTIL), Limits())
@@ -92,23 +96,32 @@ def parse(body: str, *, max_gpus: int = 64) -> DcgmBody:
                         "dcgm-exporter? Raise max_gpus if a node has that many"
                     )
                 identity[index] = labels
+            elif _uuid(labels) != _uuid(identity[index]) or _host(labels) != _host(identity[index]):
+                raise DcgmBodyError(
+                    f"gpu {index} is listed as two GPUs ({_uuid(identity[index])[:60]} on "
+                    f"{_host(identity[index])[:60] or '?'}, {_uuid(labels)[:60]} on {_host(labels)[:60] or '?'}): a "
+                    "body lists each GPU once; is this one node's dcgm-exporter?"
+                )
             pod = _pod(labels, schemes)
             if pod is not None:
                 pods.setdefault(index, set()).add(pod)
             values.setdefault((name, index), []).append((pod is None, sample.value))
+    _one_gpu_each(identity)
     gpus = []
     for index, labels in sorted(identity.items()):
         used, free, reserved, total = (_mib(_value(values, f, index)) for f in (USED, FREE, RESERVED, TOTAL))
         if total is None and used is not None and free is not None:
             total = used + free + (reserved or 0.0)
+        if total is not None and total <= 0:
+            total = None  # a GPU of no memory: its used ratio would be NaN, and no alert could judge it
         util = _valid(_value(values, UTIL, index))
         gpus.append(
             DcgmGpu(
                 index=index,
-                uuid=labels.get("UUID") or labels.get("uuid", ""),
+                uuid=_uuid(labels),
                 name=labels.get("modelName", ""),
                 pci_bus_id=labels.get("pci_bus_id", ""),
-                hostname=labels.get("hostname") or labels.get("Hostname", ""),
+                hostname=_host(labels),
                 used_bytes=used,
                 free_bytes=free,
                 reserved_bytes=reserved,
@@ -126,7 +139,37 @@ def _index(name: str, text: str) -> int:
             f"{name} has gpu={text[:40]!r}: dcgm-exporter's gpu label is the GPU's index, a non-negative integer; "
             "is this dcgm-exporter's /metrics (port 9400)?"
         )
+    if len(text) > 4 or int(text) > MAX_INDEX:
+        raise DcgmBodyError(
+            f"{name} has gpu={text[:40]!r}: no GPU has an index over {MAX_INDEX}; is this dcgm-exporter's /metrics?"
+        )
     return int(text)
+
+
+def _uuid(labels: dict[str, str]) -> str:
+    return labels.get("UUID") or labels.get("uuid", "")
+
+
+def _host(labels: dict[str, str]) -> str:
+    return labels.get("hostname") or labels.get("Hostname", "")
+
+
+def _one_gpu_each(identity: dict[int, dict[str, str]]) -> None:
+    """One node's GPUs, each once: no UUID under two indices, one hostname for the body. A body that says otherwise
+    is refused whole (taken, one GPU under two indices doubled the node's memory and halved its used ratio)."""
+    indices: dict[str, int] = {}
+    hosts = set()
+    for index, labels in identity.items():
+        uuid = _uuid(labels)
+        if uuid and indices.setdefault(uuid, index) != index:
+            raise DcgmBodyError(
+                f"GPU {uuid[:60]} is listed as gpu {indices[uuid]} and gpu {index}: a body lists each GPU once; is "
+                "this one node's dcgm-exporter?"
+            )
+        hosts.add(_host(labels))
+    if len(hosts - {""}) > 1:
+        names = ", ".join(sorted(h[:60] for h in hosts - {""})[:3])
+        raise DcgmBodyError(f"GPUs of several hosts in one body ({names}): is this one node's dcgm-exporter?")
 
 
 def _pod(labels: dict[str, str], schemes: tuple[tuple[str, str, str], ...]) -> tuple[str, str, str] | None:
@@ -148,4 +191,8 @@ def _valid(value: float | None) -> float | None:
 
 
 def _mib(value: float | None) -> float | None:
-    return None if (valid := _valid(value)) is None else valid * MIB
+    """MiB to bytes, checked after the conversion (1e308 MiB is no finite number of bytes)."""
+    if value is None:
+        return None
+    converted = _valid(value * MIB)
+    return converted if converted is not None and converted <= MAX_BYTES else None
