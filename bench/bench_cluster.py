@@ -103,6 +103,9 @@ def _serve_cluster(pods: int, nodes: int, conn: Connection) -> None:
             await web.TCPSite(dcgm_runner, dcgm_ip(node), DCGM_PORT).start()
             pod = objects.pod(f"dcgm-{node:03d}", dcgm_ip(node), DCGM_PORT, namespace="gpu-operator",
                               node=f"gpu-{node:03d}", labels={"app": "nvidia-dcgm-exporter"})  # fmt: skip
+            pod["metadata"]["ownerReferences"] = [  # the GPU Operator's DaemonSet: the only dcgm-exporter taken
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "nvidia-dcgm-exporter", "controller": True}
+            ]
             await api.put("pods", pod)
         api_runner = web.AppRunner(api.app(), access_log=None)
         await api_runner.setup()

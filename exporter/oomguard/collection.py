@@ -44,9 +44,11 @@ class Collection:
         | None = None,
         settings: SettingsReader | None = None,
         local_node: str = "",
+        dcgm_refusals: Callable[[], dict[tuple[str, str, str, str], int]] | None = None,
     ) -> None:
         """`attribute`: gives discovered targets their pod and its processes on the GPUs (sources/kubernetes/);
-        `settings`: gives local targets their engine's settings from their process's command line (sources/local/)."""
+        `settings`: gives local targets their engine's settings from their process's command line (sources/local/);
+        `dcgm_refusals`: the pods refused as a node's dcgm-exporter (sources/kubernetes/trusted_dcgm.py)."""
         self.registry = registry
         self.client = client
         self.nvml = nvml
@@ -57,6 +59,7 @@ class Collection:
         self.attribute = attribute
         self.settings = settings
         self.local_node = local_node  # the exporter's node: its configured targets' and its NVML GPUs'
+        self.dcgm_refusals = dcgm_refusals
         self._in_flight: asyncio.Future[Snapshot] | None = None
         self.last: Snapshot | None = None
 
@@ -106,6 +109,7 @@ class Collection:
             xid_last=seen.xid_last if seen else {},
             xid_read_errors=seen.xid_read_errors if seen else None,
             node=self.local_node,
+            dcgm_refusals=dict(self.dcgm_refusals()) if self.dcgm_refusals else None,
         )
         self.last = snapshot
         return snapshot

@@ -381,7 +381,14 @@ class DcgmConfig(StrictModel):
     label_selector: str = Field(
         "app=nvidia-dcgm-exporter", description="Which pods are dcgm-exporter (the GPU Operator's label)."
     )
-    namespaces: tuple[str, ...] = Field((), description="Where its pods run; empty: every namespace.")
+    namespaces: tuple[str, ...] = Field(
+        (), description="Where its pods run (the GPU Operator's: gpu-operator); empty: every namespace."
+    )
+    daemonsets: tuple[str, ...] = Field(
+        ("nvidia-dcgm-exporter",),
+        description="A pod is taken as dcgm-exporter only when a DaemonSet of one of these names controls it (a "
+        "tenant's pod with the label is refused); empty: any pod with the label.",
+    )
     port: int = Field(9400, ge=1, le=65535, description="dcgm-exporter's port on its pod.")
     timeout_seconds: float = Field(5.0, gt=0, description="Longest wait for one dcgm-exporter's answer.")
     max_body_bytes: int = Field(

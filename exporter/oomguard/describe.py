@@ -93,8 +93,9 @@ def _gpus(config: Config) -> str:
     if dcgm is not None and dcgm.discover:
         where = ", ".join(dcgm.namespaces) or "every namespace"
         return (
-            f"GPUs: every node's, from its dcgm-exporter pod ({dcgm.label_selector} in {where}, port {dcgm.port}); "
-            "no per-process memory, no XIDs"
+            f"GPUs: every node's, from its dcgm-exporter pod ({dcgm.label_selector} in {where}, port {dcgm.port}"
+            + (f", controlled by DaemonSet {' or '.join(dcgm.daemonsets)}" if dcgm.daemonsets else ", any controller")
+            + "); no per-process memory, no XIDs"
         )
     if dcgm is not None:
         return f"GPUs: this node's, from dcgm-exporter at {', '.join(dcgm.urls)}; no per-process memory, no XIDs"

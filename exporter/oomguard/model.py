@@ -446,3 +446,5 @@ class Snapshot:
     node: str = ""  # the exporter's own node (its NVML GPUs' and XIDs'): "" outside Kubernetes
     xid_last: dict[int, float] = field(default_factory=dict)
     xid_read_errors: int | None = None  # None: XID events are off
+    # (node, namespace, pod, reason) -> times a pod was refused as a node's dcgm-exporter; None: none discovered
+    dcgm_refusals: dict[tuple[str, str, str, str], int] | None = None

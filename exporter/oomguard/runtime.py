@@ -177,6 +177,7 @@ class Runtime:
             registry=self.registry, client=self._client, nvml=gpus, targets=targets, processes=processes,
             tracker=tracker, events=events, attribute=discovery.attribute if discovery else None,
             settings=SettingsReader(), local_node=config.local_node,
+            dcgm_refusals=discovery.dcgm_refusals if discovery and config.dcgm and config.dcgm.discover else None,
         )  # fmt: skip
         # What exists at start lives as long as the runtime: keep it out of the garbage collector's
         # full passes, which otherwise stall a scrape for tens of milliseconds now and then.

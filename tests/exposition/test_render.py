@@ -113,6 +113,7 @@ def busy_snapshot() -> Snapshot:
         xid={(0, 79): 1},
         xid_last={0: 1.7e9 + 10},
         xid_read_errors=0,
+        dcgm_refusals={("gpu-a", "tenant", "fake-dcgm", "owner"): 1},
     )
     # The joins are part of a collection: done here as the collection does them.
     memory = join_targets(snapshot.nvml, snapshot.targets)

@@ -161,6 +161,7 @@ class Alerts(StrictModel):
     gpu_lost: _Sustained
     nvml_down: _Sustained
     source_failing: _Sustained
+    dcgm_pod_refused: _Recent
     event_source_errors: EventSourceErrorsAlert
     event_source_reads_nothing: _Sustained
     engine_figure_missing: _Sustained

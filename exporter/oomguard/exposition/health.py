@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from oomguard import __version__
 from oomguard.exposition.encoder import Exposition
-from oomguard.exposition.spec import CONDITIONAL, metric
+from oomguard.exposition.spec import CONDITIONAL, EVENT, metric
 from oomguard.model import ERROR_KINDS, GPU_SOURCES, TARGET_STATES, VALUE_REJECT_REASONS, Snapshot, TargetReading
 
 SECTION = "Exporter health"
@@ -141,6 +141,17 @@ WEB_CONNECTIONS_REFUSED = metric(
 )
 WEB_REQUEST_REFUSAL_REASONS = ("unauthorized", "rate_limit", "busy")
 # Last in the section, and the section last of all: the web layer appends them after the snapshot's render.
+DCGM_PODS_REFUSED = metric(
+    SECTION,
+    "dcgm_pods_refused",
+    "counter",
+    "",
+    "node namespace pod reason",
+    "Times a pod was refused as its node's dcgm-exporter (the cluster mode): reason owner (no DaemonSet of "
+    "dcgm.daemonsets controls it: a pod that poses as one), conflict (its node claimed by two pods: read from "
+    'neither). Appears with the first refusal; past 256 pods, under pod "".',
+    presence=EVENT,
+)
 WEB_CONFIG_METRICS = (
     WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
     WEB_CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS,
@@ -151,7 +162,7 @@ _WEB_CONFIG_DECLARED = frozenset(WEB_CONFIG_METRICS)
 METRICS = (
     BUILD_INFO, SOURCE_SUCCESS, SOURCE_DURATION_SECONDS, NVML_UP, TARGET_UP, TARGET_STATE,
     TARGET_SCRAPE_DURATION_SECONDS, TARGET_SCRAPE_ERRORS, TARGET_VALUES_REJECTED, TARGET_HEALTH_STATUS_CODE,
-    TARGET_HEALTH_LATENCY_SECONDS,
+    TARGET_HEALTH_LATENCY_SECONDS, DCGM_PODS_REFUSED,
     *WEB_CONFIG_METRICS,
 )  # fmt: skip
 
@@ -163,6 +174,8 @@ def add_exporter(out: Exposition, snapshot: Snapshot) -> None:
         out.add(SOURCE_DURATION_SECONDS, (name,), result.duration_seconds)
     if any(source in snapshot.sources for source in GPU_SOURCES):
         out.add(NVML_UP, (), 1.0 if snapshot.nvml is not None and snapshot.nvml.up else 0.0)
+    for labels, times in sorted((snapshot.dcgm_refusals or {}).items()):
+        out.add(DCGM_PODS_REFUSED, labels, float(times))
 
 
 def add_target(out: Exposition, target: TargetReading) -> None:

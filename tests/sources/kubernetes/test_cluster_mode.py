@@ -58,9 +58,16 @@ class Dcgm:
         return web.Response(text=self.body)
 
 
-def dcgm_pod(name: str, ip: str, node: str) -> dict[str, Any]:
-    obj = objects.pod(name, ip, 9400, namespace="gpu-operator", node=node, labels={"app": "nvidia-dcgm-exporter"})
+def dcgm_pod(
+    name: str, ip: str, node: str, *, namespace: str = "gpu-operator", owner: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """A pod of the GPU Operator's dcgm-exporter DaemonSet (`owner`: its controller, (kind, name)), or a pose."""
+    obj = objects.pod(name, ip, 9400, namespace=namespace, node=node, labels={"app": "nvidia-dcgm-exporter"})
     obj["spec"]["containers"][0]["name"] = "nvidia-dcgm-exporter"
+    kind, owner_name = owner or ("DaemonSet", "nvidia-dcgm-exporter")
+    obj["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": kind, "name": owner_name, "uid": f"uid-{owner_name}", "controller": True}
+    ]
     return obj
 
 
@@ -304,3 +311,48 @@ def test_pods_dcgm_exporter_does_not_map_are_said_once(caplog: pytest.LogCapture
     unmapped.say(NvmlReading(True, gpus=(gpu("gpu-a", "vllm-a", "vllm-b"),)), [p for p in pods if p is not None])
     unmapped.say(reading, [p for p in pods if p is not None])
     assert len(caplog.records) == 3
+
+
+@pytest.mark.parametrize("fake_first", [True, False], ids=["the pose listed first", "the pose listed last"])
+async def test_a_pod_posing_as_dcgm_exporter_changes_no_figure_and_is_told(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fake_first: bool
+) -> None:
+    """A tenant's pod labelled app=nvidia-dcgm-exporter on gpu-a, in its own namespace (the watch takes every
+    namespace here: dcgm.namespaces unset), serves GPU 0 at 2 % used where the real one is at 92 %: refused
+    whatever the listing order, the real figure stays, the refusal is counted and said once. Then a second pod of
+    the GPU Operator's DaemonSet claims gpu-a: a conflict, the node read from neither."""
+    port, dcgm_port = free_port("127.0.0.2"), free_port("127.0.0.4")
+    real = Dcgm("127.0.0.4", dcgm_port, dcgm_body("gpu-a", [(0, 74 * 1024, 6 * 1024, "vllm-a")]))
+    fake = Dcgm("127.0.0.6", dcgm_port, dcgm_body("gpu-a", [(0, 2 * 1024, 78 * 1024, "vllm-a")]))
+    engine = Engine("127.0.0.2", port)
+    for server in (engine.server, real.server, fake.server):
+        await server.start()
+    pose = dcgm_pod("fake-dcgm", "127.0.0.6", "gpu-a", namespace="tenant", owner=("ReplicaSet", "fake-dcgm"))
+    pods = [pose, dcgm_pod("dcgm-a", "127.0.0.4", "gpu-a")]
+    try:
+        async with Cluster(tmp_path, **cluster_config(dcgm_port)) as k8s:
+            await k8s.api.put("pods", objects.pod("vllm-a", "127.0.0.2", port, node="gpu-a"))
+            for pod in pods if fake_first else pods[::-1]:
+                await k8s.api.put("pods", pod)
+            refused = {"node": "gpu-a", "namespace": "tenant", "pod": "fake-dcgm", "reason": "owner"}
+            await wait_for(lambda: k8s.value("oomguard_dcgm_pods_refused_total", **refused), "the pose refused")
+            await wait_for(lambda: k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-a", gpu="0"), "gpu-a read")
+            for _ in range(3):  # several collections: the pose is never taken, in between either
+                assert await k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-a", gpu="0") == 74 * 1024 * MIB
+            assert await k8s.value("oomguard_dcgm_pods_refused_total", **refused) == 1.0
+            said = [r for r in caplog.records if "fake-dcgm refused as the dcgm-exporter of node gpu-a" in r.message]
+            assert len(said) == 1 and "not by a DaemonSet named nvidia-dcgm-exporter" in said[0].message
+
+            # A second pod of the DaemonSet on the same node: which one is real cannot be told. Neither is read.
+            await k8s.api.put("pods", dcgm_pod("dcgm-a2", "127.0.0.6", "gpu-a"))
+            conflict = {"node": "gpu-a", "namespace": "gpu-operator", "reason": "conflict"}
+            await wait_for(lambda: k8s.value("oomguard_dcgm_pods_refused_total", pod="dcgm-a2", **conflict), "told")
+            assert await k8s.value("oomguard_dcgm_pods_refused_total", pod="dcgm-a", **conflict) == 1.0
+            assert await k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-a", gpu="0") is None
+            # One goes: the node is read again, from the one left.
+            await k8s.api.delete("pods", "gpu-operator", "dcgm-a2")
+            await wait_for(lambda: k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-a", gpu="0"), "gpu-a again")
+            assert await k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-a", gpu="0") == 74 * 1024 * MIB
+    finally:
+        for server in (engine.server, real.server, fake.server):
+            await server.stop()

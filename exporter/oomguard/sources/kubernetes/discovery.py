@@ -25,6 +25,7 @@ from oomguard.sources.kubernetes import cgroup
 from oomguard.sources.kubernetes.api import ApiClient, ApiError, connect
 from oomguard.sources.kubernetes.pod_logs import PodLogFollower
 from oomguard.sources.kubernetes.pods import PodTarget, pod_target
+from oomguard.sources.kubernetes.trusted_dcgm import TrustedDcgm
 from oomguard.sources.kubernetes.watch import ListWatch, Obj
 from oomguard.sources.registry import SourceRegistry
 from oomguard.sources.target_set import TargetSet
@@ -59,7 +60,8 @@ class KubernetesDiscovery:
         self._pods_listed_in: set[str | None] = set()
         self._client: ApiClient | None = None
         self.cluster = self.k8s.scope == "cluster"  # every node's pods, no host access (docs/kubernetes.md)
-        self._dcgm: dict[tuple[str, str], DcgmEndpoint] = {}  # the dcgm-exporter pods found, by (namespace, name)
+        self._dcgm: dict[tuple[str, str], DcgmEndpoint] = {}  # the dcgm-exporter pods taken, by (namespace, name)
+        self._dcgm_trusted = TrustedDcgm(config.dcgm.daemonsets if config.dcgm is not None else ())
         self.dcgm_port = config.dcgm.port if config.dcgm is not None else 0
         self._log_followers: dict[str, asyncio.Task[None]] = {}  # the cluster mode's, by target name
         self._unmapped = UnmappedPods()
@@ -124,7 +126,12 @@ class KubernetesDiscovery:
 
     # -- dcgm-exporter's pods: where each node's GPUs are read (sources/dcgm.py) ----------------------------
     def dcgm_endpoints(self) -> list[DcgmEndpoint]:
-        return list(self._dcgm.values())
+        """One per node: a node that two pods claim is read from neither (TrustedDcgm)."""
+        return self._dcgm_trusted.endpoints(self._dcgm)
+
+    def dcgm_refusals(self) -> dict[tuple[str, str, str, str], int]:
+        """(node, namespace, pod, reason) -> how often it was refused as its node's dcgm-exporter."""
+        return self._dcgm_trusted.refusals
 
     async def _dcgm_listed(self, items: list[Obj], namespace: str | None) -> None:
         self._dcgm = {key: e for key, e in self._dcgm.items() if namespace is not None and key[0] != namespace}
@@ -136,8 +143,12 @@ class KubernetesDiscovery:
         key = (meta.get("namespace", ""), meta.get("name", ""))
         ip, node = status.get("podIP") or "", spec.get("nodeName") or ""
         if kind == "DELETED" or not ip or not node or status.get("phase") in ("Succeeded", "Failed"):
+            self._dcgm_trusted.forget(key)
             if self._dcgm.pop(key, None) is not None:
                 log.info("kubernetes: dcgm-exporter %s/%s gone", *key)
+            return
+        if not self._dcgm_trusted.owned(obj, key, node):
+            self._dcgm.pop(key, None)
             return
         host = f"[{ip}]" if ":" in ip else ip
         endpoint = DcgmEndpoint(f"http://{host}:{self.dcgm_port}/metrics", node)
