@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from aiohttp import web
+from aiohttp import ClientSession, web
 from support import FIXTURES, REPO
 
 from oomguard.bundle.config import load_bundle_config
@@ -72,6 +72,28 @@ async def _renamed_engine() -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
+async def _posing(exporter_at: str) -> tuple[web.AppRunner, str]:
+    """The exporter's /metrics as a cluster-mode exporter that refused a pod posing as a node's dcgm-exporter
+    would serve it: the same, and the refusal counted."""
+    refused = (
+        "# TYPE oomguard_dcgm_pods_refused_total counter\n"
+        'oomguard_dcgm_pods_refused_total{node="gpu-a",namespace="tenant",pod="fake-dcgm",reason="owner"} 1.0\n'
+    )
+
+    async def metrics(request: web.Request) -> web.Response:
+        async with ClientSession() as session, session.get(f"http://{exporter_at}/metrics") as upstream:
+            body = (await upstream.read()).decode()
+        return web.Response(text=body.replace("# EOF\n", "") + refused)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"127.0.0.1:{port}"
+
+
 def _check(url: str, *extra: str) -> tuple[int, str]:
     """`oomguard drill --check URL`, as a user runs it."""
     done = subprocess.run(
@@ -104,6 +126,7 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
     renamed, renamed_at = loop.run_until_complete(
         _exporter(None, targets=[{"name": "renamed", "url": engine_url, "local_process": "no"}])
     )
+    posing, posing_at = loop.run_until_complete(_posing(steady_at))
     # The exporters serve from this loop, run in a thread while the Prometheus servers scrape them.
     import threading
 
@@ -118,6 +141,7 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "typo": Prometheus(tmp / "typo", [typo_at], rule_files=both),
         "renamed": Prometheus(tmp / "renamed", [renamed_at], rule_files=both),
         "cluster": Prometheus(tmp / "cluster", [cluster_at], rule_files=both),
+        "posing": Prometheus(tmp / "posing", [posing_at], rule_files=both),
     }
     routing = yaml.safe_load(ROUTING.read_text())
     nowhere = {
@@ -137,11 +161,12 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
                 server.wait_for(f'oomguard_engine_requests_running{{job="{job}"}}', 60)
         servers["typo"].wait_for('oomguard_event_source_files{job="oomguard"} == 0', 60)
         servers["renamed"].wait_for('oomguard_engine_figure_read{job="oomguard"} == 0', 60)
+        servers["posing"].wait_for('oomguard_dcgm_pods_refused_total{job="oomguard"}', 60)
         yield servers, managers
     finally:
         for service in [*servers.values(), *managers.values()]:
             service.stop()
-        for runner in (steady, loading, cluster, typo, renamed, engine):
+        for runner in (posing, steady, loading, cluster, typo, renamed, engine):
             asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
@@ -223,6 +248,15 @@ def test_an_up_engine_without_a_figure_it_gives_is_a_gap(deployments: Any) -> No
     assert code == 1, out
     assert out.splitlines()[0].startswith(f"{servers['renamed'].url}: FAIL, 1 gap"), out
     assert "target renamed on 127.0.0.1:" in out and "answers without its kv_cache_usage" in out
+
+
+def test_a_pod_refused_as_dcgm_exporter_is_a_gap(deployments: Any) -> None:
+    servers, _ = deployments
+    code, out = _check(servers["posing"].url)
+    assert code == 1, out
+    assert out.splitlines()[0].startswith(f"{servers['posing'].url}: FAIL, 1 gap"), out
+    assert "pod tenant/fake-dcgm refused as the dcgm-exporter of node gpu-a" in out
+    assert "something poses as dcgm-exporter" in out and "#oomguarddcgmpodrefused" in out
 
 
 def test_nothing_to_ask_is_a_gap_with_the_reason() -> None:

@@ -141,6 +141,7 @@ def check_deployment(
             _check_inputs(report, api, selector, alerts + records, state)
             _check_event_sources(report, api, selector)
             _check_figures(report, api, selector)
+            _check_dcgm_claims(report, api, selector)
     except (OSError, ValueError, KeyError) as exc:
         report.add(GAP, f"cannot query {prometheus_url}: {exc}")
     if alertmanager_url:
@@ -331,6 +332,22 @@ def _check_figures(report: CheckReport, api: _Api, selector: str) -> None:
             f"target {m.get('target', '?')} on {m.get('instance', '?')} answers without its {m.get('figure', '?')} "
             "under any name oomguard reads: the alerts on it cannot fire (an engine upgrade renamed it? "
             "docs/runbooks.md#oomguardenginefiguremissing)",
+        )
+
+
+def _check_dcgm_claims(report: CheckReport, api: _Api, selector: str) -> None:
+    """A pod refused as a node's dcgm-exporter in the last hour: a pose, or a node read from no one (a conflict)."""
+    for r in api.query(f"max_over_time(oomguard_dcgm_pods_refused_total{{{selector}}}[1h]) > 0"):
+        m = r["metric"]
+        pod = f"{m.get('namespace', '?')}/{m.get('pod', '?')}"
+        if m.get("reason") == "conflict":
+            why = "two pods claim the node, so its GPUs are read from neither: its memory alerts cannot fire"
+        else:
+            why = "no DaemonSet of dcgm.daemonsets controls it: something poses as dcgm-exporter"
+        report.add(
+            GAP,
+            f"pod {pod} refused as the dcgm-exporter of node {m.get('node', '?')} on {m.get('instance', '?')}: "
+            f"{why} (docs/runbooks.md#oomguarddcgmpodrefused)",
         )
 
 
