@@ -62,14 +62,20 @@ async def _renamed_engine() -> tuple[web.AppRunner, str]:
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="")
 
+    runner, address = await _serve({"/metrics": metrics, "/health": health})
+    return runner, f"http://{address}"
+
+
+async def _serve(routes: dict[str, Any]) -> tuple[web.AppRunner, str]:
+    """A server of these GET handlers on a free loopback port: its runner and its host:port."""
     app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/health", health)
+    for path, handler in routes.items():
+        app.router.add_get(path, handler)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
+    return runner, f"127.0.0.1:{port}"
 
 
 async def _posing(exporter_at: str) -> tuple[web.AppRunner, str]:
@@ -85,13 +91,7 @@ async def _posing(exporter_at: str) -> tuple[web.AppRunner, str]:
             body = (await upstream.read()).decode()
         return web.Response(text=body.replace("# EOF\n", "") + refused)
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"127.0.0.1:{port}"
+    return await _serve({"/metrics": metrics})
 
 
 def _check(url: str, *extra: str) -> tuple[int, str]:
