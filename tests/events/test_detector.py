@@ -217,4 +217,5 @@ def test_a_recorded_real_vllm_startup_failure_is_one_startup_memory() -> None:
     d = detector()
     kinds = [e.kind for line in text.splitlines() for e in d.feed(line, 0.0)] + [e.kind for e in d.tick(100.0)]
     assert kinds == ["startup_memory"]
-    assert d.take_starts() == []  # it never reached uvicorn's "Started server process"
+    # It never reached uvicorn's "Started server process": its start is the API server's arguments line.
+    assert [s.pid for s in d.take_starts()] == [8510]
