@@ -136,7 +136,7 @@ class ApiLogReader:
         """Down to half the budget (so that a flood asks `keep` of each line once, not at every line), the oldest
         lines that could not count first; then, only if those that could are over the budget (no engine writes a
         megabyte of them between two polls), the oldest of them."""
-        excess = self._held_bytes - MAX_HELD_BYTES // 2
+        excess, dropped = self._held_bytes - MAX_HELD_BYTES // 2, 0
         kept: deque[list[Any]] = deque()
         for held in self._held:
             if excess > 0:
@@ -145,13 +145,14 @@ class ApiLogReader:
                 if not held[1]:
                     excess -= len(held[0])
                     self._held_bytes -= len(held[0])
-                    self.stats.lines_dropped += 1  # type: ignore[operator]
+                    dropped += 1
                     continue
             kept.append(held)
         while self._held_bytes > MAX_HELD_BYTES and kept:
             self._held_bytes -= len(kept.popleft()[0])
-            self.stats.lines_dropped += 1  # type: ignore[operator]
+            dropped += 1
         self._held = kept
+        self.stats.lines_dropped = (self.stats.lines_dropped or 0) + dropped
 
     def _take(self, at: tuple[int, int]) -> None:
         """The position follows the line taken, back too when the node's clock stepped back."""

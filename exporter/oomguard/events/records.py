@@ -100,7 +100,7 @@ class RecordReader:
             if state == _AFTER:
                 del self._tracebacks[tag]
             state = None
-        if self._opens.match(message):
+        if self.opens_traceback(message):
             self._set(tag, _IN, header)
             # A record that opens a traceback ("Scheduler hit an exception: Traceback ...") is still a record.
             return Line(RECORD if headed else TRACEBACK, message, source, tag, True, stamp)

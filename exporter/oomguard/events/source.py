@@ -119,7 +119,7 @@ class LogSource:
         lines = self.reader.poll()
         self._report(self, self.reader.stats.last_error)
         self._say_when_empty(self.reader.stats.files_followed)
-        events = self._feed(lines, getattr(self.reader, "stamps", None), mono)
+        events = self._feed(clock, lines, getattr(self.reader, "stamps", None), mono)
         if not self.reader.stats.bytes_behind:
             clock.caught_up(now, mono)
         return events + self.detector.tick(clock.now(mono)) + self.detector.take_starts()
@@ -132,9 +132,8 @@ class LogSource:
             self.clock = LogClock(wall, mono, saved)
         return self.clock
 
-    def _feed(self, lines: list[str], stamps: list[float | None] | None, mono: float) -> list[Event]:
+    def _feed(self, clock: LogClock, lines: list[str], stamps: list[float | None] | None, mono: float) -> list[Event]:
         """Each line judged at its own time (log_clock.py): its transport's stamp, else its header's, else now."""
-        clock = self._clock(time.time(), mono)
         if stamps is None or len(stamps) != len(lines):
             stamps = [None] * len(lines)
         events: list[Event] = []
@@ -170,4 +169,6 @@ class LogSource:
 
     def close(self) -> list[Event]:
         held = self.reader.close() or []
-        return self._feed(held, getattr(self.reader, "stamps", None), self.monotonic())
+        mono = self.monotonic()
+        # Never polled: the clock starts now, as a poll's would.
+        return self._feed(self._clock(time.time(), mono), held, getattr(self.reader, "stamps", None), mono)
