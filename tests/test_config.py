@@ -333,3 +333,39 @@ def test_a_targets_port_is_its_urls_or_its_schemes() -> None:
     assert TargetConfig(url="https://engine.example").label == "engine.example:443"
     with pytest.raises(ValueError):
         url_port("http://127.0.0.1:99999")
+
+
+CLUSTER = "kubernetes:\n  scope: cluster\n  port: http\ndcgm:\n  discover: true\n"
+
+
+def test_a_shard_from_the_statefulset_pods_name_or_flags_and_a_wrong_one_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kubernetes.shards` > 1: the shard is the ordinal ending $POD_NAME (a StatefulSet's pod), or the flag's; an
+    ordinal past the shards, a name without one, or sharding a node agent is refused, naming the fix."""
+    from oomguard import cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "serve", lambda config, web_config_file=None: seen.setdefault("config", config) and 0)
+    path = write(tmp_path, CLUSTER)
+    monkeypatch.setenv("POD_NAME", "oomguard-2")
+    main(["serve", "--config", str(path), "--kubernetes.shards", "4"])
+    k8s = seen.pop("config").kubernetes
+    assert (k8s.shard, k8s.shards) == (2, 4)
+    monkeypatch.setenv("OOMGUARD_KUBERNETES_SHARDS", "3")
+    main(["serve", "--config", str(path), "--kubernetes.shard", "0"])
+    k8s = seen.pop("config").kubernetes
+    assert (k8s.shard, k8s.shards) == (0, 3)
+    for pod, wanted in (("oomguard-3", "makes this shard 3, but shards is 3"), ("oomguard", "ends in no ordinal")):
+        monkeypatch.setenv("POD_NAME", pod)
+        with pytest.raises(ConfigError, match=wanted):
+            load_config(path, {"kubernetes.shards": 3})
+    monkeypatch.setenv("NODE_NAME", "gpu-a")
+    (tmp_path / "node").mkdir()
+    node_agent = write(tmp_path / "node", "kubernetes:\n  port: http\n")
+    with pytest.raises(ConfigError, match="only the cluster mode"):
+        load_config(node_agent, {"kubernetes.shards": 2})
+    monkeypatch.delenv("POD_NAME")
+    monkeypatch.delenv("OOMGUARD_KUBERNETES_SHARDS")
+    main(["serve", "--config", str(path)])
+    assert seen.pop("config").kubernetes.shard == 0  # unsharded: one exporter reads every node

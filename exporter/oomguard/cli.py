@@ -33,6 +33,8 @@ _ENVIRONMENT = {
     "simulate_time_scale": ("OOMGUARD_SIMULATE_TIME_SCALE", "simulation.time_scale"),
     "simulate_gpu_source": ("OOMGUARD_SIMULATE_GPU_SOURCE", "simulation.gpu_source"),
     "nvml": ("OOMGUARD_COLLECTOR_NVML", "nvml.enabled"),
+    "shards": ("OOMGUARD_KUBERNETES_SHARDS", "kubernetes.shards"),
+    "shard": ("OOMGUARD_KUBERNETES_SHARD", "kubernetes.shard"),
     "log_level": ("OOMGUARD_LOG_LEVEL", None),
 }
 
@@ -93,6 +95,21 @@ def _parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="read GPUs through NVML [$OOMGUARD_COLLECTOR_NVML] (default on)",
+    )
+    serve.add_argument(
+        "--kubernetes.shards",
+        dest="shards",
+        type=int,
+        metavar="N",
+        help="the cluster mode split over N exporters, each reading the nodes whose name hashes to its shard "
+        "[$OOMGUARD_KUBERNETES_SHARDS] (default 1)",
+    )
+    serve.add_argument(
+        "--kubernetes.shard",
+        dest="shard",
+        type=int,
+        metavar="K",
+        help="this exporter's shard, 0 to N-1 [$OOMGUARD_KUBERNETES_SHARD] (default: the ordinal ending $POD_NAME)",
     )
     serve.add_argument(
         "--log.level",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,7 @@ from oomguard.ports import url_port
 from oomguard.promtext import LABEL_LIMIT, LABEL_VALUE_LENGTH_LIMIT, SAMPLE_LIMIT, Limits
 
 DEFAULT_PORT = 9847
+MAX_SHARDS = 1024  # a shard reads at least a node; more replicas than that is a typo
 _TREND = TrendSettings()  # the analysis' defaults, written once there
 DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
 
@@ -334,6 +336,20 @@ class KubernetesConfig(StrictModel):
     resync_seconds: float = Field(300.0, gt=0, description="A full list this often, besides the watch.")
     retry_max_seconds: float = Field(30.0, gt=0, description="Longest wait between tries while the API fails.")
     proc_dir: str = Field("/proc", description="Where the host's processes are (NVML's pids to pods via cgroups).")
+    shards: int = Field(
+        1,
+        ge=1,
+        le=MAX_SHARDS,
+        description="The cluster mode split over this many exporters, as kube-state-metrics splits (a StatefulSet of "
+        "this many replicas, deploy/kubernetes-sharded): each reads the nodes whose name hashes to its shard, their "
+        "engine pods and their dcgm-exporter (docs/kubernetes.md, \"Sharding\").",
+    )
+    shard: int | None = Field(
+        None,
+        ge=0,
+        description="This exporter's shard, 0 to shards-1; empty: the ordinal that ends $POD_NAME (a StatefulSet "
+        "pod's name: oomguard-2 is shard 2).",
+    )
 
     @field_validator("engine")
     @classmethod
@@ -353,7 +369,11 @@ class KubernetesConfig(StrictModel):
     @model_validator(mode="after")
     def _node(self) -> KubernetesConfig:
         if self.scope == "cluster":
+            object.__setattr__(self, "shard", self._own_shard())
             return self  # every node's pods: no node of its own needed
+        if self.shards > 1:
+            raise ValueError("shards: only the cluster mode (scope: cluster) is sharded; a node agent reads its own node")
+        object.__setattr__(self, "shard", 0)
         if not self.node_name:
             node = os.environ.get("NODE_NAME", "")
             if not node:
@@ -363,6 +383,30 @@ class KubernetesConfig(StrictModel):
                 )
             object.__setattr__(self, "node_name", node)
         return self
+
+    def _own_shard(self) -> int:
+        if self.shards == 1:
+            if self.shard:
+                raise ValueError(f"shard is {self.shard} but shards is 1: set shards to the number of replicas")
+            return 0
+        if self.shard is None:
+            pod = os.environ.get("POD_NAME", "")
+            ordinal = re.search(r"-(\d+)$", pod)
+            if ordinal is None:
+                raise ValueError(
+                    f"shards is {self.shards} but shard is empty and $POD_NAME ({pod!r}) ends in no ordinal: run it "
+                    "as a StatefulSet with POD_NAME from the downward API (fieldRef metadata.name, as "
+                    "deploy/kubernetes-sharded does), or set shard"
+                )
+            shard, origin = int(ordinal.group(1)), f"$POD_NAME {pod!r}"
+        else:
+            shard, origin = self.shard, "shard"
+        if shard >= self.shards:
+            raise ValueError(
+                f"{origin} makes this shard {shard}, but shards is {self.shards} (shards 0 to {self.shards - 1}): set "
+                "shards to the StatefulSet's replicas"
+            )
+        return shard
 
 
 class DcgmConfig(StrictModel):

@@ -356,3 +356,61 @@ async def test_a_pod_posing_as_dcgm_exporter_changes_no_figure_and_is_told(
     finally:
         for server in (engine.server, real.server, fake.server):
             await server.stop()
+
+
+async def test_two_shards_read_disjoint_nodes_and_together_every_one(tmp_path: Path) -> None:
+    """Two exporters of a sharded cluster mode (shards 2, shard 0 and 1) against one API: each node's engine pod,
+    its dcgm-exporter and its kubelet's Events are read by the one shard its name hashes to, never by both; together
+    they read every node. The nodes are chosen so that each shard has two (shards.py's hash decides which)."""
+    from oomguard.sources.kubernetes.shards import shard_of
+
+    names = [f"gpu-{i:03d}" for i in range(40)]
+    nodes = [n for n in names if shard_of(n, 2) == 0][:2] + [n for n in names if shard_of(n, 2) == 1][:2]
+    port, dcgm_port = free_port("127.0.0.2"), free_port("127.0.0.6")
+    engines = [Engine(f"127.0.0.{2 + i}", port) for i in range(4)]
+    used = {node: (10 + 10 * i) * 1024 for i, node in enumerate(nodes)}  # each node's own figure, in MiB
+    exporters = [
+        Dcgm(f"127.0.0.{6 + i}", dcgm_port, dcgm_body(node, [(0, used[node], 80 * 1024 - used[node], f"vllm-{i}")]))
+        for i, node in enumerate(nodes)
+    ]
+    servers = [*(e.server for e in engines), *(d.server for d in exporters)]
+    for server in servers:
+        await server.start()
+    (tmp_path / "0").mkdir()
+    (tmp_path / "1").mkdir()
+    try:
+        async with (
+            Cluster(tmp_path / "0", shards=2, shard=0, **cluster_config(dcgm_port)) as shard0,
+            Cluster(tmp_path / "1", api=shard0.api, shards=2, shard=1, **cluster_config(dcgm_port)) as shard1,
+        ):
+            pods = [objects.pod(f"vllm-{i}", f"127.0.0.{2 + i}", port, node=node) for i, node in enumerate(nodes)]
+            for i, (node, pod) in enumerate(zip(nodes, pods, strict=True)):
+                await shard0.api.put("pods", pod)
+                await shard0.api.put("pods", dcgm_pod(f"dcgm-{i}", f"127.0.0.{6 + i}", node))
+            mine = {0: ["llm/vllm-0", "llm/vllm-1"], 1: ["llm/vllm-2", "llm/vllm-3"]}
+            for index, k8s in enumerate((shard0, shard1)):
+                await wait_for(lambda k8s=k8s, index=index: k8s.targets() == mine[index], f"shard {index}'s pods")
+            for node, pod in zip(nodes, pods, strict=True):  # an Event counts for a pod known (discovered) first
+                kill = objects.event(pod, "Killing", "Container vllm failed liveness probe, will be restarted")
+                kill["source"]["host"] = kill["reportingInstance"] = node
+                await shard0.api.put("events", kill)
+            for index, k8s in enumerate((shard0, shard1)):
+                for i, node in enumerate(nodes):
+                    owned = shard_of(node, 2) == index
+                    gpu = {"node": node, "gpu": "0"}
+                    if owned:
+                        await wait_for(lambda k8s=k8s, gpu=gpu: k8s.value("oomguard_gpu_memory_used_bytes", **gpu),
+                                       f"{node}'s GPU in shard {index}")  # fmt: skip
+                        assert await k8s.value("oomguard_gpu_memory_used_bytes", **gpu) == used[node] * MIB
+                        pod = {"namespace": "llm", "pod": f"vllm-{i}", "container": "vllm", "target": f"llm/vllm-{i}"}
+                        await wait_for(
+                            lambda k8s=k8s, pod=pod: k8s.value("oomguard_target_events_total", kind="probe_kill", **pod),
+                            f"{node}'s probe kill in shard {index}",
+                        )
+                    else:
+                        assert await k8s.value("oomguard_gpu_memory_used_bytes", **gpu) is None
+                # No refusal: another shard's dcgm-exporter is not a pose, only not this shard's to read.
+                assert not [k for k in await k8s.metrics() if k[0] == "oomguard_dcgm_pods_refused_total"]
+    finally:
+        for server in servers:
+            await server.stop()

@@ -25,6 +25,7 @@ from oomguard.sources.kubernetes import cgroup
 from oomguard.sources.kubernetes.api import ApiClient, ApiError, connect
 from oomguard.sources.kubernetes.pod_logs import PodLogFollower
 from oomguard.sources.kubernetes.pods import PodTarget, pod_target
+from oomguard.sources.kubernetes.shards import Shard
 from oomguard.sources.kubernetes.trusted_dcgm import TrustedDcgm
 from oomguard.sources.kubernetes.watch import ListWatch, Obj
 from oomguard.sources.registry import SourceRegistry
@@ -60,6 +61,9 @@ class KubernetesDiscovery:
         self._pods_listed_in: set[str | None] = set()
         self._client: ApiClient | None = None
         self.cluster = self.k8s.scope == "cluster"  # every node's pods, no host access (docs/kubernetes.md)
+        # The nodes this exporter reads, where the cluster mode is sharded (shards.py); the API cannot select by a
+        # hash, so every shard lists every engine pod and keeps its own nodes'.
+        self.shard = Shard(self.k8s.shard or 0, self.k8s.shards)
         self._dcgm: dict[tuple[str, str], DcgmEndpoint] = {}  # the dcgm-exporter pods taken, by (namespace, name)
         self._dcgm_trusted = TrustedDcgm(config.dcgm.daemonsets if config.dcgm is not None else ())
         self.dcgm_port = config.dcgm.port if config.dcgm is not None else 0
@@ -75,6 +79,9 @@ class KubernetesDiscovery:
                 self._client = ApiClient(connection)
                 log.info("kubernetes: API at %s (%s), node %s",
                          connection.server, connection.source, self.k8s.node_name)  # fmt: skip
+                if self.shard.count > 1:
+                    log.info("kubernetes: shard %d of %d: the nodes whose name hashes to %d, their pods and "
+                             "dcgm-exporter", self.shard.index, self.shard.count, self.shard.index)  # fmt: skip
             except (ApiError, OSError) as exc:
                 self.registry.record(SOURCE, False, 0.0)
                 log.error("kubernetes: cannot find the API: %s (retried in %.1fs)", exc, retry)
@@ -142,7 +149,8 @@ class KubernetesDiscovery:
         meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         ip, node = status.get("podIP") or "", spec.get("nodeName") or ""
-        if kind == "DELETED" or not ip or not node or status.get("phase") in ("Succeeded", "Failed"):
+        gone = kind == "DELETED" or not ip or not node or status.get("phase") in ("Succeeded", "Failed")
+        if gone or not self.shard.owns(node):  # another shard's node: read, and judged, by that shard
             self._dcgm_trusted.forget(key)
             if self._dcgm.pop(key, None) is not None:
                 log.info("kubernetes: dcgm-exporter %s/%s gone", *key)
@@ -164,7 +172,8 @@ class KubernetesDiscovery:
     async def _pods_listed(self, items: list[Obj], namespace: str | None) -> None:
         seen: set[str] = set()
         for obj in items:
-            if (pod := pod_target(obj, self.k8s.port, self.k8s.engine)) is not None and pod.target not in self.static:
+            pod = self._own(pod_target(obj, self.k8s.port, self.k8s.engine))
+            if pod is not None and pod.target not in self.static:
                 seen.add(pod.target)
                 await self._upsert(pod)
         for name, known in list(self.known.items()):
@@ -177,7 +186,7 @@ class KubernetesDiscovery:
         return len(self._pods_listed_in) == len(self._scopes)
 
     async def _pod_event(self, kind: str, obj: Obj) -> None:
-        pod = pod_target(obj, self.k8s.port, self.k8s.engine) if kind != "DELETED" else None
+        pod = self._own(pod_target(obj, self.k8s.port, self.k8s.engine)) if kind != "DELETED" else None
         meta = obj.get("metadata") or {}
         name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         if pod is None:
@@ -185,6 +194,10 @@ class KubernetesDiscovery:
                 await self._remove(name)
         elif pod.target not in self.static:
             await self._upsert(pod)
+
+    def _own(self, pod: PodTarget | None) -> PodTarget | None:
+        """The pod, if it runs on one of this shard's nodes."""
+        return pod if pod is not None and self.shard.owns(pod.node) else None
 
     async def _upsert(self, pod: PodTarget) -> None:
         # Every change is made before the one await: a resync's timeout may cancel this there, and the thread
@@ -240,10 +253,17 @@ class KubernetesDiscovery:
 
     # -- the kubelet's Events of pods: counted in events/kubernetes.py --------------------------------------
     async def _events_list(self, items: list[Obj], namespace: str | None) -> None:
-        self.pod_events.events_listed(items, namespace)
+        self.pod_events.events_listed([obj for obj in items if self._own_event(obj)], namespace)
 
     async def _kubelet_event(self, kind: str, obj: Obj) -> None:
-        self.pod_events.event(kind, obj)
+        if self._own_event(obj):
+            self.pod_events.event(kind, obj)
+
+    def _own_event(self, obj: Obj) -> bool:
+        """An Event of a kubelet of this shard's nodes (its `source.host`); one without a host is matched to the
+        pods this shard knows, as any Event is."""
+        host = (obj.get("source") or {}).get("host") or ""
+        return not host or self.shard.owns(host)
 
     # -- attribution: NVML's pids -> pods, through /proc/<pid>/cgroup ---------------------------
     async def attribute(
