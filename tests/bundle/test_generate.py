@@ -110,25 +110,27 @@ def groupings(expr: str) -> list[list[str]]:
 
 def test_every_grouping_keeps_the_fleet_labels(default: dict[str, str]) -> None:
     """Behind Thanos or Mimir, two clusters' series of the same job, instance and target must not be summed or
-    matched together: every by() and on() of every rule starts with the fleet labels (cluster)."""
+    matched together, nor an HA pair's two exporters (replica): every by() and on() of every rule starts with the
+    fleet labels (cluster, replica)."""
     found = 0
     for name in (ALERTS_FILE, RECORDS_FILE):
         for rule in rules(default[name]):
             for labels in groupings(rule["expr"]):
                 found += 1
-                assert labels[:3] == ["cluster", "job", "instance"], (rule.get("alert") or rule.get("record"), labels)
+                wanted = ["cluster", "replica", "job", "instance"]
+                assert labels[:4] == wanted, (rule.get("alert") or rule.get("record"), labels)
     assert found >= 12
 
 
 def test_fleet_labels_are_configurable(tmp_path: Path, default: dict[str, str]) -> None:
     custom = tmp_path / "bundle.yaml"
-    custom.write_text("fleet_labels: [cluster, region]\n")
+    custom.write_text("fleet_labels: [cluster, replica, region]\n")
     theirs = render(load_bundle_config(custom))
     for name in (ALERTS_FILE, RECORDS_FILE):
-        expected = default[name].replace("cluster, job, instance", "cluster, region, job, instance")
+        expected = default[name].replace("cluster, replica, job, instance", "cluster, replica, region, job, instance")
         # The startup alert's description looks the pod's grace up by the same labels.
-        expected = expected.replace("cluster=%q,job=%q", "cluster=%q,region=%q,job=%q")
-        expected = expected.replace("$labels.cluster $labels.job", "$labels.cluster $labels.region $labels.job")
+        expected = expected.replace("replica=%q,job=%q", "replica=%q,region=%q,job=%q")
+        expected = expected.replace("$labels.replica $labels.job", "$labels.replica $labels.region $labels.job")
         assert theirs[name] == expected
     # None: the rules of a single Prometheus, as before fleets; a label in both lists is written once.
     custom.write_text("fleet_labels: []\n")
@@ -142,8 +144,8 @@ def test_startup_alert_judges_each_pod_on_its_own_grace(default: dict[str, str])
     alert = next(a for a in rules(default[ALERTS_FILE]) if a["alert"] == "OomGuardStartupSlowerThanProbe")
     expr = alert["expr"]
     grace = 'oomguard_target_probe_grace_seconds{job="oomguard"}'
-    assert f"> on(cluster, job, instance, target) group_left {grace}" in expr
-    assert f"> 60\n  unless on(cluster, job, instance, target) {grace}" in expr
+    assert f"> on(cluster, replica, job, instance, target) group_left {grace}" in expr
+    assert f"> 60\n  unless on(cluster, replica, job, instance, target) {grace}" in expr
     assert '"grace", "pod"' in expr and '"grace", "bundle"' in expr
     # The fallback follows the bundle's setting and its time scale; the pod's own grace is never scaled.
     custom = {"probe_initial_delay_seconds": 120}
