@@ -342,7 +342,7 @@ class KubernetesConfig(StrictModel):
         le=MAX_SHARDS,
         description="The cluster mode split over this many exporters, as kube-state-metrics splits (a StatefulSet of "
         "this many replicas, deploy/kubernetes-sharded): each reads the nodes whose name hashes to its shard, their "
-        "engine pods and their dcgm-exporter (docs/kubernetes.md, \"Sharding\").",
+        'engine pods and their dcgm-exporter (docs/kubernetes.md, "Sharding").',
     )
     shard: int | None = Field(
         None,
@@ -372,7 +372,7 @@ class KubernetesConfig(StrictModel):
             object.__setattr__(self, "shard", self._own_shard())
             return self  # every node's pods: no node of its own needed
         if self.shards > 1:
-            raise ValueError("shards: only the cluster mode (scope: cluster) is sharded; a node agent reads its own node")
+            raise ValueError("shards: only the cluster mode (scope: cluster) is sharded; a node agent reads its node")
         object.__setattr__(self, "shard", 0)
         if not self.node_name:
             node = os.environ.get("NODE_NAME", "")

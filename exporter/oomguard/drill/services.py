@@ -112,21 +112,31 @@ class Prometheus(_Process):
         alertmanager: str | None = None,
         job: str = "oomguard",
         client: dict[str, Any] | None = None,
+        target_labels: list[dict[str, str]] | None = None,
+        relabel_configs: list[dict[str, Any]] | None = None,
+        alert_relabel_configs: list[dict[str, Any]] | None = None,
     ) -> None:
+        """`target_labels`: each target's labels (as service discovery gives them, `__meta_*` included), in the
+        order of `targets`; `relabel_configs` applied to them, `alert_relabel_configs` to the alerts sent."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        groups = [{"targets": [t], "labels": labels} for t, labels in zip(targets, target_labels, strict=True)] \
+            if target_labels else [{"targets": targets}]  # fmt: skip
+        job_config = {"job_name": job, **copy.deepcopy(client or {}), "static_configs": groups}
+        if relabel_configs:
+            job_config["relabel_configs"] = relabel_configs
         config: dict[str, Any] = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
             "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [
-                {"job_name": job, **copy.deepcopy(client or {}), "static_configs": [{"targets": targets}]}
-            ],
+            "scrape_configs": [job_config],
         }
         if alertmanager:
             # Copies: shared dicts would be written as YAML anchors and aliases.
             managers = [{**copy.deepcopy(client or {}), "static_configs": [{"targets": [alertmanager]}]}]
             config["alerting"] = {"alertmanagers": managers}
+            if alert_relabel_configs:
+                config["alerting"]["alert_relabel_configs"] = alert_relabel_configs
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         binary = prometheus_binary()
         super().__init__(

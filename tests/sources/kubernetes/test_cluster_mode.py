@@ -403,10 +403,9 @@ async def test_two_shards_read_disjoint_nodes_and_together_every_one(tmp_path: P
                                        f"{node}'s GPU in shard {index}")  # fmt: skip
                         assert await k8s.value("oomguard_gpu_memory_used_bytes", **gpu) == used[node] * MIB
                         pod = {"namespace": "llm", "pod": f"vllm-{i}", "container": "vllm", "target": f"llm/vllm-{i}"}
-                        await wait_for(
-                            lambda k8s=k8s, pod=pod: k8s.value("oomguard_target_events_total", kind="probe_kill", **pod),
-                            f"{node}'s probe kill in shard {index}",
-                        )
+                        kills = {"kind": "probe_kill", **pod}
+                        await wait_for(lambda k8s=k8s, kills=kills: k8s.value("oomguard_target_events_total", **kills),
+                                       f"{node}'s probe kill in shard {index}")  # fmt: skip
                     else:
                         assert await k8s.value("oomguard_gpu_memory_used_bytes", **gpu) is None
                 # No refusal: another shard's dcgm-exporter is not a pose, only not this shard's to read.
