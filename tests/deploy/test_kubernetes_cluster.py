@@ -71,7 +71,7 @@ def restricted_violations(pod: dict[str, Any]) -> list[str]:
 def test_every_object_validates(cluster: list[dict[str, Any]]) -> None:
     validate(cluster)
     assert sorted(set(kinds(cluster))) == sorted(
-        {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "PersistentVolumeClaim", "Deployment",
+        {"Namespace", "ServiceAccount", "Role", "RoleBinding", "PersistentVolumeClaim", "Deployment",
          "Service", "ServiceMonitor", "PrometheusRule", "ConfigMap"}
     )  # fmt: skip
 
@@ -105,16 +105,39 @@ def test_one_replica_replaced_by_recreate_with_its_state_on_a_volume(cluster: li
     assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]  # the volume writable by it
 
 
-def test_rbac_only_reads_pods_their_logs_and_events(cluster: list[dict[str, Any]]) -> None:
-    role = one(cluster, "ClusterRole")
-    granted = {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+def test_rbac_only_reads_pods_their_logs_and_events_in_the_namespaces_configured(
+    cluster: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """Nothing cluster-wide: the engines' namespaces (kubernetes.namespaces) grant their pods, logs and Events, the
+    GPU Operator's (dcgm.namespaces) its pods; the configuration watches exactly where it may read."""
+    assert not [o for o in cluster if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    granted: dict[str, set[tuple[str, str]]] = {}
+    roles = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in cluster if o["kind"] == "Role"}
+    home = one(cluster, "Namespace")["metadata"]["name"]
+    for binding in (o for o in cluster if o["kind"] == "RoleBinding"):
+        namespace = binding["metadata"]["namespace"]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "oomguard", "namespace": home}]
+        role = roles[(namespace, binding["roleRef"]["name"])]
+        granted.setdefault(namespace, set()).update(
+            (resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]
+        )
+    reads = {("pods", "get"), ("pods", "list"), ("pods", "watch")}
+    engines = reads | {("events", "get"), ("events", "list"), ("events", "watch"), ("pods/log", "get")}
+    config = _config(cluster, tmp_path)
+    assert config.kubernetes is not None and config.dcgm is not None
+    assert config.kubernetes.namespaces and config.dcgm.namespaces == ("gpu-operator",)
     assert granted == {
-        ("pods", "get"), ("pods", "list"), ("pods", "watch"), ("events", "get"), ("events", "list"),
-        ("events", "watch"), ("pods/log", "get"),
-    }  # fmt: skip
-    binding = one(cluster, "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"][0]["namespace"] == one(cluster, "Namespace")["metadata"]["name"]
+        **{namespace: engines for namespace in config.kubernetes.namespaces},
+        **{namespace: reads for namespace in config.dcgm.namespaces},
+    }
+
+
+def _config(cluster: list[dict[str, Any]], tmp_path: Path) -> Any:
+    deployment = one(cluster, "Deployment", "oomguard")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    path = tmp_path / "oomguard.yaml"
+    path.write_text(one(cluster, "ConfigMap", volumes["config"]["configMap"]["name"])["data"]["oomguard.yaml"])
+    return load_config(path)
 
 
 def test_the_configuration_is_the_cluster_modes(cluster: list[dict[str, Any]], tmp_path: Path) -> None:
