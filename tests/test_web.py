@@ -97,6 +97,31 @@ async def test_concurrent_scrapes_share_one_collection(aiohttp_client, zoo: Zoo)
     assert zoo.requests["slow"] - before == 1
 
 
+async def test_the_answer_is_rendered_once_a_snapshot_off_the_event_loop(
+    aiohttp_client, zoo: Zoo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster's answer takes tens of milliseconds to render: in a thread, never on the loop, once for the
+    scrapes that share a snapshot."""
+    from oomguard import web as web_module
+
+    threads: list[threading.Thread] = []
+    real_render = web_module.render
+
+    def render(snapshot):  # type: ignore[no-untyped-def]
+        threads.append(threading.current_thread())
+        return real_render(snapshot)
+
+    monkeypatch.setattr(web_module, "render", render)
+    client = await aiohttp_client(app_for(zoo, ["slow"]))
+    await client.get("/metrics")
+    threads.clear()
+    responses = await asyncio.gather(*(client.get("/metrics") for _ in range(8)))
+    assert all(r.status == 200 for r in responses)
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
+    bodies = {await r.read() for r in responses}
+    assert len(bodies) == 1 and b"oomguard_build_info" in next(iter(bodies))
+
+
 async def test_hung_nvml_does_not_hang_the_scrape(aiohttp_client, zoo: Zoo) -> None:
     release = threading.Event()
     lib = FakeNvml([FakeGpu(0)])
