@@ -409,6 +409,33 @@ class KubernetesConfig(StrictModel):
         return shard
 
 
+_METRIC_NAME = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
+
+
+class DcgmFieldsConfig(StrictModel):
+    """Which dcgm-exporter families hold each figure, each list tried in order (sources/dcgm_body.py's Fields holds
+    the same defaults). Each family's unit comes from its `# HELP` text, else its name (`_BYTES`: bytes; else MiB)."""
+
+    used: tuple[str, ...] = Field(
+        ("DCGM_FI_DEV_FB_USED",), min_length=1, description="Framebuffer memory used (4.8 and earlier: MiB)."
+    )
+    free: tuple[str, ...] = Field(("DCGM_FI_DEV_FB_FREE",), min_length=1, description="Framebuffer memory free.")
+    reserved: tuple[str, ...] = Field(("DCGM_FI_DEV_FB_RESERVED",), description="Framebuffer memory reserved.")
+    total: tuple[str, ...] = Field(
+        ("DCGM_FI_DEV_FB_CAPACITY_BYTES", "DCGM_FI_DEV_FB_TOTAL"),
+        description="Total framebuffer memory (4.9 and later collect DCGM_FI_DEV_FB_CAPACITY_BYTES, in bytes); "
+        "without one, used + free + reserved.",
+    )
+
+    @field_validator("used", "free", "reserved", "total")
+    @classmethod
+    def _names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not _METRIC_NAME.match(name):
+                raise ValueError(f"{name[:80]!r} is not a metric name (letters, digits, _ and :)")
+        return value
+
+
 class DcgmConfig(StrictModel):
     """GPU memory from NVIDIA's dcgm-exporter instead of NVML (docs/kubernetes.md, "The modes")."""
 
@@ -437,6 +464,11 @@ class DcgmConfig(StrictModel):
     timeout_seconds: float = Field(5.0, gt=0, description="Longest wait for one dcgm-exporter's answer.")
     max_body_bytes: int = Field(
         4 * 1024 * 1024, gt=0, description="Largest body read from one dcgm-exporter (8 GPUs take about 55 KB)."
+    )
+    fields: DcgmFieldsConfig = Field(
+        default_factory=DcgmFieldsConfig,
+        description="The families of each memory figure: add the names a dcgm-exporter 4.9 or later writes "
+        '(docs/kubernetes.md, "dcgm-exporter 4.9 and later").',
     )
 
     @field_validator("urls")

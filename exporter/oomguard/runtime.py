@@ -35,6 +35,7 @@ from oomguard.simulate.clock import events_on_clock, trend_on_clock
 from oomguard.simulate.dcgm_exporter import SimulatedDcgmExporter
 from oomguard.simulate.runner import Simulation
 from oomguard.sources.dcgm import DcgmEndpoint, DcgmReader
+from oomguard.sources.dcgm_body import Fields
 from oomguard.sources.kubernetes.discovery import KubernetesDiscovery
 from oomguard.sources.local.discovery import LocalDiscovery
 from oomguard.sources.local.settings import SettingsReader
@@ -166,8 +167,9 @@ class Runtime:
             configured = [DcgmEndpoint(url, config.local_node) for url in dcgm.urls]
             endpoints = discovery.dcgm_endpoints if discovery is not None and dcgm.discover else lambda: configured
             gpus = DcgmReader(
-                self._client, endpoints, timeout_seconds=dcgm.timeout_seconds, max_body_bytes=dcgm.max_body_bytes
-            )
+                self._client, endpoints, timeout_seconds=dcgm.timeout_seconds, max_body_bytes=dcgm.max_body_bytes,
+                fields=Fields(**dcgm.fields.model_dump()),
+            )  # fmt: skip
         local = self.local_discovery = (
             LocalDiscovery(config, registry=self.registry, targets=targets, processes=processes)
             if config.discovers_local

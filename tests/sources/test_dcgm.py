@@ -149,7 +149,7 @@ async def test_a_body_seen_before_is_not_parsed_again(
     import oomguard.sources.dcgm as dcgm
 
     calls = []
-    monkeypatch.setattr(dcgm, "parse", lambda text: calls.append(1) or parse_body(text))
+    monkeypatch.setattr(dcgm, "parse", lambda text, **kw: calls.append(1) or parse_body(text, **kw))
     base, _ = server
     async with EngineClient() as client:
         reader = DcgmReader(

@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import FIXTURES, fixture_body, vllm_body
 
 from oomguard.promtext import LimitExceeded
+from oomguard.sources.dcgm_body import CAPACITY_BYTES as CAPACITY
 from oomguard.sources.dcgm_body import DcgmBody, DcgmBodyError, DcgmGpu, parse
 
 MIB = 1048576
@@ -68,6 +70,7 @@ def test_default_counters_two_gpus_hostname() -> None:
             gpu(1, "GPU-3a9e7c42-1f08-4d6b-b2c5-7e91d0a4f653", A100_80, "", "gpu-node-07", 4, 81248, None, 0.0),
         ),
         mig_series_skipped=0,
+        fields=ANY,
     )
 
 
@@ -120,6 +123,7 @@ def test_lowercase_hostname_reserved_and_gpus_sorted_by_index() -> None:
             ),
         ),
         mig_series_skipped=0,
+        fields=ANY,
     )
 
 
@@ -154,6 +158,7 @@ def test_relabelled_body_reads_exported_pod_labels_not_the_exporters_own_pod() -
             ),
         ),
         mig_series_skipped=0,
+        fields=ANY,
     )
 
 
@@ -183,12 +188,13 @@ def test_mig_instance_series_skipped_and_counted() -> None:
             ),
         ),
         mig_series_skipped=6,  # FB_USED, FB_FREE and GPU_UTIL of two instances
+        fields=ANY,
     )
 
 
 def test_a_body_of_mig_instances_only_has_no_gpus() -> None:
     body = 'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1",GPU_I_PROFILE="1g.10gb",GPU_I_ID="7"} 5\n'
-    assert parse(body) == DcgmBody(gpus=(), mig_series_skipped=1)
+    assert parse(body) == DcgmBody(gpus=(), mig_series_skipped=1, fields=ANY)
 
 
 def test_eight_gpus_two_pods() -> None:
@@ -244,6 +250,7 @@ def test_shared_gpu_per_process_series_beside_the_gpus_own() -> None:
             ),
         ),
         mig_series_skipped=0,
+        fields=ANY,
     )
 
 
@@ -415,3 +422,71 @@ def test_a_body_that_lists_a_gpu_twice_or_out_of_range_is_refused_whole(body: st
     """One GPU under two hostnames or UUIDs doubled its total (a used ratio of 0.5); a GPU index of 10^30 was taken."""
     with pytest.raises(DcgmBodyError, match=message):
         parse(body)
+
+
+def test_the_configured_fields_defaults_are_the_parsers() -> None:
+    from oomguard.config import DcgmFieldsConfig
+    from oomguard.sources.dcgm_body import DEFAULT_FIELDS, Fields
+
+    assert Fields(**DcgmFieldsConfig().model_dump()) == DEFAULT_FIELDS
+
+
+def _family(name: str, help_text: str | None, values: dict[int, float]) -> str:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"] if help_text is not None else []
+    lines += [f'{name}{{gpu="{i}",UUID="GPU-{i}",modelName="NVIDIA H100 80GB HBM3",hostname="n"}} {v}' for i, v in
+              values.items()]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def test_dcgm_exporter_4_9s_total_in_bytes_beside_the_used_in_mib() -> None:
+    """4.9 and later collect DCGM_FI_DEV_FB_CAPACITY_BYTES (the total, bytes) by default: read as the total beside a
+    used figure in MiB, each in its own unit, and the body says which families it was read by."""
+    total = 85_520_809_984  # an H100 80GB's framebuffer, bytes
+    body = _family(CAPACITY, "Total framebuffer memory (in bytes).", {0: total, 1: total}) + _family(
+        "DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", {0: 73_000, 1: 1_000}
+    )
+    parsed = parse(body)
+    assert [(g.used_bytes, g.total_bytes) for g in parsed.gpus] == [(73_000 * MIB, total), (1_000 * MIB, total)]
+    assert parsed.fields == (("used", "DCGM_FI_DEV_FB_USED", "MiB"), ("total", CAPACITY, "bytes"))
+
+
+@pytest.mark.parametrize(
+    ("help_text", "unit"),
+    [("Framebuffer memory used (in MiB).", "MiB"), ("Framebuffer memory used (in MB).", "MiB"),
+     ("Framebuffer memory used (in bytes).", "bytes"), (None, "MiB")],
+)  # fmt: skip
+def test_a_familys_unit_from_its_help_else_its_name(help_text: str | None, unit: str) -> None:
+    parsed = parse(_family("DCGM_FI_DEV_FB_USED", help_text, {0: 2048}) + _family("DCGM_FI_DEV_FB_FREE", None, {0: 0}))
+    assert parsed.gpus[0].used_bytes == (2048 * MIB if unit == "MiB" else 2048)
+    assert ("used", "DCGM_FI_DEV_FB_USED", unit) in parsed.fields
+
+
+def test_renamed_fields_are_named_in_the_error_and_read_once_configured() -> None:
+    """The used and free names of 4.9 and later could not be confirmed from a published list here: the body's own
+    framebuffer families are named in the error, with the key that takes them (dcgm.fields). `EXAMPLE_*` below are
+    placeholders for whatever a user's exporter writes, not NVIDIA's names."""
+    from oomguard.sources.dcgm_body import Fields
+
+    gib = 2**30
+    body = (
+        _family(CAPACITY, "Total framebuffer memory (in bytes).", {0: 80 * gib})
+        + _family("DCGM_FI_DEV_FB_EXAMPLE_USED_BYTES", "Framebuffer memory used (in bytes).", {0: 60 * gib})
+        + _family("DCGM_FI_DEV_FB_EXAMPLE_FREE_BYTES", "Framebuffer memory free (in bytes).", {0: 20 * gib})
+    )
+    with pytest.raises(DcgmBodyError) as refused:
+        parse(body)
+    message = str(refused.value)
+    assert "DCGM_FI_DEV_FB_EXAMPLE_USED_BYTES" in message and "dcgm.fields" in message
+    fields = Fields(used=("DCGM_FI_DEV_FB_EXAMPLE_USED_BYTES", "DCGM_FI_DEV_FB_USED"),
+                    free=("DCGM_FI_DEV_FB_EXAMPLE_FREE_BYTES", "DCGM_FI_DEV_FB_FREE"))  # fmt: skip
+    (gpu,) = parse(body, fields=fields).gpus
+    assert (gpu.used_bytes, gpu.free_bytes, gpu.total_bytes) == (60 * gib, 20 * gib, 80 * gib)
+    # The same configuration reads a 4.8 exporter of the same fleet, in MiB.
+    (old,) = parse(dcgm_body("dcgm-3.x-default-2gpu.prom"), fields=fields).gpus[:1]
+    assert old.used_bytes is not None and old.used_bytes % MIB == 0
+
+
+def test_a_bytes_figure_past_any_gpu_is_refused_as_a_mib_one_is() -> None:
+    body = _family(CAPACITY, "(in bytes)", {0: 2.0**51}) + _family("DCGM_FI_DEV_FB_USED", None, {0: 10})
+    (gpu,) = parse(body).gpus
+    assert gpu.total_bytes is None and gpu.used_bytes == 10 * MIB  # no total rather than a petabyte's

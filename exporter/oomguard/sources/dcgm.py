@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from oomguard.capped import BodyTooLarge, EngineClient, EngineHttpError, get
 from oomguard.model import GpuReading, NvmlReading
-from oomguard.sources.dcgm_body import DcgmBody, DcgmBodyError, parse
+from oomguard.sources.dcgm_body import DEFAULT_FIELDS, DcgmBody, DcgmBodyError, Fields, parse
 
 log = logging.getLogger(__name__)
 SOURCE = "dcgm"  # the `source` label of oomguard_source_success
@@ -52,12 +52,15 @@ class DcgmReader:
         *,
         timeout_seconds: float,
         max_body_bytes: int,
+        fields: Fields = DEFAULT_FIELDS,
     ) -> None:
         """`endpoints`: the dcgm-exporters as they stand (configured, or discovered by sources/kubernetes/)."""
         self.client = client
         self.endpoints = endpoints
         self.timeout_seconds = timeout_seconds
         self.max_body_bytes = max_body_bytes
+        self.fields = fields
+        self._naming: dict[str, tuple[tuple[str, str, str], ...]] = {}  # by endpoint URL: the families it was read by
         self._failing: set[str] = set()  # endpoints whose failure was logged: logged again only once they recover
         # Each endpoint's last body, by its digest (what is held does not grow with the bodies), and its GPUs:
         # dcgm-exporter samples every 30 s by default, so most scrapes get the body of the last one again, which is
@@ -111,8 +114,9 @@ class DcgmReader:
                 digest = hashlib.blake2b(f.body, digest_size=16).digest()
                 try:
                     if last is None or last[0] != digest:
-                        body = parse(f.body.decode("utf-8", errors="replace"))
+                        body = parse(f.body.decode("utf-8", errors="replace"), fields=self.fields)
                         self._say_mig(f.endpoint, body)
+                        self._say_naming(f.endpoint, body)
                         last = (digest, _gpus(body, f.endpoint.node))
                     parsed[f.endpoint] = last
                     gpus += last[1] + self._lost(f.endpoint, last[1])
@@ -141,6 +145,20 @@ class DcgmReader:
                 "dcgm-exporter %s (node %s): %d series of MIG instances skipped; a GPU in MIG mode is not read "
                 "(docs/kubernetes.md, the cluster mode)", endpoint.url, endpoint.node or "?", body.mig_series_skipped,
             )  # fmt: skip
+
+    def _say_naming(self, endpoint: DcgmEndpoint, body: DcgmBody) -> None:
+        """Which families, in which unit, a node's dcgm-exporter is read by (4.8's MiB or 4.9's bytes: a fleet
+        upgrading has both): said when first read and when it changes."""
+        if self._naming.get(endpoint.url) != body.fields:
+            self._naming[endpoint.url] = body.fields
+            log.info(
+                "dcgm-exporter %s (node %s): GPU memory from %s", endpoint.url, endpoint.node or "?",
+                ", ".join(f"{name} ({unit})" for _, name, unit in body.fields),
+            )  # fmt: skip
+
+    def naming(self) -> dict[str, tuple[tuple[str, str, str], ...]]:
+        """Endpoint URL -> (figure, family, unit) it was last read by."""
+        return dict(self._naming)
 
     def _lost(self, endpoint: DcgmEndpoint, listed: list[GpuReading]) -> list[GpuReading]:
         """The GPUs the endpoint listed before and not now, down; remembers what it lists."""

@@ -16,11 +16,21 @@ versions write them empty on a GPU in no pod. Scraped through Prometheus (honor_
 become `exported_pod`, ... and the bare ones name the scrape target, the exporter's own pod: in a body with any
 `exported_pod` label, pods are read from `exported_*` only. MIG: series with a GPU_I_ID label are a GPU instance's,
 its memory; skipped and counted (by default a GPU in MIG mode has instance series only, so it is not listed).
+
+dcgm-exporter 4.9 (DCGM 4.7) renamed its default fields to DCGM 4.7's names and writes GPU memory in bytes, and
+collects DCGM_FI_DEV_FB_CAPACITY_BYTES, the total in bytes, by default (its release notes). Which family holds
+each figure is `Fields` (the configuration's `dcgm.fields`), each tried in order: the 4.8 names by default, and
+CAPACITY_BYTES for the total; the renamed used and free names are not published where we could read them, so
+they are the user's to add (docs/kubernetes.md). Each family's unit is read from its `# HELP` text (MiB or MB,
+else bytes where it says so), else from its name (`_BYTES`: bytes; the 4.8 names: MiB), so old and new
+exporters are read side by side in one fleet during an upgrade.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from dataclasses import dataclass
 
 from oomguard.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits
@@ -32,7 +42,25 @@ MAX_INDEX = 1023
 MAX_BYTES = 2.0**50
 USED, FREE, RESERVED = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"
 TOTAL, UTIL = "DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_GPU_UTIL"
-_EXTRACTOR = FamilyExtractor((USED, FREE, RESERVED, TOTAL, UTIL), Limits())
+CAPACITY_BYTES = "DCGM_FI_DEV_FB_CAPACITY_BYTES"  # dcgm-exporter 4.9+, by default: the total, in bytes
+BYTES, MIB_UNIT = "bytes", "MiB"
+_FRAMEBUFFER_NAMES = re.compile(r"^(DCGM_FI_DEV_FB_\w+)", re.M)  # for the error that names what a body has
+
+
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """The families that hold each figure, each list tried in order (the configuration's `dcgm.fields`)."""
+
+    used: tuple[str, ...] = (USED,)
+    free: tuple[str, ...] = (FREE,)
+    reserved: tuple[str, ...] = (RESERVED,)
+    total: tuple[str, ...] = (CAPACITY_BYTES, TOTAL)
+
+    def roles(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        return (("used", self.used), ("free", self.free), ("reserved", self.reserved), ("total", self.total))
+
+
+DEFAULT_FIELDS = Fields()
 _EXPORTED_PODS = (("exported_namespace", "exported_pod", "exported_container"),)
 _PODS = (("namespace", "pod", "container"), ("pod_namespace", "pod_name", "container_name"))
 
@@ -60,22 +88,43 @@ class DcgmGpu:
 class DcgmBody:
     gpus: tuple[DcgmGpu, ...]  # sorted by index
     mig_series_skipped: int  # series of MIG instances (a non-empty GPU_I_ID label): per instance, not the GPU's
+    fields: tuple[tuple[str, str, str], ...] = ()  # (figure, family read, its unit): which naming the exporter uses
 
 
-def parse(body: str, *, max_gpus: int = 64) -> DcgmBody:
+@functools.lru_cache(maxsize=8)
+def _reader(fields: Fields) -> tuple[FamilyExtractor, re.Pattern[str]]:
+    """The extractor of the fields' families, and a pattern of their `# HELP` lines (compiled once per Fields)."""
+    names = sorted({name for _, role in fields.roles() for name in role} | {UTIL})
+    helps = re.compile(r"^# HELP (" + "|".join(map(re.escape, names)) + r") ([^\n]*)$", re.M)
+    return FamilyExtractor(names, Limits()), helps
+
+
+def unit(name: str, help_text: str) -> str:
+    """A framebuffer family's unit: its help text's (dcgm-exporter's CSVs say "(in MiB)"; DCGM's own texts "MB" for
+    the same MiB), else its name's: `_BYTES` is bytes, the 4.8 names are MiB."""
+    if re.search(r"\bMi?B\b", help_text):
+        return MIB_UNIT
+    if re.search(r"\bbytes?\b", help_text, re.I) or name.endswith("_BYTES"):
+        return BYTES
+    return MIB_UNIT
+
+
+def parse(body: str, *, max_gpus: int = 64, fields: Fields = DEFAULT_FIELDS) -> DcgmBody:
     """The GPUs of a dcgm-exporter body; DcgmBodyError for any body not read, the extractor's refusals included (a
     malformed sample, a series written twice, a body over promtext's default limits, which no setting raises here)."""
+    extractor, help_lines = _reader(fields)
     try:
-        families = _EXTRACTOR.extract(body)
+        families = extractor.extract(body)
     except LimitExceeded as exc:  # its advice (raise an engine target's sample_limit) is not for this body
         raise DcgmBodyError(f"{exc.args[0].partition(': raise ')[0]}: is this one node's dcgm-exporter?") from exc
     except ExpositionError as exc:
         raise DcgmBodyError(f"not read as dcgm-exporter's /metrics: {exc}") from exc
-    if not families.get(USED) and not families.get(FREE):
-        raise DcgmBodyError(
-            f"no {USED} or {FREE}: is this dcgm-exporter's /metrics (port 9400), and are the framebuffer fields "
-            "in its counters CSV?"
-        )
+    # Each figure's family: the first of its names the body has.
+    read = {role: next((n for n in names if families.get(n)), None) for role, names in fields.roles()}
+    if read["used"] is None and read["free"] is None:
+        raise DcgmBodyError(_no_memory(body, fields))
+    helps = dict(m.groups() for m in help_lines.finditer(body))
+    units = {role: unit(name, helps.get(name, "")) for role, name in read.items() if name is not None}
     exported = any("exported_pod" in s.labels for samples in families.values() for s in samples)
     schemes = _EXPORTED_PODS if exported else _PODS
     identity: dict[int, dict[str, str]] = {}
@@ -109,7 +158,10 @@ def parse(body: str, *, max_gpus: int = 64) -> DcgmBody:
     _one_gpu_each(identity)
     gpus = []
     for index, labels in sorted(identity.items()):
-        used, free, reserved, total = (_mib(_value(values, f, index)) for f in (USED, FREE, RESERVED, TOTAL))
+        used, free, reserved, total = (
+            _bytes(_value(values, read[role], index), units.get(role, MIB_UNIT)) if read[role] else None
+            for role in ("used", "free", "reserved", "total")
+        )
         if total is None and used is not None and free is not None:
             total = used + free + (reserved or 0.0)
         if total is not None and total <= 0:
@@ -130,7 +182,24 @@ def parse(body: str, *, max_gpus: int = 64) -> DcgmBody:
                 pods=tuple(sorted(pods.get(index, ()))),
             )
         )
-    return DcgmBody(gpus=tuple(gpus), mig_series_skipped=skipped)
+    fields_read = tuple((role, name, units[role]) for role, name in read.items() if name is not None)
+    return DcgmBody(gpus=tuple(gpus), mig_series_skipped=skipped, fields=fields_read)
+
+
+def _no_memory(body: str, fields: Fields) -> str:
+    """The error of a body without a used or free figure: what it has instead, and where to name it."""
+    wanted = " or ".join([*fields.used, *fields.free])
+    found = sorted(set(_FRAMEBUFFER_NAMES.findall(body)))
+    if not found:
+        return (
+            f"no {wanted}: is this dcgm-exporter's /metrics (port 9400), and are the framebuffer fields in its "
+            "counters CSV?"
+        )
+    return (
+        f"no {wanted}, but {', '.join(n[:60] for n in found[:6])}: a dcgm-exporter whose framebuffer fields "
+        "have other names (4.9 and later rename them): name its used and free families in dcgm.fields "
+        '(docs/kubernetes.md, "dcgm-exporter 4.9 and later")'
+    )
 
 
 def _index(name: str, text: str) -> int:
@@ -190,9 +259,9 @@ def _valid(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) and value >= 0 else None
 
 
-def _mib(value: float | None) -> float | None:
-    """MiB to bytes, checked after the conversion (1e308 MiB is no finite number of bytes)."""
+def _bytes(value: float | None, unit_name: str) -> float | None:
+    """In bytes, checked after the conversion (1e308 MiB is no finite number of bytes)."""
     if value is None:
         return None
-    converted = _valid(value * MIB)
+    converted = _valid(value * MIB if unit_name == MIB_UNIT else value)
     return converted if converted is not None and converted <= MAX_BYTES else None
