@@ -342,6 +342,49 @@ async def test_in_flight_requests_are_bounded_by_the_limit() -> None:
     assert most == 3
 
 
+async def test_connections_open_stay_within_the_limit_across_many_addresses() -> None:
+    """Idle connections count: 12 engines asked twice at once each, limit 4, never more than 4 open at the servers
+    (the kept ones of other addresses closed first), and those kept are used again within the limit."""
+    servers = []
+    open_now = most = 0
+
+    async def counting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal open_now, most
+        open_now += 1
+        most = max(most, open_now)
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await asyncio.sleep(0.01)
+                writer.write(ok(b"x"))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            open_now -= 1
+            writer.close()
+
+    try:
+        for _ in range(12):
+            servers.append(await asyncio.start_server(counting, "127.0.0.1", 0))
+        urls = [f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers]
+        async with EngineClient(limit=4) as client:
+            for _ in range(3):
+                answers = await asyncio.gather(*(get(client, url) for url in urls for _ in range(2)))
+                assert all(a.body == b"x" for a in answers)
+                assert client.idle_connections() <= 4
+                await asyncio.sleep(0.05)  # the servers see the closes
+                assert open_now <= 4
+            # One address asked again and again: its kept connection serves it, nothing more is opened.
+            for _ in range(5):
+                await get(client, urls[0])
+            assert client.idle_connections() >= 1
+        assert most <= 4
+    finally:
+        for server in servers:
+            server.close()
+
+
 async def test_no_connection_and_no_tls_are_told_apart() -> None:
     async with serving(sends(ok(b"x"))) as server:
         port = server.url.rsplit(":", 1)[1]

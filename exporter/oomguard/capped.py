@@ -22,6 +22,7 @@ import asyncio
 import base64
 import ssl
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote, unquote, urlsplit
@@ -90,8 +91,11 @@ class _Url:
 class EngineClient:
     """Kept-alive connections to the engines, shared by every target for the life of the runtime.
 
-    `limit` bounds the requests in flight at once (each holds one connection, so: the sockets open for them),
-    the idle ones are bounded per address. One request per connection at a time, no pipelining."""
+    `limit` bounds the connections open, in use and idle together (the scrapes' share of the process's descriptors,
+    descriptors.py): the requests in flight at once, each on one connection, and the idle ones kept, at most
+    PER_HOST_IDLE per address; a request that needs a new connection while `limit` are open closes the longest kept
+    address's oldest first (500 targets kept 1,000 idle connections: more than a limit of 256 descriptors allows).
+    One request per connection at a time, no pipelining."""
 
     def __init__(
         self, *, limit: int = 64, user_agent: str = "oomguard", idle_per_host: int = PER_HOST_IDLE,
@@ -99,10 +103,15 @@ class EngineClient:
     ) -> None:  # fmt: skip
         """`idle_per_host` 0: no connection kept (each request on a new one)."""
         self._slots = asyncio.Semaphore(limit)
+        self._limit = limit
+        self._active = 0  # requests holding a slot: each holds one connection at most
+        self._idle_count = 0
         self._idle_per_host = idle_per_host
         self._user_agent = user_agent
         self._clock = clock
-        self._idle: dict[tuple[str, str, int], list[tuple[_Connection, float]]] = {}
+        # By address, oldest first; the addresses in the order their first kept connection came (the first is
+        # the one closed from when `limit` are open).
+        self._idle: OrderedDict[tuple[str, str, int], list[tuple[_Connection, float]]] = OrderedDict()
         self._urls: dict[str, _Url] = {}
         self._tls: ssl.SSLContext | None = None
         self._swept = clock()
@@ -120,24 +129,30 @@ class EngineClient:
             for connection, _ in connections:
                 connection.close()
         self._idle.clear()
+        self._idle_count = 0
 
     def idle_connections(self) -> int:
-        return sum(len(c) for c in self._idle.values())
+        return self._idle_count
 
     async def get(self, url: str, cap: int, truncate: bool = False) -> Answer:
         target = self._urls.get(url) or self._parse(url)
         async with self._slots:
-            connection = self._take_idle(target.key)
-            if connection is not None:
+            self._active += 1
+            try:
+                connection = self._take_idle(target.key)
+                if connection is not None:
+                    try:
+                        return await self._exchange(connection, target, url, cap, truncate)
+                    except _Stale:
+                        pass  # the server closed the kept connection as we sent: once more on a new one
+                self._make_room()
+                connection = await self._connect(target.key)
                 try:
                     return await self._exchange(connection, target, url, cap, truncate)
                 except _Stale:
-                    pass  # the server closed the kept connection as we sent: once more on a new one
-            connection = await self._connect(target.key)
-            try:
-                return await self._exchange(connection, target, url, cap, truncate)
-            except _Stale:
-                raise ProtocolError(f"{url} closed the connection without an answer") from None
+                    raise ProtocolError(f"{url} closed the connection without an answer") from None
+            finally:
+                self._active -= 1
 
     async def _exchange(self, connection: _Connection, target: _Url, url: str, cap: int, truncate: bool) -> Answer:
         done = False
@@ -158,19 +173,41 @@ class EngineClient:
         if now - self._swept > KEEPALIVE_SECONDS:
             self._sweep(now)
         connections = self._idle.get(key)
+        taken = None
         while connections:
             connection, since = connections.pop()
+            self._idle_count -= 1
             if _fresh(connection, since, now):
-                return connection
+                taken = connection
+                break
             connection.close()
-        return None
+        if connections is not None and not connections:
+            del self._idle[key]
+        return taken
+
+    def _make_room(self) -> None:
+        """Before a new connection: kept ones closed until it keeps the open ones within `limit` (each request in
+        flight holds one at most, this one none yet)."""
+        while self._idle_count and self._active + self._idle_count > self._limit:
+            key, connections = next(iter(self._idle.items()))
+            connection, _ = connections.pop(0)
+            self._idle_count -= 1
+            if not connections:
+                del self._idle[key]
+            connection.close()
 
     def _put_idle(self, key: tuple[str, str, int], connection: _Connection) -> None:
-        connections = self._idle.setdefault(key, [])
-        if len(connections) >= self._idle_per_host:
+        connections = self._idle.get(key)
+        if connections is None:
+            if self._idle_per_host <= 0:
+                connection.close()
+                return
+            connections = self._idle[key] = []
+        elif len(connections) >= self._idle_per_host:
             connection.close()
             return
         connections.append((connection, self._clock()))
+        self._idle_count += 1
 
     def _sweep(self, now: float) -> None:
         """Closes what was left idle too long, forgets closed ones and addresses with none (pods come and go)."""
@@ -186,6 +223,7 @@ class EngineClient:
                 self._idle[key] = kept
             else:
                 del self._idle[key]
+        self._idle_count = sum(len(c) for c in self._idle.values())
 
     async def _connect(self, key: tuple[str, str, int]) -> _Connection:
         scheme, host, port = key

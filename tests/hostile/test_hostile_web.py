@@ -116,7 +116,7 @@ CASES = [
     ),
     Case(
         "connections",
-        "more connections than the limit (the descriptor limit less a quarter)",
+        "more connections than the limit (the server's share of the descriptors, a quarter: docs/security.md)",
         "each one over it closed at once, before any TLS; one log line per minute",
         "test_connections_over_the_limit_are_closed_at_once",
     ),
@@ -713,20 +713,22 @@ async def test_one_address_cannot_take_every_connection(serve: Serve) -> None:
             writer.close()
 
 
-def test_the_connection_limit_keeps_a_quarter_of_the_descriptors() -> None:
+def test_the_connection_limit_is_a_quarter_of_the_descriptors() -> None:
     from oomguard.web_config.server import connection_limit
 
-    assert connection_limit(1024) == 768
-    assert connection_limit(65536) == 49152
-    assert connection_limit(100) == 36
+    # The rest is the engines', the log streams' and the files' (descriptors.py, tests/test_descriptors.py).
+    assert connection_limit(256) == 64
+    assert connection_limit(1024) == 256
+    assert connection_limit(65536) == 16384
+    assert connection_limit(100) == 25
 
 
-def test_the_engines_connections_stay_within_the_quarter_kept() -> None:
+def test_the_engines_connections_are_an_eighth_of_the_descriptors() -> None:
     from oomguard.web_config.server import connection_limit, scrape_connection_limit
 
     assert scrape_connection_limit(1024) == 128
     assert scrape_connection_limit(20000) == 2500
     assert scrape_connection_limit(1 << 30) == 4096
-    assert scrape_connection_limit(100) == 64
-    for soft in (1024, 4096, 65536, 1 << 20):  # half the quarter kept stays for NVML, /proc and the logs
-        assert connection_limit(soft) + scrape_connection_limit(soft) <= soft - soft // 4 // 2
+    assert scrape_connection_limit(100) == 32
+    for soft in (256, 1024, 4096, 65536, 1 << 20):  # at least an eighth, and 64, stay for NVML, /proc and files
+        assert connection_limit(soft) + scrape_connection_limit(soft) <= soft - max(64, soft // 8)

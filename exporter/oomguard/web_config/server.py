@@ -8,10 +8,10 @@ same port; connections already open finish under the old settings, as in the too
 
 The listener is asyncio's, with a protocol in front of aiohttp's (`_Gate`):
 
-- **A connection limit** below the process's file-descriptor limit (`connection_limit`),
-  and an eighth of it per client address: a connection over either is closed at once,
-  before any TLS handshake, so slow clients can never take the descriptors a scrape (or a
-  log file) needs, and one address cannot take every connection.
+- **A connection limit**, the server's share of the process's descriptors (`connection_limit`,
+  descriptors.py), and an eighth of it per client address: a connection over either is closed
+  at once, before any TLS handshake, so slow clients can never take the descriptors a scrape,
+  a log stream or a file needs, and one address cannot take every connection.
 - **A header-read timeout**: the TLS handshake, and each request's head (from the
   connection's start, or the end of the last response), must arrive within
   `header_timeout` seconds, or the connection is closed.
@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import errno
 import logging
-import resource
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from oomguard import descriptors
 from oomguard.web_config.state import WebConfigState
 
 log = logging.getLogger(__name__)
@@ -46,25 +46,18 @@ LOG_EVERY_SECONDS = 60.0
 
 
 def connection_limit(soft_limit: int | None = None) -> int:
-    """Connections served at once: the descriptor limit less a quarter (at least 64) kept for everything
-    else (NVML, /proc, logs, the engines' scrapes). 768 under systemd's default of 1024."""
-    if soft_limit is None:
-        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft_limit == resource.RLIM_INFINITY or soft_limit > 1 << 20:
-        soft_limit = 1 << 20
-    return max(8, soft_limit - max(64, soft_limit // 4))
+    """Connections served at once: the server's share of the descriptor budget (descriptors.py), a quarter of
+    the limit (256 under systemd's default of 1024); the rest is kept for the engines' scrapes, the log streams
+    and the files."""
+    return descriptors.budget(soft_limit).server
 
 
 def scrape_connection_limit(soft_limit: int | None = None) -> int:
-    """Connections to the engines at once: an eighth of the descriptor limit, within the quarter that
-    connection_limit keeps (128 under systemd's default of 1024), at least 64 and at most 4096. Each target
-    takes two at a time (/metrics and /health); below that the requests wait in the connector's queue, whose
-    waking cost a quarter of the exporter's CPU at 500 targets with 64 (bench/bench_many_targets.py)."""
-    if soft_limit is None:
-        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft_limit == resource.RLIM_INFINITY or soft_limit > 1 << 20:
-        soft_limit = 1 << 20
-    return min(4096, max(64, soft_limit // 8))
+    """Connections to the engines and the dcgm-exporters at once, idle ones included: the scrapes' share of the
+    descriptor budget (descriptors.py), an eighth of the limit, 32 to 4096 (128 under systemd's default of 1024).
+    Each target takes two at a time (/metrics and /health); below that the requests wait in the connector's queue,
+    whose waking cost a quarter of the exporter's CPU at 500 targets with 64 (bench/bench_many_targets.py)."""
+    return descriptors.budget(soft_limit).scrapes
 
 
 @dataclass
