@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from oomguard.capped import EngineClient
 from oomguard.events.runner import EventRunner
 from oomguard.join import join_gpus, join_targets
-from oomguard.model import NvmlReading, Snapshot, TargetReading
+from oomguard.model import LogStreams, NvmlReading, Snapshot, TargetReading
 from oomguard.sources.dcgm import DcgmReader
 from oomguard.sources.local.settings import SettingsReader
 from oomguard.sources.nvml_reader import NvmlReader
@@ -45,10 +45,12 @@ class Collection:
         settings: SettingsReader | None = None,
         local_node: str = "",
         dcgm_refusals: Callable[[], dict[tuple[str, str, str, str], int]] | None = None,
+        log_streams: Callable[[], LogStreams | None] | None = None,
     ) -> None:
         """`attribute`: gives discovered targets their pod and its processes on the GPUs (sources/kubernetes/);
         `settings`: gives local targets their engine's settings from their process's command line (sources/local/);
-        `dcgm_refusals`: the pods refused as a node's dcgm-exporter (sources/kubernetes/trusted_dcgm.py)."""
+        `dcgm_refusals`: the pods refused as a node's dcgm-exporter (sources/kubernetes/trusted_dcgm.py);
+        `log_streams`: the cluster mode's log streams against their budget (sources/kubernetes/log_budget.py)."""
         self.registry = registry
         self.client = client
         self.nvml = nvml
@@ -60,6 +62,7 @@ class Collection:
         self.settings = settings
         self.local_node = local_node  # the exporter's node: its configured targets' and its NVML GPUs'
         self.dcgm_refusals = dcgm_refusals
+        self.log_streams = log_streams
         self._in_flight: asyncio.Future[Snapshot] | None = None
         self.last: Snapshot | None = None
 
@@ -110,6 +113,7 @@ class Collection:
             xid_read_errors=seen.xid_read_errors if seen else None,
             node=self.local_node,
             dcgm_refusals=dict(self.dcgm_refusals()) if self.dcgm_refusals else None,
+            log_streams=self.log_streams() if self.log_streams else None,
         )
         self.last = snapshot
         return snapshot

@@ -420,6 +420,16 @@ class EventSourceHealth:
     files: int | None = None  # the files it follows now (file and pod log sources; None for the others)
 
 
+@dataclass(frozen=True, slots=True)
+class LogStreams:
+    """The cluster mode's log streams through the API against their budget (sources/kubernetes/log_budget.py)."""
+
+    open: int  # streams open now (their slots held)
+    limit: int  # the most open at once: the logs' share of the file descriptors
+    waiting: int  # followers without a stream, reading their logs by turns of short requests
+    refused_total: int  # streams asked for when none was free
+
+
 # -- one collection --------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class SourceResult:
@@ -448,3 +458,4 @@ class Snapshot:
     xid_read_errors: int | None = None  # None: XID events are off
     # (node, namespace, pod, reason) -> times a pod was refused as a node's dcgm-exporter; None: none discovered
     dcgm_refusals: dict[tuple[str, str, str, str], int] | None = None
+    log_streams: LogStreams | None = None  # None: no log followed through the API (not the cluster mode)

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from oomguard import __version__
+from oomguard import __version__, descriptors
 from oomguard.capped import EngineClient
 from oomguard.collection import Collection
 from oomguard.config import Config, DcgmConfig, TargetConfig
@@ -125,6 +125,7 @@ class Runtime:
         config = self.config
         if self.simulation is not None and self._start_simulation:
             await self.simulation.start()
+        _say_descriptors(descriptors.budget())
         # One client for every target, for the life of the runtime.
         self._client = EngineClient(limit=scrape_connection_limit(), user_agent=f"oomguard/{__version__}")
         lib = self._lib()
@@ -180,6 +181,7 @@ class Runtime:
             tracker=tracker, events=events, attribute=discovery.attribute if discovery else None,
             settings=SettingsReader(), local_node=config.local_node,
             dcgm_refusals=discovery.dcgm_refusals if discovery and config.dcgm and config.dcgm.discover else None,
+            log_streams=discovery.log_streams if discovery and discovery.cluster else None,
         )  # fmt: skip
         # What exists at start lives as long as the runtime: keep it out of the garbage collector's
         # full passes, which otherwise stall a scrape for tens of milliseconds now and then.
@@ -235,3 +237,15 @@ class Runtime:
             self._events.close()
         if self._nvml is not None:
             self._nvml.close()
+
+
+def _say_descriptors(shares: descriptors.Budget) -> None:
+    """The descriptor budget, once at start (descriptors.py): what each use may hold."""
+    log.info(
+        "file descriptors: %d (RLIMIT_NOFILE): %d for the server's connections, %d for the engines' and "
+        "dcgm-exporters' requests, %d log streams and %d short log reads (the cluster mode), %d kept for files",
+        shares.limit, shares.server, shares.scrapes, shares.log_streams, shares.log_reads, shares.files,
+    )  # fmt: skip
+    if shares.overbooked:
+        log.warning("file descriptors: a limit of %d is below what the shares' minimums need (256): raise it "
+                    "(systemd LimitNOFILE=, ulimit -n)", shares.limit)  # fmt: skip

@@ -24,6 +24,7 @@ from oomguard.model import (
     EventSourceHealth,
     GpuProcess,
     GpuReading,
+    LogStreams,
     ModelReading,
     NvmlReading,
     PodRef,
@@ -114,6 +115,7 @@ def busy_snapshot() -> Snapshot:
         xid_last={0: 1.7e9 + 10},
         xid_read_errors=0,
         dcgm_refusals={("gpu-a", "tenant", "fake-dcgm", "owner"): 1},
+        log_streams=LogStreams(open=84, limit=84, waiting=216, refused_total=216),
     )
     # The joins are part of a collection: done here as the collection does them.
     memory = join_targets(snapshot.nvml, snapshot.targets)

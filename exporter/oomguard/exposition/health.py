@@ -135,8 +135,8 @@ WEB_CONNECTIONS_REFUSED = metric(
     "counter",
     "",
     "",
-    "Connections closed as soon as accepted: the exporter already served its limit (the file-descriptor "
-    "limit less a quarter, docs/security.md). Only where oomguard serve runs the listener.",
+    "Connections closed as soon as accepted: the exporter already served its limit (its share of the file "
+    "descriptors, a quarter; docs/security.md). Only where oomguard serve runs the listener.",
     presence=CONDITIONAL,
 )
 WEB_REQUEST_REFUSAL_REASONS = ("unauthorized", "rate_limit", "busy")
@@ -152,6 +152,46 @@ DCGM_PODS_REFUSED = metric(
     'neither). Appears with the first refusal; past 256 pods, under pod "".',
     presence=EVENT,
 )
+LOG_STREAMS_OPEN = metric(
+    SECTION,
+    "log_streams_open",
+    "gauge",
+    "",
+    "",
+    "Engine containers' logs followed through the API with a stream open now. The cluster mode only, once the API "
+    "is found (as every oomguard_log_streams_ series).",
+    presence=CONDITIONAL,
+)
+LOG_STREAMS_LIMIT = metric(
+    SECTION,
+    "log_streams_limit",
+    "gauge",
+    "",
+    "",
+    "The most log streams open at once: their share of the process's file descriptors (RLIMIT_NOFILE; "
+    "docs/security.md, File descriptors), so that they never take those of /metrics or of /proc reads.",
+    presence=CONDITIONAL,
+)
+LOG_STREAMS_WAITING = metric(
+    SECTION,
+    "log_streams_waiting",
+    "gauge",
+    "",
+    "",
+    "Followed logs without a stream, over the limit: each read by turns of short requests, its lines later but "
+    "none lost, until a stream is free for it (the slots of streams that end go to those waiting, in turn).",
+    presence=CONDITIONAL,
+)
+LOG_STREAMS_REFUSED = metric(
+    SECTION,
+    "log_streams_refused",
+    "counter",
+    "",
+    "",
+    "Log streams asked for when none was free (one each time a follower starts waiting).",
+    presence=CONDITIONAL,
+)
+LOG_STREAM_METRICS = (LOG_STREAMS_OPEN, LOG_STREAMS_LIMIT, LOG_STREAMS_WAITING, LOG_STREAMS_REFUSED)
 WEB_CONFIG_METRICS = (
     WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
     WEB_CONFIG_LAST_RELOAD_SUCCESS_TIMESTAMP_SECONDS,
@@ -162,7 +202,7 @@ _WEB_CONFIG_DECLARED = frozenset(WEB_CONFIG_METRICS)
 METRICS = (
     BUILD_INFO, SOURCE_SUCCESS, SOURCE_DURATION_SECONDS, NVML_UP, TARGET_UP, TARGET_STATE,
     TARGET_SCRAPE_DURATION_SECONDS, TARGET_SCRAPE_ERRORS, TARGET_VALUES_REJECTED, TARGET_HEALTH_STATUS_CODE,
-    TARGET_HEALTH_LATENCY_SECONDS, DCGM_PODS_REFUSED,
+    TARGET_HEALTH_LATENCY_SECONDS, *LOG_STREAM_METRICS, DCGM_PODS_REFUSED,
     *WEB_CONFIG_METRICS,
 )  # fmt: skip
 
@@ -174,6 +214,11 @@ def add_exporter(out: Exposition, snapshot: Snapshot) -> None:
         out.add(SOURCE_DURATION_SECONDS, (name,), result.duration_seconds)
     if any(source in snapshot.sources for source in GPU_SOURCES):
         out.add(NVML_UP, (), 1.0 if snapshot.nvml is not None and snapshot.nvml.up else 0.0)
+    if (streams := snapshot.log_streams) is not None:
+        out.add(LOG_STREAMS_OPEN, (), float(streams.open))
+        out.add(LOG_STREAMS_LIMIT, (), float(streams.limit))
+        out.add(LOG_STREAMS_WAITING, (), float(streams.waiting))
+        out.add(LOG_STREAMS_REFUSED, (), float(streams.refused_total))
     for labels, times in sorted((snapshot.dcgm_refusals or {}).items()):
         out.add(DCGM_PODS_REFUSED, labels, float(times))
 

@@ -25,6 +25,7 @@ import aiohttp
 import yaml
 
 from oomguard import __version__
+from oomguard.sources.kubernetes.log_budget import LogStreamBudget
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # bound service account tokens are rotated on disk by the kubelet
@@ -124,7 +125,8 @@ def from_kubeconfig(path: Path) -> Connection:
 class ApiClient:
     """List and watch requests on one connection; errors as ApiError."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, log_budget: LogStreamBudget | None = None) -> None:
+        """`log_budget`: how many log streams at once (by default the logs' share of the process's descriptors)."""
         self.connection = connection
         # Pod objects are kilobytes, but a watch line is one object: allow big ones (managedFields).
         self.session = aiohttp.ClientSession(
@@ -133,11 +135,13 @@ class ApiClient:
             read_bufsize=4 * 1024 * 1024,
         )
         # The cluster mode's log streams, one per engine container, each holding its connection for hours: a pool
-        # of their own, as large as there are containers, so that they never wait behind each other nor hold up
-        # the lists and watches (HTTP/1.1: one stream per connection).
+        # of their own, so that they never hold up the lists and watches (HTTP/1.1: one stream per connection),
+        # as large as the budget lets streams and short reads be open (its slots are taken before a request; the
+        # pool's bound is a backstop, and keeps what it holds idle within it: one host).
+        self.log_budget = log_budget or LogStreamBudget.of_process()
         self.log_session = aiohttp.ClientSession(
             headers={"User-Agent": f"oomguard/{__version__}"},
-            connector=aiohttp.TCPConnector(ssl=connection.ssl, limit=0),
+            connector=aiohttp.TCPConnector(ssl=connection.ssl, limit=self.log_budget.streams + self.log_budget.reads),
         )
 
     async def _headers(self) -> dict[str, str]:

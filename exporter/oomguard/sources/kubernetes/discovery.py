@@ -18,7 +18,7 @@ from typing import Any
 
 from oomguard.config import Config, TargetConfig
 from oomguard.events.kubernetes import PodEvents
-from oomguard.model import NvmlReading, ProcessTree, TargetReading
+from oomguard.model import LogStreams, NvmlReading, ProcessTree, TargetReading
 from oomguard.process_start import start_time
 from oomguard.sources.dcgm import DcgmEndpoint
 from oomguard.sources.kubernetes import cgroup
@@ -301,6 +301,11 @@ class KubernetesDiscovery:
             return {}  # the cluster mode reads no host's /proc (and dcgm-exporter lists no pids)
         pids = {p.pid for g in nvml.gpus for p in g.processes or ()}
         return await asyncio.to_thread(_trees, pids, self.k8s.proc_dir, pods)
+
+    def log_streams(self) -> LogStreams | None:
+        """The cluster mode's log streams against their budget (sources/kubernetes/log_budget.py); None before the
+        API is found, and in the node mode, which follows files."""
+        return self._client.log_budget.counts() if self._client is not None and self.cluster else None
 
 
 class UnmappedPods:
