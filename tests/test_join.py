@@ -43,7 +43,7 @@ def vllm(
 def joined(nvml_gpus: list[GpuReading], *targets: TargetReading):
     nvml = NvmlReading(True, gpus=tuple(nvml_gpus))
     memory = join_targets(nvml, targets)
-    return memory, {index: g for (_node, index), g in join_gpus(nvml, targets, memory).items()}  # one node: ""
+    return memory, {int(index): g for (_node, index), g in join_gpus(nvml, targets, memory).items()}  # one node: ""
 
 
 def test_a_healthy_vllm_at_090_uses_six_percent_of_its_headroom() -> None:
@@ -209,15 +209,15 @@ def test_two_nodes_gpu_0_are_two_gpus_each_joined_to_its_own_pods() -> None:
     local = replace(vllm(gpus=(0,), local=False), name="configured")
     nvml = NvmlReading(True, gpus=(dcgm_gpu("gpu-a", "vllm-a", 0.95 * TOTAL), dcgm_gpu("gpu-b", "vllm-b", 0.5 * TOTAL)))
     memory = join_targets(nvml, [a, b, local])
-    assert memory["llm/vllm-a"].gpus == (("gpu-a", 0),) and memory["llm/vllm-a"].used_bytes == 0.95 * TOTAL
-    assert memory["llm/vllm-b"].gpus == (("gpu-b", 0),) and memory["llm/vllm-b"].used_bytes == 0.5 * TOTAL
+    assert memory["llm/vllm-a"].gpus == (("gpu-a", "0"),) and memory["llm/vllm-a"].used_bytes == 0.95 * TOTAL
+    assert memory["llm/vllm-b"].gpus == (("gpu-b", "0"),) and memory["llm/vllm-b"].used_bytes == 0.5 * TOTAL
     assert memory["configured"].gpus == ()
     # The pod of one node is not the pod of another: a pod name dcgm-exporter names on another node is not it.
     moved = replace(a, pod=PodRef("llm", "vllm-a", "vllm", node="gpu-b"))
     assert join_targets(nvml, [moved])["llm/vllm-a"].gpus == ()
     gpus = join_gpus(nvml, [a, b], memory)
-    assert sorted(gpus) == [("gpu-a", 0), ("gpu-b", 0)]
+    assert sorted(gpus) == [("gpu-a", "0"), ("gpu-b", "0")]
     # No process lists: whose bytes are whose is unknown, everything above the reservation may grow.
-    assert gpus[("gpu-a", 0)].engine_used_bytes is None
-    assert gpus[("gpu-a", 0)].unreserved_used_bytes == pytest.approx(0.05 * TOTAL)
-    assert gpus[("gpu-b", 0)].unreserved_used_bytes == 0.0
+    assert gpus[("gpu-a", "0")].engine_used_bytes is None
+    assert gpus[("gpu-a", "0")].unreserved_used_bytes == pytest.approx(0.05 * TOTAL)
+    assert gpus[("gpu-b", "0")].unreserved_used_bytes == 0.0

@@ -31,6 +31,7 @@ from oomguard.model import (
     ProcessTree,
     TargetMemory,
     TargetReading,
+    gpu_order,
 )
 
 # The settings that are a share of each GPU's total taken at start, as the engine reports it (vLLM, SGLang).
@@ -77,7 +78,10 @@ def target_gpus(claim: GpuClaim, gpus: Mapping[GpuKey, GpuReading]) -> list[GpuK
     """The target's GPUs among `gpus`: those configured, else those NVML lists its processes on, else those
     dcgm-exporter names its pod on."""
     if claim.configured:
-        return [key for i in claim.configured if (key := (claim.node, i)) in gpus]
+        # A configured index is its GPU, or on a GPU in MIG mode every instance of it (`gpus: [0]` still means GPU 0).
+        wanted = {str(i) for i in claim.configured}
+        on_node = [k for k in gpus if k[0] == claim.node and k[1].partition("/")[0] in wanted]
+        return sorted(on_node, key=gpu_order)
     process, pod = claim.process, claim.pod
     mine = {k: g for k, g in gpus.items() if k[0] == claim.node}  # pids and pods are of one node (see by_node)
     found = []
@@ -85,7 +89,7 @@ def target_gpus(claim: GpuClaim, gpus: Mapping[GpuKey, GpuReading]) -> list[GpuK
         found = [k for k, g in mine.items() if any(p.pid in process.pids for p in g.processes or ())]
     if not found and pod is not None:
         found = [k for k, g in mine.items() if pod in g.pods]
-    return sorted(found)
+    return sorted(found, key=gpu_order)
 
 
 def _own_by_gpu(process: ProcessTree | None, measured: list[GpuReading]) -> dict[GpuKey, float] | None:

@@ -30,9 +30,33 @@ GPU_SOURCES = ("nvml", "dcgm")
 
 
 # -- GPUs (NVML, or dcgm-exporter) ----------------------------------------------------------
-# A GPU among all an exporter reads: (its node, its index there). One node's GPUs in a node agent; many in the
-# cluster mode, where two nodes' GPU 0 are two GPUs. The node is "" where the exporter does not know it.
-GpuKey = tuple[str, int]
+# A GPU among all an exporter reads: (its node, its `gpu` label there: its index, or for a MIG instance its parent's
+# index and its GPU instance, "0/1"). One node's GPUs in a node agent; many in the cluster mode, where two nodes'
+# GPU 0 are two GPUs. The node is "" where the exporter does not know it.
+GpuKey = tuple[str, str]
+
+
+def gpu_label(index: int, gpu_instance: int | None = None) -> str:
+    """The `gpu` label: a whole GPU's index, or a MIG instance's parent index and GPU instance id ("0/1"). A MIG
+    instance is a GPU of its own (its own memory, which its engine runs out of), told from its parent and its
+    siblings in the one label every rule and dashboard already keys on (docs/metrics.md, "MIG instances")."""
+    return str(index) if gpu_instance is None else f"{index}/{gpu_instance}"
+
+
+def gpu_order(key: GpuKey) -> tuple[str, int, int]:
+    """A GPU key in the order a reader lists GPUs: by node, index, then instance (not "10" before "2")."""
+    parent, _, instance = key[1].partition("/")
+    return (key[0], int(parent) if parent.isdigit() else -1, int(instance) if instance.isdigit() else -1)
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A MIG GPU instance read as a GPU: its parent's identity and its place on it."""
+
+    parent_uuid: str
+    gpu_instance: int
+    compute_instance: int | None = None  # None where the source does not say (dcgm-exporter names the GI only)
+    profile: str = ""  # "3g.40gb"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +85,15 @@ class GpuReading:
     node: str = ""  # the Kubernetes node it is on ("" outside Kubernetes)
     # The pods using it as dcgm-exporter labels it (namespace, pod): how a pod finds its GPUs without its pids.
     pods: tuple[tuple[str, str], ...] = ()
+    mig: MigInstance | None = None  # a MIG instance: `index` is its parent's
+
+    @property
+    def label(self) -> str:
+        return gpu_label(self.index, self.mig.gpu_instance if self.mig else None)
 
     @property
     def key(self) -> GpuKey:
-        return (self.node, self.index)
+        return (self.node, self.label)
 
     @property
     def measured(self) -> bool:
@@ -347,7 +376,7 @@ class TrendKey:
 
     @classmethod
     def of_gpu(cls, key: GpuKey) -> TrendKey:
-        return cls("gpu", str(key[1]), "gpu", key[0])
+        return cls("gpu", key[1], "gpu", key[0])
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,7 +170,7 @@ def test_tp_skew_through_the_exporters_join_the_worst_gpu_and_its_headroom() -> 
         own = target.own_by_gpu or {}
         ratios = []
         for index in (0, 1):
-            gpu = join_gpu(gpus[("", index)], [(utilization, own)])
+            gpu = join_gpu(gpus[("", str(index))], [(utilization, own)])
             assert gpu is not None
             ratios.append(gpu.headroom_used_ratio)
         return target.used_bytes / GPU_TOTAL_BYTES, target.over_budget_bytes / GPU_TOTAL_BYTES, ratios
@@ -222,7 +222,7 @@ async def test_a_warming_simulated_engine_is_judged_above_the_reservation_on_its
         while True:
             snapshot = await runtime.collection.snapshot()
             [target] = [t for t in snapshot.targets if t.name == "sim-vllm"]
-            gpu = snapshot.gpu_memory.get(("", 0))
+            gpu = snapshot.gpu_memory.get(("", "0"))
             if gpu is not None and gpu.used_bytes / gpu.total_bytes > 0.95:
                 break
             assert time.monotonic() < deadline, f"no reservation while warming: {target.state}, {snapshot.gpu_memory}"

@@ -87,7 +87,7 @@ async def test_each_nodes_gpus_in_bytes_with_their_pods(server: tuple[str, Endpo
     keys = [g.key for g in reading.gpus]
     # A discovered endpoint's node is its pod's; a configured one's the exporter's own ("" outside Kubernetes), not
     # the body's hostname label: its GPUs are those its configured targets name.
-    assert keys == [("", 0), ("", 1), ("gpu-a", 0), ("gpu-a", 1)]
+    assert keys == [("", "0"), ("", "1"), ("gpu-a", "0"), ("gpu-a", "1")]
     gpu = reading.gpus[2]
     assert gpu.used_bytes is not None and gpu.used_bytes % MIB == 0 and gpu.total_bytes
     assert gpu.processes is None  # not published: absent, not "no processes"
@@ -183,11 +183,11 @@ async def test_a_gpu_it_stops_listing_is_lost_not_gone_without_a_word(server: tu
     listed = [endpoint]
     async with EngineClient() as client:
         reader = DcgmReader(client, lambda: listed, timeout_seconds=2.0, max_body_bytes=1 << 20)
-        assert [(g.key, g.up) for g in (await reader.read()).gpus] == [(("gpu-a", 0), True), (("gpu-a", 1), True)]
+        assert [(g.key, g.up) for g in (await reader.read()).gpus] == [(("gpu-a", "0"), True), (("gpu-a", "1"), True)]
         one_gone = "\n".join(line for line in K8S_BODY.splitlines() if 'gpu="1"' not in line) + "\n"
         endpoints.body = one_gone
         reading = await reader.read()
-        assert [(g.key, g.up) for g in reading.gpus] == [(("gpu-a", 0), True), (("gpu-a", 1), False)]
+        assert [(g.key, g.up) for g in reading.gpus] == [(("gpu-a", "0"), True), (("gpu-a", "1"), False)]
         lost = reading.gpus[1]
         assert lost.uuid and "no longer in dcgm-exporter's body" in lost.error
         listed = []

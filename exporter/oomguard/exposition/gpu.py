@@ -83,7 +83,7 @@ METRICS = (
 def add(out: Exposition, nvml: NvmlReading) -> None:
     driver = nvml.driver_version
     for gpu in nvml.gpus:
-        g = (gpu.node, str(gpu.index))
+        g = (gpu.node, gpu.label)
         out.add(GPU_UP, g, 1.0 if gpu.up else 0.0)
         if gpu.uuid:
             out.add(GPU_INFO, (*g, gpu.uuid, gpu.name, gpu.pci_bus_id, driver), 1.0)

@@ -161,7 +161,7 @@ def add(out: Exposition, target: TargetReading, memory: TargetMemory | None) -> 
 
 
 def add_gpu(out: Exposition, gpu: GpuMemory) -> None:
-    g = (gpu.key[0], str(gpu.key[1]))
+    g = gpu.key
     out.add(GPU_MEMORY_ENGINE_RESERVED_BYTES, g, gpu.reserved_bytes)
     out.add(GPU_MEMORY_ENGINE_USED_BYTES, g, gpu.engine_used_bytes)
     out.add(GPU_MEMORY_ENGINE_OVER_RESERVATION_BYTES, g, gpu.over_reservation_bytes)

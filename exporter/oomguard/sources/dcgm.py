@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from oomguard.capped import BodyTooLarge, EngineClient, EngineHttpError, get
-from oomguard.model import GpuReading, NvmlReading
+from oomguard.model import GpuReading, NvmlReading, gpu_order
 from oomguard.sources.dcgm_body import DEFAULT_FIELDS, DcgmBody, DcgmBodyError, Fields, parse
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class DcgmReader:
         self._parsed = parsed  # the endpoints gone or failing are forgotten
         current = {f.endpoint for f in fetched}  # a failing endpoint keeps what it listed; one gone is forgotten
         self._seen = {endpoint: seen for endpoint, seen in self._seen.items() if endpoint in current}
-        gpus.sort(key=lambda g: g.key)
+        gpus.sort(key=lambda g: gpu_order(g.key))
         # Up while any node answers: a failing one is the source's failure (its success 0), not every GPU's.
         return NvmlReading(up=len(errors) < len(fetched), gpus=tuple(gpus), error="; ".join(errors))
 

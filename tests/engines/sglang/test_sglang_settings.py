@@ -184,7 +184,7 @@ def test_the_fraction_reserves_its_gpus_as_gpu_memory_utilization_does() -> None
     target = TargetReading("sglang-0", "sglang", "http://h:30000", (0,), True, "up", 0.01, engine_reading=reading)
     memory = join_targets(nvml, [target])
     assert memory["sglang-0"].budget_bytes == pytest.approx(0.871 * 80 * gib)
-    gpu = join_gpus(nvml, [target], memory)[("", 0)]  # GPU 0 of the one node, unnamed outside Kubernetes
+    gpu = join_gpus(nvml, [target], memory)[("", "0")]  # GPU 0 of the one node, unnamed outside Kubernetes
     assert gpu.reserved_bytes == pytest.approx(0.871 * 80 * gib)
     assert gpu.unreserved_used_bytes == pytest.approx(74 * gib - 0.871 * 80 * gib)
 

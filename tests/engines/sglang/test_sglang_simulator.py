@@ -71,6 +71,6 @@ async def test_serve_simulate_runs_sglang(tmp_path: Path) -> None:
         assert states[0] == "loading" and states[-1] == "up", states
         assert target.health_status == 200
         assert target.engine_reading.memory_utilization_ratio == SCENARIOS["default-steady"].gpu_memory_utilization
-        assert snapshot.gpu_memory[("", 0)].reserved_bytes > 0
+        assert snapshot.gpu_memory[("", "0")].reserved_bytes > 0
     finally:
         await runtime.stop()
