@@ -19,6 +19,14 @@ Labels: `gpu` is the NVML index (as `nvidia-smi` numbers GPUs), `node` the Kuber
 (the node agent's `$NODE_NAME`, a dcgm-exporter pod's node in the cluster mode; empty, so absent in Prometheus,
 outside Kubernetes): a GPU is its `node` and `gpu` together. `target` is the target's name (`namespace/pod` for a
 discovered pod), `model_name` the engine's served model name.
+
+MIG instances: a GPU in MIG mode is exported as its GPU instances, each with `gpu="<parent index>/<GPU instance
+id>"` (`gpu="0/1"`), and not as the parent. An engine on a `3g.40gb` slice runs out of memory at the slice's size,
+not the GPU's: each instance has its own memory, processes, reservation, headroom, trend and time to full, and
+every rule, dashboard and `diagnose` that keys on `node` and `gpu` judges it on its own, unchanged. One label
+keeps the joins on `gpu` whole (a second label would make every `on(node, gpu)` match two instances); which GPU
+an instance is part of, and its profile, are in `oomguard_gpu_mig_info`. A target configured with `gpus: [0]`
+takes every instance of GPU 0.
 """
 
 

@@ -25,6 +25,7 @@ from oomguard.model import (
     GpuProcess,
     GpuReading,
     LogStreams,
+    MigInstance,
     ModelReading,
     NvmlReading,
     PodRef,
@@ -64,6 +65,15 @@ def busy_snapshot() -> Snapshot:
                     processes=(GpuProcess(4242, AWKWARD, 130.0 * GIB), GpuProcess(4243, "", None)),
                 ),
                 GpuReading(1, False, error="GPU is lost"),
+                GpuReading(
+                    2,
+                    True,
+                    uuid="MIG-3",
+                    name="NVIDIA H200 MIG 3g.71gb",
+                    total_bytes=71.0 * GIB,
+                    used_bytes=1.0 * GIB,
+                    mig=MigInstance("GPU-2", 1, 0, "3g.71gb"),
+                ),
             ),
         ),
         targets=(

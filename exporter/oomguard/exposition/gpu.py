@@ -15,6 +15,17 @@ GPU_INFO = metric(
     "node gpu uuid name pci_bus_id driver_version",
     "Identity of a GPU; join on `gpu` to add names to other series.",
 )
+GPU_MIG_INFO = metric(
+    SECTION,
+    "gpu_mig_info",
+    "info",
+    "",
+    "node gpu parent_gpu parent_uuid profile gpu_instance compute_instance",
+    "A GPU that is a MIG GPU instance (`gpu` \"<parent>/<GI>\"): its parent GPU's index and UUID, its profile "
+    "(3g.40gb), its GPU instance id and, where one, its compute instance id. Its memory series are the instance's: "
+    "the memory its engine can run out of.",
+    presence=CONDITIONAL,
+)
 GPU_UP = metric(
     SECTION,
     "gpu_up",
@@ -75,7 +86,7 @@ GPU_PROCESS_QUERY_SUCCESS = metric(
     "1 when the per-process query worked, so an absent process series means an idle GPU and not a failed query; 0 when it failed, or the GPU source lists no processes (dcgm-exporter).",
 )
 METRICS = (
-    GPU_INFO, GPU_UP, GPU_MEMORY_TOTAL_BYTES, GPU_MEMORY_USED_BYTES, GPU_MEMORY_FREE_BYTES, GPU_MEMORY_RESERVED_BYTES,
+    GPU_INFO, GPU_MIG_INFO, GPU_UP, GPU_MEMORY_TOTAL_BYTES, GPU_MEMORY_USED_BYTES, GPU_MEMORY_FREE_BYTES, GPU_MEMORY_RESERVED_BYTES,
     GPU_MEMORY_USED_RATIO, GPU_UTILIZATION_RATIO, GPU_PROCESS_MEMORY_USED_BYTES, GPU_PROCESS_QUERY_SUCCESS,
 )  # fmt: skip
 
@@ -87,6 +98,9 @@ def add(out: Exposition, nvml: NvmlReading) -> None:
         out.add(GPU_UP, g, 1.0 if gpu.up else 0.0)
         if gpu.uuid:
             out.add(GPU_INFO, (*g, gpu.uuid, gpu.name, gpu.pci_bus_id, driver), 1.0)
+        if (mig := gpu.mig) is not None:
+            ci = "" if mig.compute_instance is None else str(mig.compute_instance)
+            out.add(GPU_MIG_INFO, (*g, str(gpu.index), mig.parent_uuid, mig.profile, str(mig.gpu_instance), ci), 1.0)
         out.add(GPU_MEMORY_TOTAL_BYTES, g, gpu.total_bytes)
         out.add(GPU_MEMORY_USED_BYTES, g, gpu.used_bytes)
         out.add(GPU_MEMORY_FREE_BYTES, g, gpu.free_bytes)

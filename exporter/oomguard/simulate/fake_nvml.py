@@ -27,6 +27,21 @@ class FakeProcess:
 
 
 @dataclass
+class FakeMigDevice:
+    """A MIG device (a compute instance) on a FakeGpu in MIG mode: `slot` is its index among the parent's MIG device
+    handles (sparse, as NVML's are); its memory is its GPU instance's, shared by the compute instances of one GI."""
+
+    gpu_instance: int
+    slot: int
+    compute_instance: int = 0
+    profile: str = "3g.40gb"
+    total_bytes: int = 40 * GIB
+    used_bytes: int = 0
+    reserved_bytes: int = 0
+    processes: list[FakeProcess] = field(default_factory=list)
+
+
+@dataclass
 class FakeGpu:
     index: int
     total_bytes: int = 80 * GIB
@@ -41,6 +56,13 @@ class FakeGpu:
     # Function names that answer another error code,
     # e.g. {"nvmlDeviceGetComputeRunningProcesses": pynvml.NVML_ERROR_NO_PERMISSION}.
     errors: dict[str, int] = field(default_factory=dict)
+    # MIG: `mig_capable` (Ampere and later datacenter GPUs); `mig_devices` None while MIG mode is off, else its MIG
+    # devices. In MIG mode the parent's memory and processes are an aggregate that NVML gives only to a privileged
+    # caller (`privileged`), and its utilization is not supported, as NVML's documentation says of each call.
+    mig_capable: bool = True
+    mig_devices: list[FakeMigDevice] | None = None
+    max_mig_devices: int = 7
+    privileged: bool = False
 
     @property
     def uuid(self) -> str:
@@ -54,6 +76,18 @@ class FakeGpu:
 class _Handle:
     def __init__(self, gpu: FakeGpu) -> None:
         self.gpu = gpu
+
+
+class _MigHandle:
+    """A MIG device handle: usable, with its own answers, where NVML takes a device handle."""
+
+    def __init__(self, gpu: FakeGpu, mig: FakeMigDevice) -> None:
+        self.gpu = gpu  # its parent: a lost parent loses its MIG devices too
+        self.mig = mig
+
+    @property
+    def uuid(self) -> str:
+        return f"MIG-{self.gpu.index:08d}-0000-4000-8000-{self.mig.gpu_instance:06d}{self.mig.compute_instance:06d}"
 
 
 def _raise(code: int) -> None:
@@ -132,13 +166,15 @@ class FakeNvml:
         return _Handle(gpu)
 
     # -- per device -----------------------------------------------------------------------
-    def nvmlDeviceGetName(self, handle: _Handle) -> str:
+    def nvmlDeviceGetName(self, handle: _Handle | _MigHandle) -> str:
         self._enter("nvmlDeviceGetName", handle.gpu)
+        if isinstance(handle, _MigHandle):
+            return f"{handle.gpu.name} MIG {handle.mig.profile}"  # as NVML names a MIG device
         return handle.gpu.name
 
-    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
+    def nvmlDeviceGetUUID(self, handle: _Handle | _MigHandle) -> str:
         self._enter("nvmlDeviceGetUUID", handle.gpu)
-        return handle.gpu.uuid
+        return handle.uuid if isinstance(handle, _MigHandle) else handle.gpu.uuid
 
     def nvmlDeviceGetPciInfo(self, handle: _Handle) -> Any:
         self._enter("nvmlDeviceGetPciInfo", handle.gpu)
@@ -146,37 +182,120 @@ class FakeNvml:
         info.busId = handle.gpu.pci_bus_id.encode()
         return info
 
-    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle | _MigHandle, version: int | None = None) -> Any:
         gpu = handle.gpu
-        used = min(gpu.used_bytes, gpu.total_bytes)
+        self._enter("nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo", gpu)
+        if version and version != pynvml.nvmlMemory_v2:
+            _raise(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if isinstance(handle, _MigHandle):  # the instance's own memory
+            memory = handle.mig
+            total, reserved, used = (
+                memory.total_bytes,
+                memory.reserved_bytes,
+                min(memory.used_bytes, memory.total_bytes),
+            )
+        elif gpu.mig_devices is not None:
+            # "In MIG mode, if device handle is provided, the API returns aggregate information, only if the caller
+            # has appropriate privileges. Per-instance information can be queried by using specific MIG device
+            # handles." (nvmlDeviceGetMemoryInfo)
+            if not gpu.privileged:
+                _raise(pynvml.NVML_ERROR_NO_PERMISSION)
+            total, reserved = gpu.total_bytes, gpu.reserved_bytes
+            used = min(sum(m.used_bytes for m in self._instances(gpu)), total)
+        else:
+            total, reserved, used = gpu.total_bytes, gpu.reserved_bytes, min(gpu.used_bytes, gpu.total_bytes)
         if version:
-            self._enter("nvmlDeviceGetMemoryInfo_v2", gpu)
-            if version != pynvml.nvmlMemory_v2:
-                _raise(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-            free = gpu.total_bytes - gpu.reserved_bytes - used
-            return pynvml.c_nvmlMemory_v2_t(version, gpu.total_bytes, gpu.reserved_bytes, max(free, 0), used)
-        self._enter("nvmlDeviceGetMemoryInfo", gpu)
+            return pynvml.c_nvmlMemory_v2_t(version, total, reserved, max(total - reserved - used, 0), used)
         # v1 counts the driver's reservation as used.
-        used_v1 = min(used + gpu.reserved_bytes, gpu.total_bytes)
-        return pynvml.c_nvmlMemory_t(gpu.total_bytes, gpu.total_bytes - used_v1, used_v1)
+        used_v1 = min(used + reserved, total)
+        return pynvml.c_nvmlMemory_t(total, total - used_v1, used_v1)
 
-    def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> Any:
+    def nvmlDeviceGetUtilizationRates(self, handle: _Handle | _MigHandle) -> Any:
         self._enter("nvmlDeviceGetUtilizationRates", handle.gpu)
+        if isinstance(handle, _MigHandle) or handle.gpu.mig_devices is not None:
+            # "On MIG-enabled GPUs, querying device utilization rates is not currently supported."
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return pynvml.c_nvmlUtilization_t(handle.gpu.utilization_percent, 0)
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
-        self._enter("nvmlDeviceGetComputeRunningProcesses", handle.gpu)
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle | _MigHandle) -> list[Any]:
+        gpu = handle.gpu
+        self._enter("nvmlDeviceGetComputeRunningProcesses", gpu)
+        if isinstance(handle, _MigHandle):
+            placed = [(p, handle.mig) for p in handle.mig.processes]
+        elif gpu.mig_devices is not None:
+            if not gpu.privileged:  # the same note as the memory's: an aggregate for the privileged only
+                _raise(pynvml.NVML_ERROR_NO_PERMISSION)
+            placed = [(p, m) for m in gpu.mig_devices for p in m.processes]
+        else:
+            placed = [(p, None) for p in gpu.processes]
         out = []
-        for proc in handle.gpu.processes:
-            not_available = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+        not_available = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+        for proc, mig in placed:
             raw = pynvml.c_nvmlProcessInfo_v3_t(
-                pid=proc.pid, usedGpuMemory=not_available if proc.used_bytes is None else proc.used_bytes
-            )
+                pid=proc.pid, usedGpuMemory=not_available if proc.used_bytes is None else proc.used_bytes,
+                gpuInstanceId=mig.gpu_instance if mig else 0xFFFFFFFF,
+                computeInstanceId=mig.compute_instance if mig else 0xFFFFFFFF,
+            )  # fmt: skip
             obj = pynvml.nvmlStructToFriendlyObject(raw)
             if obj.usedGpuMemory == not_available:
                 obj.usedGpuMemory = None  # what pynvml does for "not available"
             out.append(obj)
         return out
+
+    # -- MIG ------------------------------------------------------------------------------
+    @staticmethod
+    def _instances(gpu: FakeGpu) -> list[FakeMigDevice]:
+        """One per GPU instance (its compute instances share its memory)."""
+        return list({m.gpu_instance: m for m in gpu.mig_devices or ()}.values())
+
+    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
+        self._enter("nvmlDeviceGetMigMode", handle.gpu)
+        if not handle.gpu.mig_capable:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if handle.gpu.mig_devices is not None else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
+        self._enter("nvmlDeviceGetMaxMigDeviceCount", handle.gpu)
+        if not handle.gpu.mig_capable:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        # "Returns zero if MIG is not supported or enabled."
+        return handle.gpu.max_mig_devices if handle.gpu.mig_devices is not None else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _MigHandle:
+        gpu = handle.gpu
+        self._enter("nvmlDeviceGetMigDeviceHandleByIndex", gpu)
+        if not gpu.mig_capable:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if gpu.mig_devices is None or not 0 <= index < gpu.max_mig_devices:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        for mig in gpu.mig_devices or ():
+            if mig.slot == index:
+                return _MigHandle(gpu, mig)
+        _raise(pynvml.NVML_ERROR_NOT_FOUND)  # the indices are sparse: no MIG device in this slot
+        raise AssertionError("unreachable")
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: _Handle | _MigHandle) -> int:
+        self._enter("nvmlDeviceIsMigDeviceHandle", handle.gpu)
+        return int(isinstance(handle, _MigHandle))
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: _Handle | _MigHandle) -> int:
+        self._enter("nvmlDeviceGetGpuInstanceId", handle.gpu)
+        if not isinstance(handle, _MigHandle):
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # not a MIG device handle
+        return handle.mig.gpu_instance  # type: ignore[union-attr]
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: _Handle | _MigHandle) -> int:
+        self._enter("nvmlDeviceGetComputeInstanceId", handle.gpu)
+        if not isinstance(handle, _MigHandle):
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return handle.mig.compute_instance  # type: ignore[union-attr]
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: _MigHandle) -> _Handle:
+        self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", handle.gpu)
+        if not isinstance(handle, _MigHandle):
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return _Handle(handle.gpu)
 
     # -- events ---------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> object:
