@@ -195,9 +195,7 @@ async def test_a_gpu_it_stops_listing_is_lost_not_gone_without_a_word(server: tu
         assert {g.node for g in (await reader.read()).gpus} == {"gpu-b"}
 
 
-async def test_mig_instances_are_skipped_and_said_once(
-    server: tuple[str, Endpoints], caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_mig_instances_are_read_as_gpus_of_their_node(server: tuple[str, Endpoints]) -> None:
     base, endpoints = server
     endpoints.body = (FIXTURES / "dcgm" / "dcgm-4.x-mig-kubernetes.prom").read_text()
     async with EngineClient() as client:
@@ -205,7 +203,28 @@ async def test_mig_instances_are_skipped_and_said_once(
             client, lambda: [DcgmEndpoint(f"{base}/good", "gpu-a")], timeout_seconds=2.0, max_body_bytes=1 << 20
         )
         reading = await reader.read()
-        await reader.read()
-    assert [g.index for g in reading.gpus] == [1]  # GPU 0 in MIG mode has instance series only: not read
-    said = [r.getMessage() for r in caplog.records if "MIG instances skipped" in r.getMessage()]
-    assert len(said) == 1 and "node gpu-a" in said[0]
+    assert [g.key for g in reading.gpus] == [("gpu-a", "0/1"), ("gpu-a", "0/2"), ("gpu-a", "1")]
+    first = reading.gpus[0]
+    assert first.mig is not None and (first.mig.gpu_instance, first.mig.profile) == (1, "3g.40gb")
+    assert first.pods == (("ml", "triton-resnet-7c9d8b6f4-p8m2v"),) and first.total_bytes == 40192 * 1048576
+
+
+async def test_a_pod_on_a_mig_instance_is_judged_on_it(server: tuple[str, Endpoints]) -> None:
+    """The cluster mode: dcgm-exporter names the Triton pod on GPU 0's first 3g.40gb instance; the pod's GPUs are that
+    instance (35811 of 40192 MiB), not the whole GPU."""
+    from oomguard.join import join_targets
+    from oomguard.model import EngineReading, PodRef, TargetReading
+
+    base, endpoints = server
+    endpoints.body = (FIXTURES / "dcgm" / "dcgm-4.x-mig-kubernetes.prom").read_text()
+    async with EngineClient() as client:
+        reader = DcgmReader(
+            client, lambda: [DcgmEndpoint(f"{base}/good", "gpu-a")], timeout_seconds=2.0, max_body_bytes=1 << 20
+        )
+        reading = await reader.read()
+    pod = PodRef("ml", "triton-resnet-7c9d8b6f4-p8m2v", "triton", None, "gpu-a")
+    target = TargetReading("ml/triton", "triton", "http://10.0.0.5:8000", (), True, "up", 0.01, 200, 0.001,
+                           EngineReading(()), pod=pod)  # fmt: skip
+    judged = join_targets(reading, (target,))["ml/triton"]
+    assert judged.gpus == (("gpu-a", "0/1"),)
+    assert (judged.used_bytes, judged.total_bytes) == (35811 * 1048576, 40192 * 1048576)

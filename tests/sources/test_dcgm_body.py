@@ -171,30 +171,38 @@ def test_exported_labels_alone() -> None:
     assert only.pods == (("ns", "p", "c"),) and only.total_bytes == 30 * MIB
 
 
-def test_mig_instance_series_skipped_and_counted() -> None:
-    assert parse(dcgm_body("dcgm-4.x-mig-kubernetes.prom")) == DcgmBody(
-        gpus=(
-            gpu(
-                1,
-                "GPU-47c1a8d3-e25b-4f9a-8d07-6b3e9f0c2a15",
-                A100_80,
-                "00000000:0F:00.0",
-                "gpu-node-12",
-                52340,
-                28912,
-                668,
-                0.71,
-                (("ml", "vllm-phi-3-mini-5d8c7b9f6-r3t6k", "vllm"),),
-            ),
-        ),
-        mig_series_skipped=6,  # FB_USED, FB_FREE and GPU_UTIL of two instances
-        fields=ANY,
+def test_mig_instances_are_gpus_of_their_own_with_their_pods() -> None:
+    """GPU 0 of an A100 in MIG mode, two 3g.40gb instances (one with a Triton pod), beside GPU 1 whole: each
+    instance is read as a GPU of its own, its memory and its pods; the UUID label is its parent's."""
+    parent = "GPU-9b4e2f71-3c8a-4d06-b5e9-0a7d1c6f2e38"
+    body = parse(dcgm_body("dcgm-4.x-mig-kubernetes.prom"))
+    assert [(g.index, g.gpu_instance, g.profile) for g in body.gpus] == [
+        (0, 1, "3g.40gb"), (0, 2, "3g.40gb"), (1, None, ""),
+    ]  # fmt: skip
+    first, second, whole = body.gpus
+    assert (first.used_bytes, first.free_bytes, first.total_bytes) == (35811 * MIB, 4381 * MIB, 40192 * MIB)
+    assert first.pods == (("ml", "triton-resnet-7c9d8b6f4-p8m2v", "triton"),) and second.pods == ()
+    assert (second.used_bytes, second.total_bytes) == (13 * MIB, 40192 * MIB)
+    assert first.uuid == second.uuid == parent and first.utilization_ratio == 0.0
+    assert whole == gpu(1, "GPU-47c1a8d3-e25b-4f9a-8d07-6b3e9f0c2a15", A100_80, "00000000:0F:00.0", "gpu-node-12",
+                        52340, 28912, 668, 0.71, (("ml", "vllm-phi-3-mini-5d8c7b9f6-r3t6k", "vllm"),))  # fmt: skip
+    assert body.mig_series_skipped == 0  # dcgm-exporter writes no series of the whole GPU beside its instances
+
+
+def test_a_gpus_own_series_beside_its_instances_are_skipped_as_its_aggregate() -> None:
+    body = parse(
+        'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1",GPU_I_PROFILE="1g.10gb",GPU_I_ID="7"} 5\n'
+        'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-1",GPU_I_PROFILE="1g.10gb",GPU_I_ID="7"} 9000\n'
+        'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1"} 70000\n'
     )
+    (only,) = body.gpus
+    assert (only.gpu_instance, only.used_bytes, only.total_bytes) == (7, 5 * MIB, 9005 * MIB)
+    assert body.mig_series_skipped == 1
 
 
-def test_a_body_of_mig_instances_only_has_no_gpus() -> None:
-    body = 'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1",GPU_I_PROFILE="1g.10gb",GPU_I_ID="7"} 5\n'
-    assert parse(body) == DcgmBody(gpus=(), mig_series_skipped=1, fields=ANY)
+def test_a_mig_instance_id_that_is_no_id_refuses_the_body() -> None:
+    with pytest.raises(DcgmBodyError, match="GPU_I_ID='x'"):
+        parse('DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1",GPU_I_ID="x"} 5\n')
 
 
 def test_eight_gpus_two_pods() -> None:
@@ -348,7 +356,8 @@ def test_more_gpus_than_max_gpus() -> None:
     body = dcgm_body("dcgm-4.x-kubernetes-8gpu-2pods.prom")
     assert len(parse(body, max_gpus=8).gpus) == 8
     message = (
-        "more than 7 GPUs (values of the gpu label) in one body: is this one node's dcgm-exporter? "
+        "more than 7 GPUs and MIG instances (values of the gpu and GPU_I_ID labels) in one body: is this one "
+        "node's dcgm-exporter? "
         "Raise max_gpus if a node has that many"
     )
     with pytest.raises(DcgmBodyError, match=f"^{re.escape(message)}$"):

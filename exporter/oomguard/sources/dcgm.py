@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from oomguard.capped import BodyTooLarge, EngineClient, EngineHttpError, get
-from oomguard.model import GpuReading, NvmlReading, gpu_order
+from oomguard.model import GpuReading, MigInstance, NvmlReading, gpu_order
 from oomguard.sources.dcgm_body import DEFAULT_FIELDS, DcgmBody, DcgmBodyError, Fields, parse
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class DcgmReader:
         self._parsed: dict[DcgmEndpoint, tuple[bytes, list[GpuReading]]] = {}
         # The GPUs each endpoint has listed: one it stops listing while it answers is lost (dcgm-exporter stops
         # writing a GPU it cannot read), and is read as NVML reads a lost GPU, down, rather than gone without a word.
-        self._seen: dict[DcgmEndpoint, dict[int, GpuReading]] = {}
+        self._seen: dict[DcgmEndpoint, dict[str, GpuReading]] = {}
         self._said_mig: set[str] = set()  # nodes whose MIG instances were said to be skipped
         self._in_flight: asyncio.Future[NvmlReading] | None = None
 
@@ -138,12 +138,12 @@ class DcgmReader:
         return NvmlReading(up=len(errors) < len(fetched), gpus=tuple(gpus), error="; ".join(errors))
 
     def _say_mig(self, endpoint: DcgmEndpoint, body: DcgmBody) -> None:
-        """MIG instances' series are skipped (their memory is an instance's, not the GPU's): said once a node."""
+        """A GPU in MIG mode is read as its instances, its own series beside them skipped: said once a node."""
         if body.mig_series_skipped and endpoint.node not in self._said_mig:
             self._said_mig.add(endpoint.node)
-            log.warning(
-                "dcgm-exporter %s (node %s): %d series of MIG instances skipped; a GPU in MIG mode is not read "
-                "(docs/kubernetes.md, the cluster mode)", endpoint.url, endpoint.node or "?", body.mig_series_skipped,
+            log.info(
+                "dcgm-exporter %s (node %s): GPUs in MIG mode read as their instances; %d series of the whole GPU "
+                "beside them skipped", endpoint.url, endpoint.node or "?", body.mig_series_skipped,
             )  # fmt: skip
 
     def _say_naming(self, endpoint: DcgmEndpoint, body: DcgmBody) -> None:
@@ -163,8 +163,8 @@ class DcgmReader:
     def _lost(self, endpoint: DcgmEndpoint, listed: list[GpuReading]) -> list[GpuReading]:
         """The GPUs the endpoint listed before and not now, down; remembers what it lists."""
         seen = self._seen.setdefault(endpoint, {})
-        seen.update((g.index, g) for g in listed)
-        now = {g.index for g in listed}
+        seen.update((g.label, g) for g in listed)
+        now = {g.label for g in listed}
         return [
             GpuReading(
                 index=g.index,
@@ -174,9 +174,10 @@ class DcgmReader:
                 pci_bus_id=g.pci_bus_id,
                 node=g.node,
                 error="no longer in dcgm-exporter's body: lost, or taken off the node",
+                mig=g.mig,
             )
-            for index, g in sorted(seen.items())
-            if index not in now
+            for label, g in sorted(seen.items(), key=lambda item: gpu_order(item[1].key))
+            if label not in now
         ]
 
 
@@ -198,6 +199,8 @@ def _gpus(body: DcgmBody, node: str) -> list[GpuReading]:
             # not dcgm-exporter's hostname label (its own pod's name, unless it was given NODE_NAME).
             node=node,
             pods=tuple(sorted({(namespace, pod) for namespace, pod, _container in g.pods})),
+            # dcgm-exporter's UUID label of an instance is its parent's; it names no compute instance.
+            mig=MigInstance(g.uuid, g.gpu_instance, None, g.profile) if g.gpu_instance is not None else None,
         )
         for g in body.gpus
     ]

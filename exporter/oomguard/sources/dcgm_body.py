@@ -14,8 +14,10 @@ Any other family written once per pod (a GPU shared by pods) has one value for a
 Pods: `pod`, `namespace`, `container` (`pod_name`, ... with --use-old-namespace) on the series of a GPU in use; 3.x
 versions write them empty on a GPU in no pod. Scraped through Prometheus (honor_labels false) the exporter's labels
 become `exported_pod`, ... and the bare ones name the scrape target, the exporter's own pod: in a body with any
-`exported_pod` label, pods are read from `exported_*` only. MIG: series with a GPU_I_ID label are a GPU instance's,
-its memory; skipped and counted (by default a GPU in MIG mode has instance series only, so it is not listed).
+`exported_pod` label, pods are read from `exported_*` only. MIG: series with a GPU_I_ID label are a GPU instance's
+(GPU_I_PROFILE its profile, the pod labels the pods on it, `UUID` its parent's): each instance is a GPU of its own,
+as the NVML source reads one; a GPU with instances is read as them alone (a series of its own beside them would be
+the whole GPU's aggregate), and those series are counted as skipped.
 
 dcgm-exporter 4.9 (DCGM 4.7) renamed its default fields to DCGM 4.7's names and writes GPU memory in bytes, and
 collects DCGM_FI_DEV_FB_CAPACITY_BYTES, the total in bytes, by default (its release notes). Which family holds
@@ -71,7 +73,7 @@ class DcgmBodyError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class DcgmGpu:
-    index: int  # label `gpu`
+    index: int  # label `gpu`: a MIG instance's parent's
     uuid: str  # label `UUID`
     name: str  # label `modelName`
     pci_bus_id: str  # "" when absent (older versions)
@@ -82,12 +84,14 @@ class DcgmGpu:
     total_bytes: float | None  # FB_TOTAL when published, else used + free + reserved (0 when absent)
     utilization_ratio: float | None
     pods: tuple[tuple[str, str, str], ...]  # sorted, unique (namespace, pod, container)
+    gpu_instance: int | None = None  # label `GPU_I_ID`: a MIG GPU instance
+    profile: str = ""  # label `GPU_I_PROFILE`
 
 
 @dataclass(frozen=True, slots=True)
 class DcgmBody:
     gpus: tuple[DcgmGpu, ...]  # sorted by index
-    mig_series_skipped: int  # series of MIG instances (a non-empty GPU_I_ID label): per instance, not the GPU's
+    mig_series_skipped: int  # series of a GPU in MIG mode without an instance label: its aggregate, not read
     fields: tuple[tuple[str, str, str], ...] = ()  # (figure, family read, its unit): which naming the exporter uses
 
 
@@ -127,46 +131,49 @@ def parse(body: str, *, max_gpus: int = 64, fields: Fields = DEFAULT_FIELDS) -> 
     units = {role: unit(name, helps.get(name, "")) for role, name in read.items() if name is not None}
     exported = any("exported_pod" in s.labels for samples in families.values() for s in samples)
     schemes = _EXPORTED_PODS if exported else _PODS
-    identity: dict[int, dict[str, str]] = {}
-    pods: dict[int, set[tuple[str, str, str]]] = {}
-    values: dict[tuple[str, int], list[tuple[bool, float]]] = {}  # (family, gpu) -> (series without pod?, value)
-    skipped = 0
+    # A GPU, or a MIG instance: (index, GPU instance id or -1 for the whole GPU).
+    identity: dict[tuple[int, int], dict[str, str]] = {}
+    pods: dict[tuple[int, int], set[tuple[str, str, str]]] = {}
+    values: dict[tuple[str, tuple[int, int]], list[tuple[bool, float]]] = {}  # (family, gpu) -> (without pod?, value)
     for name, samples in families.items():
         for sample in samples:
             labels = sample.labels
-            if labels.get("GPU_I_ID"):
-                skipped += 1
-                continue
-            index = _index(name, labels.get("gpu", ""))
-            if index not in identity:
+            key = (_index(name, labels.get("gpu", "")), _instance(name, labels.get("GPU_I_ID", "")))
+            if key not in identity:
                 if len(identity) >= max_gpus:
                     raise DcgmBodyError(
-                        f"more than {max_gpus} GPUs (values of the gpu label) in one body: is this one node's "
-                        "dcgm-exporter? Raise max_gpus if a node has that many"
+                        f"more than {max_gpus} GPUs and MIG instances (values of the gpu and GPU_I_ID labels) in one "
+                        "body: is this one node's dcgm-exporter? Raise max_gpus if a node has that many"
                     )
-                identity[index] = labels
-            elif _uuid(labels) != _uuid(identity[index]) or _host(labels) != _host(identity[index]):
+                identity[key] = labels
+            elif _uuid(labels) != _uuid(identity[key]) or _host(labels) != _host(identity[key]):
                 raise DcgmBodyError(
-                    f"gpu {index} is listed as two GPUs ({_uuid(identity[index])[:60]} on "
-                    f"{_host(identity[index])[:60] or '?'}, {_uuid(labels)[:60]} on {_host(labels)[:60] or '?'}): a "
+                    f"gpu {key[0]} is listed as two GPUs ({_uuid(identity[key])[:60]} on "
+                    f"{_host(identity[key])[:60] or '?'}, {_uuid(labels)[:60]} on {_host(labels)[:60] or '?'}): a "
                     "body lists each GPU once; is this one node's dcgm-exporter?"
                 )
             pod = _pod(labels, schemes)
             if pod is not None:
-                pods.setdefault(index, set()).add(pod)
-            values.setdefault((name, index), []).append((pod is None, sample.value))
+                pods.setdefault(key, set()).add(pod)
+            values.setdefault((name, key), []).append((pod is None, sample.value))
     _one_gpu_each(identity)
+    # A GPU with instances is read as them: a series of its own beside them is its aggregate.
+    in_mig_mode = {index for index, instance in identity if instance >= 0}
+    skipped = sum(len(v) for (_, (index, instance)), v in values.items() if instance < 0 and index in in_mig_mode)
     gpus = []
-    for index, labels in sorted(identity.items()):
+    for key, labels in sorted(identity.items()):
+        if key[1] < 0 and key[0] in in_mig_mode:
+            continue
+        index = key[0]
         used, free, reserved, total = (
-            _bytes(_value(values, read[role], index), units.get(role, MIB_UNIT)) if read[role] else None
+            _bytes(_value(values, read[role], key), units.get(role, MIB_UNIT)) if read[role] else None
             for role in ("used", "free", "reserved", "total")
         )
         if total is None and used is not None and free is not None:
             total = used + free + (reserved or 0.0)
         if total is not None and total <= 0:
             total = None  # a GPU of no memory: its used ratio would be NaN, and no alert could judge it
-        util = _valid(_value(values, UTIL, index))
+        util = _valid(_value(values, UTIL, key))
         gpus.append(
             DcgmGpu(
                 index=index,
@@ -179,7 +186,9 @@ def parse(body: str, *, max_gpus: int = 64, fields: Fields = DEFAULT_FIELDS) -> 
                 reserved_bytes=reserved,
                 total_bytes=total,
                 utilization_ratio=None if util is None else util / 100,
-                pods=tuple(sorted(pods.get(index, ()))),
+                pods=tuple(sorted(pods.get(key, ()))),
+                gpu_instance=key[1] if key[1] >= 0 else None,
+                profile=labels.get("GPU_I_PROFILE", "") if key[1] >= 0 else "",
             )
         )
     fields_read = tuple((role, name, units[role]) for role, name in read.items() if name is not None)
@@ -215,6 +224,18 @@ def _index(name: str, text: str) -> int:
     return int(text)
 
 
+def _instance(name: str, text: str) -> int:
+    """A MIG GPU instance's id (GPU_I_ID), -1 for a whole GPU's series."""
+    if not text:
+        return -1
+    if not (text.isascii() and text.isdigit()) or len(text) > 4 or int(text) > MAX_INDEX:
+        raise DcgmBodyError(
+            f"{name} has GPU_I_ID={text[:40]!r}: a MIG GPU instance's id is a small non-negative integer; is this "
+            "dcgm-exporter's /metrics?"
+        )
+    return int(text)
+
+
 def _uuid(labels: dict[str, str]) -> str:
     return labels.get("UUID") or labels.get("uuid", "")
 
@@ -223,12 +244,13 @@ def _host(labels: dict[str, str]) -> str:
     return labels.get("hostname") or labels.get("Hostname", "")
 
 
-def _one_gpu_each(identity: dict[int, dict[str, str]]) -> None:
-    """One node's GPUs, each once: no UUID under two indices, one hostname for the body. A body that says otherwise
-    is refused whole (taken, one GPU under two indices doubled the node's memory and halved its used ratio)."""
+def _one_gpu_each(identity: dict[tuple[int, int], dict[str, str]]) -> None:
+    """One node's GPUs, each once: no UUID under two indices (a GPU's MIG instances share its UUID and index), one
+    hostname for the body. A body that says otherwise is refused whole (taken, one GPU under two indices doubled the
+    node's memory and halved its used ratio)."""
     indices: dict[str, int] = {}
     hosts = set()
-    for index, labels in identity.items():
+    for (index, _instance_id), labels in identity.items():
         uuid = _uuid(labels)
         if uuid and indices.setdefault(uuid, index) != index:
             raise DcgmBodyError(
@@ -248,10 +270,12 @@ def _pod(labels: dict[str, str], schemes: tuple[tuple[str, str, str], ...]) -> t
     return None
 
 
-def _value(values: dict[tuple[str, int], list[tuple[bool, float]]], name: str, index: int) -> float | None:
+def _value(
+    values: dict[tuple[str, tuple[int, int]], list[tuple[bool, float]]], name: str, key: tuple[int, int]
+) -> float | None:
     """The GPU's series without pod labels where there is one (beside per-pod series), else the largest: the
     copies of a value written once per pod are equal."""
-    found = values.get((name, index))
+    found = values.get((name, key))
     return max(found)[1] if found else None
 
 
