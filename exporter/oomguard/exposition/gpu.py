@@ -21,7 +21,7 @@ GPU_MIG_INFO = metric(
     "info",
     "",
     "node gpu parent_gpu parent_uuid profile gpu_instance compute_instance",
-    "A GPU that is a MIG GPU instance (`gpu` \"<parent>/<GI>\"): its parent GPU's index and UUID, its profile "
+    'A GPU that is a MIG GPU instance (`gpu` "<parent>/<GI>"): its parent GPU\'s index and UUID, its profile '
     "(3g.40gb), its GPU instance id and, where one, its compute instance id. Its memory series are the instance's: "
     "the memory its engine can run out of.",
     presence=CONDITIONAL,
