@@ -114,3 +114,21 @@ def test_the_instances_are_exported_with_their_identity(promtool: str) -> None:
     assert 'gpu_instance="2"' in info[1] and 'compute_instance="0"' in info[1]
     assert 'oomguard_gpu_memory_total_bytes{gpu="0",' not in text  # the parent is its instances
     promtool_check_metrics(promtool, body)
+
+
+async def test_diagnose_judges_a_target_on_its_instances(aiohttp_client, zoo) -> None:  # type: ignore[no-untyped-def]
+    """A vLLM configured on GPU 0 (`gpus: [0]`) of a GPU in MIG mode: its GPUs are the two instances, and `oomguard
+    diagnose --exporter` reads each instance's figures under its own label."""
+    import asyncio
+
+    from oomguard.diagnose.core import diagnose_data
+    from oomguard.diagnose.query import fetch_exporter
+    from tests.test_web import app_for
+
+    client = await aiohttp_client(app_for(zoo, ["good"], lib=mig_node(), gpus=(0,)))
+    assert (await client.get("/metrics")).status == 200
+    url = str(client.make_url("/metrics"))
+    (found,) = diagnose_data(await asyncio.to_thread(fetch_exporter, url))
+    assert found.target == "good" and found.gpus == ["0/1", "0/2"]
+    assert found.facts is not None
+    assert found.facts.per_gpu["0/2"][-1][1] == pytest.approx(0.9375)  # 37.5 of the slice's 40 GiB
