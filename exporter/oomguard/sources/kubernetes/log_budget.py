@@ -5,7 +5,7 @@ A follower asks for a stream before it opens one (`ask`) and gives the slot back
 release`). Over the budget, it is refused, counted, and queued: the slots that come free go to the followers
 waiting, oldest first, and a follower whose stream ended asks again behind them, so every container's log takes its
 turn with a stream. Meanwhile a follower waiting reads its log by short requests (no `follow`: the API sends what
-there is and ends), one of `reads` at once (`read_turn`): nothing is lost, the lines come late by the wait between
+there is and ends), at most `reads` at once (`read_turn`): nothing is lost, the lines come late by the wait between
 two reads (sources/kubernetes/pod_logs.py). Said once at WARNING when the first is refused, and once when none waits
 any more: never a line a refusal.
 """
