@@ -111,7 +111,9 @@ def test_other_error_keeps_identity_and_marks_the_reading() -> None:
 def test_per_process_can_be_turned_off() -> None:
     lib = two_gpus()
     assert NvmlSource(lib, per_process=False).read().gpus[0].processes is None
-    assert "nvmlDeviceGetComputeRunningProcesses" not in lib.calls
+    assert not [call for call in lib.calls if "RunningProcesses" in call]
+    assert NvmlSource(lib).read().gpus[0].processes  # the same name counts the calls when they are made
+    assert lib.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 2
 
 
 def test_missing_library_logs_once_and_retries_later(caplog: pytest.LogCaptureFixture) -> None:
@@ -142,3 +144,58 @@ def test_real_pynvml_without_a_driver() -> None:
     reading = NvmlSource(pynvml).read()
     assert not reading.up
     assert "NVML Shared Library Not Found" in reading.error and "no NVIDIA driver" in reading.error
+
+
+def test_an_older_driver_without_the_v3_process_calls_is_read_through_v2() -> None:
+    """Before R510 the library has no nvmlDeviceGetComputeRunningProcesses_v3: pynvml's unversioned call then raises
+    NVMLLibraryMismatchError, which is no NVMLError (it escaped every handler). The versioned calls are made instead,
+    _v3 then _v2, and memory info v1 where v2 is missing."""
+    lib = two_gpus()
+    lib.missing = {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetMemoryInfo_v2",
+                   "nvmlDeviceGetMPSComputeRunningProcesses_v3"}  # fmt: skip
+    with pytest.raises(pynvml.NVMLLibraryMismatchError):
+        lib.nvmlInit() or lib.nvmlDeviceGetComputeRunningProcesses(lib.nvmlDeviceGetHandleByIndex(0))
+    asked = lib.calls["nvmlDeviceGetComputeRunningProcesses_v3"]
+    source = NvmlSource(lib)
+    for _ in range(2):
+        gpu0 = source.read().gpus[0]
+        assert not gpu0.error and sorted(p.pid for p in gpu0.processes or ()) == [1, 999_999_999]
+        assert gpu0.reserved_bytes is None  # v1: no reservation apart
+    assert lib.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == asked + 1  # not asked again
+    # Before R450 neither: the processes are unsupported, the memory still read.
+    lib.missing.add("nvmlDeviceGetComputeRunningProcesses_v2")
+    gpu0 = NvmlSource(lib).read().gpus[0]
+    assert gpu0.processes is None and not gpu0.error and gpu0.used_bytes is not None
+
+
+def test_mps_clients_are_listed_with_their_own_memory() -> None:
+    """Under MPS the compute list has the MPS server; a client's own memory is in the MPS list."""
+    lib = two_gpus()
+    lib.gpus[1].processes = [FakeProcess(pid=50, used_bytes=1 * GIB)]  # nvidia-cuda-mps-server
+    lib.gpus[1].mps_clients = [FakeProcess(pid=51, used_bytes=20 * GIB), FakeProcess(pid=50, used_bytes=None)]
+    gpu1 = NvmlSource(lib).read().gpus[1]
+    assert sorted((p.pid, p.used_bytes) for p in gpu1.processes or ()) == [(50, 1 * GIB), (51, 20 * GIB)]
+
+
+def test_a_process_list_that_outgrew_its_buffer_is_unknown_not_a_failed_gpu() -> None:
+    """pynvml asks twice (the count, then the list in a buffer of twice that and 5); processes started between the
+    two calls can still overflow it: NVML_ERROR_INSUFFICIENT_SIZE. The processes are unknown for that read; the
+    GPU's memory is read."""
+    lib = two_gpus()
+    lib.gpus[0].errors["nvmlDeviceGetComputeRunningProcesses"] = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    gpu0 = NvmlSource(lib).read().gpus[0]
+    assert gpu0.processes is None and not gpu0.error and gpu0.used_bytes == 72 * GIB
+
+
+def test_a_driver_not_loaded_is_said_with_its_cause(caplog: pytest.LogCaptureFixture) -> None:
+    lib = two_gpus()
+    lib.missing = set()
+
+    def refuse(call: str) -> None:
+        if call == "nvmlInit":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    lib.before_call = refuse
+    with caplog.at_level(logging.WARNING):
+        reading = NvmlSource(lib).read()
+    assert not reading.up and "kernel module is not loaded" in reading.error

@@ -59,6 +59,7 @@ class FakeGpu:
     # MIG: `mig_capable` (Ampere and later datacenter GPUs); `mig_devices` None while MIG mode is off, else its MIG
     # devices. In MIG mode the parent's memory and processes are an aggregate that NVML gives only to a privileged
     # caller (`privileged`), and its utilization is not supported, as NVML's documentation says of each call.
+    mps_clients: list[FakeProcess] = field(default_factory=list)  # where MPS runs: its clients, listed apart
     mig_capable: bool = True
     mig_devices: list[FakeMigDevice] | None = None
     max_mig_devices: int = 7
@@ -107,11 +108,16 @@ class FakeNvml:
         driver_version: str = "550.54.15",
         library_present: bool = True,
         before_call: Callable[[str], None] | None = None,
+        missing: set[str] | None = None,
     ) -> None:
+        """`missing`: functions the driver's library lacks (an older driver: "nvmlDeviceGetMemoryInfo_v2" before
+        R510, "nvmlDeviceGetComputeRunningProcesses_v3" too): NVML_ERROR_FUNCTION_NOT_FOUND, as pynvml raises for
+        a symbol it cannot find."""
         self.gpus = gpus if gpus is not None else [FakeGpu(0)]
         self.driver_version = driver_version
         self.library_present = library_present
         self.before_call = before_call  # tests hook hangs and counters here
+        self.missing = missing or set()
         self.calls: dict[str, int] = {}
         self.xid_queue: queue.Queue[tuple[int, int]] = queue.Queue()  # (gpu index, xid) to deliver
         self._initialised = 0
@@ -128,6 +134,8 @@ class FakeNvml:
             self.calls[call] = self.calls.get(call, 0) + 1
         if self.before_call is not None:
             self.before_call(call)
+        if call in self.missing:
+            _raise(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         if call != "nvmlInit" and not self._initialised:
             _raise(pynvml.NVML_ERROR_UNINITIALIZED)
         if gpu is not None:
@@ -218,8 +226,33 @@ class FakeNvml:
         return pynvml.c_nvmlUtilization_t(handle.gpu.utilization_percent, 0)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle | _MigHandle) -> list[Any]:
+        """pynvml's unversioned call: the _v3 one, a missing symbol turned into NVMLLibraryMismatchError."""
+        try:
+            return self.nvmlDeviceGetComputeRunningProcesses_v3(handle)
+        except pynvml.NVMLError_FunctionNotFound:
+            raise pynvml.NVMLLibraryMismatchError(
+                "Unversioned function called and the pyNVML version does not match the NVML lib version."
+            ) from None
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: _Handle | _MigHandle) -> list[Any]:
+        return self._compute_processes("nvmlDeviceGetComputeRunningProcesses_v2", handle)
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: _Handle | _MigHandle) -> list[Any]:
+        return self._compute_processes("nvmlDeviceGetComputeRunningProcesses_v3", handle)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: _Handle | _MigHandle) -> list[Any]:
+        """The MPS clients: their own memory, where MPS runs (`mps_clients`); the compute list has the server."""
+        self._enter("nvmlDeviceGetMPSComputeRunningProcesses_v3", handle.gpu)
+        return [self._process_info(p, None) for p in handle.gpu.mps_clients]
+
+    def _compute_processes(self, call: str, handle: _Handle | _MigHandle) -> list[Any]:
         gpu = handle.gpu
-        self._enter("nvmlDeviceGetComputeRunningProcesses", gpu)
+        self._enter(call, gpu)
+        # The same answers as the unversioned name: a test's fault on it applies to every version.
+        if "nvmlDeviceGetComputeRunningProcesses" in gpu.unsupported:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if "nvmlDeviceGetComputeRunningProcesses" in gpu.errors:
+            _raise(gpu.errors["nvmlDeviceGetComputeRunningProcesses"])
         if isinstance(handle, _MigHandle):
             placed = [(p, handle.mig) for p in handle.mig.processes]
         elif gpu.mig_devices is not None:
@@ -228,19 +261,20 @@ class FakeNvml:
             placed = [(p, m) for m in gpu.mig_devices for p in m.processes]
         else:
             placed = [(p, None) for p in gpu.processes]
-        out = []
+        return [self._process_info(proc, mig) for proc, mig in placed]
+
+    @staticmethod
+    def _process_info(proc: FakeProcess, mig: FakeMigDevice | None) -> Any:
         not_available = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
-        for proc, mig in placed:
-            raw = pynvml.c_nvmlProcessInfo_v3_t(
-                pid=proc.pid, usedGpuMemory=not_available if proc.used_bytes is None else proc.used_bytes,
-                gpuInstanceId=mig.gpu_instance if mig else 0xFFFFFFFF,
-                computeInstanceId=mig.compute_instance if mig else 0xFFFFFFFF,
-            )  # fmt: skip
-            obj = pynvml.nvmlStructToFriendlyObject(raw)
-            if obj.usedGpuMemory == not_available:
-                obj.usedGpuMemory = None  # what pynvml does for "not available"
-            out.append(obj)
-        return out
+        raw = pynvml.c_nvmlProcessInfo_v3_t(
+            pid=proc.pid, usedGpuMemory=not_available if proc.used_bytes is None else proc.used_bytes,
+            gpuInstanceId=mig.gpu_instance if mig else 0xFFFFFFFF,
+            computeInstanceId=mig.compute_instance if mig else 0xFFFFFFFF,
+        )  # fmt: skip
+        obj = pynvml.nvmlStructToFriendlyObject(raw)
+        if obj.usedGpuMemory == not_available:
+            obj.usedGpuMemory = None  # what pynvml does for "not available"
+        return obj
 
     # -- MIG ------------------------------------------------------------------------------
     @staticmethod

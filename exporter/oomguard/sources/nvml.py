@@ -93,6 +93,7 @@ class NvmlSource:
         self._memory_v1_only: set[int | str] = set()
         self._process_names: dict[int, str] = {}
         self._mig: dict[int, _MigLayout] = {}
+        self._processes_v2_only = False  # a driver without the _v3 process calls (before R510)
 
     @property
     def lib(self) -> ModuleType | Any:
@@ -117,6 +118,13 @@ class NvmlSource:
                     "driver (or mount libnvidia-ml into the container), or pass "
                     "--no-collector.nvml to silence this."
                 )
+            elif isinstance(exc, self._lib.NVMLError_DriverNotLoaded):
+                message += (
+                    ": the NVIDIA kernel module is not loaded (nvidia-smi says the same). GPU metrics are off and "
+                    "oomguard_nvml_up is 0 until it is; tried again every minute."
+                )
+            elif isinstance(exc, self._lib.NVMLError_NoPermission):
+                message += ": no permission to open the GPU devices (/dev/nvidia*): run with access to them"
             if message != self._init_error:
                 log.warning(message)
             self._init_error = message
@@ -330,17 +338,36 @@ class NvmlSource:
         return self._optional(index, "memory", lambda: lib.nvmlDeviceGetMemoryInfo(handle))
 
     def _processes(self, index: int | str, handle: Any) -> tuple[GpuProcess, ...] | None:
+        """The compute processes, and MPS clients where MPS runs (their memory is listed there, not in the compute
+        list, which has the MPS server); each pid once. None when NVML cannot say (no permission, unsupported, a
+        driver without the call, or a list that kept growing between pynvml's two calls)."""
         lib = self._lib
         try:
-            entries = self._optional(index, "processes", lambda: lib.nvmlDeviceGetComputeRunningProcesses(handle))
-        except lib.NVMLError_NoPermission:
+            entries = self._optional(index, "processes", lambda: self._compute_processes(handle))
+            if entries is None:
+                return None
+            clients = self._optional(index, "mps", lambda: lib.nvmlDeviceGetMPSComputeRunningProcesses_v3(handle))
+        except (lib.NVMLError_NoPermission, lib.NVMLError_InsufficientSize):
             return None
-        if entries is None:
-            return None
+        by_pid = {int(e.pid): e for e in entries}
+        for e in clients or ():
+            by_pid.setdefault(int(e.pid), e)
         return tuple(
-            GpuProcess(pid=int(e.pid), name=self._process_name(int(e.pid)), used_bytes=_process_memory(e.usedGpuMemory))
-            for e in entries
+            GpuProcess(pid=pid, name=self._process_name(pid), used_bytes=_process_memory(e.usedGpuMemory))
+            for pid, e in by_pid.items()
         )
+
+    def _compute_processes(self, handle: Any) -> list[Any]:
+        """The versioned calls, newest first: pynvml's unversioned one turns a driver without `_v3` (before R510)
+        into NVMLLibraryMismatchError, which is no NVMLError. A driver without `_v2` either (before R450) raises
+        FunctionNotFound, taken as unsupported."""
+        lib = self._lib
+        if not self._processes_v2_only:
+            try:
+                return lib.nvmlDeviceGetComputeRunningProcesses_v3(handle)
+            except lib.NVMLError_FunctionNotFound:
+                self._processes_v2_only = True
+        return lib.nvmlDeviceGetComputeRunningProcesses_v2(handle)
 
     def _process_name(self, pid: int) -> str:
         name = self._process_names.get(pid)
