@@ -112,7 +112,10 @@ class XidSource:
                         self.stats.last_error = f"nvmlEventSetWait failed: {exc} (XIDs may be missed meanwhile)"
                     self._stop.wait(WAIT_MS / 1000)
                     continue
-                uuid = lib.nvmlDeviceGetUUID(data.device)
+                try:
+                    uuid = lib.nvmlDeviceGetUUID(data.device)
+                except lib.NVMLError:  # a GPU lost with its XID 79 still names no UUID: the XID counts, as GPU -1
+                    uuid = ""
                 key = (by_uuid.get(uuid.decode() if isinstance(uuid, bytes) else uuid, -1), int(data.eventData))
                 now = self._clock()
                 with self._lock:
