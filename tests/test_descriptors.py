@@ -60,3 +60,22 @@ def test_the_servers_functions_are_its_shares() -> None:
         assert connection_limit(limit) == budget(limit).server
         assert scrape_connection_limit(limit) == budget(limit).scrapes
     assert connection_limit() == budget(descriptors.soft_limit()).server
+
+
+def test_serve_raises_the_soft_limit_to_the_hard_one() -> None:
+    """As Go's runtime does for every Go exporter: a soft 256 under a hard 4,096 becomes 4,096 (in a child process:
+    the limits are the process's), and the shares are of that."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource; from oomguard import descriptors; "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096)); "
+        "print(descriptors.raise_soft_limit(), resource.getrlimit(resource.RLIMIT_NOFILE), "
+        "descriptors.raise_soft_limit(), descriptors.budget().limit)"
+    )
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.fail(f"this machine's hard RLIMIT_NOFILE is {hard}: the test needs 4,096")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["(256,", "4096)", "(4096,", "4096)", "None", "4096"]

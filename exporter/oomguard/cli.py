@@ -354,6 +354,7 @@ def pages_hint(simulation: str) -> str:
 
 
 def serve(config: Any, web_config_file: Path | None = None) -> int:
+    from oomguard import descriptors
     from oomguard.runtime import Runtime
     from oomguard.web import make_app
     from oomguard.web_config import WebConfigState, load_web_config
@@ -369,6 +370,8 @@ def serve(config: Any, web_config_file: Path | None = None) -> int:
         except Exception as exc:  # whatever else the file does: one line, not a traceback
             print(f"{web_config_file}: cannot load the web configuration: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
+    if (raised := descriptors.raise_soft_limit()) is not None:
+        log.info("file descriptors: the soft limit raised from %d to the hard limit, %d", *raised)
     runtime = Runtime(config)
     host, port = parse_listen_address(config.web.listen_address)
     # "serving ... on HOST:PORT" follows once the port is bound; a port in use is one error line, nothing started.

@@ -59,6 +59,21 @@ def soft_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def raise_soft_limit() -> tuple[int, int] | None:
+    """The soft limit raised to the hard one, at start, as Go's runtime does for every Go exporter: a soft limit
+    under the hard one (1,024 under systemd and many container runtimes) only guards programs that use select(),
+    which nothing here does. (before, after) when raised; None when it already was, or may not be."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = CEILING if hard == resource.RLIM_INFINITY else min(hard, CEILING)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return None
+        return soft, target
+    return None
+
+
 def budget(limit: int | None = None) -> Budget:
     """The shares of `limit` (the process's soft RLIMIT_NOFILE when None)."""
     if limit is None:

@@ -87,13 +87,13 @@ def serve(tmp: Path, api_port: int, web_port: int, log: Path) -> subprocess.Pope
         "kubernetes: {scope: cluster, port: http, label_selector: app.kubernetes.io/name=vllm, "
         f"kubeconfig: {kubeconfig(tmp / 'kubeconfig', api_port)}}}\n"
     )
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "oomguard", "serve", "--config", str(config),
              "--web.listen-address", f"127.0.0.1:{web_port}"],
             stdout=out, stderr=subprocess.STDOUT,
-            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, hard)),
+            # A hard limit of 256 too (`ulimit -n 256`): serve raises the soft limit to the hard one.
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE)),
         )  # fmt: skip
 
 
