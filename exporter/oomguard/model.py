@@ -109,6 +109,8 @@ class NvmlReading:
     driver_version: str = ""
     gpus: tuple[GpuReading, ...] = ()
     error: str = ""
+    # dcgm-exporter only: each node's memory families as read, (figure, family, unit): 4.8's MiB or 4.9's bytes.
+    dcgm_families: tuple[tuple[str, str, str, str], ...] = ()  # (node, figure, family, unit)
 
 
 # -- the engine's own view (its /metrics) ----------------------------------------------------

@@ -197,6 +197,8 @@ def test_a_correct_cluster_mode_deployment_passes(deployments: Any) -> None:
     assert code == 0, out
     assert out.splitlines()[0].startswith(f"{servers['cluster'].url}: OK, the bundle is loaded and fed"), out
     assert "Gaps" not in out
+    # Which naming its dcgm-exporter uses (the simulated one writes 4.8's families, in MiB).
+    assert "dcgm-exporter on 1 node(s) (" in out and "GPU memory from DCGM_FI_DEV_FB_FREE (MiB)" in out, out
 
 
 def test_an_engine_that_loads_reads_as_loading_not_as_a_gap(deployments: Any) -> None:

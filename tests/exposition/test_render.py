@@ -50,6 +50,7 @@ def busy_snapshot() -> Snapshot:
         nvml=NvmlReading(
             up=True,
             driver_version="550.54.15",
+            dcgm_families=(("gpu-a", "total", "DCGM_FI_DEV_FB_CAPACITY_BYTES", "bytes"),),
             gpus=(
                 GpuReading(
                     0,

@@ -228,3 +228,36 @@ async def test_a_pod_on_a_mig_instance_is_judged_on_it(server: tuple[str, Endpoi
     judged = join_targets(reading, (target,))["ml/triton"]
     assert judged.gpus == (("gpu-a", "0/1"),)
     assert (judged.used_bytes, judged.total_bytes) == (35811 * 1048576, 40192 * 1048576)
+
+
+async def test_each_nodes_naming_is_in_the_reading(
+    server: tuple[str, Endpoints], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fleet half upgraded: node gpu-a's dcgm-exporter writes 4.8's families in MiB; gpu-b's (4.9 and later) the
+    total in bytes. Each node's families and units are in the reading (oomguard_dcgm_memory_family_info) and said
+    once in the log."""
+    import logging
+
+    base, endpoints = server
+    gib = 2**30
+    endpoints.body = (
+        f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="GPU-b0"}} 2048\n'
+        f"# HELP DCGM_FI_DEV_FB_CAPACITY_BYTES Total framebuffer memory (in bytes).\n"
+        f'DCGM_FI_DEV_FB_CAPACITY_BYTES{{gpu="0",UUID="GPU-b0"}} {80 * gib}\n'
+    )
+    async with EngineClient() as client:
+        reader = DcgmReader(
+            client,
+            lambda: [DcgmEndpoint(f"{base}/hostname", "gpu-a"), DcgmEndpoint(f"{base}/good", "gpu-b")],
+            timeout_seconds=2.0, max_body_bytes=1 << 20,
+        )  # fmt: skip
+        with caplog.at_level(logging.INFO):
+            reading = await reader.read()
+            await reader.read()
+    assert ("gpu-a", "used", "DCGM_FI_DEV_FB_USED", "MiB") in reading.dcgm_families
+    assert ("gpu-b", "total", "DCGM_FI_DEV_FB_CAPACITY_BYTES", "bytes") in reading.dcgm_families
+    assert ("gpu-b", "used", "DCGM_FI_DEV_FB_USED", "MiB") in reading.dcgm_families
+    gpu_b = next(g for g in reading.gpus if g.node == "gpu-b")
+    assert (gpu_b.used_bytes, gpu_b.total_bytes) == (2 * gib, 80 * gib)
+    said = [r.getMessage() for r in caplog.records if "GPU memory from" in r.getMessage()]
+    assert len(said) == 2 and any("DCGM_FI_DEV_FB_CAPACITY_BYTES (bytes)" in line for line in said)

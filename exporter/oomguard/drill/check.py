@@ -142,6 +142,7 @@ def check_deployment(
             _check_event_sources(report, api, selector)
             _check_figures(report, api, selector)
             _check_dcgm_claims(report, api, selector)
+            _say_dcgm_naming(report, api, selector)
     except (OSError, ValueError, KeyError) as exc:
         report.add(GAP, f"cannot query {prometheus_url}: {exc}")
     if alertmanager_url:
@@ -349,6 +350,20 @@ def _check_dcgm_claims(report: CheckReport, api: _Api, selector: str) -> None:
             f"pod {pod} refused as the dcgm-exporter of node {m.get('node', '?')} on {m.get('instance', '?')}: "
             f"{why} (docs/runbooks.md#oomguarddcgmpodrefused)",
         )
+
+
+def _say_dcgm_naming(report: CheckReport, api: _Api, selector: str) -> None:
+    """Which naming each node's dcgm-exporter uses (4.8's MiB families or 4.9's bytes): a note per naming, the nodes
+    under it, so that a fleet half upgraded is seen as such."""
+    namings: dict[str, list[str]] = {}
+    for r in api.query(f"oomguard_dcgm_memory_family_info{{{selector}}}"):
+        m = r["metric"]
+        namings.setdefault(m.get("node", "?"), []).append(f"{m.get('family', '?')} ({m.get('unit', '?')})")
+    by_naming: dict[str, list[str]] = {}
+    for node, families in sorted(namings.items()):
+        by_naming.setdefault(", ".join(sorted(families)), []).append(node)
+    for families, nodes in sorted(by_naming.items()):
+        report.add(NOTE, f"dcgm-exporter on {len(nodes)} node(s) ({_few(nodes)}): GPU memory from {families}")
 
 
 # -- where alerts go ---------------------------------------------------------------------------------

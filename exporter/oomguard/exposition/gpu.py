@@ -26,6 +26,17 @@ GPU_MIG_INFO = metric(
     "the memory its engine can run out of.",
     presence=CONDITIONAL,
 )
+DCGM_MEMORY_FAMILY_INFO = metric(
+    SECTION,
+    "dcgm_memory_family_info",
+    "info",
+    "",
+    "node figure family unit",
+    "Which dcgm-exporter family each memory figure of a node is read from, in which unit (`figure`: used, free, "
+    "reserved, total; `unit`: MiB or bytes): the naming of that node's dcgm-exporter, 4.8's or 4.9's "
+    '(docs/kubernetes.md, "dcgm-exporter 4.9 and later"). The cluster mode and dcgm.urls only.',
+    presence=CONDITIONAL,
+)
 GPU_UP = metric(
     SECTION,
     "gpu_up",
@@ -86,13 +97,15 @@ GPU_PROCESS_QUERY_SUCCESS = metric(
     "1 when the per-process query worked, so an absent process series means an idle GPU and not a failed query; 0 when it failed, or the GPU source lists no processes (dcgm-exporter).",
 )
 METRICS = (
-    GPU_INFO, GPU_MIG_INFO, GPU_UP, GPU_MEMORY_TOTAL_BYTES, GPU_MEMORY_USED_BYTES, GPU_MEMORY_FREE_BYTES, GPU_MEMORY_RESERVED_BYTES,
+    GPU_INFO, GPU_MIG_INFO, DCGM_MEMORY_FAMILY_INFO, GPU_UP, GPU_MEMORY_TOTAL_BYTES, GPU_MEMORY_USED_BYTES, GPU_MEMORY_FREE_BYTES, GPU_MEMORY_RESERVED_BYTES,
     GPU_MEMORY_USED_RATIO, GPU_UTILIZATION_RATIO, GPU_PROCESS_MEMORY_USED_BYTES, GPU_PROCESS_QUERY_SUCCESS,
 )  # fmt: skip
 
 
 def add(out: Exposition, nvml: NvmlReading) -> None:
     driver = nvml.driver_version
+    for node, figure, family, unit in nvml.dcgm_families:
+        out.add(DCGM_MEMORY_FAMILY_INFO, (node, figure, family, unit), 1.0)
     for gpu in nvml.gpus:
         g = (gpu.node, gpu.label)
         out.add(GPU_UP, g, 1.0 if gpu.up else 0.0)

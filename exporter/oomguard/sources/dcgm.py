@@ -60,7 +60,7 @@ class DcgmReader:
         self.timeout_seconds = timeout_seconds
         self.max_body_bytes = max_body_bytes
         self.fields = fields
-        self._naming: dict[str, tuple[tuple[str, str, str], ...]] = {}  # by endpoint URL: the families it was read by
+        self._naming: dict[DcgmEndpoint, tuple[tuple[str, str, str], ...]] = {}  # the families each was read by
         self._failing: set[str] = set()  # endpoints whose failure was logged: logged again only once they recover
         # Each endpoint's last body, by its digest (what is held does not grow with the bodies), and its GPUs:
         # dcgm-exporter samples every 30 s by default, so most scrapes get the body of the last one again, which is
@@ -133,9 +133,15 @@ class DcgmReader:
         self._parsed = parsed  # the endpoints gone or failing are forgotten
         current = {f.endpoint for f in fetched}  # a failing endpoint keeps what it listed; one gone is forgotten
         self._seen = {endpoint: seen for endpoint, seen in self._seen.items() if endpoint in current}
+        self._naming = {endpoint: fields for endpoint, fields in self._naming.items() if endpoint in current}
+        families = tuple(
+            (endpoint.node, *field) for endpoint in sorted(parsed, key=lambda e: e.node)
+            for field in self._naming.get(endpoint, ())
+        )  # fmt: skip
         gpus.sort(key=lambda g: gpu_order(g.key))
         # Up while any node answers: a failing one is the source's failure (its success 0), not every GPU's.
-        return NvmlReading(up=len(errors) < len(fetched), gpus=tuple(gpus), error="; ".join(errors))
+        return NvmlReading(up=len(errors) < len(fetched), gpus=tuple(gpus), error="; ".join(errors),
+                           dcgm_families=families)  # fmt: skip
 
     def _say_mig(self, endpoint: DcgmEndpoint, body: DcgmBody) -> None:
         """A GPU in MIG mode is read as its instances, its own series beside them skipped: said once a node."""
@@ -149,16 +155,12 @@ class DcgmReader:
     def _say_naming(self, endpoint: DcgmEndpoint, body: DcgmBody) -> None:
         """Which families, in which unit, a node's dcgm-exporter is read by (4.8's MiB or 4.9's bytes: a fleet
         upgrading has both): said when first read and when it changes."""
-        if self._naming.get(endpoint.url) != body.fields:
-            self._naming[endpoint.url] = body.fields
+        if self._naming.get(endpoint) != body.fields:
+            self._naming[endpoint] = body.fields
             log.info(
                 "dcgm-exporter %s (node %s): GPU memory from %s", endpoint.url, endpoint.node or "?",
                 ", ".join(f"{name} ({unit})" for _, name, unit in body.fields),
             )  # fmt: skip
-
-    def naming(self) -> dict[str, tuple[tuple[str, str, str], ...]]:
-        """Endpoint URL -> (figure, family, unit) it was last read by."""
-        return dict(self._naming)
 
     def _lost(self, endpoint: DcgmEndpoint, listed: list[GpuReading]) -> list[GpuReading]:
         """The GPUs the endpoint listed before and not now, down; remembers what it lists."""
