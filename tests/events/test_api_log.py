@@ -186,10 +186,34 @@ def test_the_saved_position_is_the_last_line_the_poller_took() -> None:
     """Lines held for the poller when the exporter stops were not read: the next exporter reads them again."""
     reader = ApiLogReader(from_start=True)
     lines(reader, ("2026-12-05T12:00:01Z", "a"))
-    assert reader.state() == {}  # nothing taken by the poller yet
+    assert reader.state() == {"since": "start"}  # nothing taken by the poller yet: the next reads it whole
     assert reader.poll() == ["a"]
     lines(reader, ("2026-12-05T12:00:02Z", "b"))
     assert reader.state() == {"last": "2026-12-05T12:00:01.000000000Z", "same": 1}  # b is still held
     again = ApiLogReader(state=reader.state())
     again.new_stream()
     assert lines(again, ("2026-12-05T12:00:01Z", "a"), ("2026-12-05T12:00:02Z", "b")) == [False, True]
+
+
+def test_a_quiet_pods_oom_written_while_no_exporter_ran_is_read_by_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod with no line taken yet saves where it is read from: found at start, "since" that moment on the wall
+    clock, which the next exporter turns into `sinceSeconds` by the time gone (its downtime included), whatever the
+    node's clock says; one that came while we watched, its log's start. (The bench killed a shard whose quiet pods
+    then logged an OOM: 0 of 10 were counted after its restart.)"""
+    wall, mono = [1_000_000.0], [500.0]
+    monkeypatch.setattr("oomguard.events.api_log.time.time", lambda: wall[0])
+    monkeypatch.setattr("oomguard.events.api_log.time.monotonic", lambda: mono[0])
+    found = ApiLogReader(from_start=False)
+    wall[0] += 30.0
+    mono[0] += 30.0
+    saved = found.state()
+    assert saved == {"since": "1970-01-12T13:46:40.000000000Z"}
+    # The exporter stops for 90 s; the next one starts (a new monotonic clock) and asks from before its stop.
+    wall[0] += 90.0
+    mono[0] = 7.0
+    assert ApiLogReader(state=saved, from_start=False).new_stream() == {"sinceSeconds": "120"}
+    came = ApiLogReader(from_start=True)
+    assert came.state() == {"since": "start"}
+    assert ApiLogReader(state=came.state(), from_start=False).new_stream() == {}
+    # A damaged `since` is as if none was saved: from now.
+    assert ApiLogReader(state={"since": "yesterday"}, from_start=False).new_stream() == {"sinceSeconds": "1"}

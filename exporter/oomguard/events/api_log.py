@@ -59,6 +59,9 @@ def parse_timestamp(text: str) -> tuple[int, int] | None:
     return int(seconds), int(fraction.ljust(9, "0")) if fraction else 0
 
 
+FROM_START = "start"  # the saved `since` of a log to read whole: no line taken yet of a pod that came while watched
+
+
 def rfc3339(at: tuple[int, int]) -> str:
     """(Unix seconds, nanoseconds) as the API writes a time."""
     return datetime.fromtimestamp(at[0], UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{at[1]:09d}Z"
@@ -92,10 +95,12 @@ class ApiLogReader:
         self.last: tuple[int, int] | None = None  # the stamp of the last line taken
         self.same = 0  # lines taken at exactly `last`
         self.high: tuple[int, int] | None = None  # the latest stamp taken before the node's clock stepped back
+        # Without a position, a pod found at start is read from now: since when (time.monotonic()); None: whole.
+        self._from_now = None if from_start else time.monotonic()
         if isinstance(state, dict):
             self._restore(state)  # a saved position goes on from where it was
-        # Without a position, a pod found at start is read from now: since when (time.monotonic()); None: whole.
-        self._from_now = None if from_start or self.last is not None else time.monotonic()
+        if self.last is not None:
+            self._from_now = None
         self._resumed: tuple[tuple[int, int] | None, int] = (self.last, self.same)  # where this stream started
         self._replay: tuple[int, int] | None = None  # this stream's lines up to it, before a jump back, are repeats
         self._previous: tuple[int, int] | None = None  # the stamp of the line before, in this stream
@@ -110,6 +115,16 @@ class ApiLogReader:
             if parsed is not None:  # a damaged position: as if none was saved
                 self.last, self.same = parsed, same
                 self.high = parse_timestamp(high) if isinstance(high, str) else None
+                return
+        # No line taken yet: read from where the exporter that saved it read (its log's start, or since when), so that
+        # a quiet pod's OOM written while no exporter ran is read, not skipped by a "from now" of this one's start.
+        since = state.get("since")
+        if since == FROM_START:
+            self._from_now = None
+        elif isinstance(since, str) and (at := parse_timestamp(since)) is not None:
+            # Back on this exporter's monotonic clock by the wall-clock time gone since: the node's clock, an hour off
+            # the exporter's, changes nothing (sinceSeconds), only a step of the exporter's own clock would.
+            self._from_now = time.monotonic() - max(0.0, time.time() - (at[0] + at[1] / 1e9))
 
     # -- the stream's side (the event loop) ------------------------------------------------------------------
     def offer(self, line: str) -> bool:
@@ -215,8 +230,11 @@ class ApiLogReader:
     def state(self) -> dict[str, Any]:
         with self._lock:
             last, same, high = self._polled
-        if last is None:
-            return {}
+        if last is None:  # no line taken yet: where the next exporter reads from
+            if self._from_now is None:
+                return {"since": FROM_START}
+            since = time.time() - (time.monotonic() - self._from_now)
+            return {"since": rfc3339((int(since), int(since % 1 * 1e9)))}
         return {"last": rfc3339(last), "same": same, **({"high": rfc3339(high)} if high is not None else {})}
 
     def close(self) -> list[str]:
