@@ -451,25 +451,22 @@ def up_targets(text: str) -> set[str]:
     }
 
 
-def lines_read(text: str) -> dict[str, float]:
-    """Each target's lines read from its log through the API."""
+def _per_target(text: str, family: str, marker: str) -> dict[str, float]:
+    """Each target's value of `family` on the lines that also hold `marker`."""
     out = {}
     for line in text.splitlines():
-        if line.startswith("oomguard_event_source_lines_read_total{") and 'source="k8s-log:' in line:
-            found = _TARGET.search(line)
-            if found:
-                out[found.group(1)] = float(line.rsplit(" ", 1)[1])
+        if line.startswith(family + "{") and marker in line and (found := _TARGET.search(line)):
+            out[found.group(1)] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def lines_read(text: str) -> dict[str, float]:
+    """Each target's lines read from its log through the API."""
+    return _per_target(text, "oomguard_event_source_lines_read_total", 'source="k8s-log:')
 
 
 def cuda_ooms(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("oomguard_target_events_total{") and 'kind="cuda_oom"' in line:
-            found = _TARGET.search(line)
-            if found:
-                out[found.group(1)] = float(line.rsplit(" ", 1)[1])
-    return out
+    return _per_target(text, "oomguard_target_events_total", 'kind="cuda_oom"')
 
 
 async def _get(port: int, path: str = "/metrics", timeout: float = 120) -> str:

@@ -11,6 +11,7 @@ from aiohttp import web
 from support import FIXTURES
 
 from oomguard.capped import EngineClient
+from oomguard.model import NvmlReading
 from oomguard.sources.dcgm import DcgmEndpoint, DcgmReader
 from oomguard.sources.dcgm_body import parse as parse_body
 
@@ -195,14 +196,19 @@ async def test_a_gpu_it_stops_listing_is_lost_not_gone_without_a_word(server: tu
         assert {g.node for g in (await reader.read()).gpus} == {"gpu-b"}
 
 
-async def test_mig_instances_are_read_as_gpus_of_their_node(server: tuple[str, Endpoints]) -> None:
+async def _mig_node(server: tuple[str, Endpoints]) -> NvmlReading:
+    """Node gpu-a's reading of the recorded MIG body (GPU 0 in two 3g.40gb instances, GPU 1 whole)."""
     base, endpoints = server
     endpoints.body = (FIXTURES / "dcgm" / "dcgm-4.x-mig-kubernetes.prom").read_text()
     async with EngineClient() as client:
         reader = DcgmReader(
             client, lambda: [DcgmEndpoint(f"{base}/good", "gpu-a")], timeout_seconds=2.0, max_body_bytes=1 << 20
         )
-        reading = await reader.read()
+        return await reader.read()
+
+
+async def test_mig_instances_are_read_as_gpus_of_their_node(server: tuple[str, Endpoints]) -> None:
+    reading = await _mig_node(server)
     assert [g.key for g in reading.gpus] == [("gpu-a", "0/1"), ("gpu-a", "0/2"), ("gpu-a", "1")]
     first = reading.gpus[0]
     assert first.mig is not None and (first.mig.gpu_instance, first.mig.profile) == (1, "3g.40gb")
@@ -215,13 +221,7 @@ async def test_a_pod_on_a_mig_instance_is_judged_on_it(server: tuple[str, Endpoi
     from oomguard.join import join_targets
     from oomguard.model import EngineReading, PodRef, TargetReading
 
-    base, endpoints = server
-    endpoints.body = (FIXTURES / "dcgm" / "dcgm-4.x-mig-kubernetes.prom").read_text()
-    async with EngineClient() as client:
-        reader = DcgmReader(
-            client, lambda: [DcgmEndpoint(f"{base}/good", "gpu-a")], timeout_seconds=2.0, max_body_bytes=1 << 20
-        )
-        reading = await reader.read()
+    reading = await _mig_node(server)
     pod = PodRef("ml", "triton-resnet-7c9d8b6f4-p8m2v", "triton", None, "gpu-a")
     target = TargetReading("ml/triton", "triton", "http://10.0.0.5:8000", (), True, "up", 0.01, 200, 0.001,
                            EngineReading(()), pod=pod)  # fmt: skip
