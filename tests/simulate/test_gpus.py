@@ -234,3 +234,22 @@ async def test_a_warming_simulated_engine_is_judged_above_the_reservation_on_its
     assert target.process is not None and target.process.root_pid in {p.pid for p in snapshot.nvml.gpus[0].processes}
     assert gpu.reserved_bytes == pytest.approx(0.95 * GPU_TOTAL_BYTES)
     assert gpu.headroom_used_ratio < 0.25  # the idle GPU's 0.5 GiB of the 4 GiB headroom, not 95.6 % of the total
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_a_launch_read_a_tick_early_shows_no_negative_memory(name: str) -> None:
+    # The engine's start time is read to a clock tick against a boot time taken once, so "now" can be a few ms
+    # before it: the age is then negative. NVML's process memory is unsigned: a negative share reached the
+    # exporter wrapped to about 2**64 bytes (the drill's diagnosis read 21474836390 % of the GPU beyond the
+    # reservation).
+    sim = still(name)
+    sim.show(-0.3, pid=PID)
+    assert all(0 <= used_bytes <= GPU_TOTAL_BYTES for gpu in processes(sim) for _, used_bytes in gpu)
+    assert all(0 <= share <= 1 for share in used(sim))
+
+
+def test_the_fake_refuses_a_negative_process_memory_as_nvml_never_reports_one() -> None:
+    from oomguard.simulate.fake_nvml import FakeProcess
+
+    with pytest.raises(ValueError, match="never reports"):
+        FakeProcess(PID, -1)

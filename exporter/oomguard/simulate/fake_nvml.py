@@ -25,6 +25,11 @@ class FakeProcess:
     pid: int
     used_bytes: int | None
 
+    def __post_init__(self) -> None:
+        # NVML's field is unsigned: a negative figure would reach the exporter wrapped to about 2**64 bytes.
+        if self.used_bytes is not None and self.used_bytes < 0:
+            raise ValueError(f"process {self.pid}: used_bytes {self.used_bytes} < 0, which NVML never reports")
+
 
 @dataclass
 class FakeMigDevice:

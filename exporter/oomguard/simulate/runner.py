@@ -89,7 +89,8 @@ class Simulation:
         if child is None or child.returncode is not None:
             self.show(None, foreign=foreign)
             return
-        t = (time.time() - (start_time(child.pid) or self._launched_at)) * self.time_scale
+        # The start time is read to a clock tick against a boot time taken once: it can be a few ms in the future.
+        t = max(0.0, time.time() - (start_time(child.pid) or self._launched_at)) * self.time_scale
         self.show(t, pid=child.pid, life=self.restarts, foreign=foreign)
 
     def show(self, t: float | None, *, pid: int = 0, life: int = 0, foreign: float = 0.0) -> None:

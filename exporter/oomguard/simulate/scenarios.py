@@ -117,6 +117,7 @@ class Scenario:
 
     def gpu_used_ratio(self, t: float, life: int = 0, gpu: int = 0) -> float:
         """Share of GPU `gpu` (0 .. gpus - 1) the engine's processes hold, t simulated seconds after launch."""
+        t = max(0.0, t)
         if self.kv_allocated_at is not None and self.starts(life) and t < self.load_seconds:
             # the weights, then the pool that fills the reservation, held through the warm-up that follows
             kv = self.kv_allocated_at
