@@ -238,3 +238,26 @@ def test_the_plots_reference_lines_hide_nothing(make) -> None:
         (capacity,) = [line for line in reference if "KV cache holds" in line.get_label()]
         (running,) = [c for c in curves if c.get_label() == "running"]
         assert running.get_zorder() > capacity.get_zorder()
+
+
+# ---- a figure beyond the whole GPU is no reading ------------------------------------------------
+
+
+def test_a_wrapped_figure_beyond_the_whole_gpu_recommends_nothing_from_it() -> None:
+    # An unsigned figure wrapped to about 2**64 bytes (a simulated engine's age read before its start did it in
+    # CI): the diagnosis said 21474836390 % of the GPU beyond the reservation and gpu_memory_utilization -2e8.
+    data = read(watched_climb())
+    wrapped = 0
+    for s in data.series:
+        if s.name in ("oomguard_gpu_memory_unreserved_used_bytes", "oomguard_gpu_memory_engine_over_reservation_bytes"):
+            t, _ = s.points[len(s.points) // 2]
+            s.points[len(s.points) // 2] = (t, float(2**64 - 1))
+            wrapped += 1
+    assert wrapped, "the history carries the join series"
+    d = one(data)
+    clean = one(read(watched_climb()))
+    assert d.facts is not None and clean.facts is not None
+    assert d.facts.unreserved_peak_ratio == clean.facts.unreserved_peak_ratio
+    assert [(r.setting, r.suggested) for r in d.recommendations] == [
+        (r.setting, r.suggested) for r in clean.recommendations
+    ]

@@ -330,6 +330,9 @@ def _attribute(facts: Facts, reserved: Points, unreserved: Points, headroom: Poi
                over: Points) -> None:  # fmt: skip
     """Step 1's figures from the engines' reservation and the use beyond it (bytes; headroom a ratio)."""
     total = facts.total_bytes
+    if total:
+        # More than the whole GPU is no reading (an unsigned figure wrapped, a broken source): never a recommendation.
+        unreserved, over, other = ([p for p in points if p[1] <= total] for points in (unreserved, over, other))
     if reserved and total:
         facts.reserved_ratio = max(v for _, v in reserved) / total
     if unreserved and total:
