@@ -217,3 +217,42 @@ def test_a_quiet_pods_oom_written_while_no_exporter_ran_is_read_by_the_next(monk
     assert ApiLogReader(state=came.state(), from_start=False).new_stream() == {}
     # A damaged `since` is as if none was saved: from now.
     assert ApiLogReader(state={"since": "yesterday"}, from_start=False).new_stream() == {"sinceSeconds": "1"}
+
+
+@pytest.mark.parametrize(
+    "tag",
+    [
+        "(RayWorkerWrapper pid=263, ip=10.0.16.95) ",  # a worker on another node, as Ray forwards its lines
+        "(RayWorkerWrapper pid=13210) ",  # a worker on the driver's node
+        "(pid=776, ip=10.0.3.4) ",  # a Ray task without an actor's name
+        "\x1b[36m(RayWorkerWrapper pid=123, ip=10.0.0.2)\x1b[0m ",  # in colour
+    ],
+)
+def test_an_oom_of_a_ray_worker_on_another_node_counts_in_the_leaders_log(tag: str) -> None:
+    """vLLM over several nodes on Ray: the workers' lines reach the leader's (the driver's) log under Ray's prefix,
+    where the OOM of the GPU on another node is first written. Its traceback is the worker's own: it counts once."""
+    from oomguard.config import EventsConfig, TargetConfig
+    from oomguard.events.registry import SavedState, pod_api_log
+
+    target = TargetConfig(url="http://10.0.0.1:8080", name="inference/vllm-0", engine="vllm")
+    log, reader = pod_api_log(target, EventsConfig(), SavedState(), ("inference", "vllm-0", "vllm"), from_start=True)
+    header = "ERROR 12-05 12:00:01 [worker_base.py:620] "
+    oom = [
+        "INFO 12-05 12:00:01 [ray_distributed_executor.py:358] non-carry-over env vars",
+        f"{tag}{header}Error executing method 'execute_model'. This might cause deadlock in distributed execution.",
+        f"{tag}{header}Traceback (most recent call last):",
+        f'{tag}{header}  File "vllm/worker/worker_base.py", line 612, in execute_method',
+        f"{tag}{header}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total "
+        "capacity of 79.19 GiB of which 1.06 GiB is free.",
+        # A prompt echoed in the driver's log counts nothing, prefix or not.
+        f"{tag}INFO 12-05 12:00:02 [logger.py:39] Received request cmpl-1: prompt: 'torch.OutOfMemoryError: CUDA "
+        "out of memory'",
+    ]
+    for i, line in enumerate(oom):
+        reader.offer(f"2026-12-05T12:00:01.{i:09d}Z {line}")
+    now = [100.0]
+    log.monotonic = lambda: now[0]  # type: ignore[attr-defined]
+    kinds = [e.kind for e in log.poll(100.0)]
+    now[0] = 200.0
+    kinds += [e.kind for e in log.poll(200.0)]
+    assert kinds == ["cuda_oom"]

@@ -10,8 +10,10 @@ PLUGIN = EnginePlugin(
     reader=VllmReader,
     package=__name__,
     log_grammar=LogGrammar(
-        # "(EngineCore pid=7) " before whatever a process of the engine writes, in multi-process mode.
-        tag=r"\(\w+ pid=\d+\) ",
+        # "(EngineCore pid=7) " before whatever a process of the engine writes, in multi-process mode. On Ray (a
+        # model over several nodes) the driver's log carries its workers' lines, by process and node:
+        # "(RayWorkerWrapper pid=263, ip=10.0.16.95) ", "(pid=776, ip=10.0.3.4) ", in colour where Ray chose it.
+        tag=r"(?:\x1b\[[\d;]*m)?\((?:\w+ )?pid=\d+(?:, ip=[\w.:-]+)?\)(?:\x1b\[[\d;]*m)? ",
         headers=(
             # vLLM's logger: "ERROR 05-01 12:00:00 [core.py:701] ", older "ERROR 05-01 12:00:00 core.py:701] ".
             # The file is a path from 0.11 or so ("[v1/engine/core.py:701]", "[entrypoints/.../api_utils.py:347]"):
