@@ -65,13 +65,28 @@ class GpuClaim:
     process: ProcessTree | None = None
     node: str = ""  # the node it runs on: its pod's, else the exporter's own
     pod: tuple[str, str] | None = None  # (namespace, name) of a discovered pod
+    # An engine spanning pods: its workers' (node, (namespace, name)), whose GPUs are the target's too.
+    members: tuple[tuple[str, tuple[str, str]], ...] = ()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes its GPUs are on: its own, then its workers'."""
+        return tuple(dict.fromkeys((self.node, *(node for node, _ in self.members))))
 
 
 def claim(configured: tuple[int, ...], process: ProcessTree | None, pod: PodRef | None, local_node: str) -> GpuClaim:
     """A target's claim: a pod on the node its object names, any other target on the exporter's node."""
     if pod is None:
         return GpuClaim(configured, process, local_node)
-    return GpuClaim(configured, process, pod.node or local_node, (pod.namespace, pod.name))
+    members = tuple((m.node or local_node, (m.namespace, m.name)) for m in pod.members)
+    return GpuClaim(configured, process, pod.node or local_node, (pod.namespace, pod.name), members)
+
+
+def claim_gpus(claim: GpuClaim, nodes: Mapping[str, Mapping[GpuKey, GpuReading]]) -> Mapping[GpuKey, GpuReading]:
+    """The GPUs of the nodes a claim is on (`by_node`'s), which `target_gpus` chooses from."""
+    if not claim.members:
+        return nodes.get(claim.node, {})
+    return {k: g for node in claim.nodes for k, g in nodes.get(node, {}).items()}
 
 
 def target_gpus(claim: GpuClaim, gpus: Mapping[GpuKey, GpuReading]) -> list[GpuKey]:
@@ -83,12 +98,15 @@ def target_gpus(claim: GpuClaim, gpus: Mapping[GpuKey, GpuReading]) -> list[GpuK
         on_node = [k for k in gpus if k[0] == claim.node and k[1].partition("/")[0] in wanted]
         return sorted(on_node, key=gpu_order)
     process, pod = claim.process, claim.pod
-    mine = {k: g for k, g in gpus.items() if k[0] == claim.node}  # pids and pods are of one node (see by_node)
+    nodes = claim.nodes
+    mine = {k: g for k, g in gpus.items() if k[0] in nodes}  # pids and pods are of their nodes (see by_node)
     found = []
     if process is not None:
+        # The node mode's: the pids are this host's, the leader's and the workers' on it alike.
         found = [k for k, g in mine.items() if any(p.pid in process.pids for p in g.processes or ())]
     if not found and pod is not None:
-        found = [k for k, g in mine.items() if pod in g.pods]
+        pods = {(claim.node, pod), *claim.members}
+        found = [k for k, g in mine.items() if any((k[0], p) in pods for p in g.pods)]
     return sorted(found, key=gpu_order)
 
 
@@ -174,7 +192,7 @@ def join_targets(
     out = {}
     for t in targets:
         c = claim(t.gpus, t.process, t.pod, local_node)
-        out[t.name] = join(c, nodes.get(c.node, {}), reservation(t, awake=False))
+        out[t.name] = join(c, claim_gpus(c, nodes), reservation(t, awake=False))
     return out
 
 

@@ -195,6 +195,12 @@ class PodRef:
     container: str  # the engine's container
     probe_grace_seconds: float | None = None  # its probes: the time from its start to the first possible kill
     node: str = ""  # the node it runs on (spec.nodeName): which node's GPUs are its
+    # An engine spanning pods (a LeaderWorkerSet's, a Ray cluster's): the workers' pods this exporter reads, whose
+    # GPUs count for the leader's target (sources/kubernetes/groups.py).
+    members: tuple[PodRef, ...] = ()
+    # Its leader runs on a node another exporter reads (the node mode, a sharded cluster mode): this one reads only
+    # its workers, and leaves the engine's own figures, read from the leader, to that exporter.
+    leader_elsewhere: bool = False
 
 
 # -- a target as the background services see it --------------------------------------------

@@ -83,77 +83,93 @@ class PodApiEvents:
 
 @dataclass
 class _Pod:
+    target: str  # whose events its are: its own target, or (a worker of an engine spanning pods) its leader's
     namespace: str
     name: str
     uid: str
     container: str  # the engine's
     api: PodApiEvents
+    sources: list[Any]  # what the runner reads of it: its API events and its engine container's log
 
 
 class PodEvents:
     """The discovered pods' events, for the discovery: which pods, what their objects and the kubelet's Events say.
 
-    Called on the event loop, but for `follow` and `unfollow`, which close and open files: in a worker thread."""
+    A pod is named `namespace/name`; its events count for its target: the same name, or for a worker of an engine
+    spanning pods (sources/kubernetes/groups.py) its leader's. Called on the event loop, but for `follow`,
+    `follow_api` and `unfollow`, which close and open files: in a worker thread."""
 
     def __init__(self, runner: EventRunner, config: EventsConfig) -> None:
         self._runner = runner
         self._config = config
-        self._pods: dict[str, _Pod] = {}  # by target name
+        self._pods: dict[str, _Pod] = {}  # by pod name (namespace/name)
+        self._lock = threading.Lock()  # `_pods`' sources: the worker threads of two pods of one target
         self._counts: dict[str, tuple[str, int]] = {}  # kubelet Event UID -> (its namespace, its count) as last seen
         self._listed_in: set[str | None] = set()  # the scopes (a namespace, None: all) whose Events were listed
 
     # -- pods ---------------------------------------------------------------------------------------------------
     def add(
-        self, target: str, *, namespace: str, name: str, uid: str, container: str, ended: Termination | None,
-        watched: bool,
+        self, pod_name: str, *, namespace: str, name: str, uid: str, container: str, ended: Termination | None,
+        watched: bool, target: str | None = None,
     ) -> None:  # fmt: skip
-        """A pod that became a target. `watched`: the pods were listed before it came (its end, if any, happened
-        while we watched); else its last end may have been counted before the exporter started: a baseline."""
-        source = f"k8s-api:{target}"
+        """A pod whose events count for `target` (its own name by default). `watched`: the pods were listed before
+        it came (its end, if any, happened while we watched); else its last end may have been counted before the
+        exporter started: a baseline."""
+        target = target or pod_name
+        source = f"k8s-api:{pod_name}"
         api = PodApiEvents(target, source, self._runner.saved.of(target, source).get(POSITIONS))
         if api.last_termination is None and not watched and ended is not None:
             api.last_termination = ended.key
-        self._pods[target] = _Pod(namespace, name, uid, container, api)
+        self._pods[pod_name] = _Pod(target, namespace, name, uid, container, api, [])
 
-    def update(self, target: str, *, uid: str, container: str, ended: Termination | None) -> None:
+    def update(self, pod_name: str, *, uid: str, container: str, ended: Termination | None) -> None:
         """The pod's object as it is now: a new end of its engine container is counted once (OOMKilled or 137)."""
-        pod = self._pods[target]
+        pod = self._pods[pod_name]
         pod.uid, pod.container = uid, container
         if ended is not None and ended.key != pod.api.last_termination:
             pod.api.last_termination = ended.key
             if ended.oom_killed:
                 pod.api.push(Event(CONTAINER_OOM_KILLED, ended.finished_at or time.time()))
 
-    def remove(self, target: str) -> None:
-        """The pod is no target any more (then `unfollow` it)."""
-        self._pods.pop(target, None)
+    def remove(self, pod_name: str) -> None:
+        """The pod is no target's any more (then `unfollow` it)."""
+        self._pods.pop(pod_name, None)
 
-    def follow(self, target: str, config: TargetConfig, *, from_start: bool) -> None:
-        """The pod's event sources given to the runner: its API events and its engine container's log under
-        events.k8s_pods_dir (blocking: a replaced pod's old log is closed, read to its end)."""
-        pod = self._pods.get(target)
+    def follow(self, pod_name: str, config: TargetConfig, *, from_start: bool) -> None:
+        """The pod's event sources given to the runner under its target (`config`): its API events and its engine
+        container's log under events.k8s_pods_dir (blocking: a replaced pod's old log is closed, read to its end)."""
+        pod = self._pods.get(pod_name)
         if pod is None:
             return  # removed while this waited for its thread: `unfollow` closes what it had
         log = pod_log(
             config, self._config, self._runner.saved, (pod.namespace, pod.name, pod.uid, pod.container),
             from_start=from_start,
         )  # fmt: skip
-        self._runner.set_sources(target, [pod.api, log])
+        self._set(pod, [pod.api, log])
 
-    def follow_api(self, target: TargetConfig, *, from_start: bool) -> ApiLogReader | None:
+    def follow_api(self, pod_name: str, target: TargetConfig, *, from_start: bool) -> ApiLogReader | None:
         """The cluster mode's `follow`: the pod's API events and its engine container's log through the API, whose
         reader the discovery's follower feeds (blocking: a replaced pod's old sources are closed). None: removed."""
-        pod = self._pods.get(target.label)
+        pod = self._pods.get(pod_name)
         if pod is None:
             return None
         key = (pod.namespace, pod.name, pod.container)
         log, reader = pod_api_log(target, self._config, self._runner.saved, key, from_start=from_start)
-        self._runner.set_sources(target.label, [pod.api, log])
+        self._set(pod, [pod.api, log])
         return reader
 
-    def unfollow(self, target: str) -> None:
-        """The target's sources closed, what they held counted (blocking)."""
-        self._runner.set_sources(target, [])
+    def unfollow(self, pod_name: str, target: str | None = None) -> None:
+        """The pod's sources closed, what they held counted (blocking); its target's other pods' go on."""
+        with self._lock:
+            target = target or pod_name
+            others = [s for key, p in self._pods.items() if p.target == target and key != pod_name for s in p.sources]
+            self._runner.set_sources(target, others)
+
+    def _set(self, pod: _Pod, sources: list[Any]) -> None:
+        with self._lock:
+            pod.sources = sources
+            mine = [s for p in self._pods.values() if p.target == pod.target for s in p.sources]
+            self._runner.set_sources(pod.target, mine)
 
     # -- the kubelet's Events of pods ---------------------------------------------------------------------------
     def events_listed(self, items: list[Obj], namespace: str | None) -> None:

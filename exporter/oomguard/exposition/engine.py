@@ -156,8 +156,8 @@ def add(out: Exposition, target: TargetReading) -> None:
     for name, setting in sorted(target.settings.items()):
         out.add(ENGINE_SETTING, (t, target.engine, name, setting.origin), setting.value)
     reading = target.engine_reading
-    if reading is None:
-        return
+    if reading is None or (target.pod is not None and target.pod.leader_elsewhere):
+        return  # the engine's figures are its leader's exporter's (model.PodRef): once in Prometheus, not twice
     for figure, read in target.figures_read.items():
         out.add(ENGINE_FIGURE_READ, (t, figure), float(read))
     for model in reading.models:

@@ -25,6 +25,7 @@ class TargetSet:
         # A discovered pod, by target name: its UID (whose kernel OOM kills are its own) and its reference (its node
         # and its name, which tell its GPUs).
         self._pods: dict[str, tuple[str, PodRef]] = {}
+        self._member_uids: dict[str, tuple[str, ...]] = {}  # the workers' pods of an engine spanning pods
         for config in configs:
             self.add(config)
 
@@ -46,6 +47,7 @@ class TargetSet:
         """Gone, with its counts (a target that comes back starts from zero, as a new series would)."""
         self._by_name.pop(name, None)
         self._pods.pop(name, None)
+        self._member_uids.pop(name, None)
 
     def retarget(self, name: str, config: TargetConfig) -> None:
         """The target at a new address (a pod replaced under its name): its counts go on, the new process is
@@ -57,10 +59,11 @@ class TargetSet:
         down."""
         self._by_name[name].status.new_life()
 
-    def set_pod(self, name: str, uid: str, pod: PodRef) -> None:
-        """The pod a discovered target is: a kernel OOM kill in its cgroup is its own (`owners`); its node and name
-        tell its GPUs (`views`)."""
+    def set_pod(self, name: str, uid: str, pod: PodRef, member_uids: tuple[str, ...] = ()) -> None:
+        """The pod a discovered target is (and, for an engine spanning pods, its workers'): a kernel OOM kill in their
+        cgroups is its own (`owners`); their nodes and names tell its GPUs (`views`)."""
         self._pods[name] = (uid, pod)
+        self._member_uids[name] = member_uids
 
     def log_start(self, name: str, at: float, pid: int | None) -> None:
         """An engine's start read in its log (a life that never serves is seen nowhere else); a target gone since
@@ -103,3 +106,5 @@ class TargetSet:
                 tree.pids if tree is not None else frozenset(),
                 self._pods[name][0] if name in self._pods else None,
             )
+            for uid in self._member_uids.get(name, ()):
+                yield name, frozenset(), uid

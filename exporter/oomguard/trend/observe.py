@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
-from oomguard.join import GpuClaim, by_node, claim, target_gpus, up_gpus
+from oomguard.join import GpuClaim, by_node, claim, claim_gpus, target_gpus, up_gpus
 from oomguard.model import GpuKey, NvmlReading, Observation, ProcessTree, TargetView, TrendKey
 from oomguard.sources.dcgm import DcgmReader
 from oomguard.sources.nvml_reader import NvmlReader
@@ -68,7 +68,7 @@ class TrendObserver:
         nodes = by_node(up_gpus(nvml.gpus)) if nvml else {}
 
         def gpus_of(names: set[str]) -> set[GpuKey]:
-            return {key for name, c in targets if name in names for key in target_gpus(c, nodes.get(c.node, {}))}
+            return {key for name, c in targets if name in names for key in target_gpus(c, claim_gpus(c, nodes))}
 
         if woke or loaded:
             fresh = woke | loaded

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 import psutil
 
-from oomguard.join import GpuClaim, by_node, join, up_gpus
+from oomguard.join import GpuClaim, by_node, claim_gpus, join, up_gpus
 from oomguard.model import GpuKey, NvmlReading, Observation, TrendKey, TrendReading
 from oomguard.trend.analysis import Series, TrendSettings
 
@@ -141,7 +141,7 @@ def observations(
     host_total = float(psutil.virtual_memory().total)
     nodes = by_node(gpus)
     for name, claim in targets:
-        memory = join(claim, nodes.get(claim.node, {}))
+        memory = join(claim, claim_gpus(claim, nodes))
         process = claim.process
         if memory.used_bytes is not None and memory.total_bytes:
             out[TrendKey("target", name, "gpu")] = Observation(memory.used_bytes, memory.total_bytes)

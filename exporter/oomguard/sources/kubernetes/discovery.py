@@ -23,6 +23,7 @@ from oomguard.process_start import start_time
 from oomguard.sources.dcgm import DcgmEndpoint
 from oomguard.sources.kubernetes import cgroup
 from oomguard.sources.kubernetes.api import ApiClient, ApiError, connect
+from oomguard.sources.kubernetes.groups import PodGroup
 from oomguard.sources.kubernetes.pod_logs import PodLogFollower
 from oomguard.sources.kubernetes.pods import PodTarget, pod_target
 from oomguard.sources.kubernetes.shards import Shard
@@ -67,8 +68,21 @@ class KubernetesDiscovery:
         self._dcgm: dict[tuple[str, str], DcgmEndpoint] = {}  # the dcgm-exporter pods taken, by (namespace, name)
         self._dcgm_trusted = TrustedDcgm(config.dcgm.daemonsets if config.dcgm is not None else ())
         self.dcgm_port = config.dcgm.port if config.dcgm is not None else 0
-        self._log_followers: dict[str, asyncio.Task[None]] = {}  # the cluster mode's, by target name
+        self._log_followers: dict[str, asyncio.Task[None]] = {}  # the cluster mode's, by pod name
         self._unmapped = UnmappedPods()
+        # Engines spanning pods (groups.py). The pods the watch gave that are tracked, with their group (None: an
+        # engine of its own); each group's leader as last seen, on any node; the workers on this exporter's nodes;
+        # the workers attached to their leader's target (pod name -> target name), and the targets whose leader is
+        # on a node another exporter reads.
+        self._seen: dict[str, PodGroup | None] = {}
+        self._leaders: dict[str, PodTarget] = {}  # by group key
+        self._workers: dict[str, PodTarget] = {}  # by pod name
+        self._attached: dict[str, tuple[str, PodTarget]] = {}  # pod name -> (target, the worker as attached)
+        self._elsewhere: set[str] = set()
+        self._group_target: dict[str, str] = {}  # group key -> its target's name, while it has one
+        self._finding: dict[str, asyncio.Task[None]] = {}  # group key -> the request for its leader (node mode)
+        self._said_no_leader: set[str] = set()
+        self._followed: set[str] = set()  # the attached workers whose sources were given to the runner
 
     # -- running --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -170,15 +184,13 @@ class KubernetesDiscovery:
 
     # -- pods -----------------------------------------------------------------------------------
     async def _pods_listed(self, items: list[Obj], namespace: str | None) -> None:
-        seen: set[str] = set()
+        seen = set()
         for obj in items:
-            pod = self._own(pod_target(obj, self.k8s.port, self.k8s.engine))
-            if pod is not None and pod.target not in self.static:
-                seen.add(pod.target)
-                await self._upsert(pod)
-        for name, known in list(self.known.items()):
-            if name not in seen and (namespace is None or known.namespace == namespace):
-                await self._remove(name)  # gone while the watch was down
+            seen.add(await self._pod_changed(obj))
+        for name in [
+            n for n in self._seen if n not in seen and (namespace is None or n.partition("/")[0] == namespace)
+        ]:
+            await self._pod_gone(name)  # gone while the watch was down
         self._pods_listed_in.add(namespace)
 
     @property
@@ -186,69 +198,245 @@ class KubernetesDiscovery:
         return len(self._pods_listed_in) == len(self._scopes)
 
     async def _pod_event(self, kind: str, obj: Obj) -> None:
-        pod = self._own(pod_target(obj, self.k8s.port, self.k8s.engine)) if kind != "DELETED" else None
         meta = obj.get("metadata") or {}
         name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        if kind == "DELETED":
+            if name in self._seen and self._uid_of(name) in (None, meta.get("uid")):
+                await self._pod_gone(name)
+            return
+        await self._pod_changed(obj)
+
+    def _uid_of(self, name: str) -> str | None:
+        pod = self.known.get(name) or self._workers.get(name)
         if pod is None:
-            if name in self.known and (kind == "DELETED" or meta.get("uid") == self.known[name].uid):
+            group = self._seen.get(name)
+            pod = self._leaders.get(group.key) if group is not None else None
+        return pod.uid if pod is not None else None
+
+    def _owns_node(self, node: str) -> bool:
+        """Whether this exporter reads `node`'s GPUs: its own node (the node mode), or a node of its shard."""
+        if self.cluster:
+            return self.shard.owns(node)
+        return not self.k8s.node_name or node == self.k8s.node_name
+
+    async def _pod_changed(self, obj: Obj) -> str:
+        """A pod as the watch or a list gives it; its name."""
+        meta = obj.get("metadata") or {}
+        name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        pod = pod_target(obj, self.k8s.port, self.k8s.engine)
+        if pod is None or pod.target in self.static:
+            if name in self._seen and (pod is None and meta.get("uid") == self._uid_of(name)):
+                await self._pod_gone(name)  # finished, or lost its address: no target
+            return name
+        group = pod.group
+        if group is None:
+            if self._owns_node(pod.node):
+                self._seen[name] = None
+                await self._upsert(pod)
+            elif name in self._seen:
+                await self._pod_gone(name)
+            return name
+        if group.leader:
+            self._seen[name] = group
+            self._leaders[group.key] = pod
+        elif self._owns_node(pod.node):
+            self._seen[name] = group
+            self._workers[name] = pod
+        else:
+            return name  # another exporter's worker
+        await self._sync_group(group)
+        return name
+
+    async def _pod_gone(self, name: str) -> None:
+        if name not in self._seen:
+            return
+        group = self._seen.pop(name)
+        if group is None:
+            if name in self.known:
                 await self._remove(name)
-        elif pod.target not in self.static:
-            await self._upsert(pod)
+            return
+        if group.leader:
+            leader = self._leaders.get(group.key)
+            if leader is not None and leader.target == name:
+                del self._leaders[group.key]
+        else:
+            self._workers.pop(name, None)
+        await self._sync_group(group)
 
-    def _own(self, pod: PodTarget | None) -> PodTarget | None:
-        """The pod, if it runs on one of this shard's nodes."""
-        return pod if pod is not None and self.shard.owns(pod.node) else None
+    async def _sync_group(self, group: PodGroup) -> None:
+        """One engine spanning pods as this exporter sees it now: a target named after its leader where the leader
+        is on one of its nodes or one of its workers is (whose GPUs, log and restarts count for it), else none."""
+        key = group.key
+        leader = self._leaders.get(key)
+        workers = {n: w for n, w in self._workers.items() if w.group is not None and w.group.key == key}
+        old = self._group_target.get(key)
+        own = leader is not None and self._owns_node(leader.node)
+        if leader is None or not (own or workers):
+            if old is not None and old in self.known:
+                await self._remove(old)
+            self._group_target.pop(key, None)
+            if leader is not None and leader.target not in self._seen:
+                del self._leaders[key]  # asked of the API for workers that have gone: asked again for new ones
+            if leader is None and workers:
+                self._find_leader(group)
+            return
+        if not own and not self.cluster:
+            self._find_leader(group)  # kept up to date while its workers run here
+        if old is not None and old != leader.target and old in self.known:
+            await self._remove(old)  # a new leader under another name
+        self._group_target[key] = leader.target
+        self._said_no_leader.discard(key)
+        await self._upsert(leader, own=own, workers=workers)
 
-    async def _upsert(self, pod: PodTarget) -> None:
-        # Every change is made before the one await: a resync's timeout may cancel this there, and the thread
+    def _find_leader(self, group: PodGroup) -> None:
+        """The node mode watches its node's pods: a leader on another node is asked of the API, and asked again each
+        resync while workers of its group run here (its address changes when it is replaced)."""
+        if group.key not in self._said_no_leader and group.key not in self._leaders:
+            self._said_no_leader.add(group.key)
+            log.info("kubernetes: %s group %s: its workers here wait for their leader pod", group.layout, group.key)
+        if self.cluster or self._client is None or group.key in self._finding:
+            return  # the cluster mode lists every engine pod: the leader comes with them (or is not one)
+        self._finding[group.key] = asyncio.ensure_future(self._follow_leader(group))
+
+    def _has_workers(self, key: str) -> bool:
+        return any(w.group is not None and w.group.key == key for w in self._workers.values())
+
+    async def _follow_leader(self, group: PodGroup) -> None:
+        assert self._client is not None
+        path, params = group.leader_query()
+        try:
+            while self._has_workers(group.key):
+                try:
+                    found = await self._client.list(path, params)
+                except ApiError as exc:
+                    log.warning("kubernetes: cannot read the leader of %s group %s: %s", group.layout, group.key, exc)
+                else:
+                    items = [o for o in found.get("items") or [] if isinstance(o, dict)]
+                    pods = [p for o in items if (p := pod_target(o, self.k8s.port, self.k8s.engine)) is not None]
+                    leader = next((p for p in pods if p.group is not None and p.group.key == group.key
+                                   and p.group.leader), None)  # fmt: skip
+                    if leader != self._leaders.get(group.key) and leader is not None:
+                        self._leaders[group.key] = leader
+                        await self._sync_group(group)
+                    elif leader is None and self._leaders.pop(group.key, None) is not None:
+                        await self._sync_group(group)
+                await asyncio.sleep(self.k8s.resync_seconds)
+        finally:
+            self._finding.pop(group.key, None)
+
+    async def _upsert(self, pod: PodTarget, *, own: bool = True, workers: dict[str, PodTarget] | None = None) -> None:
+        """The target of `pod` (an engine of its own, or a group's leader) as it is now. `own`: the pod runs on a node
+        this exporter reads (else only its workers here are: its own events and restarts are another's)."""
+        # Every change is made before the first await: a resync's timeout may cancel this there, and the thread
         # it awaits runs to its end regardless.
         known = self.known.get(pod.target)
         config = TargetConfig(url=pod.url, name=pod.target, engine=self.k8s.engine, local_process="no")
+        was_own = known is not None and pod.target not in self._elsewhere
         follow = False
         if known is None:
             self.targets.add(config)
+            follow = own
+            log.info("kubernetes: target %s at %s (container %s)%s", pod.target, pod.url, pod.container,
+                     "" if own else ": its workers here, its leader on another node")  # fmt: skip
+        elif known.uid != pod.uid or known.url != pod.url:
+            # The pod replaced under its name (a StatefulSet's): its new address, its new log folder.
+            self.targets.retarget(pod.target, config)
+            follow = own and (known.uid != pod.uid or not was_own)
+            log.info("kubernetes: target %s now at %s", pod.target, pod.url)
+        elif own and pod.restart_count > known.restart_count:
+            self.targets.new_life(pod.target)  # a new container: loading until it answers, not down
+        if own and (known is None or not was_own):
             self.pod_events.add(
                 pod.target, namespace=pod.namespace, name=pod.name, uid=pod.uid, container=pod.container,
                 ended=pod.last_termination, watched=self._listed,
             )  # fmt: skip
-            follow = True
-            log.info("kubernetes: target %s at %s (container %s)", pod.target, pod.url, pod.container)
-        elif known.uid != pod.uid or known.url != pod.url:
-            # The pod replaced under its name (a StatefulSet's): its new address, its new log folder.
-            self.targets.retarget(pod.target, config)
-            follow = known.uid != pod.uid
-            log.info("kubernetes: target %s now at %s", pod.target, pod.url)
-        elif pod.restart_count > known.restart_count:
-            self.targets.new_life(pod.target)  # a new container: loading until it answers, not down
+        elif not own and was_own:
+            self.pod_events.remove(pod.target)
+        (self._elsewhere.discard if own else self._elsewhere.add)(pod.target)
         self.known[pod.target] = pod
-        self.targets.set_pod(pod.target, pod.uid, pod.ref)
-        self.pod_events.update(pod.target, uid=pod.uid, container=pod.container, ended=pod.last_termination)
+        if own:
+            self.pod_events.update(pod.target, uid=pod.uid, container=pod.container, ended=pod.last_termination)
+        detached = self._attach(pod.target, workers or {})
+        self._set_pod(pod.target)
+        if not own and was_own:
+            await asyncio.to_thread(self.pod_events.unfollow, pod.target)
         if follow and self.cluster:
             await self._follow_api(pod, config)
         elif follow:
             await asyncio.to_thread(self.pod_events.follow, pod.target, config, from_start=self._listed)
+        await self._follow_workers(pod.target, config, detached)
+
+    def _attach(self, target: str, workers: dict[str, PodTarget]) -> list[str]:
+        """The workers that count for `target` now; the names of those detached from it (their sources to close)."""
+        detached = [n for n, (t, w) in self._attached.items() if t == target and (n not in workers
+                    or workers[n].uid != w.uid)]  # fmt: skip
+        for name in detached:
+            del self._attached[name]
+            self._followed.discard(name)
+            self.pod_events.remove(name)
+            if (follower := self._log_followers.pop(name, None)) is not None:
+                follower.cancel()
+        for name, worker in workers.items():
+            if name in self._attached:
+                self.pod_events.update(name, uid=worker.uid, container=worker.container,
+                                       ended=worker.last_termination)  # fmt: skip
+                self._attached[name] = (target, worker)
+                continue
+            self.pod_events.add(
+                name, namespace=worker.namespace, name=worker.name, uid=worker.uid, container=worker.container,
+                ended=worker.last_termination, watched=self._listed, target=target,
+            )  # fmt: skip
+            self._attached[name] = (target, worker)
+        return detached
+
+    def _workers_of(self, target: str) -> list[PodTarget]:
+        return [w for t, w in self._attached.values() if t == target]
+
+    def _set_pod(self, target: str) -> None:
+        pod = self.known[target]
+        workers = self._workers_of(target)
+        ref = replace(pod.ref, members=tuple(w.ref for w in workers), leader_elsewhere=target in self._elsewhere)
+        self.targets.set_pod(target, pod.uid, ref, tuple(w.uid for w in workers))
+
+    async def _follow_workers(self, target: str, config: TargetConfig, detached: list[str]) -> None:
+        for name in detached:
+            await asyncio.to_thread(self.pod_events.unfollow, name, target)
+        for name, (owner, worker) in list(self._attached.items()):
+            if owner != target or name in self._followed:
+                continue
+            self._followed.add(name)
+            if self.cluster:
+                await self._follow_api(worker, config)
+            else:
+                await asyncio.to_thread(self.pod_events.follow, name, config, from_start=self._listed)
 
     async def _follow_api(self, pod: PodTarget, config: TargetConfig) -> None:
-        """The cluster mode: the engine container's log through the API, one stream per container."""
-        if (old := self._log_followers.pop(pod.target, None)) is not None:
+        """The cluster mode: a container's log through the API, one stream per container (the engine's, or a
+        worker's, counted for `config`'s target)."""
+        name = pod.target
+        if (old := self._log_followers.pop(name, None)) is not None:
             old.cancel()
-        reader = await asyncio.to_thread(self.pod_events.follow_api, config, from_start=self._listed)
-        now = self.known.get(pod.target)
+        reader = await asyncio.to_thread(self.pod_events.follow_api, name, config, from_start=self._listed)
+        now = self.known.get(name) if not pod.worker else self._attached.get(name, ("", None))[1]
         if reader is None or self._client is None or now is None or now.uid != pod.uid:
             return  # removed or replaced while this waited for its thread (its replacement follows its own log)
         follower = PodLogFollower(
             self._client, reader, namespace=pod.namespace, pod=pod.name, container=pod.container,
             retry_max_seconds=self.k8s.retry_max_seconds,
         )  # fmt: skip
-        self._log_followers[pod.target] = asyncio.ensure_future(follower.run())
+        self._log_followers[name] = asyncio.ensure_future(follower.run())
 
     async def _remove(self, name: str) -> None:
         self.known.pop(name)
+        self._elsewhere.discard(name)
         self.targets.remove(name)
         self.pod_events.remove(name)
         if (follower := self._log_followers.pop(name, None)) is not None:
             follower.cancel()
+        detached = self._attach(name, {})
         await asyncio.to_thread(self.pod_events.unfollow, name)
+        for worker in detached:
+            await asyncio.to_thread(self.pod_events.unfollow, worker, name)
         log.info("kubernetes: target %s gone", name)
 
     # -- the kubelet's Events of pods: counted in events/kubernetes.py --------------------------------------
@@ -281,10 +469,15 @@ class KubernetesDiscovery:
             if pod is None:
                 out.append(t)
                 continue
-            # The kubelet's restart count: it sees every life, even one killed before its first line.
-            ended = pod.last_termination
-            last_restart_at = ended.finished_at if ended and ended.finished_at else t.last_restart_at
-            t = replace(t, pod=pod.ref, restarts_total=pod.restart_count, last_restart_at=last_restart_at)
+            # The kubelet's restart count: it sees every life, even one killed before its first line. An engine
+            # spanning pods: its leader's (where this exporter reads the leader's node) and its workers' here.
+            workers = self._workers_of(t.name)
+            pods = [*([] if t.name in self._elsewhere else [pod]), *workers]
+            ends = [e.finished_at for p in pods if (e := p.last_termination) is not None and e.finished_at]
+            last_restart_at = max(ends) if ends else t.last_restart_at
+            ref = replace(pod.ref, members=tuple(w.ref for w in workers), leader_elsewhere=t.name in self._elsewhere)
+            restarts = sum(p.restart_count for p in pods)
+            t = replace(t, pod=ref, restarts_total=restarts, last_restart_at=last_restart_at)
             if t.name in trees and t.process is None:
                 t = replace(t, process=trees[t.name])
             if pod.settings and not t.settings:
@@ -296,7 +489,8 @@ class KubernetesDiscovery:
 
     async def pod_processes(self, nvml: NvmlReading | None) -> dict[str, ProcessTree]:
         """Target name -> its pod's processes in NVML's lists (for the collection and the trend sampler)."""
-        pods = {pod.uid: name for name, pod in self.known.items()}
+        pods = {pod.uid: name for name, pod in self.known.items() if name not in self._elsewhere}
+        pods.update({worker.uid: target for target, worker in self._attached.values()})
         if nvml is None or not pods or self.cluster:
             return {}  # the cluster mode reads no host's /proc (and dcgm-exporter lists no pids)
         pids = {p.pid for g in nvml.gpus for p in g.processes or ()}

@@ -21,6 +21,7 @@ from oomguard.engines import ENGINES
 from oomguard.engines.cmdline import Cmdline, Settings, program
 from oomguard.events.kubernetes import timestamp
 from oomguard.model import PodRef, Termination
+from oomguard.sources.kubernetes.groups import PodGroup, group_of
 from oomguard.sources.kubernetes.probes import grace_seconds
 
 _SHELLS = ("sh", "bash", "dash", "ash", "zsh")
@@ -41,6 +42,12 @@ class PodTarget:
     node: str = ""  # spec.nodeName: whose GPUs are its
     # The engine container's settings from its command, args and env (`container_settings`), by name.
     settings: Settings = field(default_factory=dict)
+    group: PodGroup | None = None  # an engine spanning pods (groups.py): its group; None for an engine of its own
+
+    @property
+    def worker(self) -> bool:
+        """A worker of an engine spanning pods: it serves nothing, its GPUs and its log count for its leader."""
+        return self.group is not None and not self.group.leader
 
     @property
     def target(self) -> str:
@@ -98,9 +105,17 @@ def pod_target(pod: dict[str, Any], port: str | int, engine: str | None = None) 
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     if status.get("phase") in ("Succeeded", "Failed"):
         return None
-    found = _engine_container(spec.get("containers") or [], port)
+    group = group_of(pod)
+    containers = spec.get("containers") or []
     ip = status.get("podIP") or ""
-    if found is None or not ip:
+    if group is not None and not group.leader:
+        # A worker serves nothing: its container is the one holding GPUs, and it needs no address.
+        found = _gpu_container(containers)
+    else:
+        found = _engine_container(containers, port)
+        if not ip:
+            return None
+    if found is None:
         return None
     container, number = found
     state = next((s for s in status.get("containerStatuses") or [] if s.get("name") == container.get("name")), {})
@@ -126,7 +141,17 @@ def pod_target(pod: dict[str, Any], port: str | int, engine: str | None = None) 
         probe_grace_seconds=grace_seconds(container),
         node=spec.get("nodeName") or "",
         settings=container_settings(container, engine) if engine else {},
+        group=group,
     )
+
+
+def _gpu_container(containers: list[dict[str, Any]]) -> tuple[dict[str, Any], int] | None:
+    """A worker's container: the first that asks for an NVIDIA GPU, else the first (port 0: it serves nothing)."""
+    for container in containers:
+        resources = container.get("resources") or {}
+        if any("nvidia.com/gpu" in (resources.get(kind) or {}) for kind in ("limits", "requests")):
+            return container, 0
+    return (containers[0], 0) if containers else None
 
 
 def _bare_id(container_id: str) -> str:
