@@ -305,13 +305,19 @@ def test_every_subcommand_help_says_what_it_does(capsys: pytest.CaptureFixture[s
 
 
 def test_the_simulation_and_the_drill_share_their_scenarios_names(capsys: pytest.CaptureFixture[str]) -> None:
-    """One vocabulary: the drill's scenarios run the simulation of the same name where there is one; the old names
-    of the simulation still load, as the same scenario, and `serve --help` lists the new ones only."""
+    """One vocabulary: every drill scenario's name runs with `serve --simulate` as the simulation and engine the
+    drill runs (`hot-steady` and `sglang-incident` were refused there); a simulation the drill has not is
+    listed with why; the old names of the simulation still load, as the same scenario, and `serve --help` lists
+    the new ones only."""
     from oomguard.drill.scenarios import SCENARIOS as DRILLS
-    from oomguard.simulate.scenarios import ALIASES, NAMES, SCENARIOS
+    from oomguard.simulate.scenarios import ALIASES, NAMES, SCENARIOS, SIMULATION_ONLY
 
-    for name in ("incident", "slow-leak", "long-loading", "startup-memory", "probe-kill", "tp-skew"):
-        assert DRILLS[name].simulation == name and SCENARIOS[name].name == name
+    for name, drill in DRILLS.items():
+        simulation = load_config(None, {"simulation": {"scenario": name}}).simulation
+        assert (simulation.scenario, simulation.engine) == (drill.simulation, drill.engine), name
+        assert name in NAMES
+    for name in NAMES:
+        assert (name in DRILLS) != (name in SIMULATION_ONLY), name
     for old, new in ALIASES.items():
         assert old not in NAMES and SCENARIOS[old] is SCENARIOS[new]
         assert load_config(None, {"simulation": {"scenario": old}}).simulation.scenario == old
@@ -319,6 +325,46 @@ def test_the_simulation_and_the_drill_share_their_scenarios_names(capsys: pytest
         main(["serve", "--help"])
     page = " ".join(re.sub(r"-\n\s*", "-", capsys.readouterr().out).split())  # argparse wraps at hyphens
     assert ", ".join(NAMES) in page and "overcommit," not in page.split("(the drill's names")[0]
+
+
+def test_serve_and_the_drill_refuse_an_unknown_scenario_alike(capsys: pytest.CaptureFixture[str]) -> None:
+    """Both commands: "unknown scenario 'X'", the closest name, and the list (the drill printed its list alone)."""
+    from oomguard.drill.scenarios import SCENARIOS as DRILLS
+    from oomguard.simulate.scenarios import NAMES
+
+    assert main(["serve", "--simulate", "incidnet"]) == 1
+    said = capsys.readouterr().err
+    assert f"unknown scenario 'incidnet'; did you mean 'incident'? choose one of: {', '.join(NAMES)}" in said, said
+    assert main(["drill", "--scenario", "incidnet"]) == 2
+    said, listed = capsys.readouterr().err, ", ".join(DRILLS)
+    assert said == f"oomguard drill: unknown scenario 'incidnet'; did you mean 'incident'? choose one of: {listed}\n"
+    assert main(["drill", "--scenario", "hot-stedy"]) == 2
+    assert "did you mean 'hot-steady'?" in capsys.readouterr().err
+
+
+def test_a_simulation_the_drill_has_not_is_refused_with_why_and_what_to_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from oomguard.drill.scenarios import SCENARIOS as DRILLS
+    from oomguard.drill.scenarios import find
+
+    for name in ("incident-quick", "overcommit-quick"):  # the old name of the same
+        assert main(["drill", "--scenario", name]) == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith("oomguard drill: unknown scenario 'incident-quick': it is the simulation's alone")
+        assert "'sglang-incident'" in line and "`oomguard serve --simulate incident-quick`" in line
+    # The simulation's old names reach the drill of the same scenario.
+    assert find("steady") is DRILLS["hot-steady"] and find("leak") is DRILLS["slow-leak"]
+
+
+def test_a_scenario_that_names_its_engine_refuses_another_engine(tmp_path: Path) -> None:
+    path = write(tmp_path, "simulation:\n  scenario: sglang-incident\n  engine: vllm\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert "scenario 'sglang-incident' runs on the sglang simulator, not engine 'vllm'" in str(refused.value)
+    assert "write scenario: incident-quick" in str(refused.value)
+    same = load_config(write(tmp_path, "simulation:\n  scenario: sglang-incident\n  engine: sglang\n"))
+    assert (same.simulation.scenario, same.simulation.engine) == ("incident-quick", "sglang")
 
 
 def test_a_targets_port_is_its_urls_or_its_schemes() -> None:

@@ -18,8 +18,10 @@ from oomguard import __version__
 from oomguard.config import ConfigError, parse_listen_address
 from oomguard.config_file import load_config
 from oomguard.drill.scenarios import SCENARIOS as DRILLS
+from oomguard.drill.scenarios import find as find_drill
 from oomguard.simulate.scenarios import ALIASES as SIMULATION_ALIASES
 from oomguard.simulate.scenarios import NAMES as SIMULATIONS
+from oomguard.simulate.scenarios import ON_ENGINE, SIMULATION_ONLY
 
 log = logging.getLogger("oomguard")
 
@@ -64,9 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--simulate",
         metavar="SCENARIO",
-        help="run on a built-in simulation of GPUs and a vLLM target: "
+        help="run on a built-in simulation of GPUs and an engine (vLLM unless the name says another): "
         + ", ".join(SIMULATIONS)
-        + f" (the drill's names; the old {', '.join(SIMULATION_ALIASES)} still work) [$OOMGUARD_SIMULATE]",
+        + f" (the drill's names; {', '.join(SIMULATION_ONLY)} is the simulation's alone; "
+        + ", ".join(f"{name} on the {engine} simulator" for name, (_, engine) in ON_ENGINE.items())
+        + f"; the old {', '.join(SIMULATION_ALIASES)} still work) [$OOMGUARD_SIMULATE]",
     )
     serve.add_argument(
         "--simulate.gpus",
@@ -129,7 +133,9 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--print-defaults", action="store_true", help="print the full default bundle configuration")
 
     drill = commands.add_parser("drill", help="replay a scenario through a real Prometheus and Alertmanager")
-    drill.add_argument("--scenario", metavar="SCENARIO", help=", ".join(DRILLS) + " (see --list)")
+    drill.add_argument(
+        "--scenario", metavar="SCENARIO", help=", ".join(DRILLS) + " (see --list; serve --simulate's names)"
+    )
     drill.add_argument("--list", action="store_true", help="list the scenarios")
     drill.add_argument("--report", type=Path, metavar="FILE", help="also write the report to FILE")
     drill.add_argument("--json", action="store_true", help="report as JSON instead of Markdown")
@@ -294,8 +300,13 @@ def _drill(args: argparse.Namespace) -> int:
         checked = check_deployment(args.check, load_bundle_config(), alertmanager_url=args.alertmanager)
         sys.stdout.write(checked.text())
         return 0 if checked.ok else 1
-    if args.scenario not in DRILLS:
+    if args.scenario is None:
         print(f"choose a scenario with --scenario: {', '.join(DRILLS)} (or --list, or --check URL)", file=sys.stderr)
+        return 2
+    try:
+        scenario = find_drill(args.scenario)
+    except ValueError as exc:
+        print(f"oomguard drill: {exc}", file=sys.stderr)
         return 2
     import time
 
@@ -312,7 +323,7 @@ def _drill(args: argparse.Namespace) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="oomguard-drill-") as scratch:
             report = run(
-                DRILLS[args.scenario], args.workdir or Path(scratch), time_scale=args.time_scale,
+                scenario, args.workdir or Path(scratch), time_scale=args.time_scale,
                 alertmanager_config=args.alertmanager_config, diagnosis_report=args.diagnosis_report, tls=args.tls,
                 mode=args.mode, progress=progress,
             )  # fmt: skip
@@ -343,9 +354,9 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def pages_hint(simulation: str) -> str:
+def pages_hint(simulation: str, engine: str = "vllm") -> str:
     """Said once by `serve --simulate`: the exporter shows the figures; the drill shows what pages, and when."""
-    drill = next((name for name, d in DRILLS.items() if d.simulation == simulation), None)
+    drill = next((name for name, d in DRILLS.items() if (d.simulation, d.engine) == (simulation, engine)), None)
     how = f"oomguard drill --scenario {drill}" if drill else "oomguard drill --list"
     return (
         f"this exporter shows the simulation's figures; to see what pages, and when, run `{how}` "
@@ -377,6 +388,6 @@ def serve(config: Any, web_config_file: Path | None = None) -> int:
     # "serving ... on HOST:PORT" follows once the port is bound; a port in use is one error line, nothing started.
     log.info("oomguard %s starting on %s:%d, %d target(s)", __version__, host, port, len(runtime.config.targets))
     if runtime.simulation is not None:
-        log.info("%s", pages_hint(runtime.simulation.scenario.name))
+        log.info("%s", pages_hint(runtime.simulation.scenario.name, runtime.simulation.engine))
     # One listener for both: the connection limit and the header timeout hold without a web configuration too.
     return run(make_app(runtime, web_config), host, port, web_config)

@@ -40,8 +40,11 @@ class ConfigError(Exception):
 ENGINE = "engine"
 SIMULATED_ENGINE = "simulated_engine"
 SCENARIO = "scenario"
+# Not a check: a scenario's name that says its engine too (the drill's `sglang-incident`) -> (scenario, engine), or
+# None for any other name.
+SCENARIO_ON_ENGINE = "scenario_on_engine"
 PATTERN = "pattern"
-PartChecks = Mapping[str, Callable[[Any], None]]
+PartChecks = Mapping[str, Callable[[Any], Any]]
 
 
 def _part_check(info: ValidationInfo, section: str, value: Any) -> None:
@@ -229,6 +232,24 @@ class SimulationConfig(StrictModel):
         description="nvml: the GPUs through a fake NVML, as a node agent reads them; dcgm: through a simulated "
         "dcgm-exporter beside the engine, as the cluster mode reads them (no per-process memory).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scenario_on_engine(cls, data: Any, info: ValidationInfo) -> Any:
+        """`scenario: sglang-incident` is `scenario: incident-quick` on `engine: sglang`: one name for the drill and
+        the simulation. Another engine written beside it contradicts the name."""
+        resolve = (info.context or {}).get(SCENARIO_ON_ENGINE)
+        name = data.get("scenario") if isinstance(data, dict) else None
+        named = resolve(name) if resolve is not None and isinstance(name, str) else None
+        if named is None:
+            return data
+        scenario, engine = named
+        if data.get("engine", engine) != engine:
+            raise ValueError(
+                f"scenario {name!r} runs on the {engine} simulator, not engine {excerpt(str(data['engine']))!r}: "
+                f"remove engine:, or write scenario: {scenario} to run the same scenario on another engine"
+            )
+        return {**data, "scenario": scenario, "engine": engine}
 
     @field_validator("engine")
     @classmethod

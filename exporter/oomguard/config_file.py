@@ -8,15 +8,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from oomguard.config import ENGINE, PATTERN, SCENARIO, SIMULATED_ENGINE, Config, PartChecks, parse_config
+from oomguard.config import (
+    ENGINE,
+    PATTERN,
+    SCENARIO,
+    SCENARIO_ON_ENGINE,
+    SIMULATED_ENGINE,
+    Config,
+    PartChecks,
+    parse_config,
+)
 from oomguard.engines import check_engine, check_simulated_engine
 from oomguard.events.catalogue import check_patterns
-from oomguard.simulate.scenarios import check_scenario
+from oomguard.simulate.scenarios import check_scenario, on_engine
 
 CHECKS: PartChecks = {
     ENGINE: check_engine,
     SIMULATED_ENGINE: check_simulated_engine,
     SCENARIO: check_scenario,
+    SCENARIO_ON_ENGINE: on_engine,
     PATTERN: lambda entry: check_patterns([entry]),
 }
 

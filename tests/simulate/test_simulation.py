@@ -218,7 +218,7 @@ def test_unknown_scenario_is_refused() -> None:
     )
     assert result.returncode == 1
     assert (
-        "unknown scenario 'meltdown'; choose one of: steady, slow-leak, incident, probe-kill, long-loading, "
+        "unknown scenario 'meltdown'; choose one of: hot-steady, slow-leak, incident, probe-kill, long-loading, "
         "default-steady, tight-steady, tp-skew" in result.stderr
     )
 

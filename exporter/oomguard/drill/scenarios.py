@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from oomguard.simulate.scenarios import ALIASES, SIMULATION_ONLY, unknown_scenario
+
 PAGER, TICKET = "pager", "ticket"
 # Fires in Prometheus but reaches no receiver: an info alert (not routed), or one its critical twin inhibits.
 NOT_DELIVERED = None
@@ -136,7 +138,7 @@ SCENARIOS: dict[str, DrillScenario] = {
         DrillScenario(
             name="hot-steady",
             summary="A hot but steady server at 88 %: nothing may page; the only finding is its thin headroom.",
-            simulation="steady",
+            simulation="hot-steady",
             minutes=40,
             expected={"LowHeadroomConfig": NOT_DELIVERED},
             quiet=(
@@ -262,3 +264,17 @@ SCENARIOS: dict[str, DrillScenario] = {
         ),
     )
 }
+
+
+def find(name: str) -> DrillScenario:
+    """The drill scenario `name` (or an old name of the simulation's for it); a ValueError says why there is none,
+    with the closest name, or what to run instead of a scenario the simulation alone has."""
+    name = ALIASES.get(name, name)
+    if name in SCENARIOS:
+        return SCENARIOS[name]
+    if name in SIMULATION_ONLY:
+        raise ValueError(
+            f"unknown scenario {name!r}: it is the simulation's alone (`oomguard serve --simulate {name}`), "
+            f"with no alerts expected of it: {SIMULATION_ONLY[name]}"
+        )
+    raise ValueError(unknown_scenario(name, list(SCENARIOS), [*SCENARIOS, *ALIASES]))

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oomguard.excerpt import LIMIT
+from oomguard.excerpt import LIMIT, excerpt
 
 GIB = 1024**3
 GPU_TOTAL_BYTES = 80 * GIB  # each simulated GPU: an H100 80GB
@@ -299,7 +300,7 @@ SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
         Scenario(
-            name="steady",
+            name="hot-steady",
             summary="A hot but steady server: 88 % of GPU memory, KV cache churning, never out of memory.",
             gpu_memory_utilization=0.9,
         ),
@@ -350,21 +351,42 @@ SCENARIOS: dict[str, Scenario] = {
         _long_warmup(),
     )
 }
-# The simulation's names before it and the drill shared one vocabulary (issue 29): still accepted, the same scenario.
+# The simulation's names before it and the drill shared one vocabulary (issues 29 and 39): still accepted, the same
+# scenario.
 ALIASES = {
     "overcommit": "incident",
     "overcommit-quick": "incident-quick",
     "leak": "slow-leak",
     "loading": "long-loading",
     "startup-oom": "startup-memory",
+    "steady": "hot-steady",
 }
-NAMES = tuple(SCENARIOS)  # the names to list (SCENARIOS holds the aliases too)
+# A name that says the engine too (the drill's): a scenario run on that engine's simulator, as `simulation.scenario`
+# and `simulation.engine` would say it.
+ON_ENGINE: dict[str, tuple[str, str]] = {"sglang-incident": ("incident-quick", "sglang")}
+# Simulation only: no drill scenario has this name, and why (`oomguard drill` says it, naming what to run instead).
+SIMULATION_ONLY = {
+    "incident-quick": "the incident with a 2-minute model load is drilled on SGLang, as 'sglang-incident'; on vLLM "
+    "the drill runs the incident itself, as 'incident'",
+}
+NAMES = (*SCENARIOS, *ON_ENGINE)  # the names to list (SCENARIOS holds the aliases too)
 SCENARIOS.update({old: SCENARIOS[new] for old, new in ALIASES.items()})
 
 
+def unknown_scenario(name: str, choices: Sequence[str], known: Iterable[str] = ()) -> str:
+    """The one error of `serve --simulate` and `drill --scenario` for a name neither has: the name, the closest
+    of `known` (default `choices`), and the choices."""
+    close = difflib.get_close_matches(name, list(known) or list(choices), n=1) if len(name) <= LIMIT else []
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown scenario {excerpt(name)!r}; {hint}choose one of: {', '.join(choices)}"
+
+
+def on_engine(name: str) -> tuple[str, str] | None:
+    """(scenario, engine) for a name that says its engine (`sglang-incident`), else None."""
+    return ON_ENGINE.get(name)
+
+
 def check_scenario(name: str) -> None:
-    """The simulation's `scenario:` (config_file.py): a scenario's name or an old name of one."""
-    if name not in SCENARIOS:
-        close = difflib.get_close_matches(name, list(SCENARIOS), n=1) if len(name) <= LIMIT else []
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ValueError(f"unknown scenario {name!r}; {hint}choose one of: {', '.join(NAMES)}")
+    """The simulation's `scenario:` (config_file.py): a scenario's name, one with its engine, or an old name."""
+    if name not in SCENARIOS and name not in ON_ENGINE:
+        raise ValueError(unknown_scenario(name, NAMES, [*SCENARIOS, *ON_ENGINE]))
