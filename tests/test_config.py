@@ -170,6 +170,43 @@ def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch, capsy
     assert "web.listen_address" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "line"),
+    [
+        ("OOMGUARD_SIMULATE_TIME_SCALE", "abc",
+         "$OOMGUARD_SIMULATE_TIME_SCALE=abc: simulation.time_scale must be a number"),
+        ("OOMGUARD_SIMULATE_GPUS", "0", "$OOMGUARD_SIMULATE_GPUS=0: simulation.gpus must be at least 1"),
+        ("OOMGUARD_SIMULATE", "hot-stedy", "$OOMGUARD_SIMULATE=hot-stedy: simulation.scenario: unknown scenario "
+         "'hot-stedy'; did you mean 'hot-steady'?"),
+    ],
+)  # fmt: skip
+def test_a_bad_environment_value_names_its_variable(
+    variable: str, value: str, line: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An environment variable's value is no key of any file: its error names the variable and what it holds,
+    then the key (it said `simulation.time_scale: must be a number`, leaving the user to find what set it)."""
+    monkeypatch.setenv(variable, value)
+    if variable != "OOMGUARD_SIMULATE":
+        monkeypatch.setenv("OOMGUARD_SIMULATE", "incident")
+    assert main(["serve"]) == 1
+    err = capsys.readouterr().err
+    assert f"  {line}" in err, err
+
+
+def test_a_flag_over_a_bad_environment_value_wins(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A value the flag gave is not blamed on the variable the flag overrode; a file's value keeps its key."""
+    from oomguard import cli
+
+    monkeypatch.setattr(cli, "serve", lambda config, web_config_file=None: 0)
+    monkeypatch.setenv("OOMGUARD_SIMULATE_TIME_SCALE", "abc")
+    assert main(["serve", "--simulate", "incident", "--simulate.time-scale", "3"]) == 0
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, {"simulation": {"scenario": "incident", "time_scale": "abc"}})
+    assert "  simulation.time_scale: must be a number (got 'abc')" in str(refused.value)
+
+
 def test_the_kubernetes_block_takes_its_node_from_the_downward_api(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

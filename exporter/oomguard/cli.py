@@ -19,6 +19,7 @@ from oomguard.config import ConfigError, parse_listen_address
 from oomguard.config_file import load_config
 from oomguard.drill.scenarios import SCENARIOS as DRILLS
 from oomguard.drill.scenarios import find as find_drill
+from oomguard.excerpt import excerpt
 from oomguard.simulate.scenarios import ALIASES as SIMULATION_ALIASES
 from oomguard.simulate.scenarios import NAMES as SIMULATIONS
 from oomguard.simulate.scenarios import ON_ENGINE, SIMULATION_ONLY
@@ -216,13 +217,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _from_environment(args: argparse.Namespace) -> None:
-    for dest, (variable, _) in _ENVIRONMENT.items():
+def _from_environment(args: argparse.Namespace) -> dict[str, str]:
+    """Each setting no flag gave, from its OOMGUARD_* variable; returns dotted key -> `$VARIABLE=value` for those
+    it set, so that an error names the variable to fix rather than a key of no file."""
+    origins = {}
+    for dest, (variable, key) in _ENVIRONMENT.items():
         if getattr(args, dest, None) is None and variable in os.environ:
             value: Any = os.environ[variable]
+            if key is not None:
+                origins[key] = f"${variable}={excerpt(value)}"
             if dest == "nvml":
                 value = value.strip().lower() in ("1", "true", "yes", "on")
             setattr(args, dest, value)
+    return origins
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -271,13 +278,13 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         return 0
 
-    _from_environment(args)
+    origins = _from_environment(args)
     logging.basicConfig(
         level=(args.log_level or "info").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        config = load_config(Path(args.config) if args.config else None, _overrides(args))
+        config = load_config(Path(args.config) if args.config else None, _overrides(args), origins)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -641,9 +641,14 @@ def _format_location(loc: tuple[Any, ...]) -> str:
 
 
 def explain(
-    error: ValidationError, source: str, model: type[BaseModel] | None = None, what: str = "configuration"
+    error: ValidationError,
+    source: str,
+    model: type[BaseModel] | None = None,
+    what: str = "configuration",
+    origins: Mapping[str, str] | None = None,
 ) -> str:
-    """One line per error of `model` (default: the exporter's Config), naming the key and the fix."""
+    """One line per error of `model` (default: the exporter's Config), naming the key and the fix; `origins`:
+    dotted key -> what set it, other than the file (`$OOMGUARD_SIMULATE_TIME_SCALE=abc`), said first on its line."""
     lines = [f"{source}: the {what} is not valid:"]
     for item in error.errors():
         loc = tuple(item["loc"])
@@ -654,10 +659,18 @@ def explain(
             close = difflib.get_close_matches(key, known, n=1) if len(key) <= LIMIT else []
             hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(known)}"
             lines.append(f"  {where}: unknown key; {hint}")
-        else:
-            message = _cut_quotes(_fix(item) or item["msg"].removeprefix("Value error, "), item.get("input"))
+            continue
+        message = _cut_quotes(_fix(item) or item["msg"].removeprefix("Value error, "), item.get("input"))
+        origin = (origins or {}).get(".".join(str(part) for part in loc if not isinstance(part, int)))
+        if origin is None:
             lines.append(f"  {where}: {message}{_got(item.get('input'))}")
+        else:  # the variable or flag is what the user wrote: name it, with the value it holds
+            lines.append(f"  {origin}: {where}{' ' if message.startswith(_VERBS) else ': '}{message}")
     return "\n".join(lines)
+
+
+# A message that begins so reads on from its key ("simulation.time_scale must be a number").
+_VERBS = ("must ", "is ", "needs ", "takes ")
 
 
 def _cut_quotes(message: str, value: Any) -> str:
@@ -761,9 +774,16 @@ def read_yaml(path: Path, what: str) -> Any:
         raise ConfigError(f"{path}: not valid YAML: nested hundreds of levels deep") from None
 
 
-def parse_config(path: Path | None, overrides: dict[str, Any] | None, *, checks: PartChecks) -> Config:
+def parse_config(
+    path: Path | None,
+    overrides: dict[str, Any] | None,
+    *,
+    checks: PartChecks,
+    origins: Mapping[str, str] | None = None,
+) -> Config:
     """Read `path` (if any), apply `overrides` (dotted keys), validate everything: the shape here, each part's
-    section with its check in `checks` (config_file.load_config gives them all)."""
+    section with its check in `checks` (config_file.load_config gives them all). `origins`: an override's dotted
+    key -> the variable or flag that set it, named in its error instead of the key alone."""
     raw: dict[str, Any] = {}
     source = str(path) if path else "configuration"
     if path is not None:
@@ -785,4 +805,4 @@ def parse_config(path: Path | None, overrides: dict[str, Any] | None, *, checks:
     try:
         return Config.model_validate(raw, context=checks)
     except ValidationError as exc:
-        raise ConfigError(explain(exc, source)) from None
+        raise ConfigError(explain(exc, source, origins=origins)) from None

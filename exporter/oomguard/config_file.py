@@ -5,6 +5,7 @@ the event catalogue its patterns). Everything that reads a configuration reads i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,9 @@ CHECKS: PartChecks = {
 }
 
 
-def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
+def load_config(
+    path: Path | None, overrides: dict[str, Any] | None = None, origins: Mapping[str, str] | None = None
+) -> Config:
     """Read `path` (if any), apply `overrides` (dotted keys), validate everything; a ConfigError names the key
-    and the fix."""
-    return parse_config(path, overrides, checks=CHECKS)
+    and the fix, and for an override in `origins` (dotted key -> `$VARIABLE=value` or `--flag value`) what set it."""
+    return parse_config(path, overrides, checks=CHECKS, origins=origins)
