@@ -19,13 +19,15 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import REPO
 
 from oomguard.cli import main
-from oomguard.drill.run import DrillReport, drill_alertmanager_config, expected_seconds, run
+from oomguard.drill.run import DrillReport, _report, drill_alertmanager_config, expected_seconds, run
 from oomguard.drill.scenarios import NOT_DELIVERED, SCENARIOS
+from oomguard.drill.webhook import Notification, WebhookReceiver
 
 ROUTING = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
@@ -104,6 +106,44 @@ def test_drill(name: str, drills: dict[str, tuple[Path, Future[DrillReport]]]) -
     if all(receiver is NOT_DELIVERED for receiver in scenario.expected.values()):
         # Nothing pages, nothing is ticketed: not only the alerts listed quiet, any alert of the bundle.
         assert not [event for _, event in report.timeline if " reached " in event], report.markdown()
+
+
+class _Recorded:
+    """A Prometheus that answers the report's queries from a list of alerts fired (at t=10), and nothing else."""
+
+    def __init__(self, fired: list[str]) -> None:
+        self.fired = fired
+
+    def query_range(self, expr: str, start: float, end: float, step: float = 1.0) -> list[dict[str, Any]]:
+        if not expr.startswith("ALERTS"):
+            return []
+        return [{"metric": {"alertname": name}, "values": [[10.0, "1"]]} for name in self.fired]
+
+
+def _report_of(scenario: str, arrived: dict[str, str]) -> DrillReport:
+    """The report of `scenario` where each alert of `arrived` (without the prefix) reached its receiver."""
+    webhook = WebhookReceiver([Notification(10.0, receiver, "firing", "OomGuard" + name, {})
+                               for name, receiver in arrived.items()])  # fmt: skip
+    prometheus = _Recorded(["OomGuard" + name for name in arrived])
+    return _report(SCENARIOS[scenario], prometheus, webhook, "OomGuard", 0.0, 60.0, 30.0)  # type: ignore[arg-type]
+
+
+def test_an_alert_that_arrived_unasked_is_unexpected_and_fails_the_drill() -> None:
+    """An alert the scenario neither expects nor wants quiet reached a receiver: `unexpected`, and the drill fails
+    (the report said `ok`); one the scenario allows (a memory page racing the OOM) is `allowed`."""
+    report = _report_of("probe-kill", {"RestartsWithoutOom": "ticket", "RestartStorm": "pager", "TargetDown": "pager"})
+    [row] = [line for line in report.markdown().splitlines() if line.startswith("| OomGuardTargetDown |")]
+    assert row == "| OomGuardTargetDown | not listed | pager | +5.0 | unexpected |"
+    assert not report.ok and "FAIL" in report.markdown().splitlines()[0]
+    assert {a["alert"]: a["verdict"] for a in json.loads(report.json())["alerts"]}["OomGuardTargetDown"] == "unexpected"
+    listed_only = _report_of("probe-kill", {"RestartsWithoutOom": "ticket", "RestartStorm": "pager"})
+    assert listed_only.ok, listed_only.markdown()
+
+    assert "GpuMemoryCritical" in SCENARIOS["sglang-incident"].may_arrive
+    raced = _report_of("sglang-incident", {"GpuMemoryCritical": "pager"})
+    [row] = [line for line in raced.markdown().splitlines() if line.startswith("| OomGuardGpuMemoryCritical |")]
+    assert row == "| OomGuardGpuMemoryCritical | not listed (may arrive) | pager | +5.0 | allowed |"
+    assert [a.ok for a in raced.alerts if not a.listed] == [True]
 
 
 def test_drill_routing_rewrites_only_addresses_and_waits(tmp_path: Path) -> None:

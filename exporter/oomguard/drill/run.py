@@ -84,6 +84,12 @@ class AlertResult:
     first_firing: float | None  # simulated minutes, relative to the reference (first OOM, else start)
     ok: bool
     listed: bool = True  # False: arrived at a receiver, though the scenario neither expects it nor wants it quiet
+    # ok or FAIL for a listed alert; for one not listed, `allowed` (the scenario's may_arrive) or `unexpected`.
+    verdict: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.verdict:
+            self.verdict = ("ok" if self.ok else "FAIL") if self.listed else ("allowed" if self.ok else "unexpected")
 
 
 @dataclass
@@ -139,11 +145,9 @@ class DrillReport:
         ]
         for a in self.alerts:
             expected = "quiet" if a.quiet else (a.expected_receiver or "fires, not delivered (info or inhibited)")
-            expected = expected if a.listed else "not listed (arrived)"
+            expected = expected if a.listed else "not listed" + (" (may arrive)" if a.ok else "")
             first = "-" if a.first_firing is None else f"{a.first_firing:+.1f}"
-            lines.append(
-                f"| {a.alert} | {expected} | {', '.join(a.receivers) or '-'} | {first} | {'ok' if a.ok else 'FAIL'} |"
-            )
+            lines.append(f"| {a.alert} | {expected} | {', '.join(a.receivers) or '-'} | {first} | {a.verdict} |")
         if self.memory_alert_lead_minutes is not None:
             lines += [
                 "",
@@ -456,12 +460,14 @@ def _report(
             )
         )
 
-    # Every alert that reached a receiver is in the table, listed in the scenario or not.
+    # Every alert that reached a receiver is in the table, listed in the scenario or not: one not listed is
+    # unexpected, and fails the drill, unless the scenario allows it (a true alarm racing the ones it expects).
     listed = {r.alert for r in results}
     for name in sorted({n.alertname for n in webhook.notifications if n.status == "firing"} - listed):
         arrivals = [n for n in webhook.notifications if n.alertname == name and n.status == "firing"]
+        allowed = name.removeprefix(prefix) in scenario.may_arrive
         results.append(AlertResult(name, None, False, sorted({n.receiver for n in arrivals}),
-                                   minutes(min(n.at for n in arrivals)), True, listed=False))  # fmt: skip
+                                   minutes(min(n.at for n in arrivals)), allowed, listed=False))  # fmt: skip
 
     problems = []
     lead = None
