@@ -253,3 +253,13 @@ def test_the_fake_refuses_a_negative_process_memory_as_nvml_never_reports_one() 
 
     with pytest.raises(ValueError, match="never reports"):
         FakeProcess(PID, -1)
+
+
+def test_the_simulated_nvml_says_it_is_simulated(caplog: pytest.LogCaptureFixture) -> None:
+    """`NVML started, driver 550.54.15` read as a real driver on a machine with none: the simulation's start line,
+    and its GPUs' driver_version, say that the NVML is oomguard's fake."""
+    caplog.set_level("INFO", logger="oomguard.sources.nvml")
+    reading = NvmlSource(still("incident").nvml).read()
+    assert reading.up and "simulated" in reading.driver_version and "fake NVML" in reading.driver_version
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("NVML started")]
+    assert line == "NVML started, driver 550.54.15 (simulated: oomguard's fake NVML, no real driver)"

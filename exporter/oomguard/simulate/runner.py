@@ -29,6 +29,10 @@ from oomguard.simulate.scenarios import GPU_TOTAL_BYTES, IDLE_GPU_BYTES, SCENARI
 log = logging.getLogger(__name__)
 
 
+# What the simulation's fake NVML answers for the driver's version: NVML's own "NVML started, driver ..." line, and
+# oomguard_gpu_info's driver_version, then say that no real driver is read.
+SIMULATED_DRIVER = "550.54.15 (simulated: oomguard's fake NVML, no real driver)"
+
 # The foreign process of a scenario that shares its GPU: a pid no process on this host has (pid_max is at most
 # 2^22), so the exporter counts its bytes as another process's, as it would a stranger's.
 FOREIGN_PID = 4_194_304 + 7
@@ -65,6 +69,7 @@ class Simulation:
                 for i in range(max(gpus, self.scenario.gpus))
             ],
             before_call=self._refresh_on_count,
+            driver_version=SIMULATED_DRIVER,
         )
         self.restarts = 0
         self._child: asyncio.subprocess.Process | None = None
