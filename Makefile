@@ -1,5 +1,6 @@
 # Quick start (a fresh Debian/Ubuntu machine with Python 3.11+):
 #   make run    installs oomguard in .venv and runs it on the built-in simulation
+#               (make run SCENARIO=slow-leak TIME_SCALE=1 LISTEN=:9848: the variables below)
 #   make test   installs everything the tests need and runs the whole suite
 PYTHON ?= python3
 VENV ?= .venv

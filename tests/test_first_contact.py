@@ -58,6 +58,8 @@ def test_serve_on_a_port_in_use_is_one_line_and_leaves_nothing_running(held_port
     errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and f"cannot listen on 127.0.0.1:{held_port}" in errors[0], result.stderr
     assert "already in use" in errors[0] and "Errno" not in errors[0], errors
+    # The fix for both ways of starting it: the flag, and make run's variable (which the flag alone did not say).
+    assert "--web.listen-address" in errors[0] and "make run LISTEN=:9848" in errors[0], errors
     # Nothing says it listens on a port it never had.
     assert "listening on" not in result.stderr and "serving http" not in result.stderr, result.stderr
     # The simulated engine was never started (or was stopped): no process of it is left.
@@ -173,3 +175,18 @@ def test_the_readme_names_every_dependency_and_engine() -> None:
     )
     assert [engine for engine in engines if f"`{engine}/`" not in readme] == []
     assert "llama.cpp next" not in readme and "; llama.cpp next" not in readme
+
+
+def test_the_readme_lists_make_runs_variables_with_their_defaults() -> None:
+    """`make run SCENARIO=... TIME_SCALE=... LISTEN=...`: each variable the run target passes on is in the README's
+    table with the Makefile's default, and the flag it becomes."""
+    from support import REPO
+
+    makefile = (REPO / "Makefile").read_text()
+    run = re.search(r"(?m)^run: .*\n\t(.+)$", makefile)[1]
+    used = re.findall(r"(--[\w.-]+) \$\((\w+)\)", run)
+    assert {variable for _, variable in used} == {"SCENARIO", "TIME_SCALE", "LISTEN"}, run
+    readme = (REPO / "README.md").read_text()
+    for flag, variable in used:
+        default = re.search(rf"(?m)^{variable} \?= (\S+)$", makefile)[1]
+        assert f"| `{variable}` | `{default}` | `{flag}` |" in readme, variable

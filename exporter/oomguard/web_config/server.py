@@ -356,7 +356,10 @@ def _why(exc: OSError) -> str:
     """asyncio's bind error in a user's words: "[Errno 98] error while attempting to bind on address ..." repeats
     the address the line already gives."""
     if exc.errno == errno.EADDRINUSE:
-        return "the port is already in use (another process listens on it; choose another with --web.listen-address)"
+        return (
+            "the port is already in use (another process listens on it): choose another with --web.listen-address, "
+            "or with LISTEN= under make (make run LISTEN=:9848)"
+        )
     if exc.errno == errno.EADDRNOTAVAIL:
         return "no interface of this host has that address"
     if exc.errno == errno.EACCES:
