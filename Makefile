@@ -2,6 +2,7 @@
 #   make run    installs oomguard in .venv and runs it on the built-in simulation
 #               (make run SCENARIO=slow-leak TIME_SCALE=1 LISTEN=:9848: the variables below)
 #   make test   installs everything the tests need and runs the whole suite
+#   make image  builds the container image oomguard:VERSION with podman or docker (no registry holds it)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,8 +11,15 @@ SCENARIO ?= incident
 # 1.5 minutes, the restart loop after it. TIME_SCALE=1 is real speed (the first OOM after 14 minutes).
 TIME_SCALE ?= 10
 LISTEN ?= :9847
+# The image: no registry holds it, so it is built here and pushed to yours (README, "Run it for real").
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= oomguard:$(VERSION)
+# podman where it is installed, else docker; CONTAINER="podman --runtime runc" passes its own flags.
+CONTAINER ?= $(shell command -v podman || command -v docker)
+# Another base than the Dockerfile's python:3.11-slim, e.g. one in your registry.
+BASE_IMAGE ?=
 
-.PHONY: run test install install-test deps lint unit check-generated generate docs clean
+.PHONY: run test install install-test deps lint unit check-generated generate docs clean image
 
 $(BIN)/oomguard: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +64,10 @@ check-generated: install
 generate: install
 	$(BIN)/oomguard docs --output docs/metrics.md
 	$(BIN)/oomguard generate --output .
+
+image:
+	@test -n "$(CONTAINER)" || { echo "make image: neither podman nor docker is installed: apt-get install podman (or install Docker)"; exit 1; }
+	$(CONTAINER) build $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) .venv-vllm .pytest_cache .ruff_cache .hypothesis exporter/*.egg-info
