@@ -1,0 +1,322 @@
+"""A history kept in a file: CSV with a header, or JSON lines; gzip-compressed too (`.gz`). docs/backtest.md, "File".
+
+One row is one GPU at one time: `time`, `gpu` (and `node`), `used_bytes` with `total_bytes` or `free_bytes` (or the
+same in MiB, `used_mib`...), optionally `reserved_bytes`, the engine using it (`target`) and that engine's figures
+(`kv_cache_usage`, `waiting`, `running`, `preemptions_total`, `gpu_memory_utilization`, `engine`, `state`). Rows of
+the same time are one reading of the fleet; times must not go back (a row whose time does, a clock step, is
+dropped and counted, as Prometheus drops an out-of-order sample).
+
+The file is streamed: read a row at a time, never whole, within MAX_FILE_BYTES (of text, after decompression) and
+MAX_LINE_BYTES a line. An error names the file, the line and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from oomguard.backtest import BacktestError
+from oomguard.backtest.history import (
+    ENGINE_FIGURES,
+    RATIO_FIGURES,
+    TARGET_STATES,
+    EngineRow,
+    GpuRow,
+    Problems,
+    Step,
+    number,
+    parse_time,
+)
+from oomguard.excerpt import excerpt
+
+# A month of 64 GPUs every 15 s in CSV is about 1 GB: twice that is refused (split the file, or use --prometheus).
+MAX_FILE_BYTES = 2 * 1024**3
+MAX_LINE_BYTES = 64 * 1024
+# GPUs (and engines) in one step: a fleet's reading at one time. More is a file whose times are not times.
+MAX_ROWS_A_STEP = 16_384
+MIB = 1024**2
+
+# Column -> (field, multiplier); the names a column may have, lower case.
+_MEMORY = {
+    f"{figure}_{unit}": (figure, factor)
+    for figure in ("used", "total", "free", "reserved")
+    for unit, factor in (("bytes", 1.0), ("mib", float(MIB)))
+}
+_ALIASES = {
+    "time": "time", "timestamp": "time", "t": "time",
+    "node": "node", "hostname": "node", "host": "node",
+    "gpu": "gpu", "gpu_index": "gpu", "index": "gpu", "uuid": "gpu",
+    "target": "target", "engine": "engine", "state": "state",
+}  # fmt: skip
+KNOWN_COLUMNS = (*_ALIASES, *_MEMORY, *ENGINE_FIGURES)
+
+
+def _fix(path: Path, line: int, message: str) -> BacktestError:
+    return BacktestError(f"{path} line {line}: {message}")
+
+
+class _Counted(io.RawIOBase):
+    """Bytes read so far, refused past MAX_FILE_BYTES (a compressed file's size says nothing of its text's)."""
+
+    def __init__(self, raw: IO[bytes], path: Path, limit: int) -> None:
+        self.raw, self.path, self.limit, self.count = raw, path, limit, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self.raw.readinto(buffer)  # type: ignore[attr-defined]
+        self.count += n or 0
+        if self.count > self.limit:
+            raise BacktestError(
+                f"{self.path}: more than {self.limit:,} bytes of text (the limit of a history file): split it by time, "
+                "or read the history from Prometheus (--prometheus)"
+            )
+        return n
+
+
+def _open(path: Path, limit: int) -> IO[str]:
+    try:
+        size = os.stat(path).st_size
+        if not path.is_file():
+            raise BacktestError(f"{path}: not a file; give the history file (CSV or JSON lines)")
+        if not path.name.endswith(".gz") and size > limit:
+            raise BacktestError(
+                f"{path}: {size:,} bytes, over the limit of a history file ({limit:,}): split it by time, or read the "
+                "history from Prometheus (--prometheus)"
+            )
+        raw: IO[bytes] = open(path, "rb")  # noqa: SIM115 (closed by the caller's `with`)
+    except OSError as exc:
+        raise BacktestError(f"{path}: cannot read the history: {exc.strerror}") from None
+    if path.name.endswith(".gz"):
+        raw = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
+    counted = io.BufferedReader(_Counted(raw, path, limit))
+    return io.TextIOWrapper(counted, encoding="utf-8", newline="")
+
+
+def _lines(handle: IO[str], path: Path) -> Iterator[tuple[int, str]]:
+    number_ = 0
+    while True:
+        try:
+            line = handle.readline(MAX_LINE_BYTES + 1)
+        except UnicodeDecodeError as exc:
+            raise _fix(path, number_ + 1, f"not UTF-8 text ({exc.reason}); save the file as UTF-8") from None
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            raise BacktestError(f"{path}: cannot read the history: {exc}") from None
+        if not line:
+            return
+        number_ += 1
+        if len(line) > MAX_LINE_BYTES and not line.endswith("\n"):
+            raise _fix(path, number_, f"longer than {MAX_LINE_BYTES:,} characters: is this a history file?")
+        yield number_, line
+
+
+class FileHistory:
+    """The steps of a history file, streamed; `problems` fills as it is read."""
+
+    def __init__(self, path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.problems = Problems()
+        self.format = "jsonl" if _is_jsonl(path) else "csv"
+
+    def __iter__(self) -> Iterator[Step]:
+        with _open(self.path, self.max_bytes) as handle:
+            rows = self._json_rows(handle) if self.format == "jsonl" else self._csv_rows(handle)
+            yield from self._steps(rows)
+
+    # -- rows -------------------------------------------------------------------------------------
+    def _csv_rows(self, handle: IO[str]) -> Iterator[tuple[int, dict[str, str]]]:
+        lines = _lines(handle, self.path)
+        header: list[str] | None = None
+        for number_, line in lines:
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            try:
+                cells = next(csv.reader([line]))
+            except csv.Error as exc:
+                raise _fix(self.path, number_, f"not CSV: {exc}") from None
+            if header is None:
+                header = self._header([c.strip().lower() for c in cells], number_)
+                continue
+            if len(cells) != len(header):
+                raise _fix(
+                    self.path, number_, f"{len(cells)} cells where the header has {len(header)} columns; "
+                    "every row has a cell for each column (empty where there is no value)"
+                )  # fmt: skip
+            yield number_, dict(zip(header, cells, strict=True))
+        if header is None:
+            raise BacktestError(f"{self.path}: no rows; a history file starts with a header line: {_EXAMPLE_HEADER}")
+
+    def _json_rows(self, handle: IO[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+        checked = False
+        for number_, line in _lines(handle, self.path):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                raise _fix(self.path, number_, "not a JSON object; JSON lines have one object a line") from None
+            if not isinstance(row, dict):
+                raise _fix(self.path, number_, "not a JSON object; JSON lines have one object a line")
+            row = {str(k).lower(): v for k, v in row.items()}
+            if not checked:
+                self._header(list(row), number_)
+                checked = True
+            yield number_, row
+        if not checked:
+            raise BacktestError(f"{self.path}: no rows; each line is one GPU at one time, e.g. {_EXAMPLE_JSON}")
+
+    def _header(self, names: list[str], line: int) -> list[str]:
+        known = set(KNOWN_COLUMNS)
+        ignored = tuple(n for n in names if n not in known)
+        self.problems.ignored_columns = tuple(excerpt(n, 40) for n in ignored[:20])
+        canonical = {_ALIASES.get(n, n) for n in names}
+        missing = [c for c in ("time", "gpu") if c not in canonical]
+        figures = {_MEMORY[n][0] for n in names if n in _MEMORY}
+        if "used" not in figures and not {"total", "free"} <= figures:
+            missing.append("used_bytes (or used_mib)")
+        if not ({"total", "free"} & figures):
+            missing.append("total_bytes or free_bytes (or in MiB)")
+        if missing:
+            hints = []
+            for n in ignored:
+                close = difflib.get_close_matches(n, KNOWN_COLUMNS, n=1)
+                if close:
+                    hints.append(f"{excerpt(n, 40)!r} -> {close[0]!r}?")
+            hint = f" ({', '.join(hints)})" if hints else ""
+            raise _fix(
+                self.path, line, f"no {', no '.join(missing)} column{hint}; the columns are: {_EXAMPLE_HEADER} "
+                "(docs/backtest.md, \"File\")"
+            )  # fmt: skip
+        return names
+
+    # -- steps ------------------------------------------------------------------------------------
+    def _steps(self, rows: Iterator[tuple[int, dict[str, Any]]]) -> Iterator[Step]:
+        step: Step | None = None
+        seen: dict[tuple[str, str], int] = {}
+        for number_, row in rows:
+            t = self._time(row, number_)
+            if step is not None and t < step.t:
+                self.problems.out_of_order += 1
+                if not self.problems.first_out_of_order:
+                    self.problems.first_out_of_order = f"line {number_}: {t:.3f} after {step.t:.3f}"
+                continue
+            if step is None or t != step.t:
+                if step is not None:
+                    yield step
+                step, seen = Step(t), {}
+            gpu, engine = self._row(row, number_)
+            if gpu is not None:
+                key = (gpu.node, gpu.gpu)
+                if key in seen:
+                    self.problems.duplicates += 1
+                    step.gpus[seen[key]] = gpu
+                else:
+                    if len(step.gpus) >= MAX_ROWS_A_STEP:
+                        raise _fix(
+                            self.path, number_, f"more than {MAX_ROWS_A_STEP:,} GPUs at one time: is `time` a time?"
+                        )
+                    seen[key] = len(step.gpus)
+                    step.gpus.append(gpu)
+            if engine is not None:
+                held = step.engines.get(engine.target)
+                if held is None or not held.has_figures():
+                    step.engines[engine.target] = engine
+        if step is not None:
+            yield step
+
+    def _time(self, row: dict[str, Any], line: int) -> float:
+        value = _get(row, "time")
+        if value in (None, ""):
+            raise _fix(self.path, line, "no time; every row has its time (Unix seconds or RFC 3339)")
+        try:
+            return parse_time(value, "time")
+        except BacktestError as exc:
+            raise _fix(self.path, line, str(exc)) from None
+
+    def _row(self, row: dict[str, Any], line: int) -> tuple[GpuRow | None, EngineRow | None]:
+        gpu_name = _text(_get(row, "gpu"))
+        if not gpu_name:
+            raise _fix(self.path, line, "no gpu; every row names its GPU (its index, or its UUID)")
+        node = _text(_get(row, "node"))
+        gpu = GpuRow(node=excerpt(node, 120), gpu=excerpt(gpu_name, 120))
+        for column, (figure, factor) in _MEMORY.items():
+            raw = row.get(column)
+            if raw in (None, ""):
+                continue
+            value = number(raw)
+            if value is None:
+                self._bad(column, raw, line)
+                continue
+            setattr(gpu, figure, value * factor)
+        target = excerpt(_text(row.get("target")), 120)
+        figures: dict[str, float] = {}
+        for name in ENGINE_FIGURES:
+            raw = row.get(name)
+            if raw in (None, ""):
+                continue
+            value = number(raw)
+            if value is None or (name in RATIO_FIGURES and value > 1):
+                self._bad(name, raw, line)
+                continue
+            figures[name] = value
+        state = _text(row.get("state")).lower()
+        if state and state not in TARGET_STATES:
+            raise _fix(self.path, line, f"state {excerpt(state, 40)!r}: one of {', '.join(TARGET_STATES)}, or empty")
+        engine = None
+        if figures or target or state:
+            target = target or (f"{node}/{gpu_name}" if node else f"gpu{gpu_name}")
+            gpu.target = target
+            engine = EngineRow(target=target, engine=_text(row.get("engine")) or "vllm", state=state, **figures)
+        return gpu, engine
+
+    def _bad(self, column: str, raw: Any, line: int) -> None:
+        """A value that is no number at all is the file's error; NaN, negative or a ratio above 1 is no reading."""
+        try:
+            float(raw)
+        except (TypeError, ValueError):
+            raise _fix(self.path, line, f"{column} {excerpt(str(raw), 40)!r} is not a number") from None
+        self.problems.reject(column)
+
+
+def _get(row: dict[str, Any], canonical: str) -> Any:
+    for name, target in _ALIASES.items():
+        if target == canonical and row.get(name) not in (None, ""):
+            return row[name]
+    return None
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value).strip()
+
+
+def _is_jsonl(path: Path) -> bool:
+    name = path.name.removesuffix(".gz").lower()
+    if name.endswith((".jsonl", ".ndjson", ".json")):
+        return True
+    if name.endswith((".csv", ".tsv", ".txt")):
+        return False
+    try:
+        with _open(path, MAX_FILE_BYTES) as handle:
+            head = handle.read(4096)
+    except BacktestError:
+        return False
+    return head.lstrip().startswith("{")
+
+
+_EXAMPLE_HEADER = "time,node,gpu,used_bytes,total_bytes[,reserved_bytes,target,kv_cache_usage,waiting,running,...]"
+_EXAMPLE_JSON = (
+    '{"time": "2024-05-01T12:00:00Z", "node": "gpu-1", "gpu": 0, "used_bytes": 7.2e10, "total_bytes": 8.5e10}'
+)

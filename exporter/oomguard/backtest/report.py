@@ -1,0 +1,411 @@
+"""What the backtest found: per OOM, each alert that fired before it and its lead; pages and tickets outside any
+incident, per GPU-day judged; the GPUs never judged. As text, JSON, and (the `report` extra) a plot per incident.
+
+An incident is the time from `before` (60 minutes by default) ahead of an OOM to `after` (30 minutes) past it:
+what fires then is that OOM's warning or its aftermath (the restart loop), never a false alarm. An alert counts
+for an OOM where their places meet: the OOM's GPU (or its node's, or its engine's GPUs) and the alert's GPU (or its
+engine's GPUs); an OOM or an alert without a place meets every one. Alerts are counted as episodes of one alert on
+one series, firing to resolved, as Prometheus' ALERTS series shows them: before Alertmanager's grouping and
+inhibition, so a ticket a page silences is still counted (an upper bound of what reaches the queue).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from oomguard.backtest import BacktestError
+from oomguard.backtest.ooms import Oom
+from oomguard.backtest.replay import ReplaySummary
+from oomguard.backtest.rules import Episode
+from oomguard.model import GpuKey
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Window:
+    before: float = 3600.0
+    after: float = 1800.0
+
+
+@dataclass
+class Lead:
+    alert: str
+    receiver: str  # page, ticket, or "" (info: routed nowhere)
+    fired_at: float
+    lead_seconds: float
+    labels: dict[str, str]
+
+
+@dataclass
+class OomResult:
+    oom: Oom
+    leads: list[Lead]  # each alert's earliest firing before the OOM (within the window, or still firing)
+
+    @property
+    def first_page(self) -> Lead | None:
+        pages = [lead for lead in self.leads if lead.receiver == "page"]
+        return max(pages, key=lambda lead: lead.lead_seconds) if pages else None
+
+    @property
+    def first_alert(self) -> Lead | None:
+        return max(self.leads, key=lambda lead: lead.lead_seconds) if self.leads else None
+
+
+@dataclass
+class Outcome:
+    """The figures a sweep compares: how many OOMs were paged ahead, how early, how many pages for nothing."""
+
+    ooms: int
+    paged: int
+    median_page_lead: float | None
+    false_pages: int
+    false_tickets: int
+    gpu_days: float
+
+    @property
+    def false_pages_per_gpu_day(self) -> float | None:
+        return self.false_pages / self.gpu_days if self.gpu_days > 0 else None
+
+    @property
+    def false_tickets_per_gpu_day(self) -> float | None:
+        return self.false_tickets / self.gpu_days if self.gpu_days > 0 else None
+
+
+@dataclass
+class Report:
+    source: str
+    start: float
+    end: float
+    steps: int
+    step_seconds: float
+    evaluation_seconds: float
+    bundle: str
+    window: Window
+    ooms: list[OomResult]
+    false_alarms: list[Episode]  # fired outside every incident of their place
+    summary: ReplaySummary
+    outcome: Outcome
+    problems: list[str] = field(default_factory=list)
+    sweep: list[dict[str, Any]] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    # -- text -----------------------------------------------------------------------------------------
+    def text(self) -> str:
+        s = self.summary
+        nodes = {key[0] for key in s.gpus}
+        lines = [
+            f"oomguard backtest of {self.source}",
+            f"  {_time(self.start)} to {_time(self.end)} ({(self.end - self.start) / DAY:.1f} days, {self.steps:,} "
+            f"readings every {self.step_seconds:g} s), {len(s.gpus)} GPUs on {len(nodes)} node{'s' * (len(nodes) != 1)}"
+            f", {len(s.targets)} engine{'s' * (len(s.targets) != 1)}",
+            f"  rules: {self.bundle}, evaluated every {self.evaluation_seconds:g} s; an incident: "
+            f"{_minutes(self.window.before)} before an OOM to {_minutes(self.window.after)} after it",
+            "",
+        ]
+        if not self.ooms:
+            lines += [
+                "No OOMs given (--ooms FILE) nor found in the history: every alert below is counted as false.",
+                "",
+            ]
+        else:
+            paged = self.outcome.paged
+            lines.append(f"OOMs: {len(self.ooms)}, paged before: {paged}" + (
+                f", first page a median {_minutes(self.outcome.median_page_lead)} ahead"
+                if self.outcome.median_page_lead is not None else ""))  # fmt: skip
+        for result in self.ooms:
+            page = result.first_page
+            head = f"  {_time(result.oom.t)}  {result.oom.place()}: "
+            if page is not None:
+                head += f"paged {_minutes(page.lead_seconds)} before ({page.alert})"
+            elif result.leads:
+                head += "no page before it, only " + ", ".join(
+                    sorted({lead.receiver or "info" for lead in result.leads})
+                )
+            else:
+                head += "nothing fired before it"
+            lines.append(head)
+            for lead in sorted(result.leads, key=lambda lead: -lead.lead_seconds):
+                lines.append(
+                    f"      {lead.alert:<36} {lead.receiver or 'info':<7} {_minutes(lead.lead_seconds)} before"
+                )
+        o = self.outcome
+        lines += ["", f"Outside incidents ({o.gpu_days:.2f} GPU-days judged):"]
+        for receiver, count, rate in (
+            ("pages", o.false_pages, o.false_pages_per_gpu_day),
+            ("tickets", o.false_tickets, o.false_tickets_per_gpu_day),
+        ):
+            by = _count_by_alert([e for e in self.false_alarms if e.receiver == receiver.rstrip("s")])
+            per = f" ({rate:.2f} per GPU-day)" if rate is not None else ""
+            lines.append(f"  {receiver}: {count}{per}" + (f": {by}" if by else ""))
+        never = [c for c in s.gpus.values() if c.measured == 0]
+        total_only = [c for c in s.gpus.values() if c.measured and not c.headroom]
+        if never:
+            lines += ["", "GPUs never judged (their figures missing):"]
+            lines += [f"  {_gpu(c.node, c.name)}: no {' and no '.join(sorted(c.missing)) or 'reading'}" for c in never]
+        if total_only:
+            lines += [
+                "",
+                f"GPUs judged on their total, no engine reservation known: {len(total_only)} of {len(s.gpus)} "
+                f"({', '.join(_gpu(c.node, c.name) for c in total_only[:8])}{', ...' if len(total_only) > 8 else ''}); "
+                "a vLLM at gpu_memory_utilization 0.9 looks 90 % full all day to them: give the engines' "
+                "gpu_memory_utilization in the history, or --gpu-memory-utilization",
+            ]
+        if self.sweep:
+            lines += ["", *sweep_text(self.sweep)]
+        if self.plots:
+            lines += ["", "Plots:", *[f"  {p}" for p in self.plots]]
+        if self.problems or self.notes:
+            lines += ["", "Notes:", *[f"  {p}" for p in [*self.problems, *self.notes]]]
+        return "\n".join(lines) + "\n"
+
+    # -- JSON -----------------------------------------------------------------------------------------
+    def json(self) -> str:
+        s = self.summary
+        o = self.outcome
+        data = {
+            "source": self.source,
+            "start": self.start,
+            "end": self.end,
+            "steps": self.steps,
+            "step_seconds": self.step_seconds,
+            "evaluation_interval_seconds": self.evaluation_seconds,
+            "bundle": self.bundle,
+            "incident_window": {"before_seconds": self.window.before, "after_seconds": self.window.after},
+            "ooms": [
+                {
+                    "time": r.oom.t,
+                    "gpu": r.oom.gpu,
+                    "node": r.oom.node,
+                    "target": r.oom.target,
+                    "source": r.oom.source,
+                    "first_page": _lead(r.first_page),
+                    "first_alert": _lead(r.first_alert),
+                    "alerts": [_lead(lead) for lead in sorted(r.leads, key=lambda lead: -lead.lead_seconds)],
+                }
+                for r in self.ooms
+            ],
+            "outside_incidents": {
+                "gpu_days": o.gpu_days,
+                "pages": o.false_pages,
+                "pages_per_gpu_day": o.false_pages_per_gpu_day,
+                "tickets": o.false_tickets,
+                "tickets_per_gpu_day": o.false_tickets_per_gpu_day,
+                "alerts": [_episode(e) for e in self.false_alarms],
+            },
+            "summary": {
+                "ooms": o.ooms,
+                "paged_before": o.paged,
+                "median_first_page_lead_seconds": o.median_page_lead,
+            },
+            "gpus": [
+                {
+                    "node": c.node,
+                    "gpu": c.name,
+                    "label": c.label,
+                    "first": c.first,
+                    "last": c.last,
+                    "readings": c.steps,
+                    "judged": c.measured,
+                    "judged_on_headroom": c.headroom,
+                    "judged_seconds": c.judged_seconds,
+                    "missing": sorted(c.missing),
+                    "targets": sorted(c.targets),
+                }
+                for c in s.gpus.values()
+            ],
+            "never_judged": [
+                {"node": c.node, "gpu": c.name, "missing": sorted(c.missing)}
+                for c in s.gpus.values()
+                if c.measured == 0
+            ],
+            "problems": self.problems,
+            "notes": self.notes,
+            "sweep": self.sweep,
+            "plots": self.plots,
+        }
+        return json.dumps(data, indent=2)
+
+
+def _lead(lead: Lead | None) -> dict[str, Any] | None:
+    if lead is None:
+        return None
+    return {"alert": lead.alert, "receiver": lead.receiver, "fired_at": lead.fired_at,
+            "lead_seconds": lead.lead_seconds, "labels": lead.labels}  # fmt: skip
+
+
+def _episode(e: Episode) -> dict[str, Any]:
+    return {"alert": e.alert, "receiver": e.receiver, "severity": e.severity, "active_at": e.active_at,
+            "fired_at": e.fired_at, "resolved_at": e.resolved_at, "labels": e.labels}  # fmt: skip
+
+
+def _count_by_alert(episodes: list[Episode]) -> str:
+    counts: dict[str, int] = {}
+    for e in episodes:
+        counts[e.alert] = counts.get(e.alert, 0) + 1
+    return ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _time(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _minutes(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if abs(seconds) >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min"
+
+
+def _gpu(node: str, name: str) -> str:
+    return f"{node}/GPU {name}" if node else f"GPU {name}"
+
+
+# -- judging ----------------------------------------------------------------------------------------------
+class Places:
+    """Which GPUs an alert or an OOM is about, by the replay's names (summary.gpus, summary.targets)."""
+
+    def __init__(self, summary: ReplaySummary) -> None:
+        self.summary = summary
+        self._by_name: dict[str, set[GpuKey]] = {}
+        for key, cover in summary.gpus.items():
+            self._by_name.setdefault(cover.name, set()).add(key)
+            self._by_name.setdefault(cover.label, set()).add(key)
+
+    def of_episode(self, labels: dict[str, str]) -> set[GpuKey] | None:
+        if "gpu" in labels:
+            return {(labels.get("node", ""), labels["gpu"])}
+        target = labels.get("target")
+        if target:
+            return set(self.summary.targets.get(target, ()))
+        return None
+
+    def of_oom(self, oom: Oom) -> set[GpuKey] | None:
+        if oom.gpu:
+            keys = self._by_name.get(oom.gpu, set())
+            keys = {k for k in keys if not oom.node or k[0] == oom.node}
+            return keys or {(oom.node, oom.gpu)}
+        if oom.target:
+            return set(self.summary.targets.get(oom.target, ())) or None
+        if oom.node:
+            return {k for k in self.summary.gpus if k[0] == oom.node}
+        return None
+
+    def meet(self, labels: dict[str, str], oom: Oom, oom_keys: set[GpuKey] | None) -> bool:
+        if oom.target and labels.get("target") == oom.target:
+            return True
+        mine = self.of_episode(labels)
+        if mine is None or oom_keys is None:
+            return True
+        return bool(mine & oom_keys)
+
+
+def judge(
+    episodes: dict[str, list[Episode]], ooms: list[Oom], summary: ReplaySummary, window: Window
+) -> tuple[list[OomResult], list[Episode], Outcome]:
+    places = Places(summary)
+    fired = [e for eps in episodes.values() for e in eps if e.fired_at is not None]
+    oom_keys = [places.of_oom(oom) for oom in ooms]
+    results = []
+    for oom, keys in zip(ooms, oom_keys, strict=True):
+        earliest: dict[str, Lead] = {}
+        for e in fired:
+            assert e.fired_at is not None
+            if e.fired_at > oom.t or (e.resolved_at is not None and e.resolved_at < oom.t - window.before):
+                continue
+            if not places.meet(e.labels, oom, keys):
+                continue
+            held = earliest.get(e.alert)
+            if held is None or e.fired_at < held.fired_at:
+                earliest[e.alert] = Lead(e.alert, e.receiver, e.fired_at, oom.t - e.fired_at, e.labels)
+        results.append(OomResult(oom, list(earliest.values())))
+    false = []
+    for e in fired:
+        assert e.fired_at is not None
+        inside = any(
+            oom.t - window.before <= e.fired_at <= oom.t + window.after and places.meet(e.labels, oom, keys)
+            for oom, keys in zip(ooms, oom_keys, strict=True)
+        )
+        if not inside and e.receiver in ("page", "ticket"):
+            false.append(e)
+    false.sort(key=lambda e: e.fired_at or 0.0)
+    gpu_days = sum(c.judged_seconds for c in summary.gpus.values()) / DAY
+    leads = [r.first_page.lead_seconds for r in results if r.first_page is not None]
+    outcome = Outcome(
+        ooms=len(ooms),
+        paged=len(leads),
+        median_page_lead=statistics.median(leads) if leads else None,
+        false_pages=sum(1 for e in false if e.receiver == "page"),
+        false_tickets=sum(1 for e in false if e.receiver == "ticket"),
+        gpu_days=gpu_days,
+    )
+    return results, false, outcome
+
+
+# -- sweep table ----------------------------------------------------------------------------------------------
+def sweep_text(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["Sweep: each row changes one alert's setting, the rest as configured (* the configuration's own):",
+             f"  {'alert':<22} {'setting':<34} {'paged':>7} {'lead (median)':>14} {'pages/GPU-day':>14} "
+             f"{'tickets/GPU-day':>16}"]  # fmt: skip
+    for row in rows:
+        rate = row["false_pages_per_gpu_day"]
+        tickets = row["false_tickets_per_gpu_day"]
+        lines.append(
+            f"{'*' if row['configured'] else ' '} {row['alert']:<22} {row['setting']:<34} "
+            f"{row['paged']:>3}/{row['ooms']:<3} {_minutes(row['median_first_page_lead_seconds']):>14} "
+            f"{'-' if rate is None else f'{rate:.2f}':>14} {'-' if tickets is None else f'{tickets:.2f}':>16}"
+        )
+    return lines
+
+
+# -- plots ----------------------------------------------------------------------------------------------------
+def write_plots(directory: Path, report: Report, memory: dict[int, dict[str, list[tuple[float, float]]]]) -> list[str]:
+    """One PNG per OOM: the memory of its GPUs around it, each alert's firing marked. `memory`: OOM index -> series
+    name -> points. Needs matplotlib (the `report` extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise BacktestError(
+            "--plot needs matplotlib, an extra of oomguard: pip install 'oomguard[report]' (or leave out --plot)"
+        ) from None
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BacktestError(f"--plot {directory}: cannot make the folder: {exc.strerror}") from None
+    written = []
+    colours = {"page": "tab:red", "ticket": "tab:orange", "": "tab:gray"}
+    for index, result in enumerate(report.ooms):
+        figure = Figure(figsize=(10, 4.5))
+        axes = figure.add_subplot()
+        oom = result.oom.t
+        for name, points in sorted(memory.get(index, {}).items()):
+            if points:
+                axes.plot([(t - oom) / 60 for t, _ in points], [v * 100 for _, v in points], label=name, linewidth=1.2)
+        for lead in result.leads:
+            x = -lead.lead_seconds / 60
+            axes.axvline(x, color=colours.get(lead.receiver, "tab:gray"), linestyle="--", linewidth=1)
+            axes.annotate(lead.alert.removeprefix("OomGuard"), (x, 1.0), xycoords=("data", "axes fraction"),
+                          rotation=90, fontsize=7, va="top", ha="right")  # fmt: skip
+        axes.axvline(0, color="black", linewidth=2, label="OOM")
+        axes.set_xlabel("minutes from the OOM")
+        axes.set_ylabel("% (used of total, or of the headroom)")
+        axes.set_title(f"OOM at {_time(oom)}, {result.oom.place()}", fontsize=10)
+        axes.legend(fontsize=7, loc="lower left")
+        axes.grid(alpha=0.3)
+        path = directory / f"oom-{index + 1:03d}-{datetime.fromtimestamp(oom, UTC):%Y%m%dT%H%M%S}.png"
+        try:
+            figure.savefig(path, dpi=100, bbox_inches="tight")
+        except OSError as exc:
+            raise BacktestError(f"--plot {directory}: cannot write {path.name}: {exc.strerror}") from None
+        written.append(str(path))
+    return written

@@ -1,0 +1,189 @@
+"""The backtest from end to end: history -> replay -> blocks -> a real Prometheus -> the rules -> the report."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import shutil
+import statistics
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+from oomguard.backtest import BacktestError
+from oomguard.backtest.history import Problems, Step
+from oomguard.backtest.ooms import Oom
+from oomguard.backtest.replay import Replay, SeriesFilter
+from oomguard.backtest.report import Report, Window, judge, write_plots
+from oomguard.backtest.rules import RuleSet, backfill_records, evaluate, rule_set
+from oomguard.backtest.tsdb import Backfill, Prometheus
+from oomguard.bundle.config import BundleConfig
+from oomguard.model import TrendSettings
+
+# Steps read ahead to find the history's step (the trend samples at it) before the replay starts.
+PEEK_STEPS = 64
+# A series is read this many steps after its last sample, then no more (tsdb.py: the stale marker's stand-in).
+LOOKBACK_STEPS = 1.5
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+class History(Protocol):
+    """A file's (files.FileHistory) or a Prometheus' (source.PrometheusHistory) steps."""
+
+    problems: Problems
+
+    def __iter__(self) -> Iterator[Step]: ...
+
+
+@dataclass
+class Options:
+    bundle: BundleConfig
+    bundle_name: str = "the bundle's defaults"
+    trend: TrendSettings = field(default_factory=TrendSettings)
+    evaluation_interval: float = 30.0
+    window: Window = field(default_factory=Window)
+    gpu_memory_utilization: float | None = None
+    sweep: bool = False
+    plot: Path | None = None
+    keep: Path | None = None  # keep the TSDB (and the OpenMetrics files' blocks) there
+
+
+def peek(steps: Iterator[Step], n: int) -> tuple[list[Step], float]:
+    """The first `n` steps (the caller replays them first) and the median interval between them."""
+    head = list(itertools.islice(steps, n))
+    intervals = [b.t - a.t for a, b in itertools.pairwise(head) if b.t > a.t]
+    return head, statistics.median(intervals) if intervals else 0.0
+
+
+def trend_settings(base: TrendSettings, step: float) -> TrendSettings:
+    """The exporter's trend settings, sampling at the history's step (the tracker's sample interval is its clock)."""
+    return replace(base, interval_seconds=step) if step > 0 else base
+
+
+def backtest(
+    history: History,
+    source: str,
+    options: Options,
+    *,
+    ooms: list[Oom] | None,
+    ooms_from: Callable[[], list[Oom]] | None = None,
+    progress: Progress = _quiet,
+) -> Report:
+    """`ooms`: the OOM list given; None: read them with `ooms_from` (oomguard's own counters) once the history is
+    read, or none."""
+    rules = rule_set(options.bundle, options.evaluation_interval)
+    workdir = Path(tempfile.mkdtemp(prefix="oomguard-backtest-"))
+    try:
+        return _backtest(history, source, options, rules, workdir, ooms, ooms_from, progress)
+    finally:
+        if options.keep is not None:
+            with contextlib.suppress(OSError):
+                shutil.copytree(workdir / "blocks", options.keep / "data", dirs_exist_ok=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _backtest(
+    history: History, source: str, options: Options, rules: RuleSet, workdir: Path,
+    ooms: list[Oom] | None, ooms_from: Callable[[], list[Oom]] | None, progress: Progress,
+) -> Report:  # fmt: skip
+    steps = iter(history)
+    head, step = peek(steps, PEEK_STEPS)
+    if not head:
+        raise BacktestError(f"{source}: no readings in the history (or in the window asked for)")
+    lookback = max(1.0, LOOKBACK_STEPS * step) if step > 0 else max(1.0, options.evaluation_interval)
+    backfill = Backfill(workdir)
+    replay = Replay(
+        trend_settings(options.trend, step), SeriesFilter(rules.wanted), backfill.write,
+        lookback=lookback, gpu_memory_utilization=options.gpu_memory_utilization,
+    )  # fmt: skip
+    progress(f"replaying the history through the exporter's join and trend (a reading every {step:g} s)")
+    # A sample that fails in the trend is counted (errors_total), as live; its traceback is no user's business.
+    sampler_log = logging.getLogger("oomguard.trend.sampler")
+    was = sampler_log.disabled
+    sampler_log.disabled = True
+    try:
+        summary = replay.run(itertools.chain(head, steps))
+    except BaseException:
+        backfill.abort()
+        raise
+    finally:
+        sampler_log.disabled = was
+    progress(f"{summary.steps:,} readings replayed, {summary.samples:,} samples written; waiting for promtool")
+    blocks = backfill.finish()
+    problems = history.problems.lines()
+    if summary.trend_errors:
+        problems.append(f"{summary.trend_errors} trend samples failed (counted, as the exporter counts them)")
+    start, end = summary.start, summary.end
+    progress("starting Prometheus over the replayed series")
+    prometheus = Prometheus(workdir, blocks, lookback)
+    with prometheus:
+        if rules.records:
+            progress(f"recording {len(rules.records)} rules the alerts read")
+            recorded = backfill_records(prometheus, rules.records, start, end, options.evaluation_interval, workdir)
+            prometheus.stop()
+            if recorded is not None:
+                for block in recorded.iterdir():
+                    block.rename(blocks / block.name)
+            prometheus.start()
+        progress(f"evaluating {len(rules.alerts)} alerts every {options.evaluation_interval:g} s over the history")
+        episodes = evaluate(prometheus, rules.alerts, start, end)
+        if ooms is None:
+            ooms = ooms_from() if ooms_from is not None else []
+        ooms = [oom for oom in ooms if start - options.window.before <= oom.t <= end + options.window.after]
+        results, false, outcome = judge(episodes, ooms, summary, options.window)
+        report = Report(
+            source=source, start=start, end=end, steps=summary.steps, step_seconds=summary.step_seconds,
+            evaluation_seconds=options.evaluation_interval, bundle=options.bundle_name, window=options.window,
+            ooms=results, false_alarms=false, summary=summary, outcome=outcome, problems=problems,
+        )  # fmt: skip
+        if not ooms:
+            report.notes.append("no OOMs in the window: give them with --ooms FILE (one time a line)")
+        if options.sweep:
+            from oomguard.backtest.sweep import sweep
+
+            progress("sweeping the memory alerts' thresholds and windows")
+            report.sweep = sweep(prometheus, options, rules, episodes, ooms, summary, start, end)
+        memory = _plot_memory(prometheus, report, step) if options.plot is not None else {}
+    if options.plot is not None:
+        try:
+            report.plots = write_plots(options.plot, report, memory)
+        except BacktestError as exc:
+            report.notes.append(f"no plots: {exc}")
+    return report
+
+
+def _plot_memory(
+    prometheus: Prometheus, report: Report, step: float
+) -> dict[int, dict[str, list[tuple[float, float]]]]:
+    """Per OOM, its GPUs' used share (and headroom's) over its incident: at most four GPUs each."""
+    from oomguard.backtest.report import Places
+
+    places = Places(report.summary)
+    out: dict[int, dict[str, list[tuple[float, float]]]] = {}
+    for index, result in enumerate(report.ooms):
+        keys = places.of_oom(result.oom)
+        if keys is None or not keys:
+            keys = set()
+            for lead in result.leads:
+                keys |= places.of_episode(lead.labels) or set()
+        start = result.oom.t - report.window.before
+        end = result.oom.t + report.window.after
+        series: dict[str, list[tuple[float, float]]] = {}
+        for node, gpu in sorted(keys)[:4]:
+            name = report.summary.gpus[(node, gpu)].name if (node, gpu) in report.summary.gpus else gpu
+            where = f"{node}/GPU {name}" if node else f"GPU {name}"
+            for family, what in (("oomguard_gpu_memory_used_ratio", "used"),
+                                 ("oomguard_gpu_memory_headroom_used_ratio", "headroom used")):  # fmt: skip
+                expr = f'{family}{{node="{node}",gpu="{gpu}"}}'
+                for found in prometheus.query_range(expr, start, end, max(step, 1.0)):
+                    series[f"{where} {what}"] = [(float(t), float(v)) for t, v in found["values"]]
+        out[index] = series
+    return out

@@ -1,0 +1,234 @@
+"""The replayed series in a throwaway TSDB, and a real Prometheus over it to evaluate the rules.
+
+The series are written as OpenMetrics text, one file per two hours of history (the TSDB's block: `promtool tsdb
+create-blocks-from openmetrics` reads its file once for its bounds and once per block, so a file of one block is
+read twice, whatever the history's length), each backfilled by promtool while the replay goes on, at most
+BACKFILLS at once, and deleted once in its block. Then the Debian package's Prometheus starts on a free loopback
+port over those blocks (no scrape, no rule of its own: the rules are evaluated through its HTTP API, rules.py),
+and is stopped with the backtest.
+
+`--query.lookback-delta` is set from the history's step: a live Prometheus writes a stale marker the moment a
+series is gone from a scrape (a GPU lost, a trend state that ends, seconds_to_full once the climb stops), and an
+alert on it ends at its next evaluation; a backfilled block has no stale markers, and with the default 5 minutes
+of lookback a series gone would be read for 5 more minutes. A lookback of 1.5 steps reads a series until its next
+sample is due, then no more, as the stale marker would.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from oomguard.backtest import BacktestError
+from oomguard.excerpt import excerpt
+from oomguard.ports import free_port
+
+BLOCK_SECONDS = 7200  # the TSDB's block, to which promtool aligns the blocks it writes
+BACKFILLS = 2  # promtool processes at once (each holds one block's samples: a few MB)
+PROMTOOL_TIMEOUT = 300.0  # one block's backfill
+START_TIMEOUT = 60.0  # Prometheus ready, its blocks opened
+QUERY_TIMEOUT = 120.0  # one query (Prometheus' own --query.timeout is set to it too)
+MAX_ANSWER_BYTES = 256 * 1024**2
+# Prometheus refuses a range query of more than 11,000 points per series.
+MAX_POINTS = 10_000
+
+
+def find_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise BacktestError(
+            f"{name} not found: backtest evaluates the rules with a real Prometheus; install Debian's prometheus "
+            "package (apt-get install prometheus), which brings prometheus and promtool"
+        )
+    return path
+
+
+class Backfill:
+    """OpenMetrics files by block, each handed to promtool once its block is complete (times only go forward)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.blocks = workdir / "blocks"
+        self.blocks.mkdir(parents=True, exist_ok=True)
+        self.promtool = find_binary("promtool")
+        self._pool = concurrent.futures.ThreadPoolExecutor(BACKFILLS, thread_name_prefix="promtool")
+        self._jobs: list[concurrent.futures.Future[None]] = []
+        self._block: int | None = None
+        self._file: Any = None
+        self._path: Path | None = None
+        self.files = 0
+
+    def write(self, t: float, lines: list[str]) -> None:
+        block = int(t // BLOCK_SECONDS)
+        if block != self._block:
+            self._close_file()
+            self._block = block
+            self._path = self.workdir / f"series-{block}.om"
+            self._file = self._path.open("w", encoding="utf-8")
+            self.files += 1
+        self._file.writelines(lines)
+        self._raise_failed()
+
+    def _close_file(self) -> None:
+        if self._file is None:
+            return
+        self._file.write("# EOF\n")
+        self._file.close()
+        path, self._file = self._path, None
+        assert path is not None
+        out = self.workdir / f"out-{path.stem}"
+        self._jobs.append(self._pool.submit(self._backfill, path, out))
+
+    def _backfill(self, path: Path, out: Path) -> None:
+        try:
+            result = subprocess.run(
+                [self.promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(path), str(out)],
+                capture_output=True, text=True, timeout=PROMTOOL_TIMEOUT, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise BacktestError(f"promtool took over {PROMTOOL_TIMEOUT:g}s to backfill {path.name}") from None
+        if result.returncode != 0:
+            raise BacktestError(
+                f"promtool could not backfill the replayed series ({path.name}): "
+                f"{excerpt((result.stderr or result.stdout).strip(), 1000)}"
+            )
+        path.unlink()
+        for block in out.iterdir():
+            block.rename(self.blocks / block.name)
+        out.rmdir()
+
+    def _raise_failed(self) -> None:
+        done = [job for job in self._jobs if job.done()]
+        for job in done:
+            job.result()  # raises the backfill's error
+            self._jobs.remove(job)
+
+    def finish(self) -> Path:
+        """Waits for every backfill; the folder of the blocks."""
+        self._close_file()
+        try:
+            for job in self._jobs:
+                job.result()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        return self.blocks
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._file is not None:
+                self._file.close()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class Prometheus:
+    """The Debian package's Prometheus over the backfilled blocks, on loopback."""
+
+    def __init__(self, workdir: Path, blocks: Path, lookback_seconds: float) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = workdir / "prometheus.yml"
+        config.write_text(yaml.safe_dump({"global": {"evaluation_interval": "1h"}, "scrape_configs": []}))
+        lookback = max(1, round(lookback_seconds * 1000))
+        self.command = [
+            find_binary("prometheus"),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={blocks}",
+            # The history may be years old: no block is old enough to be deleted.
+            "--storage.tsdb.retention.time=100y",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            f"--query.lookback-delta={lookback}ms",
+            f"--query.timeout={QUERY_TIMEOUT:g}s",
+            "--log.level=warn",
+        ]
+        self.log_path = workdir / "prometheus.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BacktestError(f"Prometheus exited with {self.proc.returncode} at start:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise BacktestError(f"Prometheus not ready after {START_TIMEOUT:g}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> Prometheus:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """One range query, split into ranges of at most MAX_POINTS steps; the series' values joined."""
+        joined: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        at = start
+        while at <= end:
+            until = min(end, at + step * (MAX_POINTS - 1))
+            for series in self._range(expr, at, until, step):
+                key = tuple(sorted(series["metric"].items()))
+                held = joined.setdefault(key, {"metric": series["metric"], "values": []})
+                held["values"].extend(series["values"])
+            at = until + step
+        return list(joined.values())
+
+    def _range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        return self._api("query_range", params)["result"]
+
+    def _api(self, path: str, params: dict[str, str]) -> Any:
+        data = urllib.parse.urlencode(params).encode()
+        request = urllib.request.Request(f"{self.url}/api/v1/{path}", data=data)
+        try:
+            with urllib.request.urlopen(request, timeout=QUERY_TIMEOUT + 10) as response:
+                body = response.read(MAX_ANSWER_BYTES + 1)
+        except urllib.error.HTTPError as exc:
+            detail = exc.read(2000).decode("utf-8", "replace")
+            with contextlib.suppress(ValueError, AttributeError):
+                detail = json.loads(detail).get("error", detail)
+            raise BacktestError(
+                f"the backtest's Prometheus refused {excerpt(params.get('query', ''))!r}: {detail}"
+            ) from None
+        except OSError as exc:
+            raise BacktestError(f"the backtest's Prometheus did not answer: {exc}\n{self.log_tail()}") from None
+        if len(body) > MAX_ANSWER_BYTES:
+            raise BacktestError(f"the backtest's Prometheus answered more than {MAX_ANSWER_BYTES:,} bytes")
+        answer = json.loads(body)
+        if answer.get("status") != "success":
+            raise BacktestError(f"the backtest's Prometheus refused a query: {answer.get('error', answer)}")
+        return answer["data"]
