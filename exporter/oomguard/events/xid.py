@@ -80,7 +80,8 @@ class XidSource:
         try:
             lib.nvmlInit()
         except lib.NVMLError as exc:
-            log.info("XID events off: NVML could not start (%s)", exc)
+            # The NVML source has said why at start, with the fix: one line for one cause, not two.
+            log.debug("XID events off: NVML could not start (%s)", exc)
             return None
         event_set = lib.nvmlEventSetCreate()
         by_uuid: dict[str, int] = {}
