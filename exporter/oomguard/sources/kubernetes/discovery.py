@@ -104,9 +104,10 @@ class KubernetesDiscovery:
         try:
             await asyncio.gather(*(w.run() for w in self._make_watches(self._client)))
         finally:
-            for task in self._log_followers.values():
+            tasks = [*self._log_followers.values(), *self._finding.values()]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._log_followers.values(), return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._client.close()
 
     def _make_watches(self, client: ApiClient) -> list[ListWatch]:
