@@ -15,6 +15,7 @@ import pytest
 from oomguard.bundle.config import load_bundle_config
 from oomguard.cli import main
 from oomguard.diagnose import capacity, diagnose_prometheus
+from oomguard.diagnose.thresholds import default_thresholds
 
 HELD = 16.0  # histories._admitting: requests of the served size the cache holds, within +-5 %
 
@@ -30,12 +31,12 @@ def findings(d: dict) -> str:
     return "\n".join(item["finding"] for item in d["evidence"])
 
 
-def test_the_constants_are_the_bundles_alert() -> None:
-    """diagnose and the ConcurrencyOverKvCache alert judge the same way."""
+def test_the_thresholds_are_the_bundles_alert() -> None:
+    """diagnose and the ConcurrencyOverKvCache alert judge the same way: on the bundle configuration's numbers."""
     alert = load_bundle_config().alerts.concurrency_over_kv_cache
     bundle = (alert.min_running, alert.min_kv_usage, alert.quantile, alert.margin_ratio, alert.reservation_threshold)
-    assert bundle == (capacity.MIN_RUNNING, capacity.MIN_KV_USAGE, capacity.QUANTILE, capacity.MARGIN,
-                      capacity.RESERVATION_HIGH)  # fmt: skip
+    t = default_thresholds()
+    assert bundle == (t.min_running, t.min_kv_usage, t.quantile, t.margin, t.reservation_high)
     assert alert.concurrency_settings == capacity.CONCURRENCY_SETTINGS
     assert alert.reservation_settings == capacity.RESERVATION_SETTINGS
 
@@ -45,7 +46,7 @@ def test_quantile_interpolates_as_prometheus_does() -> None:
     assert capacity.quantile([4.0, 1.0, 3.0, 2.0], 0.9) == pytest.approx(3.7)
     assert capacity.quantile([5.0], 0.9) == 5.0
     # Too few requests or too little of the cache in use say nothing: those samples are left out.
-    points = capacity.capacity_points([(0, 8.0), (1, 3.0), (2, 8.0)], [(0, 0.5), (1, 0.2), (2, 0.05)])
+    points = capacity.capacity_points([(0, 8.0), (1, 3.0), (2, 8.0)], [(0, 0.5), (1, 0.2), (2, 0.05)], 4, 0.1)
     assert points == [(0, 16.0)]
 
 
@@ -72,7 +73,7 @@ def test_over_the_cap_with_the_reservation_high(backfilled, capsys) -> None:
 def test_within_the_margin_is_no_finding(backfilled, capsys) -> None:
     d = run_json(capsys, backfilled, "within-cap")
     check = d["concurrency_check"]
-    assert 1 < check["ratio"] <= 1 + capacity.MARGIN and not check["over_capacity"]
+    assert 1 < check["ratio"] <= 1 + default_thresholds().margin and not check["over_capacity"]
     assert "max_num_seqs 18 (its command line) is 1.1x the requests the KV cache held: within" in findings(d)
     assert d["recommendations"] == [] and "admits" not in d["summary"]
 

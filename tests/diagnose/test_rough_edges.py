@@ -15,8 +15,8 @@ import pytest
 from oomguard.cli import main
 from oomguard.diagnose import report
 from oomguard.diagnose.core import Diagnosis, diagnose_data
-from oomguard.diagnose.evidence import HEADROOM_TOP
 from oomguard.diagnose.query import Data, Series
+from oomguard.diagnose.thresholds import default_thresholds
 from oomguard.ports import free_port
 from tests.diagnose import histories
 from tests.diagnose.histories import History, Moment
@@ -69,7 +69,7 @@ def pinned_in_the_reservation() -> History:
 def test_one_reading_after_a_climb_does_not_say_there_was_none() -> None:
     d = one(read(watched_climb(), history=False))
     assert d.facts is not None and d.facts.headroom_used_peak is not None
-    assert d.facts.headroom_used_peak >= HEADROOM_TOP, "the reading is at the top"
+    assert d.facts.headroom_used_peak > default_thresholds().headroom_critical, "the reading is at the top"
     assert "without a climb" not in d.summary and "straight" not in d.summary
     assert "one reading cannot tell a climb from a spike" in d.summary
     assert "at the top now" in d.summary

@@ -4,7 +4,8 @@ The postmortem's lesson: tune `gpu_memory_utilization` together with `max_num_se
 whose concurrency cap is far above what its KV cache holds keeps its cache full under load: it preempts, and the
 batches it runs grow activations outside the reserved pool; with the reservation at 0.9 or more there is no room
 to grow the cache instead, so the cap is what must come down. The same check as the bundle's
-ConcurrencyOverKvCache alert (its defaults are these constants: tests/diagnose/test_capacity.py holds them equal).
+ConcurrencyOverKvCache alert, on the same numbers: its min_running, min_kv_usage, quantile, margin_ratio and
+reservation_threshold, read from the bundle configuration (thresholds.py).
 
 The KV cache's capacity in requests of the observed size is running / KV use at each sample where enough requests
 run and enough of the cache is in use to say something (a few short requests in an idle cache say nothing), taken
@@ -20,11 +21,9 @@ from dataclasses import dataclass
 
 from oomguard.engines import ENGINES
 
-MIN_RUNNING = 4.0  # concurrency_over_kv_cache.min_running: fewer requests say little about the typical one
-MIN_KV_USAGE = 0.1  # concurrency_over_kv_cache.min_kv_usage: below it, block rounding dominates
-QUANTILE = 0.9  # concurrency_over_kv_cache.quantile
-MARGIN = 0.25  # concurrency_over_kv_cache.margin_ratio: the cap above capacity x (1 + this) is flagged
-RESERVATION_HIGH = 0.9  # concurrency_over_kv_cache.reservation_threshold: the cache cannot grow from there
+# The bundle's concurrency_over_kv_cache (thresholds.py): min_running (fewer requests say little about the typical
+# one), min_kv_usage (below it, block rounding dominates), quantile, margin_ratio (the cap above capacity x (1 + it)
+# is flagged), reservation_threshold (from there the cache cannot grow).
 MIN_SAMPLES = 10  # diagnose's own floor: a quantile of fewer points is one sample in disguise
 
 # The engines' concurrency caps and reservations, as oomguard_engine_setting names them, with their flags: each
@@ -53,12 +52,14 @@ class Setting:
 class Check:
     """The check's figures; `flagged` is the finding."""
 
-    capacity: float | None  # requests of the observed size the KV cache held at most (QUANTILE over the window)
+    capacity: float | None  # requests of the observed size the KV cache held at most (the quantile over the window)
     samples: int  # samples the capacity was taken from
     cap: Setting | None  # the concurrency cap (max_num_seqs, ...) or None: unknown
     cap_name: str  # its name for this engine, known or not
     reservation: Setting | None  # gpu_memory_utilization / mem_fraction_static, or None: unknown
     preemptions: float
+    margin: float  # the bundle's margin_ratio: flagged above capacity x (1 + margin)
+    reservation_threshold: float  # the bundle's: from this reservation up the cache cannot grow
 
     @property
     def ratio(self) -> float | None:
@@ -69,11 +70,11 @@ class Check:
 
     @property
     def over(self) -> bool:
-        return self.ratio is not None and self.ratio > 1 + MARGIN
+        return self.ratio is not None and self.ratio > 1 + self.margin
 
     @property
     def reservation_high(self) -> bool:
-        return self.reservation is not None and self.reservation.value >= RESERVATION_HIGH
+        return self.reservation is not None and self.reservation.value >= self.reservation_threshold
 
     @property
     def flagged(self) -> bool:
@@ -108,22 +109,26 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def capacity_points(running: list[tuple[float, float]], kv: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(time, running / KV use) where at least MIN_RUNNING requests run with at least MIN_KV_USAGE of the cache."""
+def capacity_points(
+    running: list[tuple[float, float]], kv: list[tuple[float, float]], min_running: float, min_kv_usage: float
+) -> list[tuple[float, float]]:
+    """(time, running / KV use) where at least `min_running` requests run with at least `min_kv_usage` of the
+    cache (the bundle's concurrency_over_kv_cache.min_running and .min_kv_usage)."""
     use = dict(kv)
     out = []
     for t, n in running:
         k = use.get(t)
-        if k is not None and n >= MIN_RUNNING and MIN_KV_USAGE <= k <= 1.0:
+        if k is not None and n >= min_running and min_kv_usage <= k <= 1.0:
             out.append((t, n / k))
     return out
 
 
-def capacity(points: list[tuple[float, float]], history: bool) -> float | None:
-    """The QUANTILE of the points; None below MIN_SAMPLES in a history (one reading of an exporter: its one point)."""
+def capacity(points: list[tuple[float, float]], history: bool, q: float) -> float | None:
+    """The `q` quantile of the points (the bundle's concurrency_over_kv_cache.quantile); None below MIN_SAMPLES in a
+    history (one reading of an exporter: its one point)."""
     if not points or (history and len(points) < MIN_SAMPLES):
         return None
-    return quantile([v for _, v in points], QUANTILE)
+    return quantile([v for _, v in points], q)
 
 
 def pick(settings: dict[str, Setting], names: tuple[str, ...], preferred: str | None) -> Setting | None:

@@ -9,10 +9,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from oomguard.config import ConfigError
 from oomguard.diagnose import report
 from oomguard.diagnose.clock import Clock
 from oomguard.diagnose.core import default_probe_delay, diagnose_data, exit_status
 from oomguard.diagnose.query import DiagnoseError, fetch_exporter, fetch_prometheus
+from oomguard.diagnose.thresholds import load_thresholds
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -58,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (a top-level diagnoses list)")
     parser.add_argument("--report", metavar="FILE", help="write an incident report: FILE.md (PNG beside) or FILE.html")
     parser.add_argument(
+        "--bundle-config",
+        type=Path,
+        metavar="BUNDLE.yaml",
+        help="the bundle configuration your rules were generated from (oomguard generate --config): diagnose judges "
+        "on its thresholds (default the bundle's defaults)",
+    )
+    parser.add_argument(
         "--probe-delay",
         type=float,
         metavar="SECONDS",
@@ -68,10 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-scale",
         type=float,
-        default=1.0,
         metavar="X",
-        help="for a drill's compressed clock: X simulated seconds per real second (default 1); durations are "
-        "judged and reported in simulated time, --probe-delay is in simulated seconds, --at and --window are not",
+        help="for a drill's compressed clock: X simulated seconds per real second (default the bundle "
+        "configuration's time_scale, 1); durations are judged and reported in simulated time, --probe-delay is in "
+        "simulated seconds, --at and --window are not",
     )
     parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="per request (default 10)")
 
@@ -85,7 +94,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"oomguard diagnose: {exc}", file=sys.stderr)
             return 2
     try:
-        clock = Clock(args.time_scale)
+        thresholds = load_thresholds(args.bundle_config)
+    except ConfigError as exc:
+        print(f"oomguard diagnose: --bundle-config: {exc}", file=sys.stderr)
+        return 2
+    try:
+        clock = Clock(thresholds.time_scale if args.time_scale is None else args.time_scale)
         if args.prometheus:
             end = parse_time(args.at)
             window = parse_duration(args.window)
@@ -99,9 +113,10 @@ def run(args: argparse.Namespace) -> int:
     if args.probe_delay is not None:
         probe_delay, probe_source = args.probe_delay, "--probe-delay"
     else:
-        probe_delay, probe_source = default_probe_delay()
+        probe_delay, probe_source = default_probe_delay(thresholds)
     diagnoses = diagnose_data(data, target=args.target, probe_delay=probe_delay, probe_source=probe_source,
-                              max_num_seqs=args.max_num_seqs, time_scale=clock.scale)  # fmt: skip
+                              max_num_seqs=args.max_num_seqs, time_scale=clock.scale,
+                              thresholds=thresholds)  # fmt: skip
     if args.json:
         sys.stdout.write(report.to_json(diagnoses, source=data.source, start=data.start, end=data.end))
     else:

@@ -9,6 +9,7 @@ from oomguard.diagnose.clock import Clock
 from oomguard.diagnose.evidence import Facts, Item, evidence, gather, gpu_id
 from oomguard.diagnose.query import Data, fetch_exporter, fetch_prometheus
 from oomguard.diagnose.recommend import Recommendation, recommend
+from oomguard.diagnose.thresholds import DEFAULTS, Thresholds, default_thresholds
 from oomguard.diagnose.verdict import INSUFFICIENT, confidence_label, decide
 
 
@@ -56,14 +57,20 @@ class Diagnosis:
             "probe_delay_seconds": self.probe_delay,
             "probe_delay_source": self.probe_source,
             "time_scale": self.time_scale,
+            # Where the thresholds shared with the shipped rules were read: the bundle's defaults, or a file.
+            "thresholds_source": default_thresholds().where if self.facts is None else self.facts.thresholds.where,
+            # One reading: the shipped alerts whose conditions hold now (alert, severity, the figures); [] else.
+            "pages_now": []
+            if self.facts is None
+            else [{"alert": p.name, "severity": p.severity, "why": why} for p, why in self.facts.paging],
         }
 
 
-def default_probe_delay() -> tuple[float, str]:
-    from oomguard.bundle.config import load_bundle_config
-
-    delay = load_bundle_config().alerts.startup_slower_than_probe.probe_initial_delay_seconds
-    return float(delay), "the bundle's startup_slower_than_probe.probe_initial_delay_seconds"
+def default_probe_delay(thresholds: Thresholds | None = None) -> tuple[float, str]:
+    """The probe delay where none is given: the bundle configuration's (its defaults' when None)."""
+    t = thresholds or default_thresholds()
+    where = "the bundle's" if t.source == DEFAULTS else f"{t.source}'s"
+    return t.probe_delay_seconds, f"{where} startup_slower_than_probe.probe_initial_delay_seconds"
 
 
 def _subjects(data: Data) -> list[tuple[str | None, str | None, list[str]]]:
@@ -96,13 +103,17 @@ def diagnose_data(
     probe_delay: float | None = None,
     probe_source: str | None = None,
     max_num_seqs: int | None = None,
-    time_scale: float = 1.0,
+    time_scale: float | None = None,
+    thresholds: Thresholds | None = None,
 ) -> list[Diagnosis]:
     """One diagnosis per target of `data`. `time_scale`: the clock it was recorded on, simulated seconds per real
-    second (a drill's compressed clock; 1 outside a drill); `probe_delay` is in simulated seconds."""
-    clock = Clock(time_scale)
+    second (a drill's compressed clock; 1 outside a drill; None: the bundle configuration's `time_scale`);
+    `probe_delay` is in simulated seconds. `thresholds`: the bundle configuration's (thresholds.py's
+    `load_thresholds`), the shipped defaults' when None."""
+    thresholds = thresholds or default_thresholds()
+    clock = Clock(thresholds.time_scale if time_scale is None else time_scale)
     if probe_delay is None:
-        probe_delay, probe_source = default_probe_delay()
+        probe_delay, probe_source = default_probe_delay(thresholds)
     probe_source = probe_source or "--probe-delay"
     subjects = [s for s in _subjects(data) if target is None or s[1] == target]
     if not subjects:
@@ -119,7 +130,7 @@ def diagnose_data(
         return [Diagnosis(target, None, [], INSUFFICIENT, 0.0, summary, [], [], time_scale=clock.scale)]
     out = []
     for instance, name, gpus in subjects:
-        facts = gather(data, instance, name, gpus, clock)
+        facts = gather(data, instance, name, gpus, clock, thresholds)
         facts.max_num_seqs_given = max_num_seqs
         verdict = decide(facts, probe_delay)
         items = evidence(facts, probe_delay, probe_source)
@@ -140,19 +151,22 @@ def diagnose_prometheus(
     probe_source: str | None = None,
     max_num_seqs: int | None = None,
     timeout: float = 10.0,
-    time_scale: float = 1.0,
+    time_scale: float | None = None,
+    thresholds: Thresholds | None = None,
 ) -> list[Diagnosis]:
     """The diagnoses over the `window` seconds ending at `at` (default now); raises DiagnoseError.
 
     `at` and `window` are on Prometheus' clock (Unix seconds, real seconds); `time_scale` is a drill's compressed
-    clock (simulated seconds per real second), and `probe_delay` is in simulated seconds.
+    clock (simulated seconds per real second; None: the bundle configuration's), and `probe_delay` is in simulated
+    seconds. `thresholds`: the bundle configuration's (its defaults' when None).
     """
-    clock = Clock(time_scale)
+    thresholds = thresholds or default_thresholds()
+    clock = Clock(thresholds.time_scale if time_scale is None else time_scale)
     end = time.time() if at is None else at
     data = fetch_prometheus(url, start=end - window, end=end, instance=instance, timeout=timeout,
                             time_scale=clock.scale)  # fmt: skip
     return diagnose_data(data, target=target, probe_delay=probe_delay, probe_source=probe_source,
-                         max_num_seqs=max_num_seqs, time_scale=clock.scale)  # fmt: skip
+                         max_num_seqs=max_num_seqs, time_scale=clock.scale, thresholds=thresholds)  # fmt: skip
 
 
 def diagnose_exporter(
@@ -163,15 +177,16 @@ def diagnose_exporter(
     probe_source: str | None = None,
     max_num_seqs: int | None = None,
     timeout: float = 10.0,
-    time_scale: float = 1.0,
+    time_scale: float | None = None,
+    thresholds: Thresholds | None = None,
 ) -> list[Diagnosis]:
-    """The diagnoses from one reading of one exporter's /metrics (no history: lower confidence).
+    """The diagnoses from one reading of one exporter's /metrics (no history: lower confidence; the present judged
+    on the shipped rules' thresholds, `thresholds` or the bundle's defaults).
 
     `time_scale`: the exporter's simulation runs that many times faster than life (its startup is read x it)."""
-    clock = Clock(time_scale)
     data = fetch_exporter(url, timeout=timeout)
     return diagnose_data(data, target=target, probe_delay=probe_delay, probe_source=probe_source,
-                         max_num_seqs=max_num_seqs, time_scale=clock.scale)  # fmt: skip
+                         max_num_seqs=max_num_seqs, time_scale=time_scale, thresholds=thresholds)  # fmt: skip
 
 
 def exit_status(diagnoses: list[Diagnosis]) -> int:

@@ -6,6 +6,10 @@ recommendations read; evidence items are what the report prints, each with its f
 
 Times are Unix seconds as Prometheus stamped them; durations in `Facts` are seconds of the scenario's clock
 (`Clock.simulated`: the same on a real history), and thresholds in seconds are judged on real time (`Clock.real`).
+
+The thresholds the shipped rules have (memory at the top, a saturated KV cache, a queue, the pages' conditions, the
+two-knob check) are the bundle configuration's (thresholds.py), carried in `Facts.thresholds`; those below are
+diagnose's own judgements, which no rule makes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,16 @@ from oomguard.diagnose import capacity
 from oomguard.diagnose.capacity import Check, Setting
 from oomguard.diagnose.clock import REAL, Clock
 from oomguard.diagnose.query import Data, Series
+from oomguard.diagnose.thresholds import (
+    CRITICAL_KEY,
+    EXHAUSTED_SOON_KEY,
+    OOM_EVENT_KEY,
+    OVER_BUDGET_KEY,
+    RESTART_STORM_KEY,
+    Page,
+    Thresholds,
+    default_thresholds,
+)
 from oomguard.events import kinds
 
 QUESTIONS = {
@@ -28,10 +42,8 @@ QUESTIONS = {
     4: "probe timing vs startup",
 }
 OOM_KINDS = (kinds.CUDA_OOM, kinds.CGROUP_OOM_KILL)
-KV_SATURATED = 0.95  # KV cache use at or above this is saturation (the bundle's kv_cache_saturated threshold)
-WAITING_BACKLOG = 5  # a queue this deep while the cache is full: concurrency is over-provisioned
-TOP = 0.95  # memory at the top of a GPU no engine reserves...
-HEADROOM_TOP = 0.9  # ...and on one an engine reserves: this share of the headroom the reservation leaves in use
+# The memory pages: a reading where one of their conditions holds has memory in trouble.
+MEMORY_PAGES = (CRITICAL_KEY, OVER_BUDGET_KEY, EXHAUSTED_SOON_KEY)
 FOREIGN_GROWTH = 0.05  # another process grew by this share of the GPU...
 WITHIN_RESERVATION = 0.02  # ...while the engine stayed within its reservation but this share
 CLIMB_MIN_RISE = 0.03  # docs/trend.md's climb_min_rise_ratio
@@ -97,23 +109,36 @@ class Facts:
     end: float
     # 1. memory
     memory: Points = field(default_factory=list)  # worst GPU's used/total
+    worst_gpu: str | None = None  # the GPU judged: the highest used / total
     per_gpu: dict[str, Points] = field(default_factory=dict)
+    # Each GPU's share of the headroom its engines' reservation leaves in use, where the exporter wrote it (the join)
+    # and, on the worst GPU without the join, as the fallback derives it: what GpuMemoryCritical judges it on.
+    per_gpu_headroom: dict[str, Points] = field(default_factory=dict)
+    exported_headroom: set[str] = field(default_factory=set)  # the GPUs whose headroom the exporter wrote
     total_bytes: float | None = None
     reserved_ratio: float | None = None  # the engines' reservation / total on the worst GPU
-    unreserved_peak_ratio: float | None = None  # peak use beyond the reservation / total
+    # Use beyond the reservation / total, and the share of the headroom in use: the largest over a history, the
+    # value now from one reading (no peak is known then).
+    unreserved_peak_ratio: float | None = None
     headroom_used_peak: float | None = None
     other_growth_ratio: float | None = None  # other processes' growth / total
     other_peak_ratio: float | None = None
     engine_over_reservation_peak_ratio: float | None = None
     over_budget_peak_bytes: float | None = None
+    over_budget_now_ratio: float | None = None  # over budget now / the target's worst GPU's total (the rule's)
+    # The exporter's time to full on the target's GPUs now (the last point), the soonest; simulated seconds.
+    seconds_to_full: float | None = None
     trend_states: dict[str, float] = field(default_factory=dict)  # state -> first time seen (1)
     # (rise ratio, simulated seconds, start time) of a climb that never fell
     climb: tuple[float, float, float] | None = None
     # 2. events
     events: dict[str, list[float]] = field(default_factory=dict)  # kind -> times
+    last_event_at: dict[str, float] = field(default_factory=dict)  # kind -> its last event's time, as exported
     event_counts: dict[str, float] = field(default_factory=dict)
     restarts: list[float] = field(default_factory=list)
     restart_count: float = 0.0
+    restarts_since_start: float = 0.0  # the counter's value (since the exporter started), for one reading's pages
+    last_restart_at: float | None = None  # oomguard_target_last_restart_timestamp_seconds
     # 3. engine
     kv: Points = field(default_factory=list)
     waiting: Points = field(default_factory=list)
@@ -135,6 +160,7 @@ class Facts:
     memory_evidence: str | None = None
     evidence_used: set[str] = field(default_factory=set)
     evidence_missing: list[str] = field(default_factory=list)
+    thresholds: Thresholds = field(default_factory=default_thresholds)  # the bundle configuration's
 
     # Derived figures the verdict and recommendations share.
     @property
@@ -159,11 +185,13 @@ class Facts:
 
     @property
     def kv_saturated(self) -> bool:
-        return (self.kv_peak or 0.0) >= KV_SATURATED
+        """KV cache use at or above the bundle's kv_cache_saturated threshold."""
+        return (self.kv_peak or 0.0) >= self.thresholds.kv_saturated
 
     @property
     def backlog(self) -> bool:
-        return (self.waiting_peak or 0.0) >= WAITING_BACKLOG or self.preemptions > 0
+        """More requests waiting than the bundle's queue_backlog threshold, or requests preempted."""
+        return (self.waiting_peak or 0.0) > self.thresholds.queue_backlog or self.preemptions > 0
 
     @property
     def ooms(self) -> float:
@@ -179,7 +207,7 @@ class Facts:
         running = dict(self.running)
         if not running or not self.kv:
             return None
-        saturated = [running[t] for t, v in self.kv if v >= KV_SATURATED and t in running]
+        saturated = [running[t] for t, v in self.kv if v >= self.thresholds.kv_saturated and t in running]
         if saturated:
             return statistics.median(saturated)
         t_peak = max(self.kv, key=lambda p: p[1])[0]
@@ -187,23 +215,90 @@ class Facts:
 
     @property
     def kv_at_saturation(self) -> float | None:
-        values = [v for _, v in self.kv if v >= KV_SATURATED]
+        values = [v for _, v in self.kv if v >= self.thresholds.kv_saturated]
         return statistics.median(values) if values else self.kv_peak
+
+    def judged(self, gpu: str) -> tuple[Points, float, str]:
+        """What GpuMemoryCritical judges a GPU on: (its points, the threshold, what they are). The share of the
+        headroom its engines' reservation leaves in use where that is known (vLLM at 0.95 shows 95.6 % used all day:
+        that is its reservation, not the top), else used / total."""
+        t = self.thresholds
+        headroom = self.per_gpu_headroom.get(gpu)
+        if headroom:
+            return headroom, t.headroom_critical, "of the headroom the reservation leaves in use"
+        return self.per_gpu.get(gpu, []), t.used_critical, "of the GPU in use, no reservation known"
 
     @property
     def memory_top(self) -> bool:
-        """Memory at the top: most of the headroom an engine's reservation leaves in use, or near full where no
-        engine reserves (vLLM at 0.95 shows 95.6 % used all day: that is its reservation, not the top)."""
-        if self.headroom_used_peak is not None:
-            return self.headroom_used_peak >= HEADROOM_TOP
-        peak = self.peak
-        return peak is not None and peak[1] >= TOP
+        """Memory at the top: above GpuMemoryCritical's threshold on one of the GPUs (the bundle's
+        gpu_memory_critical: headroom_threshold where a reservation is known, else threshold), at any point of a
+        history, or now in one reading: the state the shipped rules page on."""
+        for gpu in self.per_gpu:
+            points, threshold, _ = self.judged(gpu)
+            if any(v > threshold for _, v in points):
+                return True
+        return False
+
+    @property
+    def paging(self) -> list[tuple[Page, str]]:
+        """The shipped alerts (thresholds.py's pages) whose conditions hold in one reading of an exporter, each with
+        the figures that meet it; [] for a history, whose verdict is the window's. GpuMemoryCritical and
+        TargetMemoryOverBudget hold above their thresholds now (their `for:` is not known from one reading),
+        GpuMemoryExhaustedSoon below its time to full, OomEvent with an OOM within its window, and RestartStorm may
+        hold with at least its count of restarts since the exporter started, the last within its window (one
+        reading cannot count those of the window alone)."""
+        if self.history:
+            return []
+        t, clock, out = self.thresholds, self.clock, []
+        for gpu in sorted(self.per_gpu):
+            # The rule's own: the headroom where the exporter wrote it, else used / total.
+            exported = gpu in self.exported_headroom
+            points, threshold, what = self.judged(gpu) if exported else (
+                self.per_gpu[gpu], t.used_critical, "of the GPU in use, no reservation known")  # fmt: skip
+            now = points[-1][1] if points else None
+            if now is not None and now > threshold:
+                out.append((t.page(CRITICAL_KEY), f"GPU {gpu}: {_pct(now)} {what}, above {_pct(threshold)}"))
+                break
+        if self.over_budget_now_ratio is not None and self.over_budget_now_ratio > t.over_budget_margin:
+            out.append((t.page(OVER_BUDGET_KEY), f"{_pct(self.over_budget_now_ratio)} of the GPU beyond the engine's "
+                                             f"budget, above {_pct(t.over_budget_margin)}"))  # fmt: skip
+        if self.seconds_to_full is not None and self.seconds_to_full < t.exhausted_soon_seconds:
+            out.append((t.page(EXHAUSTED_SOON_KEY), f"full in {_duration(self.seconds_to_full)} at the current pace, "
+                                                f"under {_duration(t.exhausted_soon_seconds)}"))  # fmt: skip
+        window = clock.real(t.oom_window_seconds)
+        for kind in kinds.LOG_OOM_KINDS:
+            last = self.last_event_at.get(kind)
+            if self.event_counts.get(kind) and (last is None or last >= self.end - window):
+                when = "at an unknown time" if last is None else f"within {_duration(t.oom_window_seconds)}"
+                out.append((t.page(OOM_EVENT_KEY), f"{kind} {when}"))
+                break
+        last = self.last_restart_at
+        # An exporter without the restart's timestamp (an older one): its time is not known, so it may be recent.
+        recent = last is None or last >= self.end - clock.real(t.restart_storm_window_seconds)
+        if self.restarts_since_start >= t.restart_storm_count and recent:
+            window = _duration(t.restart_storm_window_seconds)
+            out.append((t.page(RESTART_STORM_KEY), f"may hold: {self.restarts_since_start:g} restarts since the "
+                        f"exporter started, the last within {window} (it pages at {t.restart_storm_count} within "
+                        "it)"))  # fmt: skip
+        return out
+
+    @property
+    def memory_paging(self) -> list[tuple[Page, str]]:
+        """The memory pages among `paging`."""
+        return [(page, why) for page, why in self.paging if page.key in MEMORY_PAGES]
+
+    @property
+    def other_rise_ratio(self) -> float:
+        """Other processes' share of the GPU as the verdict weighs it: their growth over a history; what they hold
+        now from one reading, which has no growth to see."""
+        return (self.other_growth_ratio if self.history else self.other_peak_ratio) or 0.0
 
     @property
     def foreign_growth(self) -> bool:
-        return (self.other_growth_ratio or 0.0) >= FOREIGN_GROWTH and (
-            self.engine_over_reservation_peak_ratio or 0.0
-        ) <= WITHIN_RESERVATION
+        return (
+            self.other_rise_ratio >= FOREIGN_GROWTH
+            and (self.engine_over_reservation_peak_ratio or 0.0) <= WITHIN_RESERVATION
+        )
 
     @property
     def climbing(self) -> bool:
@@ -219,7 +314,8 @@ class Facts:
     @property
     def capacity_points(self) -> Points:
         """(time, running / KV use) where enough requests run to size the cache (capacity.py)."""
-        return capacity.capacity_points(self.running, self.kv)
+        t = self.thresholds
+        return capacity.capacity_points(self.running, self.kv, t.min_running, t.min_kv_usage)
 
     @property
     def capacity_check(self) -> Check:
@@ -236,8 +332,9 @@ class Facts:
         if reservation is None and self.gpu_memory_utilization is not None:
             # The engine's own /metrics (vLLM's cache_config_info, SGLang's server info): no origin to tell.
             reservation = Setting(reservation_name or "gpu_memory_utilization", self.gpu_memory_utilization, "")
-        return Check(capacity.capacity(self.capacity_points, self.history), len(self.capacity_points), cap,
-                     cap_name, reservation, self.preemptions)  # fmt: skip
+        t = self.thresholds
+        return Check(capacity.capacity(self.capacity_points, self.history, t.quantile), len(self.capacity_points),
+                     cap, cap_name, reservation, self.preemptions, t.margin, t.reservation_high)  # fmt: skip
 
 
 # ---- series arithmetic -------------------------------------------------------------------------
@@ -339,6 +436,8 @@ def _attribute(facts: Facts, reserved: Points, unreserved: Points, headroom: Poi
         facts.unreserved_peak_ratio = max(v for _, v in unreserved) / total
     if headroom:
         facts.headroom_used_peak = max(v for _, v in headroom)
+        if facts.worst_gpu is not None:
+            facts.per_gpu_headroom[facts.worst_gpu] = headroom
     others = _ratio(other, total)
     if others:
         peak_i = max(range(len(others)), key=lambda i: others[i][1])
@@ -404,9 +503,18 @@ def gpu_labels(gpu: str) -> dict[str, str]:
     return {"gpu": index, "node": node} if node else {"gpu": index}
 
 
-def gather(data: Data, instance: str | None, target: str | None, gpus: list[str], clock: Clock = REAL) -> Facts:
-    """The facts of one target (its GPUs) or, with `target` None, of one GPU, read on `clock`."""
-    facts = Facts(target, instance, gpus, data.history, data.start, data.end, clock=clock)
+def gather(
+    data: Data,
+    instance: str | None,
+    target: str | None,
+    gpus: list[str],
+    clock: Clock = REAL,
+    thresholds: Thresholds | None = None,
+) -> Facts:
+    """The facts of one target (its GPUs) or, with `target` None, of one GPU, read on `clock`, to be judged on
+    `thresholds` (the bundle configuration's; its defaults' when None)."""
+    facts = Facts(target, instance, gpus, data.history, data.start, data.end, clock=clock,
+                  thresholds=thresholds or default_thresholds())  # fmt: skip
     where = {"instance": instance} if instance is not None else {}
 
     def select(name: str, **labels: str) -> list[Series]:
@@ -433,6 +541,17 @@ def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]
                 worst_gpu, worst_peak = gpu, peak
     if facts.per_gpu:
         facts.memory = merge([Series("", {}, pts) for pts in facts.per_gpu.values()])
+    facts.worst_gpu = worst_gpu
+    for gpu in facts.per_gpu:
+        headroom = merge(gpu_series("oomguard_gpu_memory_headroom_used_ratio", gpu))
+        if headroom:
+            facts.per_gpu_headroom[gpu] = headroom
+            facts.exported_headroom.add(gpu)
+    # The exporter's time to full (it has one only while it calls a climb or a spike): the soonest of the GPUs now.
+    to_full = [points[-1][1] for g in gpus if (points := merge(gpu_series("oomguard_gpu_memory_seconds_to_full", g)))]
+    to_full = [v for v in to_full if math.isfinite(v) and v >= 0]
+    if to_full:
+        facts.seconds_to_full = clock.simulated(min(to_full))
     if worst_gpu is not None:
         totals = [v for _, v in merge(gpu_series("oomguard_gpu_memory_total_bytes", worst_gpu))]
         facts.total_bytes = totals[-1] if totals else None
@@ -462,6 +581,11 @@ def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]
     over_budget = merge(select("oomguard_target_memory_over_budget_bytes", **on))
     if over_budget:
         facts.over_budget_peak_bytes = max(v for _, v in over_budget)
+        # TargetMemoryOverBudget's ratio: over budget / the target's worst GPU's total, now.
+        target_total = [v for _, v in merge(select("oomguard_target_gpu_memory_total_bytes", **on)) if v > 0]
+        total = target_total[-1] if target_total else facts.total_bytes
+        if total and over_budget[-1][1] <= total:
+            facts.over_budget_now_ratio = over_budget[-1][1] / total
 
     # 2. events from the engine's log and the kernel, restarts
     for kind in kinds.TARGET_EVENT_KINDS:
@@ -477,8 +601,13 @@ def gather(data: Data, instance: str | None, target: str | None, gpus: list[str]
         if counter or last:
             facts.event_counts[kind] = count
             facts.events[kind] = times
+        if last_at:
+            facts.last_event_at[kind] = last_at
     restarts = merge(select("oomguard_target_restarts_total", **on), "sum")
     facts.restart_count, facts.restarts = increases(restarts, data.start, include_first=not data.history)
+    facts.restarts_since_start = restarts[-1][1] if restarts else 0.0
+    last_restart = [v for _, v in merge(select("oomguard_target_last_restart_timestamp_seconds", **on)) if v > 0]
+    facts.last_restart_at = max(last_restart) if last_restart else None
 
     # 3. the engine's concurrency and configuration
     facts.kv = merge(select("oomguard_engine_kv_cache_usage_ratio", **on), "mean")
@@ -520,6 +649,15 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
+def _duration(seconds: float) -> str:
+    """30 min, 90 s, 1.5 h: a duration in words, to the unit that reads best."""
+    if seconds >= 5400:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
 def setting_text(s: Setting) -> str:
     """`max_num_seqs 256 (flag)`: the value and where it was read."""
     origin = {"flag": "its command line", "default": "the engine's default", "--max-num-seqs": "--max-num-seqs"}
@@ -529,16 +667,16 @@ def setting_text(s: Setting) -> str:
 
 def _capacity_items(facts: Facts) -> list[Item]:
     """Step 3's two-knob check: the concurrency cap against the requests the KV cache held (capacity.py)."""
-    check = facts.capacity_check
+    check, t = facts.capacity_check, facts.thresholds
     items = []
     if check.capacity is None:
         items.append(Item(3, f"the KV cache's capacity in requests is not known: {check.samples} point(s) with "
-                             f">= {capacity.MIN_RUNNING:g} requests running and >= {_pct(capacity.MIN_KV_USAGE)} of "
+                             f">= {t.min_running:g} requests running and >= {_pct(t.min_kv_usage)} of "
                              f"the cache in use (at least {capacity.MIN_SAMPLES} needed)"))  # fmt: skip
     else:
         items.append(Item(3, f"the KV cache held at most {check.capacity:.1f} requests of the observed size "
-                             f"(running / KV cache use, its {capacity.QUANTILE:g} quantile over {check.samples} "
-                             f"point(s) with >= {capacity.MIN_RUNNING:g} running)", check.capacity,
+                             f"(running / KV cache use, its {t.quantile:g} quantile over {check.samples} "
+                             f"point(s) with >= {t.min_running:g} running)", check.capacity,
                           "requests"))  # fmt: skip
     if check.cap is None and not check.cap_name:
         items.append(
@@ -564,7 +702,7 @@ def _capacity_items(facts: Facts) -> list[Item]:
     reservation = "reservation unknown"
     if check.reservation is not None:
         word = ">=" if check.reservation_high else "<"
-        reservation = (f"{check.reservation.name} {check.reservation.value:g} {word} {capacity.RESERVATION_HIGH:g}: "
+        reservation = (f"{check.reservation.name} {check.reservation.value:g} {word} {t.reservation_high:g}: "
                        + ("the cache cannot grow, the cap must come down" if check.reservation_high
                           else "room to grow the cache, up to 15 % headroom"))  # fmt: skip
     if check.over and not check.flagged:
@@ -575,12 +713,12 @@ def _capacity_items(facts: Facts) -> list[Item]:
                         else "no preemption yet: the load has not reached it")  # fmt: skip
         text = (
             f"{setting_text(check.cap)} admits {ratio:.1f}x the requests the KV cache held (over "
-            f"{1 + capacity.MARGIN:g}x): more concurrency than the cache holds; {reservation}; {corroborated}"
+            f"{1 + t.margin:g}x): more concurrency than the cache holds; {reservation}; {corroborated}"
         )
     else:
         text = (
             f"{setting_text(check.cap)} is {ratio:.1f}x the requests the KV cache held: within "
-            f"{1 + capacity.MARGIN:g}x, the cap fits the cache"
+            f"{1 + t.margin:g}x, the cap fits the cache"
         )
     items.append(Item(3, text, ratio, "ratio"))
     return items
@@ -599,33 +737,57 @@ def _fallback_text(facts: Facts) -> str:
     return text + f"; confidence x{facts.evidence_factor:g}"
 
 
+def _pages_item(facts: Facts) -> Item:
+    """One reading: which of the shipped pages' conditions hold now (thresholds.py), and on whose thresholds."""
+    t = facts.thresholds
+    paging = facts.paging
+    where = f"thresholds from {t.where}"
+    if not paging:
+        return Item(1, f"now, no shipped page's condition holds ({t.page(CRITICAL_KEY).name} above "
+                       f"{_pct(t.headroom_critical)} of the headroom, {_pct(t.used_critical)} of a GPU with no "
+                       f"reservation; {where})")  # fmt: skip
+    held = "; ".join(f"{page.name} ({page.severity}): {why}" for page, why in paging)
+    return Item(1, f"now, as the shipped rules judge it: {held} ({where})", float(len(paging)), "conditions")
+
+
 def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
     items: list[Item] = []
     # 1. memory trend
     if facts.memory:
         t_peak, peak = facts.peak  # type: ignore[misc]
-        first_v = facts.memory[0][1]
-        word = "peak" if facts.history else "now"
-        items.append(Item(1, f"GPU memory {word} {_pct(peak)} of the worst GPU (from {_pct(first_v)})", peak,
-                          "ratio", t_peak))  # fmt: skip
+        if facts.history:
+            items.append(Item(1, f"GPU memory peak {_pct(peak)} of the worst GPU (from {_pct(facts.memory[0][1])})",
+                              peak, "ratio", t_peak))  # fmt: skip
+        else:
+            items.append(Item(1, f"GPU memory now {_pct(peak)} of the worst GPU", peak, "ratio", t_peak))
         if facts.reserved_ratio is not None:
+            # Over a history the largest; from one reading the value now, which is no peak.
             beyond = facts.unreserved_peak_ratio
             text = f"the engines reserve {_pct(facts.reserved_ratio)} of the GPU"
             if beyond is not None:
-                text += f"; peak use beyond the reservation {_pct(beyond)} of the GPU"
+                text += (f"; peak use beyond the reservation {_pct(beyond)} of the GPU" if facts.history
+                         else f"; use beyond the reservation now {_pct(beyond)} of the GPU")  # fmt: skip
             if facts.headroom_used_peak is not None:
                 text += f", {_pct(facts.headroom_used_peak)} of the headroom it leaves"
             items.append(Item(1, text, beyond, "ratio", t_peak))
         if facts.memory_evidence == TARGET_LEVEL:
             items.append(Item(1, _fallback_text(facts), facts.evidence_factor, "factor"))
-        if facts.other_growth_ratio is not None and facts.other_growth_ratio >= 0.01:
+        if facts.history and facts.other_growth_ratio is not None and facts.other_growth_ratio >= 0.01:
             items.append(Item(1, f"other processes on the GPU grew by {_pct(facts.other_growth_ratio)} of it "
                                  f"(to {_pct(facts.other_peak_ratio or 0)}); the engine's own use beyond its "
                                  f"reservation peaked at {_pct(facts.engine_over_reservation_peak_ratio or 0)}",
                               facts.other_growth_ratio, "ratio"))  # fmt: skip
+        elif not facts.history and facts.other_peak_ratio is not None and facts.other_peak_ratio >= 0.01:
+            items.append(Item(1, f"other processes on the GPU hold {_pct(facts.other_peak_ratio)} of it now; the "
+                                 "engine's own use beyond its reservation is "
+                                 f"{_pct(facts.engine_over_reservation_peak_ratio or 0)}", facts.other_peak_ratio,
+                              "ratio"))  # fmt: skip
         if not facts.history:
             now = ", ".join(sorted(facts.trend_states)) or "unknown"
             items.append(Item(1, f"the exporter's trend state now: {now}"))
+            if facts.seconds_to_full is not None:
+                items.append(Item(1, f"the exporter's time to full now: {_duration(facts.seconds_to_full)}",
+                                  facts.seconds_to_full, "seconds"))  # fmt: skip
         for state in ("spike", "climbing", "saturated"):
             if facts.history and state in facts.trend_states:
                 items.append(Item(1, f"the exporter's trend state was {state}", None, "", facts.trend_states[state]))
@@ -634,7 +796,14 @@ def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
             items.append(Item(1, f"memory rose {_pct(rise)} over {seconds / 60:.0f} min and never fell back "
                                  f"more than {_pct(CLIMB_MAX_FALLBACK)}", rise, "ratio", since))  # fmt: skip
         if not facts.history:
-            items.append(Item(1, "one reading, no history (--exporter): the trend is the exporter's own state"))
+            items.append(
+                Item(
+                    1,
+                    "one reading, no history (--exporter): the trend is the exporter's own state; the "
+                    "present is judged on the figures now, as the shipped rules judge them",
+                )
+            )
+            items.append(_pages_item(facts))
     else:
         items.append(Item(1, "no GPU memory series for this target: is NVML enabled and the GPU known?"))
     # 2. OOMs
@@ -663,8 +832,9 @@ def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
             items.append(Item(3, f"waiting requests {'peaked at' if facts.history else 'now'} {w:g}", w, "requests", t))
         if facts.running:
             n = facts.running_at_saturation
+            most = "peaked at" if facts.history else "now"
             text = (f"running requests at saturation: {n:g}" if facts.kv_saturated and n is not None
-                    else f"running requests peaked at {max(v for _, v in facts.running):g}")  # fmt: skip
+                    else f"running requests {most} {max(v for _, v in facts.running):g}")  # fmt: skip
             items.append(Item(3, text, n if facts.kv_saturated else max(v for _, v in facts.running), "requests"))
         items.append(Item(3, f"preemptions: {facts.preemptions:g}", facts.preemptions, "preemptions"))
     elif facts.target is not None:

@@ -29,6 +29,11 @@ METRICS = (
     "oomguard_gpu_memory_other_used_bytes",
     "oomguard_gpu_memory_engine_over_reservation_bytes",
     "oomguard_gpu_memory_trend_state",
+    # The present as the shipped pages judge it (thresholds.py): GpuMemoryExhaustedSoon, TargetMemoryOverBudget's
+    # ratio, RestartStorm's last restart.
+    "oomguard_gpu_memory_seconds_to_full",
+    "oomguard_target_gpu_memory_total_bytes",
+    "oomguard_target_last_restart_timestamp_seconds",
     "oomguard_target_info",
     "oomguard_target_gpu_info",
     "oomguard_engine_kv_cache_usage_ratio",
@@ -190,16 +195,22 @@ def fetch_exporter(url: str, *, timeout: float = 10.0, now: float | None = None)
     what = f"the exporter at {metrics_url}"
     fix = "check --exporter (oomguard's address, e.g. http://host:9847) and that oomguard serve runs"
     text = _get(metrics_url, timeout, what, fix).decode("utf-8", "replace")
-    now = time.time() if now is None else now
-    wanted = set(METRICS)
     instance = urllib.parse.urlsplit(metrics_url).netloc
-    series: list[Series] = []
     try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in wanted:
-                    labels = dict(sample.labels) | {"instance": instance}
-                    series.append(Series(sample.name, labels, [(now, _value(sample.value))]))
+        return exporter_data(text, instance=instance, now=now, source=f"exporter {metrics_url}")
     except ValueError as exc:
         raise DiagnoseError(f"{what} did not answer in the Prometheus text format ({exc}); is it oomguard?") from None
-    return Data(series, now, now, history=False, source=f"exporter {metrics_url}")
+
+
+def exporter_data(text: str, *, instance: str, now: float | None = None, source: str = "") -> Data:
+    """One exporter's exposition `text`, read once at `now` (default the time now), its series labelled with
+    `instance` as Prometheus would; raises ValueError for a text that is not the Prometheus text format."""
+    now = time.time() if now is None else now
+    wanted = set(METRICS)
+    series: list[Series] = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                labels = dict(sample.labels) | {"instance": instance}
+                series.append(Series(sample.name, labels, [(now, _value(sample.value))]))
+    return Data(series, now, now, history=False, source=source or f"exporter {instance}")

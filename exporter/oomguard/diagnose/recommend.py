@@ -90,7 +90,8 @@ def concurrency_over_kv_cache(facts: Facts) -> Recommendation:
         lower = _floor(min(r, 1 - HEADROOM))
         factor = kv_pool_factor(r, lower, facts.total_bytes, facts.kv_cache_memory_bytes)
         both = max(1, min(now, math.floor(round(held * KV_TARGET * factor, 6))))
-        why += (f"; keep {reservation.name} at {r:g} (from {capacity.RESERVATION_HIGH:g} up the cache cannot grow), "
+        high = facts.thresholds.reservation_high
+        why += (f"; keep {reservation.name} at {r:g} (from {high:g} up the cache cannot grow), "
                 f"or lower both: {reservation.name} {lower:g} and {name} {both} (a pool {100 * factor:.0f} % of "
                 "today's)")  # fmt: skip
     elif r < _floor(1 - HEADROOM):
@@ -131,9 +132,13 @@ def recommend(facts: Facts, verdict: Verdict, *, probe_delay: float, probe_sourc
     if verdict.name in ("memory_overcommit", "foreign_process") and util_now and peak is not None:
         beyond = facts.unreserved_peak_ratio if facts.unreserved_peak_ratio is not None else max(0.0, peak - util_now)
         suggested, cautious, headroom = gpu_memory_utilization(util_now, beyond)
+        # Over a history the peak; one reading knows only the value now, and says so.
+        seen = (f"peak use beyond the reservation was {100 * beyond:.1f} % of the GPU" if facts.history else
+                f"use beyond the reservation is {100 * beyond:.1f} % of the GPU now (one reading: its peak is not "
+                "known, --prometheus with a window reads it)")  # fmt: skip
         out.append(Recommendation(
             "gpu_memory_utilization", util_now, suggested, "ratio",
-            f"peak use beyond the reservation was {100 * beyond:.1f} % of the GPU; {100 * headroom:.0f} % headroom "
+            f"{seen}; {100 * headroom:.0f} % headroom "
             f"holds it with {100 * BEYOND_MARGIN:.0f} % to spare ({cautious:g} for 20 %)"
             + ("; move the other process off this GPU first" if verdict.name == "foreign_process" else ""),
             "1 - max(0.15, beyond_peak + 0.05), never above the current value",

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from oomguard.diagnose.core import Diagnosis
-from oomguard.diagnose.evidence import KV_SATURATED, QUESTIONS, WAITING_BACKLOG, Facts
+from oomguard.diagnose.evidence import QUESTIONS, Facts
 from oomguard.diagnose.recommend import Recommendation
 from oomguard.diagnose.verdict import confidence_label
 from oomguard.events import kinds
@@ -102,10 +102,17 @@ def timeline(facts: Facts) -> tuple[float, list[tuple[float, str]]]:
         if t is not None:
             events.append((t, what))
 
-    first(facts.memory, lambda v: v >= 0.90, "GPU memory past 90 %")
-    first(facts.memory, lambda v: v >= 0.95, "GPU memory past 95 %")
-    first(facts.kv, lambda v: v >= KV_SATURATED, "KV cache saturated")
-    first(facts.waiting, lambda v: v >= WAITING_BACKLOG, f"{WAITING_BACKLOG}+ requests waiting")
+    # The bundle configuration's levels (thresholds.py): gpu_memory_high's and gpu_memory_critical's on the total, the
+    # critical one on the headroom where a reservation is known (the state GpuMemoryCritical pages on).
+    t = facts.thresholds
+    first(facts.memory, lambda v: v > t.used_high, f"GPU memory past {_level(t.used_high)}")
+    first(facts.memory, lambda v: v > t.used_critical, f"GPU memory past {_level(t.used_critical)}")
+    headroom = facts.per_gpu_headroom.get(facts.worst_gpu or "")
+    if headroom:
+        first(headroom, lambda v: v > t.headroom_critical,
+              f"GPU memory past {_level(t.headroom_critical)} of the headroom (GpuMemoryCritical's level)")  # fmt: skip
+    first(facts.kv, lambda v: v >= t.kv_saturated, "KV cache saturated")
+    first(facts.waiting, lambda v: v > t.queue_backlog, f"more than {t.queue_backlog:g} requests waiting")
     for state, t in facts.trend_states.items():
         if state in ("climbing", "spike", "saturated"):
             events.append((t, f"memory trend: {state}"))
@@ -121,6 +128,10 @@ def timeline(facts: Facts) -> tuple[float, list[tuple[float, str]]]:
     ooms = facts.oom_times or facts.events.get(kinds.STARTUP_MEMORY, [])
     zero = ooms[0] if ooms else facts.start
     return zero, sorted(events)
+
+
+def _level(ratio: float) -> str:
+    return f"{100 * ratio:g} %"
 
 
 def _minutes(t: float, zero: float, facts: Facts) -> float:
@@ -144,7 +155,6 @@ class MissingExtra(ValueError):
 # a curve that runs along one (vLLM's use at its reservation, the running batch at the cache's capacity) stays seen.
 REFERENCE_ZORDER = 1.0
 CURVE_ZORDER = 3.0
-ALERT_LEVEL = 0.90  # the bundle's gpu_memory_high threshold, the 90 % line
 
 
 def plot_png(facts: Facts, title: str = "") -> bytes:
@@ -191,16 +201,17 @@ def plot_figure(facts: Facts, title: str = ""):  # -> matplotlib.figure.Figure (
     for gpu, points in sorted(facts.per_gpu.items()):
         memory_ax.plot(*x(points), label=f"GPU {gpu} used", linewidth=1.4, zorder=CURVE_ZORDER)
     reserved = facts.reserved_ratio
-    if reserved is not None and abs(reserved - ALERT_LEVEL) < 0.005:
+    level = facts.thresholds.used_high  # the bundle's gpu_memory_high threshold (on the total)
+    if reserved is not None and abs(reserved - level) < 0.005:
         # One line for both: two at the same height would hide one under the other.
         memory_ax.axhline(reserved, color="tab:orange", linestyle="--", zorder=REFERENCE_ZORDER,
-                          label=f"engine reservation {reserved:g} = the 90 % alert level")  # fmt: skip
+                          label=f"engine reservation {reserved:g} = the {_level(level)} alert level")  # fmt: skip
     else:
         if reserved is not None:
             memory_ax.axhline(reserved, color="tab:orange", linestyle="--", zorder=REFERENCE_ZORDER,
                               label=f"engine reservation {reserved:g}")  # fmt: skip
-        memory_ax.axhline(ALERT_LEVEL, color="tab:red", linestyle=":", linewidth=1, zorder=REFERENCE_ZORDER,
-                          label="90 % (alert)")  # fmt: skip
+        memory_ax.axhline(level, color="tab:red", linestyle=":", linewidth=1, zorder=REFERENCE_ZORDER,
+                          label=f"{_level(level)} (alert)")  # fmt: skip
     memory_ax.set_ylim(0, 1.05)
     memory_ax.set_ylabel("GPU memory (share)")
     kv_ax.plot(*x(facts.kv), color="tab:purple", label="KV cache use", zorder=CURVE_ZORDER)

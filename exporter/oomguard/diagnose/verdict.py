@@ -2,7 +2,12 @@
 
 The rules, first match wins (docs/diagnose.md explains each):
 insufficient_data -> startup_memory -> (memory in trouble: foreign_process -> memory_overcommit -> memory_leak)
--> probe_kill -> healthy.
+-> probe_kill -> (one reading: the KV cache full with a queue now: memory_overcommit) -> healthy.
+
+Memory in trouble is an OOM, memory at the top (GpuMemoryCritical's threshold, from the bundle configuration), a
+climb, a spike or saturated trend state, or, in one reading of an exporter, a memory page's condition now
+(GpuMemoryCritical, TargetMemoryOverBudget, GpuMemoryExhaustedSoon): a reading where one of the shipped pages'
+conditions holds is never healthy.
 """
 
 from __future__ import annotations
@@ -51,14 +56,25 @@ def _make(name: str, summary: str, facts: Facts, criteria: dict[str, bool]) -> V
     return Verdict(name, round(confidence, 2), summary, criteria)
 
 
+def _pages_words(facts: Facts) -> str:
+    """One reading: the memory pages whose conditions hold now, by the rules' names, in parentheses."""
+    paging = facts.memory_paging
+    return " (" + "; ".join(f"{page.name}: {why}" for page, why in paging) + ")" if paging else ""
+
+
 def _memory_words(facts: Facts, at_top: bool, spiked: bool, ooms: float) -> str:
-    """What memory did, as words after a comma: only what the figures say (the criteria print the same ones)."""
+    """What memory did, as words after a comma: only what the figures say (the criteria print the same ones); in one
+    reading, the memory pages whose conditions hold now, by name, as the rules page on them."""
+    paging = facts.memory_paging
     if at_top:
         words = ", memory went to the top" if facts.history else ", memory is at the top now"
     elif spiked:
         words = ", memory spiked toward the top (the exporter's trend: spike)"
+    elif paging:
+        words = ", memory is in a state the shipped rules page on now"
     else:
         words = ""
+    words += _pages_words(facts)
     if ooms:
         words += f" and ran out ({ooms:g} OOM(s))" if words else f", memory ran out ({ooms:g} OOM(s))"
     return words
@@ -89,18 +105,22 @@ def decide(facts: Facts, probe_delay: float) -> Verdict:
     # An engine that never came up in the window is loading: its memory rises with the load, which is no leak.
     loading = facts.ever_up is False
     climbing = facts.climbing and not loading
-    trouble = ooms > 0 or facts.memory_top or climbing or bool({"spike", "saturated"} & set(facts.trend_states))
+    # One reading: a memory page's condition now (its figure, not the trend, which may still be `unknown`).
+    paging = bool(facts.memory_paging)
+    trouble = (ooms > 0 or facts.memory_top or climbing or bool({"spike", "saturated"} & set(facts.trend_states))
+               or paging)  # fmt: skip
     # Memory at the top by diagnose's measure or by the exporter's (saturated: pinned near the top): what a summary
     # that says "went to the top" stands on, and the criterion that says so, the same figure.
     at_top = facts.memory_top or "saturated" in facts.trend_states
     spiked = "spike" in facts.trend_states
     if trouble and facts.has_memory:
         if facts.foreign_growth:
-            return _make("foreign_process", f"{what}: another process on the GPU grew by "
-                         f"{100 * (facts.other_growth_ratio or 0):.1f} % of it while the engine stayed within its "
-                         "reservation", facts, {
+            grew = (f"another process on the GPU grew by {100 * facts.other_rise_ratio:.1f} % of it" if facts.history
+                    else f"other processes hold {100 * facts.other_rise_ratio:.1f} % of the GPU now")  # fmt: skip
+            return _make("foreign_process", f"{what}: {grew} while the engine stayed within its "
+                         "reservation" + _memory_words(facts, at_top, spiked, 0), facts, {
                              "other processes grew": True, "engine within its reservation": True,
-                             "memory at the top or OOM": facts.memory_top or ooms > 0,
+                             "memory at the top or OOM": at_top or ooms > 0,
                              "KV cache not saturated": not facts.kv_saturated})  # fmt: skip
         if facts.kv_saturated and facts.backlog:
             return _make("memory_overcommit", f"{what}: over-provisioned concurrency: the KV cache was full, "
@@ -108,24 +128,27 @@ def decide(facts: Facts, probe_delay: float) -> Verdict:
                              "KV cache saturated": True, "requests waiting or preempted": True,
                              "memory at the top or a spike": at_top or spiked, "OOM": ooms > 0})  # fmt: skip
         if climbing:
-            return _make("memory_leak", f"{what}: memory climbs and does not fall back, with no matching rise "
-                         "in KV cache use or concurrency" + (f"; {ooms:g} OOM(s)" if ooms else ""), facts, {
+            return _make("memory_leak", f"{what}: memory climbs and does not fall back" + _pages_words(facts) +
+                         ", with no matching rise in KV cache use or concurrency" + (f"; {ooms:g} OOM(s)" if ooms else
+                                                                                    ""), facts, {
                              "memory climbs": True, "KV cache not saturated": not facts.kv_saturated,
                              "no request backlog": not facts.backlog,
                              "climb confirmed by the exporter's trend and by the history":
                                  "climbing" in facts.trend_states and (facts.climb is not None or not facts.history),
                              "OOM or over budget": ooms > 0 or (facts.over_budget_peak_bytes or 0) > 0})  # fmt: skip
-        if ooms or facts.memory_top:
-            # Memory ran out, or is at the top, with neither a climb nor a full cache. A history tells a spike from a
-            # climb; one reading of the exporter cannot (a climb the user watched ends at the top too).
-            how = " without a climb" if facts.history else ""
-            unread = ("; one reading cannot tell a climb from a spike: --prometheus with a window can"
-                      if not facts.history else "")  # fmt: skip
-            return _make("memory_overcommit", f"{what}:" + _memory_words(facts, at_top, spiked, ooms).lstrip(",")
-                         + how + ": over-provisioning, though the engine's queue does not show it" + unread,
-                         facts, {"memory at the top": at_top, "OOM": ooms > 0,
-                                 "KV cache saturated": facts.kv_saturated,
-                                 "requests waiting or preempted": facts.backlog})  # fmt: skip
+        # Memory ran out, or is at the top, or spiked, or (one reading) a memory page's condition holds now, with
+        # neither a climb nor a full cache. A history tells a spike from a climb; one reading of the exporter cannot
+        # (a climb the user watched ends at the top too). Every way into `trouble` ends here at the latest.
+        how = " without a climb" if facts.history else ""
+        unread = ("; one reading cannot tell a climb from a spike: --prometheus with a window can"
+                  if not facts.history else "")  # fmt: skip
+        criteria = {"memory at the top": at_top, "OOM": ooms > 0, "KV cache saturated": facts.kv_saturated,
+                    "requests waiting or preempted": facts.backlog}  # fmt: skip
+        if not facts.history:
+            criteria["a memory page's condition holds now"] = paging
+        return _make("memory_overcommit", f"{what}:" + _memory_words(facts, at_top, spiked, ooms).lstrip(",")
+                     + how + ": over-provisioning, though the engine's queue does not show it" + unread,
+                     facts, criteria)  # fmt: skip
 
     restarts = facts.restart_count
     if restarts >= 2 and ooms == 0 and not startup_memory:
@@ -140,12 +163,24 @@ def decide(facts: Facts, probe_delay: float) -> Verdict:
     if not facts.has_memory:
         return Verdict(INSUFFICIENT, 0.0, f"{what}: no GPU memory series in the window, so the first question "
                        "(the memory trend) cannot be answered; check that NVML is enabled", {})  # fmt: skip
+    if not facts.history and facts.kv_saturated and facts.backlog:
+        # One reading, the present: the KV cache full and requests queued or preempted now is the over-provisioned
+        # concurrency the incident began with, whatever the trend says yet (a history weighs its peaks, which need
+        # not be at one time, and keeps to its memory verdicts).
+        t = facts.thresholds
+        return _make("memory_overcommit", f"{what}: over-provisioned concurrency now: the KV cache is full (>= "
+                     f"{100 * t.kv_saturated:g} %), requests wait or are preempted; no memory page's condition holds "
+                     "yet; one reading cannot tell where memory goes: --prometheus with a window can", facts, {
+                         "KV cache saturated": True, "requests waiting or preempted": True,
+                         "memory at the top or a spike": False, "OOM": False})  # fmt: skip
     state = " (not up in the window: still loading; memory rising with a load is no leak)" if loading else ""
     check = facts.capacity_check
     if check.flagged and check.cap is not None:
         # Healthy today, and a configuration the postmortem warns of: said here, sized in the recommendations.
         state += (f"; but {check.cap.name} {check.cap.value:g} admits {check.ratio:.1f}x the requests its KV cache "
                   "held (step 3)")  # fmt: skip
+    if not facts.history:
+        state += "; no shipped page's condition holds now"
     return _make(HEALTHY, f"{what}: memory within its headroom, no OOM, no restart storm{state}", facts, {
         "no OOM": ooms == 0, "no climb or spike": not trouble,
         "KV cache not saturated": not facts.kv_saturated, "fewer than 2 restarts": restarts < 2})  # fmt: skip
