@@ -10,7 +10,8 @@ that time scale (`--bundle-config`), and again without the exporter's trend (`un
 the trend is still `unknown` (its first minutes, or a series started afresh), judged on the present figures alone.
 The pages' conditions are the shipped rules' own: every critical alert of the bundle rendered from the same
 configuration, its expression (without its `for:`) evaluated by a real Prometheus over what was scraped (backfilled
-with promtool), at each scrape's time.
+with promtool), at each scrape's time. The same Prometheus holds the history `diagnose --prometheus` reads: over each
+whole timeline it reaches the verdict the drill requires of the scenario, on the same thresholds.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, render
-from oomguard.diagnose.core import Diagnosis, diagnose_data
-from oomguard.diagnose.query import exporter_data
+from oomguard.diagnose.core import Diagnosis, diagnose_data, diagnose_prometheus
+from oomguard.diagnose.query import METRICS, exporter_data
 from oomguard.diagnose.thresholds import load_thresholds
 from oomguard.drill.scenarios import SCENARIOS, DrillScenario
 from oomguard.drill.services import Prometheus
@@ -165,9 +166,9 @@ def query_range(url: str, expr: str, start: float, end: float, step: float) -> s
 
 
 @pytest.fixture(scope="module")
-def judged(tmp_path_factory: pytest.TempPathFactory, promtool: str) -> Iterator[tuple[dict, dict]]:
-    """Every drill scenario's timeline at each time scale, and where each critical rule held:
-    {alert: {(timeline, time)}}."""
+def judged(tmp_path_factory: pytest.TempPathFactory, promtool: str) -> Iterator[tuple[dict, dict, dict]]:
+    """Every drill scenario's timeline at each time scale, where each critical rule held ({alert: {(timeline,
+    time)}}), and each timeline's diagnosis over its whole history."""
     work = tmp_path_factory.mktemp("agrees-with-pages")
     # Hours in the past: a Prometheus loads blocks that old at once.
     base = float(int(time.time() - 6 * 3600))
@@ -181,12 +182,13 @@ def judged(tmp_path_factory: pytest.TempPathFactory, promtool: str) -> Iterator[
         n for by_alert in rules.values() for expr in by_alert.values() for n in re.findall(r"\boomguard_\w+", expr)
     }
     source = work / "scraped.om"
-    source.write_text(openmetrics(timelines, names))
+    source.write_text(openmetrics(timelines, names | set(METRICS)))
     subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(work / "data")],
                    check=True, capture_output=True, timeout=120)  # fmt: skip
     prometheus = Prometheus(work, ["127.0.0.1:9"], scrape_interval="1h", evaluation_interval="1h")
     prometheus.start()
     held: dict[str, set[tuple[str, float]]] = {}
+    histories: dict[str, Diagnosis] = {}
     try:
         end = base + max(s.minutes for s in SCENARIOS.values()) * 60
         for scale, by_alert in rules.items():
@@ -194,10 +196,16 @@ def judged(tmp_path_factory: pytest.TempPathFactory, promtool: str) -> Iterator[
                 # Each scale's timelines, judged by the rules rendered for it, at each of its readings' times.
                 found = query_range(prometheus.url, expr, base + SCRAPE / scale, end, SCRAPE / scale)
                 held.setdefault(alert, set()).update(w for w in found if w[0].endswith(f"@{scale:g}x"))
+        for name, timeline in timelines.items():
+            thresholds = load_thresholds(bundle_file(work, timeline.scenario, timeline.scale))
+            end = timeline.readings[-1].at
+            (histories[name],) = diagnose_prometheus(prometheus.url, at=end, window=end - base + 1, instance=name,
+                                                     probe_delay=thresholds.probe_delay_seconds,
+                                                     thresholds=thresholds)  # fmt: skip
     finally:
         prometheus.stop()
     print(f"the rules judged in {time.monotonic() - started:.1f}s in all")
-    yield timelines, held
+    yield timelines, held, histories
 
 
 def holding(held: dict, timeline: str, at: float) -> set[str]:
@@ -206,7 +214,7 @@ def holding(held: dict, timeline: str, at: float) -> set[str]:
 
 def test_the_rules_page_in_the_scenarios_that_run_out(judged) -> None:
     """The judge is awake: the incident's memory pages hold before its OOM, and a healthy scenario's never."""
-    timelines, held = judged
+    timelines, held, _ = judged
     for scale in SCALES:
         incident = timelines[key("incident", scale)]
         before = [r for r in incident.readings if r.seconds < incident.deaths[0]]
@@ -219,7 +227,7 @@ def test_the_rules_page_in_the_scenarios_that_run_out(judged) -> None:
 @pytest.mark.parametrize("name", TIMELINES)
 def test_never_healthy_while_a_page_holds(judged, name: str) -> None:
     """Neither as read, nor without the trend (state unknown) for the pages that do not stand on it."""
-    timelines, held = judged
+    timelines, held, _ = judged
     wrong = []
     for r in timelines[name].readings:
         pages = holding(held, name, r.at)
@@ -235,7 +243,7 @@ def test_never_healthy_while_a_page_holds(judged, name: str) -> None:
 def test_it_names_the_memory_pages_the_rules_page_on(judged, name: str) -> None:
     """The memory pages diagnose says hold now are those whose conditions the rules find, no more, no fewer; a
     memory verdict names them in its summary, and GpuMemoryCritical's is memory at the top."""
-    timelines, held = judged
+    timelines, held, _ = judged
     wrong = []
     for r in timelines[name].readings:
         rules = holding(held, name, r.at) & MEMORY_PAGES
@@ -252,3 +260,11 @@ def test_it_names_the_memory_pages_the_rules_page_on(judged, name: str) -> None:
         if "OomGuardGpuMemoryCritical" in rules and not facts.memory_top:
             wrong.append(f"{when}: GpuMemoryCritical holds, and diagnose's memory is not at the top")
     assert not wrong, "\n".join(wrong[:10])
+
+
+@pytest.mark.parametrize("name", TIMELINES)
+def test_the_history_reaches_the_drills_verdict(judged, name: str) -> None:
+    """`diagnose --prometheus` over the whole timeline, on the same thresholds: the verdict the drill requires."""
+    timelines, _, histories = judged
+    d = histories[name]
+    assert d.verdict == timelines[name].scenario.verdict, d.summary
