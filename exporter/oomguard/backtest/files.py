@@ -46,7 +46,7 @@ MIB = 1024**2
 # Column -> (field, multiplier); the names a column may have, lower case.
 _MEMORY = {
     f"{figure}_{unit}": (figure, factor)
-    for figure in ("used", "total", "free", "reserved")
+    for figure in ("used", "total", "free", "reserved", "engine_used")
     for unit, factor in (("bytes", 1.0), ("mib", float(MIB)))
 }
 _ALIASES = {

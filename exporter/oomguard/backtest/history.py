@@ -33,6 +33,9 @@ class GpuRow:
     free: float | None = None
     reserved: float | None = None  # the driver's and firmware's (NVML v2, DCGM_FI_DEV_FB_RESERVED), not an engine's
     target: str = ""  # the engine using it ("" none known)
+    # What the engine's own processes hold on it (NVML's per-process list): None where the history cannot tell (as
+    # with dcgm-exporter), and then everything on the GPU counts as the engine's.
+    engine_used: float | None = None
 
 
 @dataclass(slots=True)

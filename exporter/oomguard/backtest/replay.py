@@ -34,6 +34,7 @@ from oomguard.model import (
     EngineReading,
     EngineSetting,
     GpuKey,
+    GpuProcess,
     GpuReading,
     MigInstance,
     ModelReading,
@@ -58,6 +59,8 @@ NAMED_GPU_INDEX = 10_000
 # selector (rules.py).
 JOB, INSTANCE = "oomguard-backtest", "backtest"
 SELECTOR = f'job="{JOB}"'
+# The pids the engines' own bytes are listed under: above any real pid (pid_max is at most 2**22).
+FIRST_PID = 2**22 + 1
 # How many intervals between steps are kept to find the history's step (their median).
 INTERVALS_KEPT = 10_000
 # GPUs and engines seen over the whole history: each is a few hundred bytes of the replay's own and a handful of
@@ -257,6 +260,7 @@ class Replay:
         self.observer = TrendObserver(self._nvml, _NoProcesses(), lambda: self._views, self.tracker)  # type: ignore[arg-type]
         self._index: dict[GpuKey, tuple[int, int | None]] = {}
         self._named: dict[str, int] = {}  # node -> next index for a GPU named otherwise
+        self._pids: dict[str, int] = {}  # an engine -> the pid its bytes are listed under (GpuRow.engine_used)
         self.coverage: dict[GpuKey, GpuCoverage] = {}
         self.targets: dict[str, set[GpuKey]] = {}
         self._intervals: list[float] = []
@@ -294,6 +298,11 @@ class Replay:
             used = max(0.0, total - free - (reserved or 0.0))
         if total is not None and total <= 0:
             total = None
+        processes = None
+        if row.target and row.engine_used is not None:
+            # NVML's per-process list as the node agent reads it: the engine's process with its bytes; the rest of the
+            # GPU's use is everyone else's.
+            processes = (GpuProcess(self._pid(row.target), row.target, row.engine_used),)
         return GpuReading(
             index=index,
             up=True,
@@ -301,16 +310,30 @@ class Replay:
             used_bytes=used,
             free_bytes=free,
             reserved_bytes=reserved,
+            processes=processes,
             node=row.node,
             pods=((NAMESPACE, row.target),) if row.target else (),
             mig=MigInstance("", instance) if instance is not None else None,
         )
 
-    def _target(self, engine: EngineRow, nodes: list[str]) -> TargetReading:
+    def _pid(self, target: str) -> int:
+        pid = self._pids.get(target)
+        if pid is None:
+            pid = self._pids[target] = FIRST_PID + len(self._pids)
+        return pid
+
+    def _target(self, engine: EngineRow, nodes: list[str], own: bool = False) -> TargetReading:
         figures = engine.has_figures()
         state = engine.state or ("up" if figures else "down")
         reading = None
-        if figures:
+        settings = {}
+        told = engine.gpu_memory_utilization if state == "loading" else None
+        if told is None:
+            told = self.default_utilization
+        if told is not None:
+            # As the exporter reads a local engine's command line (its reservation while it loads, with no /metrics).
+            settings["gpu_memory_utilization"] = EngineSetting(told, "flag")
+        if figures and state != "loading":  # a loading engine refuses /metrics: its figures are not read
             model = ModelReading(
                 model_name="",
                 kv_cache_usage_ratio=engine.kv_cache_usage,
@@ -319,9 +342,6 @@ class Replay:
                 preemptions_total=engine.preemptions_total,
             )
             reading = EngineReading(models=(model,), memory_utilization_ratio=engine.gpu_memory_utilization)
-        settings = {}
-        if self.default_utilization is not None:
-            settings["gpu_memory_utilization"] = EngineSetting(self.default_utilization, "flag")
         node = nodes[0] if nodes else ""
         members = tuple(PodRef(NAMESPACE, engine.target, "", node=other) for other in nodes[1:])
         pod = PodRef(NAMESPACE, engine.target, "", node=node, members=members)
@@ -334,6 +354,10 @@ class Replay:
             state=state,
             scrape_duration_seconds=0.0,
             engine_reading=reading,
+            # Its process, where the history says its own bytes (join.py then tells them from everyone else's).
+            process=ProcessTree(self._pid(engine.target), frozenset({self._pid(engine.target)}), 0.0, 0.0)
+            if own
+            else None,
             pod=pod,
             settings=settings,
         )
@@ -342,6 +366,7 @@ class Replay:
         gpus = tuple(self._reading(row) for row in step.gpus)
         engines = dict(step.engines)
         nodes_of: dict[str, list[str]] = {}
+        own = {row.target for row in step.gpus if row.target and row.engine_used is not None}
         for row in step.gpus:
             if row.target:
                 nodes = nodes_of.setdefault(row.target, [])
@@ -362,7 +387,7 @@ class Replay:
                     nodes_of.setdefault(name, [row.node])
         if len(self.targets) + len(engines) > MAX_TARGETS and any(n not in self.targets for n in engines):
             raise BacktestError(f"more than {MAX_TARGETS:,} engines in the history: backtest a part of it at a time")
-        targets = tuple(self._target(engine, nodes_of.get(name, [])) for name, engine in engines.items())
+        targets = tuple(self._target(engine, nodes_of.get(name, []), name in own) for name, engine in engines.items())
         return NvmlReading(up=True, gpus=gpus), targets
 
     def _account(self, t: float, nvml: NvmlReading, targets: tuple[TargetReading, ...], snapshot: Snapshot) -> None:

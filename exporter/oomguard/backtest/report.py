@@ -45,7 +45,8 @@ class Lead:
 @dataclass
 class OomResult:
     oom: Oom
-    leads: list[Lead]  # each alert's earliest firing before the OOM (within the window, or still firing)
+    leads: list[Lead]  # each alert's earliest firing before the OOM (since the OOM before it, within the window)
+    relapse_of: Oom | None = None  # within `after` of an earlier OOM of its place: that incident's relapse
 
     @property
     def first_page(self) -> Lead | None:
@@ -62,7 +63,8 @@ class Outcome:
     """The figures a sweep compares: how many OOMs were paged ahead, how early, how many pages for nothing."""
 
     ooms: int
-    paged: int
+    incidents: int  # OOMs that are no relapse of an earlier one
+    paged: int  # incidents paged before their first OOM
     median_page_lead: float | None
     false_pages: int
     false_tickets: int
@@ -95,6 +97,7 @@ class Report:
     sweep: list[dict[str, Any]] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    episodes: dict[str, list[Episode]] = field(default_factory=dict)  # every alert's, fired or pending only
 
     # -- text -----------------------------------------------------------------------------------------
     def text(self) -> str:
@@ -115,13 +118,17 @@ class Report:
                 "",
             ]
         else:
-            paged = self.outcome.paged
-            lines.append(f"OOMs: {len(self.ooms)}, paged before: {paged}" + (
-                f", first page a median {_minutes(self.outcome.median_page_lead)} ahead"
-                if self.outcome.median_page_lead is not None else ""))  # fmt: skip
+            o = self.outcome
+            lead = f", a median {_minutes(o.median_page_lead)} ahead" if o.median_page_lead is not None else ""
+            lines.append(
+                f"OOMs: {o.ooms} in {o.incidents} incident{'s' * (o.incidents != 1)}, paged before their first OOM: "
+                f"{o.paged} of {o.incidents}{lead}"
+            )
         for result in self.ooms:
             page = result.first_page
             head = f"  {_time(result.oom.t)}  {result.oom.place()}: "
+            if result.relapse_of is not None:
+                head += f"(a relapse, {_minutes(result.oom.t - result.relapse_of.t)} after the OOM before it) "
             if page is not None:
                 head += f"paged {_minutes(page.lead_seconds)} before ({page.alert})"
             elif result.leads:
@@ -185,6 +192,7 @@ class Report:
                     "node": r.oom.node,
                     "target": r.oom.target,
                     "source": r.oom.source,
+                    "relapse_of": None if r.relapse_of is None else r.relapse_of.t,
                     "first_page": _lead(r.first_page),
                     "first_alert": _lead(r.first_alert),
                     "alerts": [_lead(lead) for lead in sorted(r.leads, key=lambda lead: -lead.lead_seconds)],
@@ -201,7 +209,8 @@ class Report:
             },
             "summary": {
                 "ooms": o.ooms,
-                "paged_before": o.paged,
+                "incidents": o.incidents,
+                "incidents_paged_before": o.paged,
                 "median_first_page_lead_seconds": o.median_page_lead,
             },
             "gpus": [
@@ -310,22 +319,33 @@ class Places:
 def judge(
     episodes: dict[str, list[Episode]], ooms: list[Oom], summary: ReplaySummary, window: Window
 ) -> tuple[list[OomResult], list[Episode], Outcome]:
+    """Each OOM's leads: the alerts of its place that fired since the OOM before it there (a relapse's warning is
+    what fired after the last death, not the first incident's page again), and at most `window.before` ahead. An
+    OOM within `window.after` of an earlier one of its place is that incident's relapse: the incident's paging is
+    judged at its first OOM."""
     places = Places(summary)
-    fired = [e for eps in episodes.values() for e in eps if e.fired_at is not None]
+    fired = sorted((e for eps in episodes.values() for e in eps if e.fired_at is not None), key=lambda e: e.fired_at)
     oom_keys = [places.of_oom(oom) for oom in ooms]
     results = []
-    for oom, keys in zip(ooms, oom_keys, strict=True):
+    for index, (oom, keys) in enumerate(zip(ooms, oom_keys, strict=True)):
+        earlier = [o for o, k in zip(ooms[:index], oom_keys[:index], strict=True) if _overlap(keys, k) and o.t < oom.t]
+        since = max([oom.t - window.before, *(o.t for o in earlier)])
+        relapse_of = next((o for o in reversed(earlier) if oom.t - o.t <= window.after), None)
         earliest: dict[str, Lead] = {}
         for e in fired:
             assert e.fired_at is not None
-            if e.fired_at > oom.t or (e.resolved_at is not None and e.resolved_at < oom.t - window.before):
+            if e.fired_at > oom.t:
+                continue
+            # Fired ahead of the window: the earlier OOM's warning where there is one, else this one's while it still
+            # fires in the window (a page that has fired for hours warned of this OOM all the same).
+            if e.fired_at < since and (earlier or (e.resolved_at is not None and e.resolved_at < since)):
                 continue
             if not places.meet(e.labels, oom, keys):
                 continue
             held = earliest.get(e.alert)
             if held is None or e.fired_at < held.fired_at:
                 earliest[e.alert] = Lead(e.alert, e.receiver, e.fired_at, oom.t - e.fired_at, e.labels)
-        results.append(OomResult(oom, list(earliest.values())))
+        results.append(OomResult(oom, list(earliest.values()), relapse_of))
     false = []
     for e in fired:
         assert e.fired_at is not None
@@ -335,11 +355,12 @@ def judge(
         )
         if not inside and e.receiver in ("page", "ticket"):
             false.append(e)
-    false.sort(key=lambda e: e.fired_at or 0.0)
     gpu_days = sum(c.judged_seconds for c in summary.gpus.values()) / DAY
-    leads = [r.first_page.lead_seconds for r in results if r.first_page is not None]
+    firsts = [r for r in results if r.relapse_of is None]
+    leads = [r.first_page.lead_seconds for r in firsts if r.first_page is not None]
     outcome = Outcome(
         ooms=len(ooms),
+        incidents=len(firsts),
         paged=len(leads),
         median_page_lead=statistics.median(leads) if leads else None,
         false_pages=sum(1 for e in false if e.receiver == "page"),
@@ -347,6 +368,10 @@ def judge(
         gpu_days=gpu_days,
     )
     return results, false, outcome
+
+
+def _overlap(a: set[GpuKey] | None, b: set[GpuKey] | None) -> bool:
+    return a is None or b is None or bool(a & b)
 
 
 # -- sweep table ----------------------------------------------------------------------------------------------
@@ -391,11 +416,17 @@ def write_plots(directory: Path, report: Report, memory: dict[int, dict[str, lis
         for name, points in sorted(memory.get(index, {}).items()):
             if points:
                 axes.plot([(t - oom) / 60 for t, _ in points], [v * 100 for _, v in points], label=name, linewidth=1.2)
-        for lead in result.leads:
-            x = -lead.lead_seconds / 60
+        left = -report.window.before / 60
+        routed = sorted((lead for lead in result.leads if lead.receiver), key=lambda lead: -lead.lead_seconds)
+        for n, lead in enumerate(routed):
+            x = max(left, -lead.lead_seconds / 60)  # fired before the window: drawn at its edge, its lead said
+            name = lead.alert.removeprefix("OomGuard")
+            if x == left and -lead.lead_seconds / 60 < left:
+                name += f" ({_minutes(lead.lead_seconds)} before)"
             axes.axvline(x, color=colours.get(lead.receiver, "tab:gray"), linestyle="--", linewidth=1)
-            axes.annotate(lead.alert.removeprefix("OomGuard"), (x, 1.0), xycoords=("data", "axes fraction"),
-                          rotation=90, fontsize=7, va="top", ha="right")  # fmt: skip
+            axes.annotate(f"{name} ({lead.receiver})", (x, 0.97 - 0.09 * (n % 8)), xycoords=("data", "axes fraction"),
+                          fontsize=7, ha="right", va="top", color=colours.get(lead.receiver, "tab:gray"))  # fmt: skip
+        axes.set_xlim(left, report.window.after / 60)
         axes.axvline(0, color="black", linewidth=2, label="OOM")
         axes.set_xlabel("minutes from the OOM")
         axes.set_ylabel("% (used of total, or of the headroom)")

@@ -16,7 +16,7 @@ from typing import Protocol
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import Problems, Step
 from oomguard.backtest.ooms import Oom
-from oomguard.backtest.replay import Replay, SeriesFilter
+from oomguard.backtest.replay import Replay, ReplaySummary, SeriesFilter
 from oomguard.backtest.report import Report, Window, judge, write_plots
 from oomguard.backtest.rules import RuleSet, backfill_records, evaluate, rule_set
 from oomguard.backtest.tsdb import Backfill, Prometheus
@@ -68,6 +68,74 @@ def trend_settings(base: TrendSettings, step: float) -> TrendSettings:
     return replace(base, interval_seconds=step) if step > 0 else base
 
 
+@dataclass
+class Replayed:
+    """A history replayed into a backfill: what the report needs of it."""
+
+    source: str
+    summary: ReplaySummary
+    step: float
+    lookback: float
+    problems: list[str]
+
+
+def replay_history(
+    history: History, source: str, options: Options, rules: RuleSet, backfill: Backfill, progress: Progress = _quiet
+) -> Replayed:
+    """The history through the exporter's join and trend, its series into `backfill`."""
+    steps = iter(history)
+    head, step = peek(steps, PEEK_STEPS)
+    if not head:
+        raise BacktestError(f"{source}: no readings in the history (or in the window asked for)")
+    lookback = max(1.0, LOOKBACK_STEPS * step) if step > 0 else max(1.0, options.evaluation_interval)
+    replay = Replay(
+        trend_settings(options.trend, step), SeriesFilter(rules.wanted), backfill.write,
+        lookback=lookback, gpu_memory_utilization=options.gpu_memory_utilization,
+    )  # fmt: skip
+    progress(f"replaying the history through the exporter's join and trend (a reading every {step:g} s)")
+    # A sample that fails in the trend is counted (errors_total), as live; its traceback is no user's business.
+    sampler_log = logging.getLogger("oomguard.trend.sampler")
+    was = sampler_log.disabled
+    sampler_log.disabled = True
+    try:
+        summary = replay.run(itertools.chain(head, steps))
+    finally:
+        sampler_log.disabled = was
+    progress(f"{summary.steps:,} readings replayed, {summary.samples:,} samples written")
+    problems = history.problems.lines()
+    if summary.trend_errors:
+        problems.append(f"{summary.trend_errors} trend samples failed (counted, as the exporter counts them)")
+    return Replayed(source, summary, step, lookback, problems)
+
+
+def judge_history(
+    prometheus: Prometheus, replayed: Replayed, options: Options, rules: RuleSet, ooms: list[Oom],
+    progress: Progress = _quiet,
+) -> tuple[Report, dict[int, dict[str, list[tuple[float, float]]]]]:  # fmt: skip
+    """The rules over the replayed window, judged against `ooms`; with the memory to plot (when asked for)."""
+    summary = replayed.summary
+    start, end = summary.start, summary.end
+    progress(f"evaluating {len(rules.alerts)} alerts every {options.evaluation_interval:g} s over the history")
+    episodes = evaluate(prometheus, rules.alerts, start, end)
+    ooms = [oom for oom in ooms if start - options.window.before <= oom.t <= end + options.window.after]
+    results, false, outcome = judge(episodes, ooms, summary, options.window)
+    report = Report(
+        source=replayed.source, start=start, end=end, steps=summary.steps, step_seconds=summary.step_seconds,
+        evaluation_seconds=options.evaluation_interval, bundle=options.bundle_name, window=options.window,
+        ooms=results, false_alarms=false, summary=summary, outcome=outcome, problems=list(replayed.problems),
+    )  # fmt: skip
+    report.episodes = episodes
+    if not ooms:
+        report.notes.append("no OOMs in the window: give them with --ooms FILE (one time a line)")
+    if options.sweep:
+        from oomguard.backtest.sweep import sweep
+
+        progress("sweeping the memory alerts' thresholds and windows")
+        report.sweep = sweep(prometheus, options, rules, episodes, ooms, summary)
+    memory = _plot_memory(prometheus, report, replayed.step) if options.plot is not None else {}
+    return report, memory
+
+
 def backtest(
     history: History,
     source: str,
@@ -82,7 +150,28 @@ def backtest(
     rules = rule_set(options.bundle, options.evaluation_interval)
     workdir = Path(tempfile.mkdtemp(prefix="oomguard-backtest-"))
     try:
-        return _backtest(history, source, options, rules, workdir, ooms, ooms_from, progress)
+        backfill = Backfill(workdir)
+        try:
+            replayed = replay_history(history, source, options, rules, backfill, progress)
+        except BaseException:
+            backfill.abort()
+            raise
+        progress("waiting for promtool's blocks")
+        blocks = backfill.finish()
+        if ooms is None:
+            ooms = ooms_from() if ooms_from is not None else []
+        progress("starting Prometheus over the replayed series")
+        with Prometheus(workdir, blocks, replayed.lookback) as prometheus:
+            if rules.records:
+                progress(f"recording {len(rules.records)} rules the alerts read")
+                record(prometheus, rules, replayed.summary, options.evaluation_interval, workdir, blocks)
+            report, memory = judge_history(prometheus, replayed, options, rules, ooms, progress)
+        if options.plot is not None:
+            try:
+                report.plots = write_plots(options.plot, report, memory)
+            except BacktestError as exc:
+                report.notes.append(f"no plots: {exc}")
+        return report
     finally:
         if options.keep is not None:
             with contextlib.suppress(OSError):
@@ -90,74 +179,16 @@ def backtest(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _backtest(
-    history: History, source: str, options: Options, rules: RuleSet, workdir: Path,
-    ooms: list[Oom] | None, ooms_from: Callable[[], list[Oom]] | None, progress: Progress,
-) -> Report:  # fmt: skip
-    steps = iter(history)
-    head, step = peek(steps, PEEK_STEPS)
-    if not head:
-        raise BacktestError(f"{source}: no readings in the history (or in the window asked for)")
-    lookback = max(1.0, LOOKBACK_STEPS * step) if step > 0 else max(1.0, options.evaluation_interval)
-    backfill = Backfill(workdir)
-    replay = Replay(
-        trend_settings(options.trend, step), SeriesFilter(rules.wanted), backfill.write,
-        lookback=lookback, gpu_memory_utilization=options.gpu_memory_utilization,
-    )  # fmt: skip
-    progress(f"replaying the history through the exporter's join and trend (a reading every {step:g} s)")
-    # A sample that fails in the trend is counted (errors_total), as live; its traceback is no user's business.
-    sampler_log = logging.getLogger("oomguard.trend.sampler")
-    was = sampler_log.disabled
-    sampler_log.disabled = True
-    try:
-        summary = replay.run(itertools.chain(head, steps))
-    except BaseException:
-        backfill.abort()
-        raise
-    finally:
-        sampler_log.disabled = was
-    progress(f"{summary.steps:,} readings replayed, {summary.samples:,} samples written; waiting for promtool")
-    blocks = backfill.finish()
-    problems = history.problems.lines()
-    if summary.trend_errors:
-        problems.append(f"{summary.trend_errors} trend samples failed (counted, as the exporter counts them)")
-    start, end = summary.start, summary.end
-    progress("starting Prometheus over the replayed series")
-    prometheus = Prometheus(workdir, blocks, lookback)
-    with prometheus:
-        if rules.records:
-            progress(f"recording {len(rules.records)} rules the alerts read")
-            recorded = backfill_records(prometheus, rules.records, start, end, options.evaluation_interval, workdir)
-            prometheus.stop()
-            if recorded is not None:
-                for block in recorded.iterdir():
-                    block.rename(blocks / block.name)
-            prometheus.start()
-        progress(f"evaluating {len(rules.alerts)} alerts every {options.evaluation_interval:g} s over the history")
-        episodes = evaluate(prometheus, rules.alerts, start, end)
-        if ooms is None:
-            ooms = ooms_from() if ooms_from is not None else []
-        ooms = [oom for oom in ooms if start - options.window.before <= oom.t <= end + options.window.after]
-        results, false, outcome = judge(episodes, ooms, summary, options.window)
-        report = Report(
-            source=source, start=start, end=end, steps=summary.steps, step_seconds=summary.step_seconds,
-            evaluation_seconds=options.evaluation_interval, bundle=options.bundle_name, window=options.window,
-            ooms=results, false_alarms=false, summary=summary, outcome=outcome, problems=problems,
-        )  # fmt: skip
-        if not ooms:
-            report.notes.append("no OOMs in the window: give them with --ooms FILE (one time a line)")
-        if options.sweep:
-            from oomguard.backtest.sweep import sweep
-
-            progress("sweeping the memory alerts' thresholds and windows")
-            report.sweep = sweep(prometheus, options, rules, episodes, ooms, summary, start, end)
-        memory = _plot_memory(prometheus, report, step) if options.plot is not None else {}
-    if options.plot is not None:
-        try:
-            report.plots = write_plots(options.plot, report, memory)
-        except BacktestError as exc:
-            report.notes.append(f"no plots: {exc}")
-    return report
+def record(
+    prometheus: Prometheus, rules: RuleSet, summary: ReplaySummary, interval: float, workdir: Path, blocks: Path
+) -> None:
+    """The recording rules the alerts read, backfilled over the window; Prometheus restarted to read their blocks."""
+    recorded = backfill_records(prometheus, rules.records, summary.start, summary.end, interval, workdir)
+    prometheus.stop()
+    if recorded is not None:
+        for block in recorded.iterdir():
+            block.rename(blocks / block.name)
+    prometheus.start()
 
 
 def _plot_memory(
