@@ -190,7 +190,8 @@ class FileHistory:
             for n in ignored:
                 close = difflib.get_close_matches(n, KNOWN_COLUMNS, n=1)
                 if close:
-                    hints.append(f"{excerpt(n, 40)!r} -> {close[0]!r}?")
+                    name = close[0].replace("_mib", "_bytes")  # bytes first: the unit the exporter writes
+                    hints.append(f"{excerpt(n, 40)!r} -> {name!r}?")
             hint = f" ({', '.join(hints)})" if hints else ""
             raise _fix(
                 self.path, line, f"no {', no '.join(missing)} column{hint}; the columns are: {_EXAMPLE_HEADER} "

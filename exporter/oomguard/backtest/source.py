@@ -197,8 +197,10 @@ def load_mapping(preset: str, path: Path | None) -> Mapping:
 
 
 # -- HTTP -------------------------------------------------------------------------------------------------------
-def get(url: str, timeout: float, what: str, fix: str, limit: int = MAX_ANSWER_BYTES) -> bytes:
-    """The body at `url`, read by a deadline of `timeout` seconds and within `limit` bytes."""
+def get(url: str, timeout: float, what: str, fix: str, limit: int | None = None) -> bytes:
+    """The body at `url`, read by a deadline of `timeout` seconds (a server that drips its answer is cut there, not
+    at each read's timeout) and within `limit` bytes (MAX_ANSWER_BYTES)."""
+    limit = MAX_ANSWER_BYTES if limit is None else limit
     deadline = time.monotonic() + timeout
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
@@ -206,7 +208,7 @@ def get(url: str, timeout: float, what: str, fix: str, limit: int = MAX_ANSWER_B
             while True:
                 if time.monotonic() > deadline:
                     raise TimeoutError
-                chunk = response.read(READ_BLOCK)
+                chunk = response.read1(READ_BLOCK)  # what has come, not a whole block: the deadline is checked
                 if not chunk:
                     break
                 size += len(chunk)

@@ -1,0 +1,182 @@
+"""The backtest's inputs without a Prometheus: history files, OOM lists, the rules' references and `for:`."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from oomguard.backtest import BacktestError
+from oomguard.backtest.files import FileHistory
+from oomguard.backtest.ooms import read_ooms
+from oomguard.backtest.rules import AlertRule, _machine, references, rule_set
+from oomguard.bundle.config import load_bundle_config
+from tests.backtest.histories import T0, synthetic_rows, write_csv
+
+HEADER = "time,node,gpu,used_bytes,total_bytes\n"
+
+
+def steps(path: Path) -> tuple[list, FileHistory]:
+    history = FileHistory(path)
+    return list(history), history
+
+
+def test_a_csv_history_is_read_a_step_at_a_time(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "h.csv", synthetic_rows(hours=0.1, gpus=2))
+    found, history = steps(path)
+    assert len(found) == 24 and all(len(s.gpus) == 2 for s in found)
+    first = found[0]
+    assert first.t == T0 and first.gpus[0].gpu == "0" and first.gpus[0].node == "node-1"
+    assert first.gpus[0].total == 85e9 and first.gpus[0].target == "vllm-0"
+    assert first.engines["vllm-0"].gpu_memory_utilization == 0.9 and first.engines["vllm-0"].running == 5
+    assert not history.problems.lines()
+
+
+def test_json_lines_gzip_rfc3339_and_mib(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl.gz"
+    lines = [
+        {"time": "2024-05-01T00:00:00Z", "hostname": "n", "gpu": "GPU-abc", "used_mib": 1024, "free_mib": 3072},
+        {"time": "2024-05-01T02:00:15+02:00", "hostname": "n", "gpu": "GPU-abc", "used_mib": 2048, "free_mib": 2048},
+    ]
+    with gzip.open(path, "wt") as handle:
+        handle.write("\n".join(json.dumps(line) for line in lines) + "\n")
+    found, _ = steps(path)
+    assert [s.t for s in found] == [T0, T0 + 15]
+    assert found[0].gpus[0].used == 1024 * 2**20 and found[0].gpus[0].free == 3072 * 2**20
+    assert found[0].gpus[0].gpu == "GPU-abc"
+
+
+def test_a_clock_step_backwards_drops_the_rows_and_says_so(tmp_path: Path) -> None:
+    times = [0, 15, 30, 45, 20, 25, 60]  # the clock stepped back 25 s after 45
+    path = tmp_path / "h.csv"
+    path.write_text(HEADER + "".join(f"{T0 + t},n,0,1e9,8e10\n" for t in times))
+    found, history = steps(path)
+    assert [s.t - T0 for s in found] == [0, 15, 30, 45, 60]
+    assert history.problems.out_of_order == 2
+    assert "2 rows dropped: their time went back" in history.problems.lines()[0]
+    assert "line 6" in history.problems.lines()[0]
+
+
+def test_a_gpu_twice_at_one_time_and_values_that_are_no_reading(tmp_path: Path) -> None:
+    path = tmp_path / "h.csv"
+    path.write_text(
+        "time,gpu,used_bytes,total_bytes,kv_cache_usage,target\n"
+        f"{T0},0,1e9,8e10,0.5,a\n{T0},0,2e9,8e10,1.5,a\n{T0},1,NaN,8e10,,\n{T0},2,-5,8e10,,\n"
+    )
+    [step], history = steps(path)
+    assert [g.used for g in step.gpus] == [2e9, None, None]
+    assert history.problems.duplicates == 1
+    assert history.problems.rejected == {"kv_cache_usage": 1, "used_bytes": 2}
+    assert step.engines["a"].kv_cache_usage == 0.5  # the first with figures of the engine at that time
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("", "no rows; a history file starts with a header"),
+        ("time,gpu,used,total_bytes\n1,0,1,2\n", "no used_bytes (or used_mib) column ('used' -> 'used_bytes'?)"),
+        ("time,used_bytes,total_bytes\n1,1,2\n", "no gpu column"),
+        (HEADER + f"{T0},n,0,1e9\n", "line 2: 4 cells where the header has 5 columns"),
+        (HEADER + f"{T0},n,0,lots,8e10\n", "line 2: used_bytes 'lots' is not a number"),
+        (HEADER + "yesterday,n,0,1e9,8e10\n", "line 2: time: 'yesterday' is not a time"),
+        (HEADER + "2024-05-01T00:00:00,n,0,1e9,8e10\n", "has no UTC offset; add one (Z for UTC"),
+        (HEADER + f"{T0},n,,1e9,8e10\n", "line 2: no gpu"),
+        ("time,gpu,used_bytes,total_bytes,state\n" + f"{T0},0,1,2,sleeping\n", "state 'sleeping': one of up"),
+    ],
+)
+def test_a_bad_file_is_refused_naming_the_line_and_the_fix(tmp_path: Path, text: str, said: str) -> None:
+    path = tmp_path / "h.csv"
+    path.write_text(text)
+    with pytest.raises(BacktestError) as caught:
+        steps(path)
+    assert said in str(caught.value)
+
+
+def test_the_size_of_a_file_is_bounded(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "h.csv", synthetic_rows(hours=0.1, gpus=1))
+    with pytest.raises(BacktestError, match="over the limit of a history file"):
+        list(FileHistory(path, max_bytes=100))
+    packed = tmp_path / "h.csv.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    with pytest.raises(BacktestError, match="more than 100 bytes of text"):
+        list(FileHistory(packed, max_bytes=100))
+    long_line = tmp_path / "long.csv"
+    long_line.write_text(HEADER + "1" * 70_000 + "\n")
+    with pytest.raises(BacktestError, match="longer than 65,536 characters"):
+        list(FileHistory(long_line))
+    with pytest.raises(BacktestError, match="cannot read the history"):
+        list(FileHistory(tmp_path / "absent.csv"))
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"time,gpu\n\xff\xfe\n")
+    with pytest.raises(BacktestError, match="not UTF-8"):
+        list(FileHistory(binary))
+
+
+def test_the_ooms_file(tmp_path: Path) -> None:
+    path = tmp_path / "ooms.txt"
+    path.write_text(
+        "# from the engine's log\n"
+        "2024-05-01T12:03:00Z gpu=3 node=gpu-node-7\n"
+        "1714565000 3 gpu-node-7\n"
+        "2024-05-02T08:00:00+02:00 target=vllm-llama  # a comment\n"
+        "1714565000000\n"
+    )
+    ooms = read_ooms(path)
+    assert [(o.gpu, o.node, o.target) for o in ooms] == [
+        ("3", "gpu-node-7", ""), ("3", "gpu-node-7", ""), ("", "", ""), ("", "", "vllm-llama")
+    ]  # fmt: skip
+    assert ooms[1].t == ooms[2].t == 1714565000.0  # milliseconds read as such
+    path.write_text("2024-05-01T12:03:00Z pod=x\n")
+    with pytest.raises(BacktestError, match="line 1: 'pod': a place is gpu=, node= or target="):
+        read_ooms(path)
+    path.write_text("soon\n")
+    with pytest.raises(BacktestError, match=r"line 1: time: 'soon' is not a time.*TIME \[gpu=G\]"):
+        read_ooms(path)
+
+
+def test_the_rules_read_the_families_the_replay_writes() -> None:
+    found = references(
+        'sum by (a, target) (rate(foo_total{x="y",job="j"}[5m])) > on(b) group_left bar offset 5m and x:y:z'
+        ' unless label_replace(baz{state="climbing",w=~"a|b"}, "l", "v", "", "")'
+    )
+    assert found == {"foo_total": [{"x": "y"}], "bar": [{}], "x:y:z": [{}], "baz": [{"state": "climbing"}]}
+    rules = rule_set(load_bundle_config(), 30.0)
+    assert rules.wanted["oomguard_gpu_memory_trend_state"] == [{"state": "climbing"}]
+    assert {"oomguard_gpu_memory_headroom_used_ratio", "oomguard_engine_preemptions_total"} <= set(rules.wanted)
+    assert not rules.records  # the shipped alerts read no recording rule
+    assert {r.group for r in rules.alerts} == {"oomguard-gpu-memory", "oomguard-engine"}
+    assert all('job="oomguard-backtest"' in r.expr for r in rules.alerts)
+
+
+def rule(for_seconds: float = 60.0, keep: float = 0.0) -> AlertRule:
+    return AlertRule("A", "g", "x", for_seconds, keep, {"severity": "critical"}, 30.0)
+
+
+@pytest.mark.parametrize(
+    ("present", "for_seconds", "keep", "want"),
+    [
+        # Pending at its first evaluation, firing once active for `for`, resolved at the first absent evaluation.
+        ([0, 1, 2, 3], 60.0, 0.0, [(0, 2, 4)]),
+        # Absent once before `for` held: pending dropped, active again from scratch.
+        ([0, 1, 3, 4, 5], 60.0, 0.0, [(0, None, 2), (3, 5, 6)]),
+        # for: 0 fires at the first evaluation.
+        ([5], 0.0, 0.0, [(5, 5, 6)]),
+        # keep_firing_for 60 s: two evaluations absent keep it firing; a third resolves it.
+        ([0, 1, 2, 4, 5], 30.0, 60.0, [(0, 1, 8)]),
+        ([0, 1, 2, 6], 30.0, 60.0, [(0, 1, 5), (6, None, 7)]),
+        # Still firing at the end of the window: not resolved.
+        ([7, 8, 9], 30.0, 0.0, [(7, 8, None)]),
+    ],
+)
+def test_for_and_keep_firing_for_as_prometheus_applies_them(
+    present: list[int], for_seconds: float, keep: float, want: list[tuple[int, int | None, int | None]]
+) -> None:
+    episodes = _machine(rule(for_seconds, keep), {}, present, 0.0, 30.0, 10)
+    got = [
+        (int(e.active_at / 30), None if e.fired_at is None else int(e.fired_at / 30),
+         None if e.resolved_at is None else int(e.resolved_at / 30))
+        for e in episodes
+    ]  # fmt: skip
+    assert got == want

@@ -1,0 +1,182 @@
+"""A history read from a Prometheus (an aiohttp stand-in): the presets' queries put together into steps, and a
+server that refuses, hangs, drips, floods or is no Prometheus at all: a clear BacktestError, in bounded time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from oomguard.backtest import BacktestError, source
+from oomguard.backtest.source import PrometheusHistory, load_mapping
+from oomguard.config import ConfigError
+
+T0 = 1_714_521_600.0
+MIB = 2**20
+MODE = web.AppKey("mode", str)
+QUERIES = web.AppKey("queries", list)
+
+
+def _grid(request: web.Request) -> list[float]:
+    start, end, step = (float(request.query[k]) for k in ("start", "end", "step"))
+    out, t = [], start
+    while t <= end + 1e-9:
+        out.append(t)
+        t += step
+    return out
+
+
+def dcgm_answer(request: web.Request) -> dict:
+    """dcgm-exporter's GPUs 0 and 1 of node-1 (0 used by pod llm/vllm-0) and vLLM's own series, as Prometheus
+    answers the dcgm preset's queries."""
+    query, times = request.query["query"], _grid(request)
+    gpu = {"Hostname": "node-1", "instance": "10.0.0.1:9400", "job": "dcgm"}
+    series = []
+    if "DCGM_FI_DEV_FB_USED" in query or "DCGM_FI_DEV_FB_FREE" in query:
+        used = "USED" in query
+        for index, pod in ((0, {"exported_namespace": "llm", "exported_pod": "vllm-0"}), (1, {})):
+            mib = (72_000 if index == 0 else 500) if used else (9_000 if index == 0 else 80_500)
+            series.append({"metric": {**gpu, "gpu": str(index), **pod}, "values": [[t, str(mib * MIB)] for t in times]})
+    elif "vllm:cache_config_info" in query:
+        series.append({"metric": {"__name__": "vllm:cache_config_info", "namespace": "llm", "pod": "vllm-0",
+                                  "gpu_memory_utilization": "0.9"}, "values": [[t, "1"] for t in times]})  # fmt: skip
+    elif "vllm:" in query:
+        value = {"kv_cache": "0.5", "waiting": "2", "running": "7", "preemptions": "3"}
+        figure = next(v for k, v in value.items() if k in query)
+        series.append({"metric": {"namespace": "llm", "pod": "vllm-0"}, "values": [[t, figure] for t in times]})
+    return {"status": "success", "data": {"resultType": "matrix", "result": series}}
+
+
+async def _handler(request: web.Request) -> web.StreamResponse:
+    mode = request.app[MODE]
+    request.app[QUERIES].append(request.query.get("query", ""))
+    if mode == "500":
+        return web.json_response(
+            {"status": "error", "error": "query processing would load too many samples"}, status=500
+        )
+    if mode == "403":
+        return web.Response(status=403, text="forbidden by the proxy")
+    if mode == "hang":
+        await asyncio.sleep(10)
+    if mode == "drip":  # every chunk well within the socket's timeout, the whole far beyond the deadline
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(40):
+            await response.write(b" ")
+            await asyncio.sleep(0.1)
+        return response
+    if mode == "huge":
+        return web.Response(text='{"status":"success","data":{"result":[]}}' + " " * 5000)
+    if mode == "html":
+        return web.Response(text="<html>Grafana</html>", content_type="text/html")
+    return web.json_response(dcgm_answer(request))
+
+
+@pytest.fixture
+async def stand_in(aiohttp_server):
+    async def serve(mode: str) -> tuple[str, list[str]]:
+        app = web.Application()
+        app[MODE], app[QUERIES] = mode, []
+        app.router.add_get("/api/v1/query_range", _handler)
+        server = await aiohttp_server(app)
+        return f"http://127.0.0.1:{server.port}", app[QUERIES]
+
+    return serve
+
+
+def history(url: str, *, timeout: float = 5.0, preset: str = "dcgm", minutes: float = 2.0) -> PrometheusHistory:
+    return PrometheusHistory(
+        url, load_mapping(preset, None), start=T0, end=T0 + minutes * 60, step=15.0, timeout=timeout
+    )
+
+
+async def test_the_dcgm_preset_reads_the_gpus_and_the_engines_on_them(stand_in) -> None:
+    url, queries = await stand_in("ok")
+    steps = await asyncio.to_thread(list, history(url))
+    assert [s.t for s in steps] == [T0 + 15 * i for i in range(9)]
+    first = steps[0]
+    by_gpu = {g.gpu: g for g in first.gpus}
+    assert by_gpu["0"].node == "node-1" and by_gpu["0"].used == 72_000 * MIB and by_gpu["0"].free == 9_000 * MIB
+    assert by_gpu["0"].target == "llm/vllm-0" and by_gpu["1"].target == ""
+    engine = first.engines["llm/vllm-0"]
+    assert (engine.kv_cache_usage, engine.waiting, engine.running, engine.preemptions_total) == (0.5, 2, 7, 3)
+    assert engine.gpu_memory_utilization == 0.9  # a label of vllm:cache_config_info
+    assert any("DCGM_FI_DEV_FB_USED * 1048576" in q for q in queries)
+
+
+async def test_a_long_window_is_read_in_chunks(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(source, "CHUNK_POINTS", 4)
+    url, queries = await stand_in("ok")
+    steps = await asyncio.to_thread(list, history(url))
+    assert len(steps) == 9 and len({s.t for s in steps}) == 9
+    used = [q for q in queries if "FB_USED" in q]
+    assert len(used) == 3  # 9 points in chunks of 4
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        ("500", "answered HTTP 500 Internal Server Error: query processing would load too many samples"),
+        ("403", "answered HTTP 403 Forbidden: forbidden by the proxy; it refuses this client"),
+        ("html", "did not answer as a Prometheus HTTP API does"),
+    ],
+)
+async def test_a_prometheus_that_refuses(stand_in, mode: str, said: str) -> None:
+    url, _ = await stand_in(mode)
+    with pytest.raises(BacktestError) as caught:
+        await asyncio.to_thread(list, history(url))
+    assert said in str(caught.value) and url in str(caught.value)
+
+
+@pytest.mark.parametrize("mode", ["hang", "drip"])
+async def test_a_prometheus_that_does_not_answer_in_time(stand_in, mode: str) -> None:
+    url, _ = await stand_in(mode)
+    started = time.monotonic()
+    with pytest.raises(BacktestError, match=r"did not answer within 0\.5s.*a longer --timeout"):
+        await asyncio.to_thread(list, history(url, timeout=0.5))
+    assert time.monotonic() - started < 2.5
+
+
+async def test_an_answer_over_the_limit_is_refused(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(source, "MAX_ANSWER_BYTES", 1000)
+    url, _ = await stand_in("huge")
+    with pytest.raises(BacktestError, match="answered more than 1,000 bytes for one query"):
+        await asyncio.to_thread(list, history(url))
+
+
+def test_nothing_listening() -> None:
+    from oomguard.ports import free_port
+
+    with pytest.raises(BacktestError, match=r"cannot reach Prometheus at .*check --prometheus"):
+        list(history(f"http://127.0.0.1:{free_port()}"))
+
+
+def test_the_window_and_the_url_are_checked() -> None:
+    with pytest.raises(BacktestError, match="give its base URL"):
+        history("prometheus:9090")
+    with pytest.raises(BacktestError, match="over 5,000,000: a longer --step"):
+        PrometheusHistory("http://p", load_mapping("dcgm", None), start=0, end=1e9, step=15, timeout=1)
+
+
+def test_a_mapping_overrides_the_preset(tmp_path: Path) -> None:
+    path = tmp_path / "mapping.yaml"
+    path.write_text(
+        "preset: nvidia_gpu_exporter\n"
+        "gpu:\n  used_bytes: 'nvidia_smi_memory_used_bytes{cluster=\"a\"}'\n"
+        "engine:\n  target_labels: [pod]\n  waiting: 'sum by (pod) (vllm:num_requests_waiting)'\n"
+    )
+    mapping = load_mapping("dcgm", path)
+    assert mapping.preset == "nvidia_gpu_exporter" and mapping.gpu.gpu_label == ("uuid",)
+    assert mapping.gpu.used_bytes == 'nvidia_smi_memory_used_bytes{cluster="a"}'
+    assert mapping.gpu.total_bytes == "nvidia_smi_memory_total_bytes"
+    path.write_text("gpu:\n  used_byte: x\n")
+    with pytest.raises(ConfigError, match="used_byte"):
+        load_mapping("dcgm", path)
+    path.write_text("gpu:\n  used_bytes: null\n  free_bytes: null\n")
+    with pytest.raises(BacktestError, match="reads no GPU memory"):
+        load_mapping("dcgm", path)
+    with pytest.raises(BacktestError, match="preset 'dcmg': one of dcgm, nvidia_gpu_exporter, oomguard"):
+        load_mapping("dcmg", None)
