@@ -82,11 +82,14 @@ class Problems:
         out = []
         if self.out_of_order:
             out.append(
-                f"{self.out_of_order:,} rows dropped: their time went back (a clock step?), "
+                f"{self.out_of_order:,} {_rows(self.out_of_order)} dropped: their time went back (a clock step?), "
                 f"first {self.first_out_of_order}"
             )
         if self.duplicates:
-            out.append(f"{self.duplicates:,} rows named a GPU already read at the same time: the last one kept")
+            out.append(
+                f"{self.duplicates:,} {_rows(self.duplicates)} named a GPU already read at the same time: "
+                "the last one kept"
+            )
         for column, n in sorted(self.rejected.items()):
             out.append(
                 f"{n:,} values of {column} were no reading (NaN, infinite, negative or a ratio above 1): skipped"
@@ -94,6 +97,10 @@ class Problems:
         if self.ignored_columns:
             out.append(f"columns not read: {', '.join(self.ignored_columns)}")
         return out + self.notes
+
+
+def _rows(n: int) -> str:
+    return "row" if n == 1 else "rows"
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
