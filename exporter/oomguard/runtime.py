@@ -99,6 +99,7 @@ class Runtime:
         self.registry = SourceRegistry()
         self.collection: Collection | None = None  # set by start()
         self.targets: TargetSet | None = None  # set by start()
+        self.tracker: TrendTracker | None = None  # set by start() where trends are on: the status page's sparklines
         self._client: EngineClient | None = None
         self._nvml: NvmlReader | None = None
         self._events: EventRunner | None = None
@@ -152,7 +153,7 @@ class Runtime:
         # The one set of targets: discovery changes it, on the event loop; the others read it.
         targets = self.targets = TargetSet(make_scraper, config.targets)
         processes = ProcessLookup(finder, targets.local_ports(), self.registry)
-        tracker = TrendTracker(trend_on_clock(config, self.time_scale)) if config.trend.enabled else None
+        tracker = self.tracker = TrendTracker(trend_on_clock(config, self.time_scale)) if config.trend.enabled else None
         # Reads the saved state file: not on the event loop.
         events = self._events = await asyncio.to_thread(partial(EventRunner, config, nvml=lib))
         discovery = self.discovery = (

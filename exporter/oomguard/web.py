@@ -1,4 +1,4 @@
-"""The HTTP face: /metrics, /-/healthy, /-/ready and a landing page. It routes, and starts and stops the runtime.
+"""The HTTP face: /metrics, /-/healthy, /-/ready, and the status page at / (and /status.json). It routes, and starts and stops the runtime.
 
 With a web configuration (--web.config.file) every path, health checks included, is behind
 its basic auth, and every response carries its headers, as in the exporter toolkit.
@@ -7,18 +7,19 @@ its basic auth, and every response carries its headers, as in the exporter toolk
 from __future__ import annotations
 
 import asyncio
-import html
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from oomguard import __version__
 from oomguard.collection import Collection
 from oomguard.exposition import render
 from oomguard.exposition.health import render_web_config
-from oomguard.model import Snapshot
+from oomguard.model import Snapshot, TrendKey
 from oomguard.runtime import Runtime
+from oomguard.status import page as status_page
+from oomguard.status.view import StatusView, build, parse
+from oomguard.trend.sampler import TrendTracker
 from oomguard.web_config import WebConfigState
 from oomguard.web_config.auth import AuthBusy
 from oomguard.web_config.server import COUNTERS, SERVER_HEADER, WebCounters
@@ -54,6 +55,7 @@ def make_app(runtime: Runtime, web_config: WebConfigState | None = None) -> web.
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/", landing)
+    app.router.add_get("/status.json", status_json)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", ready)
@@ -147,25 +149,33 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def landing(request: web.Request) -> web.Response:
+    """The status page (status/): the joined view of a collection, as a scrape sees it."""
+    view = await _status(request)
+    page = await asyncio.to_thread(status_page.render, view)
+    headers = {"Content-Security-Policy": status_page.CONTENT_SECURITY_POLICY, "Cache-Control": "no-store"}
+    return web.Response(text=page, content_type="text/html", headers=headers)
+
+
+async def status_json(request: web.Request) -> web.Response:
+    """The same view as JSON: what `oomguard top` and scripts read."""
+    view = await _status(request)
+    return web.json_response(view.to_json(), headers={"Cache-Control": "no-store"})
+
+
+async def _status(request: web.Request) -> StatusView:
+    # A collection of its own, as a scrape's (shared with those in flight): the last one may be a scrape ago.
+    snapshot = await _collection(request).snapshot()
+    body = await request.app[RENDERED].of(snapshot)
     runtime = request.app[RUNTIME]
-    last = _collection(request).last
-    states = {t.name: t.state for t in last.targets} if last else {}
-    rows = (
-        "".join(
-            f"<tr><td>{html.escape(t.label)}</td><td>{html.escape(t.engine)}</td>"
-            f"<td>{html.escape(t.url)}</td><td>{html.escape(states.get(t.label, 'not scraped yet'))}</td></tr>"
-            for t in runtime.config.targets
-        )
-        or '<tr><td colspan="4">no targets configured</td></tr>'
-    )
-    page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>oomguard</title></head>
-<body>
-<h1>oomguard {html.escape(__version__)}</h1>
-<p>GPU memory and inference-engine exporter: page before the OOM, not after.</p>
-<ul><li><a href="/metrics">/metrics</a></li><li><a href="/-/healthy">/-/healthy</a></li><li><a href="/-/ready">/-/ready</a></li></ul>
-<h2>Targets</h2>
-<table border="1" cellpadding="4"><tr><th>target</th><th>engine</th><th>url</th><th>state</th></tr>{rows}</table>
-</body></html>
-"""
-    return web.Response(text=page, content_type="text/html")
+    return await asyncio.to_thread(_view, body, snapshot, runtime.tracker, runtime.time_scale)
+
+
+def _view(body: bytes, snapshot: Snapshot, tracker: TrendTracker | None, time_scale: float) -> StatusView:
+    """(in a thread: a cluster's exposition is megabytes) The view, with each GPU's sparkline from its trend's
+    samples (the trend's clock is real time: the simulation's minutes are shorter)."""
+    history: dict[tuple[str, str], list[float]] = {}
+    if tracker is not None:
+        seconds = status_page.SPARK_MINUTES * 60 / time_scale
+        for key in snapshot.nvml.gpus if snapshot.nvml is not None else ():
+            history[key.key] = tracker.recent(TrendKey.of_gpu(key.key), seconds)
+    return build(parse(body.decode("utf-8", "replace")), now=snapshot.collected_at, history=history)

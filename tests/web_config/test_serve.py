@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 
 import aiohttp
@@ -41,7 +42,7 @@ async def test_wrong_or_missing_password_is_401_with_the_headers(serve, pki: Pki
     served = await serve(web_config_text(pki, **HEADERS))
     context = pki.client_context(client=pki.client)
     for auth in (("prometheus", "wrong"), ("nobody", PASSWORD), None):
-        for path in ("/metrics", "/-/healthy", "/"):
+        for path in ("/metrics", "/-/healthy", "/", "/status.json"):
             status, headers, _ = await get(served.url, context, auth, path=path)
             assert (status, headers.get("WWW-Authenticate")) == (401, "Basic"), (auth, path)
             assert headers["X-Frame-Options"] == "deny"
@@ -151,3 +152,31 @@ async def test_new_client_cas_apply_to_new_connections_on_a_new_listener(serve, 
         await get(served.url, pki.client_context(client=pki.client), ("prometheus", PASSWORD))
     # A new listener: sessions saved under the former CAs cannot resume (tests/hostile/test_hostile_web.py).
     assert served.server._listener is not listener
+
+
+async def test_top_reads_the_status_over_mutual_tls_with_basic_auth(serve, pki: Pki, tmp_path) -> None:
+    """`oomguard top`'s options against a served exporter: its CA, a client certificate, the password from a file."""
+    import argparse
+
+    from oomguard.status import top
+
+    served = await serve(web_config_text(pki))
+    password = tmp_path / "password"
+    password.write_text(PASSWORD + "\n")
+
+    def args(**changes: object) -> argparse.Namespace:
+        base = {"url": served.url, "username": "prometheus", "password_file": password, "ca_file": pki.ca.cert,
+                "cert_file": pki.client.cert, "key_file": pki.client.key, "insecure_skip_verify": False}  # fmt: skip
+        return argparse.Namespace(**(base | changes))
+
+    def read(a: argparse.Namespace) -> dict:
+        return top.fetch(top._request(a), top._tls(a), 5.0)
+
+    view = await asyncio.to_thread(read, args())
+    assert isinstance(view["gpus"], list) and "thresholds" in view
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not it")
+    with pytest.raises(top.TopError, match="HTTP 401: give --username and --password-file"):
+        await asyncio.to_thread(read, args(password_file=wrong))
+    with pytest.raises(top.TopError, match="cannot read"):
+        await asyncio.to_thread(read, args(ca_file=None))  # the server's certificate is not trusted

@@ -278,6 +278,16 @@ class Series:
     def last_time(self) -> float | None:
         return self._times[-1] if len(self) else None
 
+    def recent(self, seconds: float, points: int) -> list[float]:
+        """The ratios of the last `seconds` (before the newest sample), at most `points` of them, evenly taken:
+        a sparkline's (the status page's)."""
+        if not len(self):
+            return []
+        start = bisect.bisect_left(self._times, self._times[-1] - seconds, self._head)
+        values = self._values[start:]
+        stride = max(1, -(-len(values) // points))
+        return values[::stride]
+
     def _drop_oldest(self) -> None:
         _remove(self._sorted, self._values[self._head]) or self._resort()
         self._head += 1

@@ -49,6 +49,11 @@ class TrendTracker:
             self.latest.pop(key, None)
             self._phase.pop(key, None)
 
+    def recent(self, key: TrendKey, seconds: float, points: int = 60) -> list[float]:
+        """The series' used / capacity over its last `seconds`, at most `points` of them ([] for none)."""
+        series = self._series.get(key)
+        return series.recent(seconds, points) if series is not None else []
+
     def record(self, t: float, observations: dict[TrendKey, Observation]) -> None:
         for key, obs in observations.items():
             if obs.capacity_bytes <= 0:

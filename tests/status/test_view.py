@@ -1,0 +1,99 @@
+"""The status view (status/view.py) from an exposition: the GPUs worst first, what holds now with the bundle's
+thresholds, and `oomguard top --once`'s frame of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from oomguard.diagnose.thresholds import default_thresholds
+from oomguard.status.top import frame
+from oomguard.status.view import MAX_GPUS, build, parse
+
+GIB = 1024**3
+NOW = 1_800_000_000.0
+
+
+def exposition(*gpus: tuple[str, float, float | None, float | None], oom_ago: float | None = None) -> str:
+    """GPUs as (label, used share, headroom used or None, seconds to full or None), on one target `llm`."""
+    lines = ['oomguard_target_info{target="llm",engine="vllm",url="http://10.0.0.1:8000"} 1',
+             'oomguard_target_state{target="llm",state="up"} 1', 'oomguard_target_state{target="llm",state="down"} 0',
+             'oomguard_engine_kv_cache_usage_ratio{target="llm",model_name="m"} 0.75',
+             'oomguard_engine_requests_waiting{target="llm",model_name="m"} 12',
+             'oomguard_source_success{source="nvml"} 1', 'oomguard_source_success{source="targets"} 0']  # fmt: skip
+    for label, used, headroom, to_full in gpus:
+        g = f'gpu="{label}",node=""'
+        lines += [f"oomguard_gpu_memory_total_bytes{{{g}}} {80 * GIB}",
+                  f"oomguard_gpu_memory_used_bytes{{{g}}} {used * 80 * GIB}",
+                  f'oomguard_target_gpu_info{{target="llm",{g}}} 1',
+                  f'oomguard_gpu_memory_trend_state{{{g},state="climbing"}} {1 if to_full else 0}']  # fmt: skip
+        if headroom is not None:
+            lines += [f"oomguard_gpu_memory_engine_reserved_bytes{{{g}}} {0.9 * 80 * GIB}",
+                      f"oomguard_gpu_memory_headroom_used_ratio{{{g}}} {headroom}"]  # fmt: skip
+        if to_full is not None:
+            lines.append(f"oomguard_gpu_memory_seconds_to_full{{{g}}} {to_full}")
+    if oom_ago is not None:
+        oom = '{target="llm",kind="cuda_oom"}'
+        lines += [
+            f"oomguard_target_events_total{oom} 1",
+            f"oomguard_target_last_event_timestamp_seconds{oom} {NOW - oom_ago}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_worst_gpu_first_and_a_page_where_the_rules_page() -> None:
+    th = default_thresholds()
+    view = build(parse(exposition(("0", 0.5, None, None), ("1", 0.93, th.headroom_critical + 0.01, None))), now=NOW)
+    assert [g.gpu for g in view.gpus] == ["1", "0"]
+    (held,) = view.holding
+    assert (held.alert, held.severity, held.subject) == ("OomGuardGpuMemoryCritical", "critical", "GPU 1")
+    assert view.targets[0].state == "up" and view.targets[0].kv_cache == 0.75 and view.targets[0].waiting == 12
+    assert view.gpus[0].targets == ["llm"]
+    assert view.sources == {"nvml": True, "targets": False}
+    # At the threshold the rule (">") does not page yet; nor does the view.
+    quiet = build(parse(exposition(("1", 0.93, th.headroom_critical, None))), now=NOW)
+    assert quiet.holding == []
+
+
+def test_without_a_reservation_used_over_total_is_judged() -> None:
+    th = default_thresholds()
+    view = build(parse(exposition(("0", th.used_critical + 0.005, None, None))), now=NOW)
+    assert [h.alert for h in view.holding] == ["OomGuardGpuMemoryCritical"]
+    assert "no reservation known" in view.holding[0].why
+
+
+def test_time_to_full_and_a_recent_oom_hold_an_old_one_does_not() -> None:
+    th = default_thresholds()
+    view = build(parse(exposition(("0", 0.9, 0.2, th.exhausted_soon_seconds - 1), oom_ago=30.0)), now=NOW)
+    assert {h.alert for h in view.holding} == {"OomGuardGpuMemoryExhaustedSoon", "OomGuardOomEvent"}
+    old = build(parse(exposition(("0", 0.9, 0.2, None), oom_ago=th.oom_window_seconds + 60)), now=NOW)
+    assert old.holding == [] and old.targets[0].last_oom_kind == "cuda_oom"
+
+
+def test_a_clusters_thousands_of_gpus_are_cut_to_the_fullest() -> None:
+    gpus = [(str(i), i / 200, None, None) for i in range(150)]
+    view = build(parse(exposition(*gpus)), now=NOW)
+    assert len(view.gpus) == MAX_GPUS and view.hidden_gpus == 150 - MAX_GPUS
+    assert view.gpus[0].gpu == "149"
+
+
+def test_nan_and_absent_figures_are_no_figures() -> None:
+    view = build(parse('oomguard_gpu_memory_total_bytes{gpu="0",node=""} NaN\n'), now=NOW)
+    assert view.gpus == [] and view.holding == []
+
+
+def test_top_once_frame_shows_the_bar_the_trend_and_what_holds() -> None:
+    th = default_thresholds()
+    view = build(
+        parse(exposition(("0", 0.95, th.headroom_critical + 0.1, 42.0))), now=NOW, history={("", "0"): [0.9, 0.95]}
+    )
+    text = frame(view.to_json(), width=150)
+    assert "PAGE   OomGuardGpuMemoryCritical" in text and "climbing" in text and "42s" in text
+    assert "[RRRR" in text and "#" in text, text
+    assert all(len(line) <= 150 for line in text.splitlines())
+    assert "sources: FAILING: targets" in text
+
+
+@pytest.mark.parametrize("bad", ["nope", "oomguard_x{", '# TYPE a counter\na_total{x="1"} one\n'])
+def test_text_that_is_not_an_exposition_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse(bad)
