@@ -8,6 +8,7 @@ may import it, and it can be built by hand in a test.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 # -- fixed vocabularies (label values) -------------------------------------------------------
 TARGET_STATES = ("up", "loading", "down")
@@ -118,6 +119,13 @@ class NvmlReading:
 class ModelReading:
     """One served model, summed or averaged over the engine's data-parallel ranks."""
 
+    # The values engines/base.py checks (finite, not negative; a `..._ratio` from 0 to 1): every number field is
+    # named here, and one that is not fails engines/base.py's import.
+    CHECKED: ClassVar[tuple[str, ...]] = (
+        "kv_cache_usage_ratio", "requests_waiting", "requests_running", "preemptions_total",
+        "prefix_cache_queries_total", "prefix_cache_hits_total",
+    )  # fmt: skip
+
     model_name: str
     kv_cache_usage_ratio: float | None = None
     requests_waiting: float | None = None
@@ -129,6 +137,12 @@ class ModelReading:
 
 @dataclass(frozen=True, slots=True)
 class EngineReading:
+    # The values engines/base.py checks (finite, not negative) as ModelReading's are; the reservation
+    # (memory_utilization_ratio) and memory_bytes it checks on their own.
+    CHECKED: ClassVar[tuple[str, ...]] = (
+        "kv_cache_blocks", "kv_cache_block_size_tokens", "kv_cache_memory_bytes", "process_start_time_seconds",
+    )  # fmt: skip
+
     models: tuple[ModelReading, ...]
     # The share of each GPU's total memory the engine is configured to take.
     memory_utilization_ratio: float | None = None

@@ -11,7 +11,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from types import UnionType
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -161,18 +162,36 @@ def mean(samples: Iterable[Sample]) -> float | None:
 # -- the values checked, for every engine ----------------------------------------------------------------------
 # Every family an engine reader keeps is a count, a size, a ratio, a setting or a timestamp: none is negative, and
 # none is NaN or infinite. The readers see only the samples that pass; their readings then pass `_check_reading`,
-# which bounds the ratios. The scraper calls `read_checked` for every engine (docs/engines.md, "Values checked").
+# which bounds the ratios; the fields it checks are those each reading's class declares in its `CHECKED`. The
+# scraper calls `read_checked` for every engine (docs/engines.md, "Values checked").
 
 
-def _figures(reading: type, *, but: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """A reading's figures, read from its fields (a new one is checked with no change here): those that are a
-    number or None, in the model's order."""
-    return tuple(f.name for f in fields(reading) if f.type == "float | None" and f.name not in but)
+def checked_fields(reading: type, *, own: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The reading's values checked here, as its class declares them (its `CHECKED`), in the model's order; `own`
+    are number fields checked on their own. A number field declared neither way would go unchecked: TypeError."""
+    hints = get_type_hints(reading)
+    numbers = {f.name for f in fields(reading) if _is_number(hints[f.name])}
+    declared = set(reading.CHECKED)
+    undeclared = sorted(numbers - declared - set(own))
+    unknown = sorted(declared - numbers)
+    if undeclared or unknown:
+        raise TypeError(
+            f"{reading.__name__}.CHECKED must name every number field the checks read:"
+            f" undeclared {undeclared}, not a number field {unknown}"
+        )
+    return tuple(f.name for f in fields(reading) if f.name in declared)
 
 
-_MODEL_FIELDS = _figures(ModelReading)
+def _is_number(hint: object) -> bool:
+    """float or int, alone or in a union (`float | None`, `Optional[float]`)."""
+    if get_origin(hint) in (Union, UnionType):
+        return any(_is_number(arg) for arg in get_args(hint))
+    return hint in (float, int)
+
+
+_MODEL_FIELDS = checked_fields(ModelReading)
 # The share of the GPUs is checked on its own (0 is no share: no budget).
-_ENGINE_FIELDS = _figures(EngineReading, but=("memory_utilization_ratio",))
+_ENGINE_FIELDS = checked_fields(EngineReading, own=("memory_utilization_ratio",))
 _RATIO_FIELDS = frozenset(name for name in _MODEL_FIELDS if name.endswith("_ratio"))  # a ratio is 0 to 1, by its name
 
 
