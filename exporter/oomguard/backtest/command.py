@@ -76,6 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sweep", action="store_true", help="try the memory alerts' thresholds and windows over a small grid"
     )
     parser.add_argument("--keep-tsdb", type=Path, metavar="DIR", help="keep the replayed series' TSDB in DIR/data")
+    parser.add_argument(
+        "--jobs", type=int, metavar="N",
+        help="replay on N processes (default: the CPUs, at most 4, for a long history; 1 for a short one)",
+    )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -120,7 +124,10 @@ def _run(args: argparse.Namespace):  # -> Report
         sweep=args.sweep,
         plot=args.plot,
         keep=args.keep_tsdb,
+        jobs=args.jobs,
     )
+    if args.jobs is not None and args.jobs < 1:
+        raise BacktestError("--jobs: at least 1")
     ooms = read_ooms(args.ooms) if args.ooms else None
     if args.history is not None:
         from oomguard.backtest.files import FileHistory

@@ -42,6 +42,7 @@ MAX_LINE_BYTES = 64 * 1024
 # GPUs (and engines) in one step: a fleet's reading at one time. More is a file whose times are not times.
 MAX_ROWS_A_STEP = 16_384
 MIB = 1024**2
+LARGE_BYTES, LARGE_GZIP_BYTES = 4 * MIB, MIB
 
 # Column -> (field, multiplier); the names a column may have, lower case.
 _MEMORY = {
@@ -126,6 +127,12 @@ class FileHistory:
         self.max_bytes = max_bytes
         self.problems = Problems()
         self.format = "jsonl" if _is_jsonl(path) else "csv"
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            size = 0
+        # Long enough to replay on several processes (parallel.py): some 60,000 rows and more.
+        self.large = size >= (LARGE_GZIP_BYTES if path.name.endswith(".gz") else LARGE_BYTES)
 
     def __iter__(self) -> Iterator[Step]:
         with _open(self.path, self.max_bytes) as handle:

@@ -16,6 +16,7 @@ from typing import Protocol
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import Problems, Step
 from oomguard.backtest.ooms import Oom
+from oomguard.backtest.parallel import jobs_for, replay_parallel
 from oomguard.backtest.replay import Replay, ReplaySummary, SeriesFilter
 from oomguard.backtest.report import Report, Window, judge, write_plots
 from oomguard.backtest.rules import RuleSet, backfill_records, evaluate, rule_set
@@ -54,6 +55,7 @@ class Options:
     sweep: bool = False
     plot: Path | None = None
     keep: Path | None = None  # keep the TSDB (and the OpenMetrics files' blocks) there
+    jobs: int | None = None  # replay workers (parallel.py); None: as many as the CPUs for a long history
 
 
 def peek(steps: Iterator[Step], n: int) -> tuple[list[Step], float]:
@@ -82,25 +84,39 @@ class Replayed:
 def replay_history(
     history: History, source: str, options: Options, rules: RuleSet, backfill: Backfill, progress: Progress = _quiet
 ) -> Replayed:
-    """The history through the exporter's join and trend, its series into `backfill`."""
+    """The history through the exporter's join and trend, its series into `backfill` (by several processes for a
+    long history: parallel.py)."""
     steps = iter(history)
     head, step = peek(steps, PEEK_STEPS)
     if not head:
         raise BacktestError(f"{source}: no readings in the history (or in the window asked for)")
     lookback = max(1.0, LOOKBACK_STEPS * step) if step > 0 else max(1.0, options.evaluation_interval)
-    replay = Replay(
-        trend_settings(options.trend, step), SeriesFilter(rules.wanted), backfill.write,
-        lookback=lookback, gpu_memory_utilization=options.gpu_memory_utilization,
-    )  # fmt: skip
-    progress(f"replaying the history through the exporter's join and trend (a reading every {step:g} s)")
-    # A sample that fails in the trend is counted (errors_total), as live; its traceback is no user's business.
-    sampler_log = logging.getLogger("oomguard.trend.sampler")
-    was = sampler_log.disabled
-    sampler_log.disabled = True
-    try:
-        summary = replay.run(itertools.chain(head, steps))
-    finally:
-        sampler_log.disabled = was
+    settings, series = trend_settings(options.trend, step), SeriesFilter(rules.wanted)
+    units = {row.target or f"{row.node}/{row.gpu}" for s in head for row in s.gpus} | {
+        e for s in head for e in s.engines
+    }
+    jobs = jobs_for(options.jobs, len(units), getattr(history, "large", False))
+    progress(
+        f"replaying the history through the exporter's join and trend (a reading every {step:g} s"
+        + (f", {jobs} processes)" if jobs > 1 else ")")
+    )
+    everything = itertools.chain(head, steps)
+    if jobs > 1:
+        summary = replay_parallel(
+            everything, jobs, settings, series, lookback, options.gpu_memory_utilization, backfill.workdir,
+            backfill.blocks,
+        )  # fmt: skip
+    else:
+        replay = Replay(settings, series, backfill.write, lookback=lookback,
+                        gpu_memory_utilization=options.gpu_memory_utilization)  # fmt: skip
+        # A sample that fails in the trend is counted (errors_total), as live; its traceback is no user's business.
+        sampler_log = logging.getLogger("oomguard.trend.sampler")
+        was = sampler_log.disabled
+        sampler_log.disabled = True
+        try:
+            summary = replay.run(everything)
+        finally:
+            sampler_log.disabled = was
     progress(f"{summary.steps:,} readings replayed, {summary.samples:,} samples written")
     problems = history.problems.lines()
     if summary.trend_errors:

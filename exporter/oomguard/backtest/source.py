@@ -29,6 +29,7 @@ from pydantic import Field, ValidationError
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import ENGINE_FIGURES, RATIO_FIGURES, EngineRow, GpuRow, Problems, Step, number
 from oomguard.backtest.ooms import Oom
+from oomguard.backtest.parallel import PARALLEL_FROM_STEPS
 from oomguard.config import ConfigError, StrictModel, explain, read_yaml
 from oomguard.events.kinds import LOG_OOM_KINDS
 from oomguard.excerpt import excerpt
@@ -269,6 +270,7 @@ class PrometheusHistory:
         self.mapping = mapping
         self.start, self.end, self.step, self.timeout = start, end, step, timeout
         self.problems = Problems()
+        self.large = (end - start) / step >= PARALLEL_FROM_STEPS
         self.what = f"Prometheus at {self.base}"
         self.fix = "check --prometheus (the server's base URL, e.g. http://prometheus:9090) and that it runs"
 
