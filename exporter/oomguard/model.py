@@ -313,7 +313,6 @@ class Trend:
     slope_long: float | None
     climb_seconds: float
     seconds_to_full: float | None  # only while climbing or spiking
-    history_seconds: float
 
     def seconds_to(self, ratio: float) -> float | None:
         """Seconds until the level reaches `ratio` at the current pace (0 when already there)."""

@@ -18,8 +18,8 @@ GIB = 1024**3
 
 
 def test_trend_gauges_from_a_known_trend(promtool: str) -> None:
-    climbing = Trend("climbing", 0.8, 1e-4, 5e-5, 900.0, 4000.0, 1800.0)
-    steady = Trend("steady", 0.3, 0.0, None, 10.0, None, 1800.0)
+    climbing = Trend("climbing", 0.8, 1e-4, 5e-5, 900.0, 4000.0)
+    steady = Trend("steady", 0.3, 0.0, None, 10.0, None)
     target = TargetReading(
         name="llama", engine="vllm", url="http://127.0.0.1:8000", gpus=(0,), up=True, state="up",
         scrape_duration_seconds=0.01, engine_reading=EngineReading(models=(), memory_utilization_ratio=0.9),

@@ -12,7 +12,7 @@ import copy
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
@@ -20,7 +20,6 @@ from pydantic import BeforeValidator, Field, ValidationError, field_validator, m
 from oomguard.config import ConfigError, StrictModel, explain, read_yaml
 
 Severity = Literal["critical", "warning", "info"]
-SEVERITIES: tuple[str, ...] = get_args(Severity)
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

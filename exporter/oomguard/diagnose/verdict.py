@@ -19,15 +19,6 @@ from oomguard.events import kinds
 
 INSUFFICIENT = "insufficient_data"
 HEALTHY = "healthy"
-VERDICTS = (
-    "memory_overcommit",
-    "memory_leak",
-    "foreign_process",
-    "probe_kill",
-    "startup_memory",
-    HEALTHY,
-    INSUFFICIENT,
-)
 NO_HISTORY_FACTOR = 0.7  # one reading of one exporter: the trend is its word, not ours
 
 

@@ -64,7 +64,7 @@ class DrillScenario:
     # Alert (without the bundle's prefix) -> the receiver it must reach (None: info, fires but is not routed).
     expected: dict[str, str | None]
     quiet: tuple[str, ...]
-    # What `oomguard diagnose` must conclude from the drill's Prometheus (oomguard.diagnose.verdict.VERDICTS).
+    # What `oomguard diagnose` must conclude from the drill's Prometheus (a verdict of diagnose/verdict.py).
     verdict: str
     memory_alert_before_oom: bool = False
     bundle: dict = field(default_factory=lambda: PROBE)  # bundle configuration overrides

@@ -265,7 +265,6 @@ class Series:
         # Once called a climb, it stays one while its floor still rises: no flapping at the
         # thresholds while noise (or cache churn) moves the level up and down.
         self.latched = False
-        self.latched_at = 0.0
         self.latched_slope = 0.0  # its pace when called (share of capacity per second)
         self._called_slope = 0.0
         self._whole_floor: list[tuple[float, float]] | None = None  # this tick's, computed at most once
@@ -352,7 +351,7 @@ class Series:
         seconds_to_full = (1.0 - level) / rising if rising and rising > 0 else None
         if state == "climbing" and rising:
             slope_long = rising
-        return Trend(state, level, slope_short, slope_long, climb_seconds, seconds_to_full, now - first)
+        return Trend(state, level, slope_short, slope_long, climb_seconds, seconds_to_full)
 
     def _floor_points(self, whole: list[tuple[float, float, float]]) -> list[tuple[float, float]]:
         if self._whole_floor is None:
@@ -388,7 +387,7 @@ class Series:
             return "spike"
         climbing = self._is_climbing(samples, whole, level, climb_seconds, now)
         if climbing and not self.latched:
-            self.latched_at, self.latched_slope = now, self._called_slope
+            self.latched_slope = self._called_slope
         self.latched = climbing
         if climbing:
             return "climbing"

@@ -152,9 +152,6 @@ class BasicAuth:
     def __len__(self) -> int:
         return len(self._users)
 
-    def cached_users(self) -> int:
-        return len(self._good)
-
     def _work(self, user: str) -> tuple[bytes, ...]:
         """The hashes a check of `user` runs, in order: the same total cost (2^top) for every name."""
         hashed = self._users.get(user)
