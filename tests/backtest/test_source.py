@@ -72,6 +72,11 @@ async def _handler(request: web.Request) -> web.StreamResponse:
         return web.Response(text='{"status":"success","data":{"result":[]}}' + " " * 5000)
     if mode == "html":
         return web.Response(text="<html>Grafana</html>", content_type="text/html")
+    if mode == "events":  # oomguard's OOM counter of one target: two OOMs, a restart of the exporter, one more
+        counts = ["0", "0", "1", "1", "3", "0", "0", "1", "1"]
+        values = [[t, c] for t, c in zip(_grid(request), counts, strict=False)]
+        result = [{"metric": {"instance": "node-1:9847", "target": "vllm"}, "values": values}]
+        return web.json_response({"status": "success", "data": {"resultType": "matrix", "result": result}})
     return web.json_response(dcgm_answer(request))
 
 
@@ -145,6 +150,14 @@ async def test_an_answer_over_the_limit_is_refused(stand_in, monkeypatch: pytest
     url, _ = await stand_in("huge")
     with pytest.raises(BacktestError, match="answered more than 1,000 bytes for one query"):
         await asyncio.to_thread(list, history(url))
+
+
+async def test_the_ooms_are_oomguards_own_counters_increases(stand_in) -> None:
+    url, queries = await stand_in("events")
+    ooms = await asyncio.to_thread(history(url, preset="oomguard").ooms)
+    assert [(o.t - T0) / 15 for o in ooms] == [2, 4, 4, 7]  # a rise of 2 is two OOMs; the reset is none
+    assert {o.target for o in ooms} == {"node-1:9847/vllm"}
+    assert 'kind=~"cuda_oom|startup_memory"' in queries[0]
 
 
 def test_nothing_listening() -> None:

@@ -1,0 +1,117 @@
+"""`oomguard backtest` as a user runs it: one run with every output (--json, --plot, --sweep) on a file, and bad
+input: exit 2, a message naming the problem and the fix, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from oomguard.ports import free_port
+from tests.backtest.histories import T0, synthetic_rows, write_csv
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    from oomguard.backtest.command import add_arguments, run
+
+    assert argv[0] == "backtest"
+    parser = argparse.ArgumentParser(prog="oomguard backtest")
+    add_arguments(parser)
+    return run(parser.parse_args(argv[1:]))
+
+
+def backtest(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(["backtest", *argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("command")
+    write_csv(folder / "history.csv", synthetic_rows(hours=3, gpus=4, leak=(3, 1.0, 1.6)))
+    (folder / "ooms.txt").write_text(f"{T0 + 1.6 * 3600:.0f} gpu=3 node=node-1\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def everything(files: Path) -> dict:
+    """One run with --json, --plot and --sweep (pytest's capture is per test: the module runs it once, itself)."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["backtest", "--history", str(files / "history.csv"), "--ooms", str(files / "ooms.txt"),
+                       "--json", "--plot", str(files / "plots"), "--sweep"])  # fmt: skip
+    assert status == 0, err.getvalue()
+    return {"report": json.loads(out.getvalue()), "progress": err.getvalue(), "plots": files / "plots"}
+
+
+def test_the_json_report(everything: dict) -> None:
+    report = everything["report"]
+    [oom] = report["ooms"]
+    assert oom["gpu"] == "3" and oom["first_page"]["alert"] == "OomGuardGpuMemoryExhaustedSoon"
+    assert oom["first_page"]["lead_seconds"] > 10 * 60
+    assert report["summary"] == {"ooms": 1, "incidents": 1, "incidents_paged_before": 1,
+                                 "median_first_page_lead_seconds": oom["first_page"]["lead_seconds"]}  # fmt: skip
+    assert report["outside_incidents"]["pages"] == 0
+    assert report["outside_incidents"]["gpu_days"] == pytest.approx(4 * 3 / 24, rel=0.01)
+    assert len(report["gpus"]) == 4 and not report["never_judged"]
+    assert "replaying the history" in everything["progress"]
+
+
+def test_the_plot_of_each_incident(everything: dict) -> None:
+    [png] = everything["report"]["plots"]
+    assert Path(png).parent == everything["plots"] and Path(png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_sweep(everything: dict) -> None:
+    rows = everything["report"]["sweep"]
+    assert {row["alert"] for row in rows} == {"gpu_memory_critical", "exhausted_soon", "over_budget", "gpu_memory_high"}
+    configured = [row for row in rows if row["configured"]]
+    assert len(configured) == 4 and all(row["paged"] == 1 for row in configured)
+    # A later time to full pages earlier; a larger margin over budget pages later or not at all.
+    soon = {
+        row["values"]["seconds"]: row
+        for row in rows
+        if row["alert"] == "exhausted_soon" and row["values"]["for"] == "1m"
+    }
+    assert soon[3600]["median_first_page_lead_seconds"] >= soon[900]["median_first_page_lead_seconds"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--history", "/nonexistent/h.csv"], "/nonexistent/h.csv: cannot read the history"),
+        (["--history", "{files}/ooms.txt"], "line 1: no time, no gpu, no used_bytes"),
+        (["--history", "{files}/history.csv", "--start", "1"], "--start is for --prometheus"),
+        (["--prometheus", "http://127.0.0.1:1"], "--prometheus needs --start"),
+        (["--prometheus", "http://127.0.0.1:{port}", "--start", "2024-05-01T00:00:00Z", "--end",
+          "2024-05-01T01:00:00Z"], "cannot reach Prometheus at http://127.0.0.1:"),
+        (["--history", "{files}/history.csv", "--evaluation-interval", "soon"], "--evaluation-interval 'soon': not a"),
+        (["--history", "{files}/history.csv", "--gpu-memory-utilization", "90"], "a share of the GPU"),
+        (["--history", "{files}/history.csv", "--ooms", "{files}/history.csv"], "is not a time"),
+        (["--history", "{files}/history.csv", "--bundle-config", "{files}/ooms.txt"], "top level must be a mapping"),
+    ],
+)  # fmt: skip
+def test_bad_input_exits_2_with_the_fix(
+    capsys: pytest.CaptureFixture[str], files: Path, argv: list[str], said: str
+) -> None:
+    argv = [a.format(files=files, port=free_port()) for a in argv]
+    status, out, err = backtest(capsys, *argv, "--quiet")
+    assert status == 2 and not out
+    assert said in err and "Traceback" not in err
+
+
+def test_without_prometheus_installed(
+    capsys: pytest.CaptureFixture[str], files: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    status, _, err = backtest(capsys, "--history", str(files / "history.csv"), "--quiet")
+    assert status == 2 and "apt-get install prometheus" in err and "Traceback" not in err
+    assert os.environ["PATH"] == str(tmp_path)
