@@ -1,7 +1,8 @@
-"""Command line: `oomguard serve`, `oomguard check-config`, `oomguard docs`.
+"""Command line: `oomguard serve` (the exporter), `check-config`, `generate` (the rule bundle and dashboards),
+`drill`, `diagnose`, `top`, `healthcheck` and `docs`; `oomguard --help` says what each does.
 
-Flags are spelled as Prometheus exporters spell them; each also reads an
-`OOMGUARD_*` environment variable. Precedence: flag > environment > file > default.
+The exporter's flags are spelled as Prometheus exporters spell them; each also reads an
+`OOMGUARD_*` environment variable (`_ENVIRONMENT`). Precedence: flag > environment > file > default.
 """
 
 from __future__ import annotations
@@ -196,6 +197,13 @@ def _parser() -> argparse.ArgumentParser:
 
     top_arguments(top)
 
+    backtest = commands.add_parser(
+        "backtest", help="would the alerts have paged before past OOMs, how early, how often for nothing (a history)"
+    )
+    from oomguard.backtest.command import add_arguments as backtest_arguments
+
+    backtest_arguments(backtest)
+
     health = commands.add_parser(
         "healthcheck", help="exit 0 when the exporter on this host answers /-/healthy (the image's HEALTHCHECK)"
     )
@@ -270,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         from oomguard.status.top import main as top
 
         return top(args)
+    if args.command == "backtest":
+        from oomguard.backtest.command import run as backtest
+
+        return backtest(args)
     if args.command == "healthcheck":
         from oomguard.healthcheck import main as healthcheck
 

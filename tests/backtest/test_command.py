@@ -9,19 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from oomguard.cli import main
 from oomguard.ports import free_port
 from tests.backtest.histories import T0, synthetic_rows, write_csv
-
-
-def main(argv: list[str]) -> int:
-    import argparse
-
-    from oomguard.backtest.command import add_arguments, run
-
-    assert argv[0] == "backtest"
-    parser = argparse.ArgumentParser(prog="oomguard backtest")
-    add_arguments(parser)
-    return run(parser.parse_args(argv[1:]))
 
 
 def backtest(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -115,3 +105,9 @@ def test_without_prometheus_installed(
     status, _, err = backtest(capsys, "--history", str(files / "history.csv"), "--quiet")
     assert status == 2 and "apt-get install prometheus" in err and "Traceback" not in err
     assert os.environ["PATH"] == str(tmp_path)
+
+
+def test_the_command_is_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "backtest" in capsys.readouterr().out

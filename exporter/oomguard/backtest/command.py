@@ -10,7 +10,6 @@ from pathlib import Path
 
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import parse_duration, parse_time
-from oomguard.backtest.report import Window
 from oomguard.config import ConfigError
 
 DEFAULT_EVALUATION = "30s"
@@ -98,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace):  # -> Report
     from oomguard.backtest.ooms import read_ooms
+    from oomguard.backtest.report import Window
     from oomguard.backtest.run import Options, backtest
     from oomguard.bundle.config import load_bundle_config
 
