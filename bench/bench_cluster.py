@@ -1,4 +1,4 @@
-"""The cluster mode at fleet size: engine pods on nodes, read by one exporter or by N shards (issue 37, item 6).
+"""The cluster mode at fleet size: engine pods on nodes, read by one exporter or by N shards.
 
 One process plays the API server (the tests' stand-in, tests/sources/kubernetes/stand_in.py: list, watch, pods/log
 with sinceTime) and every node's dcgm-exporter (at its own 127.2.x.y:9400, 8 GPUs each, named with its node's pods);
@@ -70,7 +70,7 @@ ENGINE_PORT, DCGM_PORT = 8000, 9400
 ENGINES_PER_PROCESS = 1000
 GPUS_PER_NODE = 8
 TURNS = 3
-# The goals of issue 37, item 6.
+# The goals (docs/performance.md, "The cluster mode at fleet size").
 GOAL_VS_NODE = 1.2  # a cluster-mode target's CPU a scrape, against a node-mode target's
 GOAL_VS_CLIENT = 2.0  # a scrape's CPU, against only fetching its bodies with the bare aiohttp client
 GOAL_KIB_PER_TARGET = 64.0

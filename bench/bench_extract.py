@@ -1,6 +1,6 @@
 """Extraction cost per /metrics body: oomguard's FamilyExtractor + Vllm.read vs prometheus_client's full parser.
 
-Goal (the scrape-cost issue): extraction at least 40x faster than the full parser (10x before).
+Goal: extraction at least 40x faster than the full parser.
 Run: python bench/bench_extract.py [--number 200] [--repeat 9]
 """
 

@@ -18,7 +18,7 @@ import psutil
 from _common import N_GPUS, cpu_mark, machine, median, other_load, percentile, start_exporter, start_targets
 
 WARMUP = 5
-GOAL_AT, GOAL_MS_PER_TARGET = 500, 0.4  # the scrape-cost issue
+GOAL_AT, GOAL_MS_PER_TARGET = 500, 0.4  # at 500 targets, 0.4 ms of the exporter's CPU a target: 0.2 s a scrape
 
 
 async def scrapes(port: int, n: int) -> tuple[list[float], int]:

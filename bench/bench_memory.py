@@ -1,6 +1,6 @@
 """Exporter memory over 10,000 scrapes (8 fake GPUs, 16 targets): RSS of the exporter process alone.
 
-Goals (from the issue): RSS under 80 MB, and flat. Targets answer at once (no delay): the
+Goals: RSS under 80 MB, and flat. Targets answer at once (no delay): the
 delays matter for latency, not memory, and 10k scrapes should not take an hour.
 Run: python bench/bench_memory.py [--scrapes 10000] [--every 1000] [--local-process no|auto]
 """

@@ -1,11 +1,11 @@
 """Scrape latency: one GET /metrics of the exporter (8 fake GPUs, 16 targets) vs the slowest target alone.
 
-Goals (the scrape-cost issue): a scrape within 3 ms (median) of the slowest target alone, its p99 within 10 ms
+Goals: a scrape within 3 ms (median) of the slowest target alone, its p99 within 10 ms
 of the slowest's p99, and at most 8 ms of exporter CPU a scrape. The exporter runs twice:
 with the default `local_process: auto` (loopback targets count as local, so their processes
 are looked up on every scrape) and with `local_process: no` (as for targets on other hosts).
 The slowest target is served by a process of its own, the other 15 by another (`--one-targets-process`: all by
-one, as before 2026-12-05; docs/performance.md says why that measured the targets' process as well).
+one, which measures the targets' process as well; docs/performance.md says why).
 Run: python bench/bench_scrape.py [--scrapes 300] [--slowest-ms 20] [--modes auto no] [--one-targets-process]
 """
 

@@ -184,7 +184,7 @@ def test_a_bad_environment_value_names_its_variable(
     variable: str, value: str, line: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An environment variable's value is no key of any file: its error names the variable and what it holds,
-    then the key (it said `simulation.time_scale: must be a number`, leaving the user to find what set it)."""
+    then the key (the key alone, which no file of the user's holds, would leave them to find what set it)."""
     monkeypatch.setenv(variable, value)
     if variable != "OOMGUARD_SIMULATE":
         monkeypatch.setenv("OOMGUARD_SIMULATE", "incident")

@@ -130,7 +130,7 @@ def test_reservations_that_take_the_whole_gpu() -> None:
     assert gpus[0].headroom_used_ratio == 1.0  # no headroom at all, and something else is in use
 
 
-# -- the reservation an engine was told, while it does not report one (issue 24: warm-up) ---------------------------
+# -- the reservation an engine was told, while it does not report one (its warm-up) -------------------------------
 def warming(
     settings: dict[str, EngineSetting], *, state: str = "loading", reading: EngineReading | None = None
 ) -> TargetReading:

@@ -1,7 +1,7 @@
 """The process's file descriptors (`RLIMIT_NOFILE`'s soft limit), shared out once between their uses.
 
 Each use is bounded by its share, so that none can take what another needs: a flood of clients cannot stop the
-scrapes, and 1,000 engine pods' log streams cannot stop `/metrics` or a `/proc` read (the issue measured: 300
+scrapes, and 1,000 engine pods' log streams cannot stop `/metrics` or a `/proc` read (measured without the shares: 300
 streams under 256 descriptors, `accept()` failing with EMFILE, `/proc/meminfo` unreadable, `/metrics` timing out).
 
 - `files`: kept for what is not a connection of ours to count: /proc and /sys reads, the state file, NVML's

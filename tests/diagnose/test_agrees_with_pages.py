@@ -1,4 +1,4 @@
-"""`oomguard diagnose --exporter` agrees with the shipped pages (issue 39): through every drill scenario's timeline,
+"""`oomguard diagnose --exporter` agrees with the shipped pages: through every drill scenario's timeline,
 one reading of the exporter is never HEALTHY while one of the shipped critical alerts' conditions holds, and it names
 the memory pages that hold, as the rules do.
 
@@ -41,7 +41,7 @@ from oomguard.drill.services import Prometheus
 from tests.diagnose.virtual_exporter import VirtualRun, patch
 
 SCRAPE = 15  # simulated seconds between two readings: Prometheus' scrape interval at life's pace
-SCALES = (1.0, 10.0)  # life's pace, and `make run`'s (where the issue read HEALTHY at 98.5 % of the GPU)
+SCALES = (1.0, 10.0)  # life's pace, and `make run`'s (what a newcomer watches first)
 INSTANCE = "127.0.0.1:9847"  # the exporter, as diagnose --exporter names it
 MEMORY_PAGES = {"OomGuardGpuMemoryCritical", "OomGuardTargetMemoryOverBudget", "OomGuardGpuMemoryExhaustedSoon"}
 # The page that stands on the trend's time to full: without the trend, no reading can judge it.

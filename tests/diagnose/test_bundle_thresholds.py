@@ -1,4 +1,4 @@
-"""diagnose's thresholds are the bundle configuration's (issue 39): one source of truth with the rules, read from the
+"""diagnose's thresholds are the bundle configuration's: one source of truth with the rules, read from the
 user's file with --bundle-config; one reading judges the present and calls nothing a peak.
 
 The histories of histories.py are read as diagnose reads them, without a Prometheus (test_rough_edges.py's `read`),

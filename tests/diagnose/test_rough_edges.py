@@ -1,4 +1,4 @@
-"""What diagnose says agrees with itself and with what it read (issue 29, "Rough edges"): one reading of an
+"""What diagnose says agrees with itself and with what it read: one reading of an
 exporter claims no history it has not seen, a summary says no more than its criteria, a window too short to size
 the KV cache sizes nothing, advice reads as advice, a report format is refused before anything is read, and the
 plot's reference lines hide neither each other nor the curves.

@@ -155,8 +155,8 @@ def test_the_lines_that_could_count_are_let_go_last(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_flood_of_long_request_lines_does_not_push_out_the_oom(tmp_path) -> None:
-    """The issue's measurement: 40 lines of 64 KiB (request logging of long prompts) around one OOM traceback,
-    all within one poll: 25 lines were cut, the OOM among them, cuda_oom 0. Now the OOM counts, once."""
+    """40 lines of 64 KiB (request logging of long prompts) around one OOM traceback, all within one poll: more
+    than a poll holds, so lines are dropped, and the OOM must not be among them. It counts, once."""
     from oomguard.config import EventsConfig, TargetConfig
     from oomguard.events.registry import SavedState, pod_api_log
 

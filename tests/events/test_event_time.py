@@ -90,8 +90,8 @@ def settle(r: EventRunner, clocks: Clocks) -> dict[str, int]:
 
 @pytest.mark.parametrize("pods", [False, True], ids=["a file, the engine's stamps", "CRI, the runtime's stamps"])
 def test_ooms_written_while_the_exporter_was_stopped_count_one_each(tmp_path: Path, pods: bool) -> None:
-    """The issue's measurement: five OOMs 3.5 s apart (quiet spell 1 s, re-arm 2 s) counted 5 while watched and 1
-    when written while the exporter was stopped. Judged on the lines' own times, 5 both ways."""
+    """Five OOMs 3.5 s apart (quiet spell 1 s, re-arm 2 s), watched or written while the exporter was stopped:
+    judged on the poll's clock, the stopped case would read as one burst, 1; on the lines' own times, 5 both ways."""
     log = tmp_path / ("pods/llm_vllm-0_uid/vllm/0.log" if pods else "vllm.log")
     write(log, [])
     clocks = Clocks()

@@ -3,7 +3,7 @@
 Each engine here is a real aiohttp server on 127.0.0.1, scraped by the real Runtime behind make_app (the
 path of a production scrape: the scraper, the extractor, the engine's reader, the exposition). The table of
 cases is `CASES`; docs/faults.md prints it, and `test_docs_table_is_current` keeps the two equal. Each case
-failed on the code before its fix (see docs/faults.md, "Hostile input"). Waits are on conditions with a
+fails without the guard it holds (see docs/faults.md, "Hostile input"). Waits are on conditions with a
 deadline, never a bare sleep.
 """
 
@@ -328,7 +328,7 @@ async def test_bad_values_are_dropped_and_counted(aiohttp_client, aiohttp_server
     bodies["vllm-reservation"] = lambda: VLLM.replace('gpu_memory_utilization="0.92"', 'gpu_memory_utilization="7"')
     expected["vllm-reservation"] = ("vllm", "oomguard_engine_gpu_memory_utilization_ratio", "out_of_range")
     server = Bodies(bodies)
-    # llama.cpp's /slots: non-finite and negative sizes are skipped there (held before this change too).
+    # llama.cpp's /slots: non-finite and negative sizes are skipped there.
     for target in bodies:
         server.slots[target] = '[{"n_ctx": NaN, "is_processing": true, "n_prompt_tokens": 1e308}]'
     base = await serve(aiohttp_server, server)

@@ -3,7 +3,7 @@
 Each case goes through the real code path: the real EventRunner over real files in a temporary state_dir
 and log folders, the real Runtime behind make_app for `/metrics`, the real CLI (`python -m oomguard
 check-config`) in a subprocess. The table of cases is `CASES`; docs/faults.md prints it, and
-`test_docs_table_is_current` keeps the two equal. Each case failed on the code before its fix. Waits are
+`test_docs_table_is_current` keeps the two equal. Each case fails without the guard it holds. Waits are
 on conditions with a deadline, never a bare sleep.
 """
 

@@ -206,8 +206,8 @@ def test_the_real_lines_still_count_after_the_hostile_ones(engine: str) -> None:
 
 
 def test_prompts_and_paths_count_no_oom_and_no_restart_through_the_exporter(tmp_path: Path) -> None:
-    """The issue's measurement, through the runner: three (startup-line prompt, OOM prompt) pairs and an
-    unauthorised path counted cuda_oom 4 and a restart; now nothing."""
+    """Through the runner: three (startup-line prompt, OOM prompt) pairs and an unauthorised path, which a search
+    of the whole line would count as 4 cuda_oom and a restart, count nothing."""
     log = tmp_path / "vllm.log"
     log.touch()
     target = TargetConfig(url="http://127.0.0.1:8000", name="vllm", engine="vllm", logs=(str(log),))

@@ -1,9 +1,9 @@
-"""Hostile web configuration and hostile network clients of the exporter's port (issue 23, items 1-5 and 10).
+"""Hostile web configuration and hostile network clients of the exporter's port.
 
 The table is `CASES` below, and docs/faults.md prints it (`test_docs_table_is_current`). Every case runs
 the real code: the file is written as an editor or a `>` redirect writes it (not atomically), the server
 is the real listener on 127.0.0.1, the process cases start `oomguard serve`. Waits are on conditions with
-a deadline, never a bare sleep. Each test failed on the code before its fix.
+a deadline, never a bare sleep. Each test fails without the guard it holds.
 """
 
 from __future__ import annotations
@@ -201,8 +201,9 @@ async def reload_refused(state: WebConfigState) -> None:
 
 
 def release_fifo_reader(fifo: Path) -> None:
-    """Puts a regular file at the path, then lets go any reader blocked in open() on the FIFO (the code before
-    the fix blocked there for good, and polled again): through a hard link, as the path is no longer the FIFO."""
+    """Puts a regular file at the path, then lets go any reader blocked in open() on the FIFO (a reader that opens
+    it unguarded blocks there for good: the test fails, not hangs): through a hard link, as the path is no longer
+    the FIFO."""
     if not fifo.is_fifo():
         return
     keep = fifo.with_name(fifo.name + ".fifo")
@@ -219,7 +220,7 @@ def release_fifo_reader(fifo: Path) -> None:
     keep.unlink()
 
 
-# ---------------------------------------------------------------- reloads (items 1, 2, 3)
+# ---------------------------------------------------------------- reloads
 
 
 def _weakenings(pki: Pki) -> dict[str, str]:
@@ -401,7 +402,7 @@ def test_a_running_exporter_survives_hostile_reloads_and_cleans_up(tmp_path: Pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pid in engines + _children(proc.pid):  # an orphaned engine too (what the code before the fix left)
+        for pid in engines + _children(proc.pid):  # an orphaned engine too (an unguarded stop leaves one)
             if _alive(pid):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
@@ -476,7 +477,7 @@ def test_fuzz_reloads_never_raise_and_never_weaken(pki: Pki, fuzz_file: Path, so
     run()
 
 
-# ---------------------------------------------------------------- TLS sessions (item 4)
+# ---------------------------------------------------------------- TLS sessions
 
 
 def _session_get(port: int, context: ssl.SSLContext, session: ssl.SSLSession | None) -> tuple[int | None, Any, bool]:
@@ -519,7 +520,7 @@ async def test_a_client_ca_change_ends_resumable_sessions(serve: Serve, pki: Pki
     assert not reused and status is None, "a session saved under the former CA was resumed"
 
 
-# ---------------------------------------------------------------- basic auth (item 5)
+# ---------------------------------------------------------------- basic auth
 
 
 @pytest.fixture
@@ -637,7 +638,7 @@ async def test_rate_limit_as_the_toolkit(serve: Serve, bcrypt_work: list[int]) -
     assert (await get(served.url, False, ("prometheus", PASSWORD), "/-/healthy"))[0] == 429
 
 
-# ---------------------------------------------------------------- connections (item 10)
+# ---------------------------------------------------------------- connections
 
 
 async def _closed_by_server(port: int, send: bytes, timeout: float = 15) -> bool:

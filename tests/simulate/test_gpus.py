@@ -206,7 +206,7 @@ def test_long_warmup_holds_its_reservation_from_the_pool_on_while_its_port_is_cl
 
 
 async def test_a_warming_simulated_engine_is_judged_above_the_reservation_on_its_command_line() -> None:
-    """Issue 24, end to end: the simulated vLLM (a real process, told --gpu-memory-utilization 0.95) has allocated
+    """A long warm-up, end to end: the simulated vLLM (a real process, told --gpu-memory-utilization 0.95) has allocated
     its pool and does not listen yet; the exporter finds it by its port flag and judges GPU 0 above 0.95."""
     config = load_config(None, {
         "simulation": {"scenario": "long-warmup", "time_scale": 30.0},

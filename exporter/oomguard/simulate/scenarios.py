@@ -227,9 +227,9 @@ def _steady(name: str, utilization: float) -> Scenario:
 
 
 def _long_warmup() -> Scenario:
-    # Issue 24: the pool is allocated 30 s in, then CUDA graph capture runs 5 minutes with the port closed. Judged
-    # on its total, the GPU at 95.6 % would page (GpuMemoryCritical: 95 % for 2m); the reservation on the engine's
-    # command line puts it at the headroom's 12 %, as once it serves.
+    # vLLM's long warm-up: the pool is allocated 30 s in, then CUDA graph capture runs 5 minutes with the port
+    # closed. Judged on its total, the GPU at 95.6 % would page (GpuMemoryCritical: 95 % for 2m); the reservation on
+    # the engine's command line puts it at the headroom's 12 %, as once it serves.
     utilization, weights, warmup = 0.95, 30.0, 300.0
     shown = nvml_used_ratio(utilization - _RESERVED_SLACK)
     return _reserved(
@@ -351,8 +351,8 @@ SCENARIOS: dict[str, Scenario] = {
         _long_warmup(),
     )
 }
-# The simulation's names before it and the drill shared one vocabulary (issues 29 and 39): still accepted, the same
-# scenario.
+# The simulation's own names for scenarios the drill names otherwise: configurations and scripts that use them still
+# run, as the same scenario.
 ALIASES = {
     "overcommit": "incident",
     "overcommit-quick": "incident-quick",

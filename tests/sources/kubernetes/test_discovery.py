@@ -284,7 +284,7 @@ def _python() -> str:
 
 
 async def test_a_loading_pod_is_judged_above_the_reservation_its_args_tell(tmp_path: Path) -> None:
-    """Issue 24: the pod's engine allocated its KV cache (NVML: 95.6 %) and refuses /metrics while it warms up; its
+    """Warm-up: the pod's engine allocated its KV cache (NVML: 95.6 %) and refuses /metrics while it warms up; its
     container's args tell 0.95, so GPU 0 is judged on the headroom above it, not on its total."""
     port = free_port("127.0.0.2")  # nothing listens: the engine is loading
     uid = "44444444-4444-4444-8444-444444444444"

@@ -1,8 +1,8 @@
-"""The issue's measurement, as a test: `oomguard serve` in the cluster mode, as a process under RLIMIT_NOFILE 256,
+"""More log streams than descriptors: `oomguard serve` in the cluster mode, as a process under RLIMIT_NOFILE 256,
 against the stand-in API with 300 engine pods, each an engine answering at its own pod IP and a followed log.
-Before the descriptor budget: `accept()` failed with EMFILE, /proc/meminfo could not be read, /metrics timed out.
-Now /metrics answers, every target is up, the streams over the budget are refused and counted, and an OOM logged by a
-container without a stream is still counted (its log read by turns)."""
+Without the descriptor budget, `accept()` fails with EMFILE, /proc/meminfo cannot be read, /metrics times out.
+With it /metrics answers, every target is up, the streams over the budget are refused and counted, and an OOM logged
+by a container without a stream is still counted (its log read by turns)."""
 
 from __future__ import annotations
 

@@ -227,7 +227,7 @@ def test_a_listener_that_is_not_the_engine_gives_no_settings() -> None:
 
 
 async def test_a_loading_engine_is_judged_above_the_reservation_its_command_line_tells(stub, runtime) -> None:
-    """Issue 24: vLLM allocates its KV cache, then warms up for minutes without listening. Its process is found
+    """A long warm-up: vLLM allocates its KV cache, then warms up for minutes without listening. Its process is found
     by the port its command line names, its reservation read there: the GPU (95.6 % used, the engine's 0.95 and
     another process's 0.5 GiB) is judged above the reservation, not on its total."""
     engine = stub("--gpu-memory-utilization", "0.95")
@@ -266,7 +266,7 @@ async def test_a_loading_engine_on_another_port_is_not_the_targets(stub, runtime
 async def test_a_discovered_engine_is_a_target_from_its_first_load_on_judged_above_its_told_reservation(
     stub,
 ) -> None:
-    """Issue 24, with nothing configured: a vLLM in its first load (never listened) is a target at the port its
+    """A long warm-up with nothing configured: a vLLM in its first load (never listened) is a target at the port its
     command line tells, loading, its GPU judged above its 0.95 (its way to up: the first test above)."""
     engine = stub("--gpu-memory-utilization", "0.95")
     engine.start(load_seconds=120.0)  # never listens within this test
