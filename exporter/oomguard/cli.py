@@ -1,5 +1,5 @@
 """Command line: `oomguard serve` (the exporter), `check-config`, `generate` (the rule bundle and dashboards),
-`drill`, `diagnose`, `top`, `healthcheck` and `docs`; `oomguard --help` says what each does.
+`drill`, `diagnose`, `top`, `backtest`, `healthcheck` and `docs`; `oomguard --help` says what each does.
 
 The exporter's flags are spelled as Prometheus exporters spell them; each also reads an
 `OOMGUARD_*` environment variable (`_ENVIRONMENT`). Precedence: flag > environment > file > default.
