@@ -1,4 +1,4 @@
-"""Helpers shared by the tests: paths, real vLLM bodies, exposition reading, promtool."""
+"""Helpers shared by the tests: paths, real vLLM bodies, exposition reading, promtool, waits, a clock to set."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,6 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from oomguard.engines import ENGINES
 from oomguard.events.catalogue import load_catalogue
 from oomguard.events.detector import IncidentDetector
+
+if TYPE_CHECKING:
+    from oomguard.events.runner import EventRunner
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -86,3 +90,26 @@ def log_kinds(engine: str, lines: list[str]) -> list[str]:
     for line in lines:
         detector.feed(line, 0.0)
     return [e.kind for e in detector.tick(60.0)]
+
+
+class Clock:
+    """A clock the test sets: what the code under test is given as its monotonic clock answers `now`."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def settle(runner: EventRunner, clock: Clock) -> None:
+    """Polled, then past the quiet time (10 s on `clock`) and polled again: open incidents are closed and counted."""
+    runner.poll()
+    clock.now += 10
+    runner.poll()
+
+
+def append_lines(path: Path, lines: list[str]) -> None:
+    """The lines appended to the file, each ended by a newline, as a writer of a log appends them."""
+    with path.open("a") as f:
+        f.write("".join(line + "\n" for line in lines))

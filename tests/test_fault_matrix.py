@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from support import REPO, samples, until_sync, value, vllm_body
+from support import REPO, Clock, samples, settle, until_sync, value, vllm_body
 
 from oomguard.config_file import load_config
 from oomguard.events.runner import STATE_FILE, EventRunner
@@ -307,14 +307,6 @@ OOM = [
 ]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def events_runner(tmp_path: Path, clock: Clock, logs: dict[str, list[str]]) -> EventRunner:
     config = load_config(
         None,
@@ -333,13 +325,6 @@ def events_runner(tmp_path: Path, clock: Clock, logs: dict[str, list[str]]) -> E
 def oom(path: Path, i: int) -> None:
     with path.open("a") as f:
         f.write("".join(line.format(i=i) + "\n" for line in OOM))
-
-
-def settle(r: EventRunner, clock: Clock) -> None:
-    """Past the quiet time: open incidents are closed and counted."""
-    r.poll()
-    clock.now += 10
-    r.poll()
 
 
 def counted(r: EventRunner, target: str) -> int:

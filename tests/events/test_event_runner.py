@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import Clock, append_lines
 
 from oomguard.config import Config
 from oomguard.config_file import load_config
@@ -29,14 +30,6 @@ RESTART = "(APIServer pid={i}) INFO 12-02 12:00:05 [api_server.py:1000] vLLM ser
 CHATTER = '(APIServer pid={i}) INFO:     127.0.0.1:5555 - "GET /metrics HTTP/1.1" 200 OK'
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def runner(tmp_path: Path, clock: Clock, logs: list[str], **events: object) -> EventRunner:
     config = load_config(
         None,
@@ -47,11 +40,6 @@ def runner(tmp_path: Path, clock: Clock, logs: list[str], **events: object) -> E
         },
     )
     return EventRunner(config, clock=clock)
-
-
-def write(path: Path, lines: list[str]) -> None:
-    with path.open("a") as f:
-        f.write("".join(line + "\n" for line in lines))
 
 
 def rotate_rename(log: Path) -> None:
@@ -86,9 +74,9 @@ def test_exactly_n_events_through_rotations(
     for i in range(N):
         lines = [line.format(i=i) for line in OOM]
         # The traceback is flushed in two pieces, with a poll in between.
-        write(log, [CHATTER.format(i=i), *lines[:2]])
+        append_lines(log, [CHATTER.format(i=i), *lines[:2]])
         r.poll()
-        write(log, [*lines[2:], RESTART.format(i=i)])
+        append_lines(log, [*lines[2:], RESTART.format(i=i)])
         if i % 7 == 3:
             # copy-truncate loses what is written between the copy and the truncate: poll first,
             # as logrotate's copytruncate users must accept; rename and recreate lose nothing.
@@ -113,10 +101,10 @@ def test_incident_open_when_the_exporter_stops_is_counted_once(tmp_path: Path) -
     clock = Clock()
     r = runner(tmp_path, clock, [str(log)])
     r.poll()
-    write(log, [line.format(i=1) for line in OOM[:2]])  # fatal error, the OOM line not yet written
+    append_lines(log, [line.format(i=1) for line in OOM[:2]])  # fatal error, the OOM line not yet written
     r.poll()
     r.close()
-    write(log, [line.format(i=1) for line in OOM[2:]])
+    append_lines(log, [line.format(i=1) for line in OOM[2:]])
     clock.now += 60  # down for a minute: the incident is closed at the first poll after the restart
     r = runner(tmp_path, clock, [str(log)])
     r.poll()
@@ -149,7 +137,7 @@ def test_broken_sources_do_not_stop_the_others(tmp_path: Path) -> None:
     r.poll()
     with garbage.open("ab") as f:
         f.write(os.urandom(200_000) + b"\n" + b"x" * (10 * 1024 * 1024) + b"\n\xff\xfe\x00 partial")
-    write(good, [line.format(i=0) for line in OOM] + [RESTART.format(i=0)])
+    append_lines(good, [line.format(i=0) for line in OOM] + [RESTART.format(i=0)])
     r.poll()
     r.poll()
     assert r.counts["good"].total == {"cuda_oom": 1}
@@ -168,7 +156,7 @@ def test_unwritable_state_dir_is_reported_not_fatal(tmp_path: Path) -> None:
     clock = Clock()
     r = runner(tmp_path, clock, [str(log)])
     r.poll()
-    write(log, [line.format(i=0) for line in OOM] + [RESTART.format(i=0)])
+    append_lines(log, [line.format(i=0) for line in OOM] + [RESTART.format(i=0)])
     r.poll()
     assert r.counts["vllm"].total == {"cuda_oom": 1} and r.state_write_errors >= 1 and r.has_state
 
@@ -202,9 +190,9 @@ def test_kubernetes_pod_logs(tmp_path: Path) -> None:
     lines = [line.format(i=1) for line in OOM]
     cri = [f"{stamp} stderr F {line}" for line in lines[:3]]
     cri += [f"{stamp} stderr P {lines[3][:30]}", f"{stamp} stderr F {lines[3][30:]}"]
-    write(log, cri)
+    append_lines(log, cri)
     os.replace(log, container / "0.log.20261202-120001")  # the kubelet's rotation
-    write(container / "0.log", [f"{stamp} stdout F {RESTART.format(i=2)}"])
+    append_lines(container / "0.log", [f"{stamp} stdout F {RESTART.format(i=2)}"])
     r.poll()
     r.poll()
     assert r.counts["vllm"].total == {"cuda_oom": 1}
@@ -217,11 +205,11 @@ def test_a_partial_record_held_when_the_exporter_stops_is_not_lost(tmp_path: Pat
     r = EventRunner(config, clock=clock)
     r.poll()
     stamp = "2026-12-02T12:00:00.000000000Z"
-    write(log, [f"{stamp} stderr F (EngineCore pid=1) Traceback (most recent call last):"])
-    write(log, [f"{stamp} stderr P (EngineCore pid=1) torch.OutOfMemoryError: CUDA out of memory. "])
+    append_lines(log, [f"{stamp} stderr F (EngineCore pid=1) Traceback (most recent call last):"])
+    append_lines(log, [f"{stamp} stderr P (EngineCore pid=1) torch.OutOfMemoryError: CUDA out of memory. "])
     r.poll()
     r.close()  # the runtime cut the line and the exporter stops before its final record
-    write(log, [f"{stamp} stderr F Tried to allocate 2.00 GiB."])  # alone, this matches nothing
+    append_lines(log, [f"{stamp} stderr F Tried to allocate 2.00 GiB."])  # alone, this matches nothing
     clock.now += 1
     r = EventRunner(config, clock=clock)
     r.poll()
@@ -245,7 +233,7 @@ def test_a_pattern_that_matches_no_file_is_said_once_and_counted_as_following_no
     said = [rec.getMessage() for rec in caplog.records if "follows no file" in rec.getMessage()]
     assert len(said) == 1 and f"file:{typo}" in said[0] and "matches nothing" in said[0]
     (tmp_path / "vlm").mkdir()
-    write(tmp_path / "vlm" / "a.log", ["x"])
+    append_lines(tmp_path / "vlm" / "a.log", ["x"])
     caplog.clear()
     with caplog.at_level("INFO", logger="oomguard.events.source"):
         r.poll()

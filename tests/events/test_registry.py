@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from kmsg_stand_in import kmsg_record
+from support import Clock, append_lines
 
 from oomguard.config import Config, EventsConfig, TargetConfig
 from oomguard.config_file import load_config
@@ -32,19 +33,6 @@ OOM = (
     "(EngineCore pid=7) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
 )
 RESTART = "(APIServer pid=8) INFO 12-02 12:00:05 [api_server.py:1000] vLLM server version 0.32.0, serving model m"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def write(path: Path, lines: list[str]) -> None:
-    with path.open("a") as f:
-        f.write("".join(line + "\n" for line in lines))
 
 
 def memory_events(directory: Path, oom_kill: int) -> None:
@@ -125,11 +113,12 @@ def test_a_targets_log_is_read_with_its_engines_patterns(tmp_path: Path) -> None
     extra = [{"kind": "cuda_oom", "at": "exception", "regex": r"torch\.OutOfMemoryError: HIP out of memory"}]
     r = EventRunner(config(tmp_path, {"logs": [str(log)], "engine": "vllm"}, patterns=extra), clock=clock)
     r.poll()
-    write(log, [FATAL, *traceback("RuntimeError: something else", "(EngineCore pid=7) "), RESTART])  # vLLM's own
+    append_lines(log, [FATAL, *traceback("RuntimeError: something else", "(EngineCore pid=7) "), RESTART])  # vLLM's own
     r.poll()
-    write(log, [*traceback("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 1 GiB"), RESTART])  # config's
+    hip = "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 1 GiB"
+    append_lines(log, [*traceback(hip), RESTART])  # config's
     r.poll()
-    write(log, [*traceback("RuntimeError: CUDA out of memory."), RESTART])  # the generic catalogue's
+    append_lines(log, [*traceback("RuntimeError: CUDA out of memory."), RESTART])  # the generic catalogue's
     r.poll()
     assert r.counts["vllm"].total == {"engine_death": 1, "cuda_oom": 2}
 
@@ -157,13 +146,13 @@ def test_the_generic_patterns_count_for_any_engine(tmp_path: Path, monkeypatch: 
     clock = Clock()
     r = EventRunner(cfg, clock=clock)
     r.poll()
-    write(log, [*traceback("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"), FATAL])
+    append_lines(log, [*traceback("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"), FATAL])
     r.poll()
     clock.now += 10
     r.poll()
     # The memory line counts; vLLM's fatal error line is nothing to an engine that is not vLLM.
     assert r.counts["plain"].total == {"cuda_oom": 1}
-    write(log, [FATAL])
+    append_lines(log, [FATAL])
     clock.now += 100
     r.poll()
     clock.now += 10
@@ -210,8 +199,8 @@ def test_the_readers_counters_are_reported(tmp_path: Path) -> None:
     r = EventRunner(config(tmp_path, target), clock=Clock())
     r.poll()
     long_line = "x" * (1024 * 1024 + 10)  # over the follower's 1 MiB line limit
-    write(log, ["short", long_line])
-    write(container / "0.log", ["not a CRI record", f"{STAMP} stdout F fine"])
+    append_lines(log, ["short", long_line])
+    append_lines(container / "0.log", ["not a CRI record", f"{STAMP} stdout F fine"])
     r.poll()
     health = {h.source: h for h in r.health()}
     file = health[f"file:{log}"]
@@ -233,7 +222,7 @@ def test_a_source_that_raises_is_a_read_error_and_the_others_go_on(tmp_path: Pat
 
     r.sources[0].poll = boom  # type: ignore[method-assign]
     r.poll()
-    write(good, [OOM, RESTART])
+    append_lines(good, [OOM, RESTART])
     r.poll()
     assert r.counts["vllm"].total == {"cuda_oom": 1}
     assert [h.read_errors for h in r.health()] == [2, 0]
@@ -242,7 +231,7 @@ def test_a_source_that_raises_is_a_read_error_and_the_others_go_on(tmp_path: Pat
 def test_a_state_file_of_the_old_layout_resumes_without_recounting(tmp_path: Path, kmsg: Path) -> None:
     """The state file as the exporter wrote it before the sources were one protocol: read as it is."""
     log = tmp_path / "vllm.log"
-    write(log, [FATAL, OOM, RESTART, FATAL])  # counted before the upgrade; the last death still open
+    append_lines(log, [FATAL, OOM, RESTART, FATAL])  # counted before the upgrade; the last death still open
     kmsg.write_text(kmsg_record(100, "Out of memory: Killed process 1 (python3)"))  # counted before
     cgroup = tmp_path / "cg"
     memory_events(cgroup, 3)  # 2 when the old exporter stopped
@@ -271,7 +260,7 @@ def test_a_state_file_of_the_old_layout_resumes_without_recounting(tmp_path: Pat
         }}"""  # noqa: E501
     )
     # While the exporter was being upgraded: the open death turns out to be an OOM, the kernel kills again.
-    write(log, [OOM])
+    append_lines(log, [OOM])
     with kmsg.open("a") as f:
         f.write(kmsg_record(101, "Out of memory: Killed process 2 (python3)"))
     clock = Clock()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hostile_cases import Case, assert_documented
-from support import REPO
+from support import REPO, Clock, settle
 
 from oomguard.config_file import load_config
 from oomguard.events.runner import MAX_STATE_BYTES, STATE_FILE, EventRunner
@@ -66,21 +66,6 @@ OOM = [
 def oom(path: Path, i: int = 0) -> None:
     with path.open("a") as f:
         f.write("".join(line.format(i=i) + "\n" for line in OOM))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def settle(r: EventRunner, clock: Clock) -> None:
-    """Polled, then past the quiet time: open incidents are closed and counted."""
-    r.poll()
-    clock.now += 10
-    r.poll()
 
 
 # -- the state file ---------------------------------------------------------------------------------------------
