@@ -131,17 +131,16 @@ class Report:
                 head += f"(a relapse, {_minutes(result.oom.t - result.relapse_of.t)} after the OOM before it) "
             if page is not None:
                 head += f"paged {_minutes(page.lead_seconds)} before ({page.alert})"
+            elif any(lead.receiver for lead in result.leads):
+                head += "no page before it, only tickets"
             elif result.leads:
-                head += "no page before it, only " + ", ".join(
-                    sorted({lead.receiver or "info" for lead in result.leads})
-                )
+                head += "nothing that reaches anyone fired before it (info only)"
             else:
                 head += "nothing fired before it"
             lines.append(head)
-            for lead in sorted(result.leads, key=lambda lead: -lead.lead_seconds):
-                lines.append(
-                    f"      {lead.alert:<36} {lead.receiver or 'info':<7} {_minutes(lead.lead_seconds)} before"
-                )
+            # Info alerts reach no one (the JSON has them): the lines are what would have reached someone.
+            for lead in sorted((x for x in result.leads if x.receiver), key=lambda lead: -lead.lead_seconds):
+                lines.append(f"      {lead.alert:<36} {lead.receiver:<7} {_minutes(lead.lead_seconds)} before")
         o = self.outcome
         lines += ["", f"Outside incidents ({o.gpu_days:.2f} GPU-days judged):"]
         for receiver, count, rate in (
