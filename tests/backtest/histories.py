@@ -25,7 +25,7 @@ T0 = 1_714_521_600.0  # 2024-05-01 00:00:00 UTC
 PID = 4242  # the simulated engine's, in NVML's per-process list
 COLUMNS = (
     "time", "node", "gpu", "used_bytes", "total_bytes", "engine_used_bytes", "target", "engine", "state",
-    "kv_cache_usage", "waiting", "running", "preemptions_total", "gpu_memory_utilization",
+    "kv_cache_usage", "waiting", "running", "preemptions_total", "gpu_memory_utilization", "max_num_seqs",
 )  # fmt: skip
 
 

@@ -76,6 +76,19 @@ HISTORIES: dict[str, tuple[dict[str, Share], dict[str, object], list[tuple[float
     "gone": ({"0": steady, "1": gone}, {}, []),
     "incidents": ({"0": spike(20), "1": spike(40)}, {}, [(30.0, "0")]),
     "never": ({"0": steady, "9": steady}, {}, []),
+    "concurrency": (
+        {"0": lambda m: 0.905},
+        {
+            "target": "vllm",
+            "kv_cache_usage": 0.8,
+            "waiting": 3,
+            "running": 16,
+            "preemptions_total": lambda m, i: i,
+            "gpu_memory_utilization": 0.9,
+            "max_num_seqs": 256,
+        },
+        [],
+    ),
 }
 
 
@@ -174,3 +187,11 @@ def test_leads_false_pages_and_gpu_days(backtests: dict[str, Report]) -> None:
     assert report.outcome.false_pages_per_gpu_day == pytest.approx(1 / gpu_days)
     data = report.json()
     assert '"pages_per_gpu_day"' in data and '"lead_seconds"' in data
+
+
+def test_the_concurrency_cap_against_the_kv_cache(backtests: dict[str, Report]) -> None:
+    """max_num_seqs 256 where the KV cache holds 16 / 0.8 = 20 requests, preempting, at a 0.9 reservation:
+    ConcurrencyOverKvCache, once 15 minutes of such samples are in its hour and its `for:` (15m) has held."""
+    report = backtests["concurrency"]
+    [fired] = episodes(report, "ConcurrencyOverKvCache", target="vllm", setting="max_num_seqs")
+    assert 29 <= minute(report, fired.fired_at) <= 32

@@ -25,6 +25,7 @@ from typing import IO, Any
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import (
     ENGINE_FIGURES,
+    ENGINE_SETTINGS,
     RATIO_FIGURES,
     TARGET_STATES,
     EngineRow,
@@ -56,7 +57,7 @@ _ALIASES = {
     "gpu": "gpu", "gpu_index": "gpu", "index": "gpu", "uuid": "gpu",
     "target": "target", "engine": "engine", "state": "state",
 }  # fmt: skip
-KNOWN_COLUMNS = (*_ALIASES, *_MEMORY, *ENGINE_FIGURES)
+KNOWN_COLUMNS = (*_ALIASES, *_MEMORY, *ENGINE_FIGURES, *ENGINE_SETTINGS)
 
 
 def _fix(path: Path, line: int, message: str) -> BacktestError:
@@ -267,7 +268,7 @@ class FileHistory:
             setattr(gpu, figure, value * factor)
         target = excerpt(_text(row.get("target")), 120)
         figures: dict[str, float] = {}
-        for name in ENGINE_FIGURES:
+        for name in (*ENGINE_FIGURES, *ENGINE_SETTINGS):
             raw = row.get(name)
             if raw in (None, ""):
                 continue

@@ -19,6 +19,8 @@ from oomguard.excerpt import excerpt
 ENGINE_FIGURES = ("kv_cache_usage", "waiting", "running", "preemptions_total", "gpu_memory_utilization")
 # Those that are a share (0-1): a value above 1 is no reading (as the exporter's engine readers reject it).
 RATIO_FIGURES = ("kv_cache_usage", "gpu_memory_utilization")
+# An engine's settings as started (oomguard_engine_setting), which ConcurrencyOverKvCache reads.
+ENGINE_SETTINGS = ("max_num_seqs",)
 TARGET_STATES = ("up", "loading", "down")
 
 
@@ -50,6 +52,7 @@ class EngineRow:
     running: float | None = None
     preemptions_total: float | None = None
     gpu_memory_utilization: float | None = None
+    max_num_seqs: float | None = None  # its concurrency cap (SGLang's max_running_requests), as started
 
     def has_figures(self) -> bool:
         return any(getattr(self, name) is not None for name in ENGINE_FIGURES)

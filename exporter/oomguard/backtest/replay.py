@@ -333,6 +333,8 @@ class Replay:
         if told is not None:
             # As the exporter reads a local engine's command line (its reservation while it loads, with no /metrics).
             settings["gpu_memory_utilization"] = EngineSetting(told, "flag")
+        if engine.max_num_seqs is not None:
+            settings["max_num_seqs"] = EngineSetting(engine.max_num_seqs, "flag")
         if figures and state != "loading":  # a loading engine refuses /metrics: its figures are not read
             model = ModelReading(
                 model_name="",

@@ -27,7 +27,16 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from oomguard.backtest import BacktestError
-from oomguard.backtest.history import ENGINE_FIGURES, RATIO_FIGURES, EngineRow, GpuRow, Problems, Step, number
+from oomguard.backtest.history import (
+    ENGINE_FIGURES,
+    ENGINE_SETTINGS,
+    RATIO_FIGURES,
+    EngineRow,
+    GpuRow,
+    Problems,
+    Step,
+    number,
+)
 from oomguard.backtest.ooms import Oom
 from oomguard.backtest.parallel import PARALLEL_FROM_STEPS
 from oomguard.config import ConfigError, StrictModel, explain, read_yaml
@@ -71,6 +80,7 @@ class EngineMapping(StrictModel):
     running: QueryOrFigure = None
     preemptions_total: QueryOrFigure = None
     gpu_memory_utilization: QueryOrFigure = None
+    max_num_seqs: QueryOrFigure = None  # its concurrency cap as started: no engine's /metrics has it
 
 
 class TargetsMapping(StrictModel):
@@ -335,7 +345,7 @@ class PrometheusHistory:
                 if row is not None and target:
                     row.target = target
         engines: dict[float, dict[str, EngineRow]] = {}
-        for name in ENGINE_FIGURES:
+        for name in (*ENGINE_FIGURES, *ENGINE_SETTINGS):
             for labels, t, value in self._values(getattr(e, name), start, end, name):
                 target = _joined(labels, e.target_labels)
                 if not target:
