@@ -1,10 +1,16 @@
-"""Fixtures shared by the tests (helpers live in support.py)."""
+"""Fixtures shared by the tests (helpers live in support.py, and those of web configurations in web_serving.py)."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from web_serving import Pki, Serve
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -37,3 +43,20 @@ async def zoo(aiohttp_server):
     zoo.base = f"http://127.0.0.1:{server.port}"
     yield zoo
     zoo.hang.set()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA, a server certificate for 127.0.0.1, client certificates (web_serving.py): made once a session."""
+    from web_serving import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+async def serve(tmp_path: Path) -> AsyncIterator[Serve]:
+    """`await serve(text, **server_options)`: oomguard served in-process under a web configuration (web_serving.py)."""
+    from web_serving import serving
+
+    async with serving(tmp_path) as start:
+        yield start

@@ -1,5 +1,6 @@
 """Certificates made for the tests (a CA, a server certificate for 127.0.0.1, client certificates),
-web configuration files, and oomguard served in-process under one."""
+web configuration files, and oomguard served in-process under one: helpers of tests/web_config/ and
+tests/hostile/test_hostile_web.py, whose fixtures `pki` and `serve` tests/conftest.py gives."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import ipaddress
 import os
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,9 +125,8 @@ class Pki:
         return context
 
 
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    folder = tmp_path_factory.mktemp("pki")
+def make_pki(folder: Path) -> Pki:
+    """A CA with a server and a client certificate, and a stranger's client certificate from another CA."""
     ca = Authority(folder, "ca")
     other = Authority(folder, "other-ca")
     return Pki(ca, ca.issue("server", server=True), ca.issue("client", server=False),
@@ -151,9 +152,12 @@ def web_config_text(pki: Pki, *, password: str = PASSWORD, client_auth: str | No
 @dataclass
 class Served:
     url: str
-    state: WebConfigState
+    state: WebConfigState | None  # None: served without a web configuration file
     server: Server
     file: Path
+
+
+Serve = Callable[..., Awaitable[Served]]
 
 
 async def wait_until(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> None:
@@ -170,29 +174,34 @@ async def wait_until(condition: Callable[[], Any], timeout: float = 20.0, what: 
         await asyncio.sleep(0.05)
 
 
-@pytest.fixture
-async def serve(tmp_path: Path) -> AsyncIterator[Callable[[str], Awaitable[Served]]]:
-    """`await serve(file_text)`: oomguard (fake GPU, no targets) on a free port under that web configuration."""
+@asynccontextmanager
+async def serving(folder: Path) -> AsyncIterator[Serve]:
+    """`await serve(text, **server_options)`: oomguard (fake GPU, no targets) on a free port under that web
+    configuration, written to `folder`; text None: no file. Every server started is stopped on leaving."""
     servers: list[Server] = []
 
-    async def start(text: str) -> Served:
-        file = tmp_path / "web-config.yml"
-        file.write_text(text)
-        state = WebConfigState(await asyncio.to_thread(load_web_config, file))
+    async def start(text: str | None, **options: Any) -> Served:
+        file = folder / "web-config.yml"
+        state = None
+        if text is not None:
+            file.write_text(text)
+            state = WebConfigState(await asyncio.to_thread(load_web_config, file))
         config = load_config(None, {
             "events": {"kernel_log": False, "xid": False}, "trend": {"enabled": False},
             "discovery": {"local": "off"},  # no engine: not one another test runs on this host
         })  # fmt: skip
         app = make_app(Runtime(config, nvml_lib=FakeNvml([FakeGpu(0)])), state)
-        server = Server(app, "127.0.0.1", 0, state, poll_seconds=0.1)
+        server = Server(app, "127.0.0.1", 0, state, poll_seconds=0.1, **options)
         await server.start()
         servers.append(server)
-        scheme = "https" if state.current.ssl_context else "http"
+        scheme = "https" if state and state.current.ssl_context else "http"
         return Served(f"{scheme}://127.0.0.1:{server.port}", state, server, file)
 
-    yield start
-    for server in servers:
-        await server.stop()
+    try:
+        yield start
+    finally:
+        for server in servers:
+            await server.stop()
 
 
 def basic(user: str, password: str) -> dict[str, str]:

@@ -19,8 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,18 +29,13 @@ import yaml
 from hostile_cases import Case, assert_documented
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from web_config.conftest import PASSWORD, Authority, Pki, basic, bcrypt_hash, get, wait_until, write_atomically
+from web_serving import PASSWORD, Pki, Serve, basic, bcrypt_hash, get, wait_until, write_atomically
 
 from oomguard.config import ConfigError
-from oomguard.config_file import load_config
 from oomguard.ports import free_port
-from oomguard.runtime import Runtime
-from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
-from oomguard.web import make_app
 from oomguard.web_config import WebConfigState, load_web_config
 from oomguard.web_config import auth as auth_module
 from oomguard.web_config.auth import AuthBusy, BasicAuth
-from oomguard.web_config.server import Server
 
 CASES = [
     Case(
@@ -142,15 +136,6 @@ def test_docs_table_is_current() -> None:
 # ---------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    folder = tmp_path_factory.mktemp("pki")
-    ca = Authority(folder, "ca")
-    other = Authority(folder, "other-ca")
-    return Pki(ca, ca.issue("server", server=True), ca.issue("client", server=False),
-               other.issue("stranger", server=False), other.cert)  # fmt: skip
-
-
 def full_text(pki: Pki, ca_file: Path | None = None, **extra: Any) -> str:
     """TLS, a verified client certificate and basic auth: the most a file can ask for."""
     tls = {"cert_file": str(pki.server.cert), "key_file": str(pki.server.key),
@@ -158,42 +143,6 @@ def full_text(pki: Pki, ca_file: Path | None = None, **extra: Any) -> str:
     users = {"prometheus": bcrypt_hash(PASSWORD)}
     # TLS first, as the toolkit's example orders it: a write cut after its block leaves TLS and no auth.
     return yaml.safe_dump({"tls_server_config": tls, "basic_auth_users": users} | extra, sort_keys=False)
-
-
-@dataclass
-class Served:
-    url: str
-    state: WebConfigState | None
-    server: Server
-    file: Path
-
-
-Serve = Callable[..., Awaitable[Served]]
-
-
-@pytest.fixture
-async def serve(tmp_path: Path) -> AsyncIterator[Serve]:
-    """`await serve(text, **server_options)`: oomguard (fake GPU, no targets) on a free port; text None: no file."""
-    servers: list[Server] = []
-
-    async def start(text: str | None, **options: Any) -> Served:
-        file = tmp_path / "web-config.yml"
-        state = None
-        if text is not None:
-            file.write_text(text)
-            state = WebConfigState(await asyncio.to_thread(load_web_config, file))
-        config = load_config(None, {"events": {"kernel_log": False, "xid": False}, "trend": {"enabled": False},
-                                    "discovery": {"local": "off"}})  # fmt: skip
-        app = make_app(Runtime(config, nvml_lib=FakeNvml([FakeGpu(0)])), state)
-        server = Server(app, "127.0.0.1", 0, state, poll_seconds=0.1, **options)
-        await server.start()
-        servers.append(server)
-        scheme = "https" if state and state.current.ssl_context else "http"
-        return Served(f"{scheme}://127.0.0.1:{server.port}", state, server, file)
-
-    yield start
-    for server in servers:
-        await server.stop()
 
 
 async def reload_refused(state: WebConfigState) -> None:

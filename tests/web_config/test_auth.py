@@ -6,10 +6,10 @@ import base64
 import threading
 
 import pytest
+from web_serving import bcrypt_hash
 
 from oomguard.web_config import auth as auth_module
 from oomguard.web_config.auth import BasicAuth, parse_basic
-from tests.web_config.conftest import bcrypt_hash
 
 
 def header(user: str, password: str) -> str:

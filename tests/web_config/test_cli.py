@@ -11,9 +11,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from web_serving import PASSWORD, Pki, basic, web_config_text
 
 from oomguard.ports import free_port
-from tests.web_config.conftest import PASSWORD, Pki, basic, web_config_text
 
 
 def oomguard(*args: str) -> list[str]:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from web_serving import Pki, bcrypt_hash, web_config_text
 
 from oomguard.config import ConfigError
 from oomguard.web_config import load_web_config
 from oomguard.web_config.model import parse
 from oomguard.web_config.tls import VERIFY_MODES
-from tests.web_config.conftest import Pki, bcrypt_hash, web_config_text
 
 
 def load_text(tmp_path: Path, text: str):

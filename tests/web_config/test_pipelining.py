@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 import yaml
-
-from tests.web_config.conftest import PASSWORD, Pki, bcrypt_hash, web_config_text
+from web_serving import PASSWORD, Pki, bcrypt_hash, web_config_text
 
 # Far below the header timeout (15 s) that a request left unanswered would wait out.
 ANSWERED_WITHIN_SECONDS = 5.0

@@ -6,9 +6,9 @@ import asyncio
 from pathlib import Path
 
 import yaml
+from web_serving import PASSWORD, Pki, web_config_text
 
 from oomguard.drill.services import Prometheus
-from tests.web_config.conftest import PASSWORD, Pki, web_config_text
 
 
 def scrape_job(name: str, address: str, pki: Pki, password: str) -> dict:

@@ -9,8 +9,7 @@ import aiohttp
 import pytest
 from cryptography import x509
 from support import promtool_check_metrics, value
-
-from tests.web_config.conftest import (
+from web_serving import (
     PASSWORD,
     Pki,
     get,
