@@ -11,7 +11,8 @@ from support import vllm_body
 
 
 class Zoo:
-    """One aiohttp app, one path prefix per behaviour: /good, /hang, /500, /huge, /garbage ..."""
+    """One aiohttp app, one path prefix per behaviour: /good, /slow, /hang, /500, /huge, /garbage, /html, /badvalue,
+    /slowloris, /reset."""
 
     def __init__(self) -> None:
         self.requests: dict[str, int] = {}
@@ -59,4 +60,23 @@ class Zoo:
             return web.Response(text="<html><body>Welcome to nginx!</body></html>", content_type="text/html")
         if kind == "badvalue":
             return web.Response(text='vllm:num_requests_waiting{engine="0",model_name="m"} lots\n')
+        if kind in ("slowloris", "reset"):
+            return await self._cut_short(request, kind)
         raise web.HTTPNotFound()
+
+    async def _cut_short(self, request: web.Request, kind: str) -> web.StreamResponse:
+        """The good body announced whole (Content-Length), then sent a byte a second, or cut by a reset midway."""
+        body = self.good_body.encode()
+        response = web.StreamResponse()
+        response.content_length = len(body)
+        await response.prepare(request)
+        if kind == "slowloris":
+            with contextlib.suppress(ConnectionError):
+                for byte in body[:30]:
+                    await response.write(bytes([byte]))
+                    await asyncio.sleep(1.0)  # the fault itself: one byte a second
+            return response
+        await response.write(body[: len(body) // 2])
+        assert request.transport is not None
+        request.transport.abort()  # RST in mid-body
+        return response

@@ -10,7 +10,6 @@ is no tiny filesystem to fill here). Waits are on conditions with a deadline, ne
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import errno
 import ipaddress
@@ -28,7 +27,8 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from support import REPO, Clock, samples, settle, until_sync, value, vllm_body
+from support import REPO, Clock, samples, settle, until_sync, value
+from targets_zoo import Zoo
 
 from oomguard.config_file import load_config
 from oomguard.events.runner import STATE_FILE, EventRunner
@@ -96,59 +96,6 @@ def test_docs_table_is_current() -> None:
 
 
 # -- targets ------------------------------------------------------------------------------------------
-BODY = vllm_body("vllm-0.32.0-cpu-under-load.txt").encode()
-
-
-class BadEngines:
-    """One server, one path prefix per behaviour."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/{kind}/metrics", self.metrics)
-        app.router.add_get("/{kind}/health", self.health)
-        return app
-
-    async def health(self, request: web.Request) -> web.Response:
-        if request.match_info["kind"] == "hang":
-            await self.release.wait()
-        return web.Response(status=500 if request.match_info["kind"] == "500" else 200)
-
-    async def metrics(self, request: web.Request) -> web.StreamResponse:
-        kind = request.match_info["kind"]
-        if kind == "good":
-            return web.Response(body=BODY, content_type="text/plain")
-        if kind == "hang":
-            await self.release.wait()
-            return web.Response(body=BODY)
-        if kind == "500":
-            return web.Response(status=500, text="Internal Server Error")
-        response = web.StreamResponse()
-        if kind == "huge":  # 20 MB, no Content-Length: the cap must stop the read, not the header
-            await response.prepare(request)
-            with contextlib.suppress(ConnectionError):
-                for _ in range(20):
-                    await response.write(b"#" * (1024 * 1024 - 1) + b"\n")
-                await response.write_eof()
-            return response
-        response.content_length = len(BODY)
-        await response.prepare(request)
-        if kind == "slowloris":
-            with contextlib.suppress(ConnectionError):
-                for byte in BODY[:30]:
-                    await response.write(bytes([byte]))
-                    await asyncio.sleep(1.0)  # the fault itself: one byte a second
-            return response
-        if kind == "reset":
-            await response.write(BODY[: len(BODY) // 2])
-            assert request.transport is not None
-            request.transport.abort()  # RST in mid-body
-            return response
-        raise web.HTTPNotFound()
-
-
 def self_signed(tmp_path: Path) -> ssl.SSLContext:
     """A server context with a certificate no CA of the system signed."""
     from cryptography import x509
@@ -199,7 +146,7 @@ def gpus() -> FakeNvml:
 
 
 async def test_target_faults(aiohttp_client, aiohttp_server, tmp_path: Path) -> None:
-    engines = BadEngines()
+    engines = Zoo()
     server = await aiohttp_server(engines.app())
     base = f"http://127.0.0.1:{server.port}"
     tls_runner = web.AppRunner(engines.app())
@@ -236,14 +183,14 @@ async def test_target_faults(aiohttp_client, aiohttp_server, tmp_path: Path) -> 
                 }
                 assert errors == {kind: scrape + 1}, (name, errors)
     finally:
-        engines.release.set()
+        engines.hang.set()
         await tls_runner.cleanup()
 
 
 # -- NVML ---------------------------------------------------------------------------------------------
 @pytest.fixture
 async def good_target(aiohttp_server) -> str:
-    server = await aiohttp_server(BadEngines().app())
+    server = await aiohttp_server(Zoo().app())
     return f"http://127.0.0.1:{server.port}/good"
 
 
