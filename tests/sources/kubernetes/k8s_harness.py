@@ -8,7 +8,8 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,13 @@ from oomguard.config import Config
 from oomguard.config_file import CHECKS
 from oomguard.exposition import render
 from oomguard.runtime import Runtime
+from tests.sources.kubernetes import objects
 from tests.sources.kubernetes.objects import NODE
 from tests.sources.kubernetes.stand_in import StandIn
+
+# An engine's OOM as its log has it: PyTorch's exception ends a traceback.
+TRACEBACK = "Traceback (most recent call last):"
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"
 
 
 async def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
@@ -164,3 +170,48 @@ class Cluster:
     def targets(self) -> list[str]:
         assert self.runtime.collection is not None
         return sorted(s.name for s in self.runtime.targets.scrapers())
+
+
+class Dcgm:
+    """A dcgm-exporter stand-in at a pod IP."""
+
+    def __init__(self, host: str, port: int, body: str) -> None:
+        self.body = body
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self.server = Server(app, host, port)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.body)
+
+
+def dcgm_pod(
+    name: str, ip: str, node: str, *, namespace: str = "gpu-operator", owner: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """A pod of the GPU Operator's dcgm-exporter DaemonSet (`owner`: its controller, (kind, name)), or a pose."""
+    obj = objects.pod(name, ip, 9400, namespace=namespace, node=node, labels={"app": "nvidia-dcgm-exporter"})
+    obj["spec"]["containers"][0]["name"] = "nvidia-dcgm-exporter"
+    kind, owner_name = owner or ("DaemonSet", "nvidia-dcgm-exporter")
+    obj["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": kind, "name": owner_name, "uid": f"uid-{owner_name}", "controller": True}
+    ]
+    return obj
+
+
+@asynccontextmanager
+async def two_shards(folder: Path, servers: list[Server], **config: Any) -> AsyncIterator[tuple[Cluster, Cluster]]:
+    """The servers started, then a cluster mode sharded in two (shards 2, shard 0 and 1): two runtimes against one
+    stand-in API, each on its own state folder under `folder`; the servers stopped on leaving."""
+    for server in servers:
+        await server.start()
+    (folder / "0").mkdir()
+    (folder / "1").mkdir()
+    try:
+        async with (
+            Cluster(folder / "0", shards=2, shard=0, **config) as shard0,
+            Cluster(folder / "1", api=shard0.api, shards=2, shard=1, **config) as shard1,
+        ):
+            yield shard0, shard1
+    finally:
+        for server in servers:
+            await server.stop()

@@ -14,7 +14,18 @@ from oomguard.diagnose.core import diagnose_data
 from oomguard.diagnose.query import fetch_exporter
 from oomguard.exposition import render
 from tests.sources.kubernetes import objects
-from tests.sources.kubernetes.k8s_harness import Cluster, Engine, Server, free_port, wait_for
+from tests.sources.kubernetes.k8s_harness import (
+    OOM,
+    TRACEBACK,
+    Cluster,
+    Dcgm,
+    Engine,
+    Server,
+    dcgm_pod,
+    free_port,
+    two_shards,
+    wait_for,
+)
 from tests.sources.kubernetes.stand_in import StandIn
 
 MIB = 1048576
@@ -23,8 +34,6 @@ POD_A = {"namespace": "llm", "pod": "vllm-a", "container": "vllm", "target": A}
 POD_B = {"namespace": "llm", "pod": "vllm-b", "container": "vllm", "target": B}
 UID = "11111111-1111-4111-8111-111111111111"
 STARTED = "INFO 12-05 12:00:00 [api_server.py:1885] vLLM API server version 0.11.0"
-TRACEBACK = "Traceback (most recent call last):"  # PyTorch's OOM is the exception that ends one
-OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"
 
 
 def dcgm_body(node: str, gpus: list[tuple[int, int, int, str]]) -> str:
@@ -43,32 +52,6 @@ def dcgm_body(node: str, gpus: list[tuple[int, int, int, str]]) -> str:
                       f'device="nvidia{gpu[0]}",modelName="NVIDIA H100 80GB HBM3",Hostname="{node}"{pod}')  # fmt: skip
             out.append(f"{family}{{{labels}}} {gpu[column] if column else 0}")
     return "\n".join(out) + "\n"
-
-
-class Dcgm:
-    """A dcgm-exporter stand-in at a pod IP."""
-
-    def __init__(self, host: str, port: int, body: str) -> None:
-        self.body = body
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        self.server = Server(app, host, port)
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.body)
-
-
-def dcgm_pod(
-    name: str, ip: str, node: str, *, namespace: str = "gpu-operator", owner: tuple[str, str] | None = None
-) -> dict[str, Any]:
-    """A pod of the GPU Operator's dcgm-exporter DaemonSet (`owner`: its controller, (kind, name)), or a pose."""
-    obj = objects.pod(name, ip, 9400, namespace=namespace, node=node, labels={"app": "nvidia-dcgm-exporter"})
-    obj["spec"]["containers"][0]["name"] = "nvidia-dcgm-exporter"
-    kind, owner_name = owner or ("DaemonSet", "nvidia-dcgm-exporter")
-    obj["metadata"]["ownerReferences"] = [
-        {"apiVersion": "apps/v1", "kind": kind, "name": owner_name, "uid": f"uid-{owner_name}", "controller": True}
-    ]
-    return obj
 
 
 def cluster_config(dcgm_port: int) -> dict[str, Any]:
@@ -374,42 +357,31 @@ async def test_two_shards_read_disjoint_nodes_and_together_every_one(tmp_path: P
         for i, node in enumerate(nodes)
     ]
     servers = [*(e.server for e in engines), *(d.server for d in exporters)]
-    for server in servers:
-        await server.start()
-    (tmp_path / "0").mkdir()
-    (tmp_path / "1").mkdir()
-    try:
-        async with (
-            Cluster(tmp_path / "0", shards=2, shard=0, **cluster_config(dcgm_port)) as shard0,
-            Cluster(tmp_path / "1", api=shard0.api, shards=2, shard=1, **cluster_config(dcgm_port)) as shard1,
-        ):
-            pods = [objects.pod(f"vllm-{i}", f"127.0.0.{2 + i}", port, node=node) for i, node in enumerate(nodes)]
-            for i, (node, pod) in enumerate(zip(nodes, pods, strict=True)):
-                await shard0.api.put("pods", pod)
-                await shard0.api.put("pods", dcgm_pod(f"dcgm-{i}", f"127.0.0.{6 + i}", node))
-            mine = {0: ["llm/vllm-0", "llm/vllm-1"], 1: ["llm/vllm-2", "llm/vllm-3"]}
-            for index, k8s in enumerate((shard0, shard1)):
-                await wait_for(lambda k8s=k8s, index=index: k8s.targets() == mine[index], f"shard {index}'s pods")
-            for node, pod in zip(nodes, pods, strict=True):  # an Event counts for a pod known (discovered) first
-                kill = objects.event(pod, "Killing", "Container vllm failed liveness probe, will be restarted")
-                kill["source"]["host"] = kill["reportingInstance"] = node
-                await shard0.api.put("events", kill)
-            for index, k8s in enumerate((shard0, shard1)):
-                for i, node in enumerate(nodes):
-                    owned = shard_of(node, 2) == index
-                    gpu = {"node": node, "gpu": "0"}
-                    if owned:
-                        await wait_for(lambda k8s=k8s, gpu=gpu: k8s.value("oomguard_gpu_memory_used_bytes", **gpu),
-                                       f"{node}'s GPU in shard {index}")  # fmt: skip
-                        assert await k8s.value("oomguard_gpu_memory_used_bytes", **gpu) == used[node] * MIB
-                        pod = {"namespace": "llm", "pod": f"vllm-{i}", "container": "vllm", "target": f"llm/vllm-{i}"}
-                        kills = {"kind": "probe_kill", **pod}
-                        await wait_for(lambda k8s=k8s, kills=kills: k8s.value("oomguard_target_events_total", **kills),
-                                       f"{node}'s probe kill in shard {index}")  # fmt: skip
-                    else:
-                        assert await k8s.value("oomguard_gpu_memory_used_bytes", **gpu) is None
-                # No refusal: another shard's dcgm-exporter is not a pose, only not this shard's to read.
-                assert not [k for k in await k8s.metrics() if k[0] == "oomguard_dcgm_pods_refused_total"]
-    finally:
-        for server in servers:
-            await server.stop()
+    async with two_shards(tmp_path, servers, **cluster_config(dcgm_port)) as (shard0, shard1):
+        pods = [objects.pod(f"vllm-{i}", f"127.0.0.{2 + i}", port, node=node) for i, node in enumerate(nodes)]
+        for i, (node, pod) in enumerate(zip(nodes, pods, strict=True)):
+            await shard0.api.put("pods", pod)
+            await shard0.api.put("pods", dcgm_pod(f"dcgm-{i}", f"127.0.0.{6 + i}", node))
+        mine = {0: ["llm/vllm-0", "llm/vllm-1"], 1: ["llm/vllm-2", "llm/vllm-3"]}
+        for index, k8s in enumerate((shard0, shard1)):
+            await wait_for(lambda k8s=k8s, index=index: k8s.targets() == mine[index], f"shard {index}'s pods")
+        for node, pod in zip(nodes, pods, strict=True):  # an Event counts for a pod known (discovered) first
+            kill = objects.event(pod, "Killing", "Container vllm failed liveness probe, will be restarted")
+            kill["source"]["host"] = kill["reportingInstance"] = node
+            await shard0.api.put("events", kill)
+        for index, k8s in enumerate((shard0, shard1)):
+            for i, node in enumerate(nodes):
+                owned = shard_of(node, 2) == index
+                gpu = {"node": node, "gpu": "0"}
+                if owned:
+                    await wait_for(lambda k8s=k8s, gpu=gpu: k8s.value("oomguard_gpu_memory_used_bytes", **gpu),
+                                   f"{node}'s GPU in shard {index}")  # fmt: skip
+                    assert await k8s.value("oomguard_gpu_memory_used_bytes", **gpu) == used[node] * MIB
+                    pod = {"namespace": "llm", "pod": f"vllm-{i}", "container": "vllm", "target": f"llm/vllm-{i}"}
+                    kills = {"kind": "probe_kill", **pod}
+                    await wait_for(lambda k8s=k8s, kills=kills: k8s.value("oomguard_target_events_total", **kills),
+                                   f"{node}'s probe kill in shard {index}")  # fmt: skip
+                else:
+                    assert await k8s.value("oomguard_gpu_memory_used_bytes", **gpu) is None
+            # No refusal: another shard's dcgm-exporter is not a pose, only not this shard's to read.
+            assert not [k for k in await k8s.metrics() if k[0] == "oomguard_dcgm_pods_refused_total"]

@@ -17,14 +17,22 @@ from oomguard.model import GpuReading
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 from oomguard.sources.kubernetes.groups import group_of
 from oomguard.sources.kubernetes.pods import pod_target
-from tests.sources.kubernetes.k8s_harness import Cluster, Engine, free_port, wait_for
-from tests.sources.kubernetes.test_cluster_mode import TRACEBACK, Dcgm, dcgm_pod
+from tests.sources.kubernetes.k8s_harness import (
+    OOM,
+    TRACEBACK,
+    Cluster,
+    Dcgm,
+    Engine,
+    dcgm_pod,
+    free_port,
+    two_shards,
+    wait_for,
+)
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "kubernetes"
 MIB = 1048576
 TOTAL_MIB = 80 * 1024
 LEADER = {"namespace": "inference", "pod": "vllm-0", "container": "vllm-leader", "target": "inference/vllm-0"}
-OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"
 
 
 def pod_set(name: str) -> list[dict[str, Any]]:
@@ -187,35 +195,24 @@ async def test_a_sharded_cluster_mode_reads_each_half_of_the_engine_once(tmp_pat
         Dcgm("127.0.0.5", dcgm_port, dcgm_body(worker_node, worker_used, "vllm-0-1", "vllm-worker")),
     ]
     servers = [engine.server, *(d.server for d in exporters)]
-    for server in servers:
-        await server.start()
-    (tmp_path / "0").mkdir()
-    (tmp_path / "1").mkdir()
-    try:
-        async with (
-            Cluster(tmp_path / "0", shards=2, shard=0, **cluster_config(dcgm_port)) as shard0,
-            Cluster(tmp_path / "1", api=shard0.api, shards=2, shard=1, **cluster_config(dcgm_port)) as shard1,
-        ):
-            for obj in lws_pods("127.0.0.2", port, leader_node=leader_node, worker_node=worker_node):
-                obj["metadata"]["labels"]["app.kubernetes.io/name"] = "vllm"
-                await shard0.api.put("pods", obj)
-            await shard0.api.put("pods", dcgm_pod("dcgm-a", "127.0.0.4", leader_node))
-            await shard0.api.put("pods", dcgm_pod("dcgm-b", "127.0.0.5", worker_node))
-            leader_gpu, worker_gpu = {"node": leader_node, "gpu": "0"}, {"node": worker_node, "gpu": "0"}
-            await wait_for(lambda: shard0.value("oomguard_target_gpu_info", **leader_gpu, **LEADER), "shard 0")
-            await wait_for(lambda: shard1.value("oomguard_target_gpu_info", **worker_gpu, **LEADER), "shard 1")
-            await wait_for(lambda: shard1.value("oomguard_gpu_memory_engine_reserved_bytes", **worker_gpu), "joined")
-            first, second = await shard0.metrics(), await shard1.metrics()
-            engine_series = [k for k in first if k[0].startswith("oomguard_engine_")]
-            assert engine_series, "the leader's shard exports the engine's figures"
-            assert not [k for k in second if k[0].startswith("oomguard_engine_kv")], "once in Prometheus, not twice"
-            headroom = second[("oomguard_gpu_memory_headroom_used_ratio", tuple(sorted(worker_gpu.items())))]
-            assert headroom < 0.01
-            assert not [k for k in first if dict(k[1]).get("node") == worker_node]
-            assert not [k for k in second if dict(k[1]).get("node") == leader_node]
-    finally:
-        for server in servers:
-            await server.stop()
+    async with two_shards(tmp_path, servers, **cluster_config(dcgm_port)) as (shard0, shard1):
+        for obj in lws_pods("127.0.0.2", port, leader_node=leader_node, worker_node=worker_node):
+            obj["metadata"]["labels"]["app.kubernetes.io/name"] = "vllm"
+            await shard0.api.put("pods", obj)
+        await shard0.api.put("pods", dcgm_pod("dcgm-a", "127.0.0.4", leader_node))
+        await shard0.api.put("pods", dcgm_pod("dcgm-b", "127.0.0.5", worker_node))
+        leader_gpu, worker_gpu = {"node": leader_node, "gpu": "0"}, {"node": worker_node, "gpu": "0"}
+        await wait_for(lambda: shard0.value("oomguard_target_gpu_info", **leader_gpu, **LEADER), "shard 0")
+        await wait_for(lambda: shard1.value("oomguard_target_gpu_info", **worker_gpu, **LEADER), "shard 1")
+        await wait_for(lambda: shard1.value("oomguard_gpu_memory_engine_reserved_bytes", **worker_gpu), "joined")
+        first, second = await shard0.metrics(), await shard1.metrics()
+        engine_series = [k for k in first if k[0].startswith("oomguard_engine_")]
+        assert engine_series, "the leader's shard exports the engine's figures"
+        assert not [k for k in second if k[0].startswith("oomguard_engine_kv")], "once in Prometheus, not twice"
+        headroom = second[("oomguard_gpu_memory_headroom_used_ratio", tuple(sorted(worker_gpu.items())))]
+        assert headroom < 0.01
+        assert not [k for k in first if dict(k[1]).get("node") == worker_node]
+        assert not [k for k in second if dict(k[1]).get("node") == leader_node]
 
 
 # ---- the node mode ---------------------------------------------------------------------------------------------
