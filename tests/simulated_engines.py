@@ -18,6 +18,7 @@ from pathlib import Path
 
 from support import value
 
+from oomguard.config_file import load_config
 from oomguard.engines import ENGINES
 from oomguard.events.catalogue import load_catalogue
 from oomguard.events.detector import IncidentDetector
@@ -75,6 +76,17 @@ def log_events(engine: str, log: str) -> tuple[list[str], int]:
     for line in log.splitlines():
         events += detector.feed(line, 0.0)  # a startup line closes the incident before it
     return [e.kind for e in events + detector.tick(600.0)], len(detector.take_starts())
+
+
+def simulated_runtime(engine: str, scenario: str, scale: float, log: Path) -> Runtime:
+    """`oomguard serve --simulate` on `engine`'s simulator (no trend, no kernel log or XIDs), its log written to
+    `log`: the runtime, not started."""
+    config = load_config(None, {
+        "simulation": {"scenario": scenario, "engine": engine, "time_scale": scale},
+        "trend": {"enabled": False},
+        "events": {"kernel_log": False, "xid": False},
+    })  # fmt: skip
+    return Runtime(config, simulation_log=log)
 
 
 def came_back_up(states: list[str]) -> bool:

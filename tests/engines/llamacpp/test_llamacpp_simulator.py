@@ -10,17 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
-from simulated_engines import counts_after_stop, http_get, log_events, run_life
+from simulated_engines import counts_after_stop, http_get, log_events, run_life, simulated_runtime
 from support import samples, value
 
-from oomguard.config_file import load_config
 from oomguard.engines.llamacpp.reader import LlamaCppReader
 from oomguard.engines.llamacpp.simulator import SLOTS, llamacpp_metrics_text, processing_deferred, slots_body
 from oomguard.engines.llamacpp.slots import kv_usage_ratio
 from oomguard.events.catalogue import load_catalogue
 from oomguard.process_start import start_time
 from oomguard.promtext import FamilyExtractor
-from oomguard.runtime import Runtime
 from oomguard.simulate.scenarios import SCENARIOS
 from oomguard.web import make_app
 
@@ -99,15 +97,7 @@ def test_one_life_loads_serves_and_dies_of_cudamalloc() -> None:
 async def test_serve_simulate_runs_llamacpp_through_its_oom(tmp_path: Path, aiohttp_client) -> None:
     """Loading, up with the scenario's figures, the OOM read from its log as one event, relaunched as a restart."""
     scale = 60.0
-    config = load_config(
-        None,
-        {
-            "simulation": {"scenario": QUICK.name, "engine": "llamacpp", "time_scale": scale},
-            "trend": {"enabled": False},
-            "events": {"kernel_log": False, "xid": False},
-        },
-    )
-    runtime = Runtime(config, simulation_log=tmp_path / "engine.log")
+    runtime = simulated_runtime("llamacpp", QUICK.name, scale, tmp_path / "engine.log")
     assert [t.name for t in runtime.config.targets] == ["sim-llamacpp"]
     client = await aiohttp_client(make_app(runtime))
     peak_running = peak_waiting = peak_kv = 0.0

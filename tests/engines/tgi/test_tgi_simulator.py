@@ -8,15 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-from simulated_engines import came_back_up, counts_after_stop, http_get, log_events, run_life
+from simulated_engines import came_back_up, counts_after_stop, http_get, log_events, run_life, simulated_runtime
 from support import value
 
-from oomguard.config_file import load_config
 from oomguard.engines.tgi.reader import TgiReader
 from oomguard.engines.tgi.simulator import max_total_tokens, tgi_metrics_text
 from oomguard.exposition import render
 from oomguard.promtext import FamilyExtractor
-from oomguard.runtime import Runtime
 from oomguard.simulate.scenarios import GIB, SCENARIOS
 
 QUICK = SCENARIOS["overcommit-quick"]  # loads in 120 s, dies of CUDA OOM ~12 simulated minutes after launch
@@ -72,15 +70,7 @@ def test_a_start_without_its_memory_fails_the_warm_up_and_exits() -> None:
 
 async def test_serve_simulate_runs_tgi_through_its_oom_and_restart(tmp_path: Path) -> None:
     scale = 60.0
-    config = load_config(
-        None,
-        {
-            "simulation": {"scenario": QUICK.name, "engine": "tgi", "time_scale": scale},
-            "trend": {"enabled": False},
-            "events": {"kernel_log": False, "xid": False},
-        },
-    )
-    runtime = Runtime(config, simulation_log=tmp_path / "engine.log")
+    runtime = simulated_runtime("tgi", QUICK.name, scale, tmp_path / "engine.log")
     assert [t.name for t in runtime.config.targets] == ["sim-tgi"]
     await runtime.start()
     try:

@@ -9,17 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
-from simulated_engines import came_back_up, counts_after_stop, http_get, log_events, run_life
+from simulated_engines import came_back_up, counts_after_stop, http_get, log_events, run_life, simulated_runtime
 from support import value
 
-from oomguard.config_file import load_config
 from oomguard.engines.triton.reader import TritonReader
 from oomguard.engines.triton.simulator import kv_blocks, triton_metrics_text
 from oomguard.exposition import render
 from oomguard.model import EngineReading
 from oomguard.process_start import start_time
 from oomguard.promtext import FamilyExtractor
-from oomguard.runtime import Runtime
 from oomguard.simulate.scenarios import GIB, SCENARIOS, EngineFigures, Scenario
 
 QUICK = SCENARIOS["overcommit-quick"]  # dies 12.3 simulated minutes in: 7.4 s at 100x
@@ -100,12 +98,7 @@ def test_a_start_without_its_memory_fails_the_load_and_exits() -> None:
 
 async def test_serve_simulate_runs_triton_through_its_oom_and_restart(tmp_path: Path) -> None:
     scale = 60.0
-    config_values = {
-        "simulation": {"scenario": QUICK.name, "engine": "triton", "time_scale": scale},
-        "trend": {"enabled": False},
-        "events": {"kernel_log": False, "xid": False},
-    }
-    runtime = Runtime(load_config(None, config_values), simulation_log=tmp_path / "engine.log")
+    runtime = simulated_runtime("triton", QUICK.name, scale, tmp_path / "engine.log")
     assert [t.name for t in runtime.config.targets] == ["sim-triton"]
     await runtime.start()
     try:
