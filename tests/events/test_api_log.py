@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from oomguard.events.api_log import ApiLogReader, parse_timestamp, since_time
+from oomguard.events.source import EventSource
 
 
 def test_timestamps_as_the_kubelet_writes_them() -> None:
@@ -154,6 +155,18 @@ def test_the_lines_that_could_count_are_let_go_last(monkeypatch: pytest.MonkeyPa
     assert reader.poll() == [f"OOM {i}" for i in range(1, 9)]
 
 
+def kinds_counted(log: EventSource, reader: ApiLogReader, texts: list[str]) -> list[str]:
+    """The kinds the pod's log source counts of `texts`, streamed within one second: one poll, then another past
+    the quiet spell (100 s later on its monotonic clock) that closes what is open."""
+    for i, text in enumerate(texts):
+        reader.offer(f"2026-12-05T12:00:01.{i:09d}Z {text}")
+    now = [100.0]
+    log.monotonic = lambda: now[0]  # type: ignore[attr-defined]
+    kinds = [e.kind for e in log.poll(100.0)]
+    now[0] = 200.0
+    return kinds + [e.kind for e in log.poll(200.0)]
+
+
 def test_a_flood_of_long_request_lines_does_not_push_out_the_oom(tmp_path) -> None:
     """40 lines of 64 KiB (request logging of long prompts) around one OOM traceback, all within one poll: more
     than a poll holds, so lines are dropped, and the OOM must not be among them. It counts, once."""
@@ -170,14 +183,7 @@ def test_a_flood_of_long_request_lines_does_not_push_out_the_oom(tmp_path) -> No
         '(EngineCore pid=7) ERROR 12-05 12:00:01 [core.py:701]   File "vllm/v1/engine/core.py", line 701',
         "(EngineCore pid=7) ERROR 12-05 12:00:01 [core.py:701] torch.OutOfMemoryError: CUDA out of memory.",
     ]
-    for i, line in enumerate([request] * 20 + oom + [request] * 20):
-        reader.offer(f"2026-12-05T12:00:01.{i:09d}Z {line}")
-    now = [100.0]
-    log.monotonic = lambda: now[0]  # type: ignore[attr-defined]
-    kinds = [e.kind for e in log.poll(100.0)]
-    now[0] = 200.0
-    kinds += [e.kind for e in log.poll(200.0)]
-    assert kinds == ["cuda_oom"]
+    assert kinds_counted(log, reader, [request] * 20 + oom + [request] * 20) == ["cuda_oom"]
     health = log.health()
     assert health.lines_dropped > 0 and health.lines_read == 44
 
@@ -248,11 +254,4 @@ def test_an_oom_of_a_ray_worker_on_another_node_counts_in_the_leaders_log(tag: s
         f"{tag}INFO 12-05 12:00:02 [logger.py:39] Received request cmpl-1: prompt: 'torch.OutOfMemoryError: CUDA "
         "out of memory'",
     ]
-    for i, line in enumerate(oom):
-        reader.offer(f"2026-12-05T12:00:01.{i:09d}Z {line}")
-    now = [100.0]
-    log.monotonic = lambda: now[0]  # type: ignore[attr-defined]
-    kinds = [e.kind for e in log.poll(100.0)]
-    now[0] = 200.0
-    kinds += [e.kind for e in log.poll(200.0)]
-    assert kinds == ["cuda_oom"]
+    assert kinds_counted(log, reader, oom) == ["cuda_oom"]
