@@ -133,7 +133,7 @@ def test_docs_table_is_current() -> None:
     assert_documented(CASES, globals())
 
 
-# ---------------------------------------------------------------- fixtures
+# ---------------------------------------------------------------- helpers (fixtures pki and serve: tests/conftest.py)
 
 
 def full_text(pki: Pki, ca_file: Path | None = None, **extra: Any) -> str:
