@@ -8,7 +8,7 @@ both). 40,320 readings, 322,560 rows, 36 MB of CSV. The command runs in its own 
 the process tree's RSS is sampled every 50 ms: the backtest's own peak, and the tree's (with promtool and
 Prometheus) at its highest.
 
-Run: python bench/bench_backtest.py [--days 7] [--gpus 8] [--step 15] [--keep DIR]
+Run: python bench/bench_backtest.py [--days 7] [--gpus 8] [--step 15] [--keep DIR] [--jobs N]
 The goal (issue 41): under a minute here, the memory bounded.
 """
 
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import psutil
-from _common import cpu_mark, machine, other_load
+from _common import machine
 
 T0 = 1_714_521_600  # 2024-05-01 00:00:00 UTC
 TOTAL = 85_899_345_920  # an 80 GiB GPU
@@ -55,25 +55,37 @@ def write_history(path: Path, *, days: float, gpus: int, step: float) -> tuple[i
     return n, ooms
 
 
-def run(command: list[str]) -> tuple[float, float, float, int, str]:
-    """(wall seconds, the backtest's peak RSS, the tree's peak RSS, exit status, stdout)."""
+def run(command: list[str]) -> tuple[float, float, float, int, str, float, float]:
+    """(wall seconds, the backtest's peak RSS, the tree's peak RSS, exit status, stdout, the tree's CPU seconds,
+    the share of the CPUs other processes used meanwhile)."""
+    cpus = len(psutil.Process().cpu_affinity() or [0])
+    before = psutil.cpu_times()
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     me = psutil.Process(proc.pid)
     own = tree = 0.0
+    cpu: dict[int, float] = {}  # pid -> its CPU seconds when last seen (the tree's processes come and go)
     while proc.poll() is None:
         try:
             total = mine = me.memory_info().rss
+            times = me.cpu_times()
+            cpu[me.pid] = times.user + times.system
             for child in me.children(recursive=True):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     total += child.memory_info().rss
+                    times = child.cpu_times()
+                    cpu[child.pid] = times.user + times.system
             own, tree = max(own, mine), max(tree, total)
         except psutil.NoSuchProcess:
             break
         time.sleep(0.05)
     out = proc.stdout.read() if proc.stdout else ""
     proc.wait()
-    return time.perf_counter() - started, own, tree, proc.returncode, out
+    wall = time.perf_counter() - started
+    after = psutil.cpu_times()
+    busy = sum(getattr(after, f) - getattr(before, f) for f in ("user", "nice", "system", "irq", "softirq"))
+    ours = sum(cpu.values())
+    return wall, own, tree, proc.returncode, out, ours, max(0.0, (busy - ours) / (wall * cpus) * 100)
 
 
 def main() -> None:
@@ -82,6 +94,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--step", type=float, default=15.0)
     parser.add_argument("--keep", type=Path, help="write the history there (and keep it)")
+    parser.add_argument("--jobs", type=int, help="oomguard backtest --jobs (default: its own choice)")
     args = parser.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-backtest-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -90,16 +103,16 @@ def main() -> None:
     ooms_path.write_text("\n".join(ooms) + "\n")
     size = history.stat().st_size
     command = [sys.executable, "-m", "oomguard", "backtest", "--history", str(history), "--ooms", str(ooms_path),
-               "--quiet"]  # fmt: skip
-    mark = cpu_mark()
-    wall, own, tree, status, out = run(command)
+               "--quiet", *(["--jobs", str(args.jobs)] if args.jobs else [])]  # fmt: skip
+    wall, own, tree, status, out, cpu, others = run(command)
     print(f"## oomguard backtest: {args.days:g} days of {args.gpus} GPUs every {args.step:g} s ({machine()}; "
-          f"other processes used {other_load(mark):.0f} % of the CPUs meanwhile)")  # fmt: skip
+          f"other processes used {others:.0f} % of the CPUs meanwhile)")  # fmt: skip
     print()
     print(f"- history: {rows:,} rows, {size / 1e6:.1f} MB of CSV, {len(ooms)} OOMs")
     print(f"- command: {' '.join(command[1:])}")
-    print(f"- exit status {status}; wall time **{wall:.1f} s**; peak RSS of the backtest {own / 2**20:.0f} MB, of its "
-          f"process tree (with promtool and Prometheus) {tree / 2**20:.0f} MB")  # fmt: skip
+    print(f"- exit status {status}; wall time **{wall:.1f} s** ({cpu:.1f} s of CPU, the process tree's); peak RSS of "
+          f"the backtest {own / 2**20:.0f} MB, of its process tree (with its workers, promtool and Prometheus) "
+          f"{tree / 2**20:.0f} MB")  # fmt: skip
     print()
     print("```")
     print("\n".join(line for line in out.splitlines() if line.strip())[:3000])

@@ -147,7 +147,7 @@ def test_the_rules_read_the_families_the_replay_writes() -> None:
     assert {"oomguard_gpu_memory_headroom_used_ratio", "oomguard_engine_preemptions_total"} <= set(rules.wanted)
     assert not rules.records  # the shipped alerts read no recording rule
     assert {r.group for r in rules.alerts} == {"oomguard-gpu-memory", "oomguard-engine"}
-    assert all('job="oomguard-backtest"' in r.expr for r in rules.alerts)
+    assert all('job="backtest"' in r.expr for r in rules.alerts)
 
 
 def rule(for_seconds: float = 60.0, keep: float = 0.0) -> AlertRule:

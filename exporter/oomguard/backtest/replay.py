@@ -21,12 +21,15 @@ import contextlib
 import statistics
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+import psutil
 
 from oomguard import exposition
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import EngineRow, GpuRow, Step
 from oomguard.exposition import engine, events, gpu, health, joined, trend
-from oomguard.exposition.encoder import NO_POD, Exposition
+from oomguard.exposition.encoder import Exposition
 from oomguard.exposition.spec import MetricSpec
 from oomguard.join import join_gpus, join_targets
 from oomguard.model import (
@@ -47,6 +50,7 @@ from oomguard.model import (
     TargetView,
     TrendSettings,
 )
+from oomguard.trend import sampler as sampler_module
 from oomguard.trend.observe import TrendObserver
 from oomguard.trend.sampler import Sampler, TrendTracker
 
@@ -55,9 +59,10 @@ from oomguard.trend.sampler import Sampler, TrendTracker
 NAMESPACE = "backtest"
 # A GPU named by anything but an index (a UUID) is given one from here on, per node (its name is kept for the report).
 NAMED_GPU_INDEX = 10_000
-# The labels every replayed series carries, as Prometheus' scrape adds them; the rules are evaluated with this
-# selector (rules.py).
-JOB, INSTANCE = "oomguard-backtest", "backtest"
+# The label every replayed series carries, which the rules are evaluated with as their selector (rules.py). No
+# `instance`: the GPUs and engines are told apart by their own labels, and a label absent is as good as one empty
+# in the rules' by() and on() (the bytes of every line promtool parses twice).
+JOB = "backtest"
 SELECTOR = f'job="{JOB}"'
 # The pids the engines' own bytes are listed under: above any real pid (pid_max is at most 2**22).
 FIRST_PID = 2**22 + 1
@@ -136,42 +141,51 @@ def _escape(value: str) -> str:
 
 class _Lines(Exposition):
     """The exporter's exposition, written as timestamped lines of the wanted series only (`SeriesFilter`): the
-    section writers call `add` as they do for a scrape; the others' samples are not written at all."""
+    section writers call `add` as they do for a scrape; the others' samples are not written at all. The pod labels
+    the exposition adds to a target's series are left out (the replay's pods are its own device, `NAMESPACE`), and so
+    is a label left empty (Prometheus reads it as absent all the same)."""
 
     _PREFIXES_MAX = 100_000
 
-    def __init__(self, series: SeriesFilter, pods: dict[str, tuple[str, str, str]], base: str,
-                 prefixes: dict[tuple[MetricSpec, tuple[str, ...]], str]) -> None:  # fmt: skip
-        super().__init__(exposition.METRICS, _DECLARED, pods)
+    def __init__(
+        self, series: SeriesFilter, base: str, prefixes: dict[tuple[MetricSpec, tuple[str, ...]], str | None]
+    ) -> None:
+        super().__init__(exposition.METRICS, _DECLARED)
         self._specs = series.specs
         self._base = base
-        self._prefixes = prefixes
+        self._prefixes = prefixes  # (spec, labels) -> the line's head, or None: a series no rule selects
         self.lines: list[str] = []
 
     def add(self, spec: MetricSpec, labels: tuple[str, ...], value: float | None) -> None:
         if value is None or spec not in self._specs:
             return
-        selectors = self._specs[spec]
-        if selectors is not None and not any(all(i >= 0 and labels[i] == v for i, v in sel) for sel in selectors):
-            return
-        index = spec.target_index
-        if index >= 0:
-            labels = labels + self._pods.get(labels[index], NO_POD)
         key = (spec, labels)
-        prefix = self._prefixes.get(key)
-        if prefix is None:
-            pairs = "".join(f',{name}="{_escape(labels[i])}"' for i, name in spec.label_order)
-            prefix = f"{spec.sample_name}{{{self._base}{pairs}}} "
+        prefix = self._prefixes.get(key, _UNSEEN)
+        if prefix is _UNSEEN:
+            prefix = self._prefix(spec, labels)
             if len(self._prefixes) >= self._PREFIXES_MAX:
                 self._prefixes.clear()
             self._prefixes[key] = prefix
-        self.lines.append(prefix + repr(float(value)))
+        if prefix is not None:
+            self.lines.append(prefix + repr(float(value)))
+
+    def _prefix(self, spec: MetricSpec, labels: tuple[str, ...]) -> str | None:
+        selectors = self._specs[spec]
+        if selectors is not None and not any(all(i >= 0 and labels[i] == v for i, v in sel) for sel in selectors):
+            return None
+        # The labels the section writer gave (a target's pod labels come after them): those with a value.
+        pairs = "".join(
+            f',{name}="{_escape(labels[i])}"' for i, name in spec.label_order if i < len(labels) and labels[i]
+        )
+        return f"{spec.sample_name}{{{self._base}{pairs}}} "
+
+
+_UNSEEN = object()
 
 
 def series_lines(snapshot: Snapshot, series: SeriesFilter, base: str, prefixes: dict) -> list[str]:
     """`exposition.families`' section writers on the snapshot, in its order, those of no wanted family skipped."""
-    pods = {t.name: (t.pod.namespace, t.pod.name, t.pod.container) for t in snapshot.targets if t.pod}
-    out = _Lines(series, pods, base, prefixes)
+    out = _Lines(series, base, prefixes)
     modules = series.modules
     if health in modules:
         health.add_exporter(out, snapshot)
@@ -209,6 +223,18 @@ class _InlineExecutor(concurrent.futures.ThreadPoolExecutor):
         except BaseException as exc:  # handed to the awaiting coroutine, as a thread's would be
             future.set_exception(exc)
         return future
+
+
+class _Host:
+    """psutil as trend/sampler.py's `observations` reads it, for the replay: the host's memory read once, not at every
+    step (a /proc read a tick, a tenth of a step's cost; it sizes the targets' host-memory series, which a history
+    has none of: no target of the replay has local processes)."""
+
+    def __init__(self) -> None:
+        self._memory = psutil.virtual_memory()
+
+    def virtual_memory(self) -> Any:
+        return self._memory
 
 
 class _End(Exception):
@@ -264,7 +290,7 @@ class Replay:
         self.coverage: dict[GpuKey, GpuCoverage] = {}
         self.targets: dict[str, set[GpuKey]] = {}
         self._intervals: list[float] = []
-        self._labels = f'job="{JOB}",instance="{INSTANCE}"'
+        self._labels = f'job="{JOB}"'
         self.samples = 0
         self.steps = 0
         self.start = self.end = 0.0
@@ -427,9 +453,12 @@ class Replay:
         """Every step of `steps`, in order."""
         loop = asyncio.new_event_loop()
         loop.set_default_executor(_InlineExecutor(max_workers=1))
+        live_psutil = sampler_module.psutil
+        sampler_module.psutil = _Host()  # type: ignore[assignment]
         try:
             return loop.run_until_complete(self._run(iter(steps)))
         finally:
+            sampler_module.psutil = live_psutil
             loop.close()
 
     async def _run(self, steps: Iterator[Step]) -> ReplaySummary:
