@@ -127,6 +127,7 @@ class FileHistory:
         self.path = path
         self.max_bytes = max_bytes
         self.problems = Problems()
+        self._plans: dict[tuple[str, ...], _Plan] = {}
         self.format = "jsonl" if _is_jsonl(path) else "csv"
         try:
             size = os.stat(path).st_size
@@ -142,15 +143,24 @@ class FileHistory:
 
     # -- rows -------------------------------------------------------------------------------------
     def _csv_rows(self, handle: IO[str]) -> Iterator[tuple[int, dict[str, str]]]:
-        lines = _lines(handle, self.path)
+        at = [0]  # the line the reader is at
+
+        def lines() -> Iterator[str]:
+            for number_, line in _lines(handle, self.path):
+                at[0] = number_
+                if line.strip() and not line.lstrip().startswith("#"):
+                    yield line
+
+        reader = csv.reader(lines())
         header: list[str] | None = None
-        for number_, line in lines:
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
+        while True:
             try:
-                cells = next(csv.reader([line]))
+                cells = next(reader)
+            except StopIteration:
+                break
             except csv.Error as exc:
-                raise _fix(self.path, number_, f"not CSV: {exc}") from None
+                raise _fix(self.path, at[0], f"not CSV: {exc}") from None
+            number_ = at[0]
             if header is None:
                 header = self._header([c.strip().lower() for c in cells], number_)
                 continue
@@ -242,9 +252,19 @@ class FileHistory:
         if step is not None:
             yield step
 
+    def _plan(self, row: dict[str, Any]) -> _Plan:
+        """Which of the row's columns hold what: found once per set of columns (a CSV's header; a JSON line's keys)."""
+        keys = tuple(row)
+        plan = self._plans.get(keys)
+        if plan is None:
+            if len(self._plans) > 64:  # JSON lines of ever new keys: found again, never held without bound
+                self._plans.clear()
+            plan = self._plans[keys] = _Plan(keys)
+        return plan
+
     def _time(self, row: dict[str, Any], line: int) -> float:
-        value = _get(row, "time")
-        if value in (None, ""):
+        value = next((row[k] for k in self._plan(row).time if row[k] not in (None, "")), None)
+        if value is None:
             raise _fix(self.path, line, "no time; every row has its time (Unix seconds or RFC 3339)")
         try:
             return parse_time(value, "time")
@@ -252,39 +272,43 @@ class FileHistory:
             raise _fix(self.path, line, str(exc)) from None
 
     def _row(self, row: dict[str, Any], line: int) -> tuple[GpuRow | None, EngineRow | None]:
-        gpu_name = _text(_get(row, "gpu"))
+        plan = self._plan(row)
+        gpu_name = _text(next((row[k] for k in plan.gpu if row[k] not in (None, "")), None))
         if not gpu_name:
             raise _fix(self.path, line, "no gpu; every row names its GPU (its index, or its UUID)")
-        node = _text(_get(row, "node"))
-        gpu = GpuRow(node=excerpt(node, 120), gpu=excerpt(gpu_name, 120))
-        for column, (figure, factor) in _MEMORY.items():
-            raw = row.get(column)
-            if raw in (None, ""):
+        node = _text(next((row[k] for k in plan.node if row[k] not in (None, "")), None))
+        gpu = GpuRow(node=node if len(node) <= 120 else excerpt(node, 120),
+                     gpu=gpu_name if len(gpu_name) <= 120 else excerpt(gpu_name, 120))  # fmt: skip
+        for column, figure, factor in plan.memory:
+            raw = row[column]
+            if raw is None or raw == "":
                 continue
             value = number(raw)
             if value is None:
                 self._bad(column, raw, line)
                 continue
             setattr(gpu, figure, value * factor)
-        target = excerpt(_text(row.get("target")), 120)
         figures: dict[str, float] = {}
-        for name in (*ENGINE_FIGURES, *ENGINE_SETTINGS):
-            raw = row.get(name)
-            if raw in (None, ""):
+        for name in plan.figures:
+            raw = row[name]
+            if raw is None or raw == "":
                 continue
             value = number(raw)
             if value is None or (name in RATIO_FIGURES and value > 1):
                 self._bad(name, raw, line)
                 continue
             figures[name] = value
-        state = _text(row.get("state")).lower()
+        target = _text(row["target"]) if plan.target else ""
+        target = target if len(target) <= 120 else excerpt(target, 120)
+        state = _text(row["state"]).lower() if plan.state else ""
         if state and state not in TARGET_STATES:
             raise _fix(self.path, line, f"state {excerpt(state, 40)!r}: one of {', '.join(TARGET_STATES)}, or empty")
         engine = None
         if figures or target or state:
             target = target or (f"{node}/{gpu_name}" if node else f"gpu{gpu_name}")
             gpu.target = target
-            engine = EngineRow(target=target, engine=_text(row.get("engine")) or "vllm", state=state, **figures)
+            name = (_text(row["engine"]) if plan.engine else "") or "vllm"
+            engine = EngineRow(target=target, engine=name, state=state, **figures)
         return gpu, engine
 
     def _bad(self, column: str, raw: Any, line: int) -> None:
@@ -296,11 +320,20 @@ class FileHistory:
         self.problems.reject(column)
 
 
-def _get(row: dict[str, Any], canonical: str) -> Any:
-    for name, target in _ALIASES.items():
-        if target == canonical and row.get(name) not in (None, ""):
-            return row[name]
-    return None
+class _Plan:
+    """A set of columns' roles: the names of each alias present, the memory columns with their unit, the figures."""
+
+    __slots__ = ("engine", "figures", "gpu", "memory", "node", "state", "target", "time")
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        present = set(keys)
+        self.time, self.gpu, self.node = (
+            tuple(n for n, c in _ALIASES.items() if c == canonical and n in present)
+            for canonical in ("time", "gpu", "node")
+        )
+        self.memory = tuple((n, figure, factor) for n, (figure, factor) in _MEMORY.items() if n in present)
+        self.figures = tuple(n for n in (*ENGINE_FIGURES, *ENGINE_SETTINGS) if n in present)
+        self.target, self.state, self.engine = ("target" in present, "state" in present, "engine" in present)
 
 
 def _text(value: Any) -> str:
