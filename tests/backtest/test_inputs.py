@@ -11,7 +11,7 @@ import pytest
 from oomguard.backtest import BacktestError
 from oomguard.backtest.files import FileHistory
 from oomguard.backtest.ooms import read_ooms
-from oomguard.backtest.rules import AlertRule, _machine, references, rule_set
+from oomguard.backtest.rules import AlertRule, _machine, references, rule_set, runs_of
 from oomguard.bundle.config import load_bundle_config
 from tests.backtest.histories import T0, synthetic_rows, write_csv
 
@@ -173,7 +173,7 @@ def rule(for_seconds: float = 60.0, keep: float = 0.0) -> AlertRule:
 def test_for_and_keep_firing_for_as_prometheus_applies_them(
     present: list[int], for_seconds: float, keep: float, want: list[tuple[int, int | None, int | None]]
 ) -> None:
-    episodes = _machine(rule(for_seconds, keep), {}, present, 0.0, 30.0, 10)
+    episodes = _machine(rule(for_seconds, keep), {}, runs_of(present), 0.0, 30.0, 10)
     got = [
         (int(e.active_at / 30), None if e.fired_at is None else int(e.fired_at / 30),
          None if e.resolved_at is None else int(e.resolved_at / 30))

@@ -23,6 +23,7 @@ import concurrent.futures
 import math
 import re
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,46 +186,52 @@ def grid(start: float, end: float, interval: float) -> tuple[float, int]:
     return first, max(0, int((end - first) // interval) + 1)
 
 
-def episodes_of(rule: AlertRule, results: list[dict[str, Any]], first: float, count: int) -> list[Episode]:
-    """The alerting rule's state machine over each series of its range query (present at its values' times: any
-    value, NaN too, as an instant query's result would hold it)."""
-    step = rule.interval
-    out: list[Episode] = []
-    for series in results:
-        labels = {k: v for k, v in series["metric"].items() if k != "__name__"}
-        labels.update(rule.labels)
-        present = sorted({round((float(t) - first) / step) for t, _ in series["values"]})
-        out.extend(_machine(rule, labels, present, first, step, count))
-    out.sort(key=lambda e: (e.active_at, e.alert))
-    return out
+Runs = list[list[int]]  # [first, last] evaluations (indices on the grid) at which a series is present, in order
+
+
+def add_runs(runs: Runs, indices: Iterator[int]) -> None:
+    """Evaluations at which a series is present (ascending, after those already in `runs`) as runs: a series that
+    fires all week is one pair of numbers, not 20,000 points held."""
+    for i in indices:
+        if runs and runs[-1][1] >= i - 1:
+            runs[-1][1] = max(runs[-1][1], i)
+        else:
+            runs.append([i, i])
+
+
+def runs_of(indices: list[int]) -> Runs:
+    runs: Runs = []
+    add_runs(runs, iter(sorted(set(indices))))
+    return runs
 
 
 def _machine(
-    rule: AlertRule, labels: dict[str, str], present: list[int], first: float, step: float, count: int
+    rule: AlertRule, labels: dict[str, str], runs: Runs, first: float, step: float, count: int
 ) -> list[Episode]:
-    """rules/alerting.go's Eval over the evaluations (indices on the grid, ascending) at which the series is
-    present: pending from the first, firing once active for `for`; absent, a pending alert is dropped and a firing
-    one resolves, or keeps firing until absent for keep_firing_for."""
+    """rules/alerting.go's Eval over the evaluations at which the series is present (its runs): pending from the
+    first, firing at the first at which it has been active for `for`; absent, a pending alert is dropped and a
+    firing one resolves, or keeps firing until absent for keep_firing_for."""
     out: list[Episode] = []
     keep = math.ceil(rule.keep_firing_seconds / step - 1e-9) if rule.keep_firing_seconds > 0 else 0
+    hold = math.ceil(rule.for_seconds / step - 1e-6)  # evaluations from its activation to its firing
     episode: Episode | None = None
-    last = -1
+    active = last = -1
 
     def at(i: int) -> float:
         return first + i * step
 
-    for i in present:
-        if episode is not None and i > last + 1:
+    for a, b in runs:
+        if episode is not None:
             ends = last + 1 + (keep if episode.fired_at is not None else 0)
-            if ends < i:
+            if ends < a:
                 episode.resolved_at = at(ends)
                 out.append(episode)
                 episode = None
         if episode is None:
-            episode = Episode(rule.name, rule.severity, labels, at(i), None, None)
-        if episode.fired_at is None and at(i) - episode.active_at >= rule.for_seconds - 1e-6:
-            episode.fired_at = at(i)
-        last = i
+            episode, active = Episode(rule.name, rule.severity, labels, at(a), None, None), a
+        if episode.fired_at is None and active + hold <= b:
+            episode.fired_at = at(max(a, active + hold))
+        last = b
     if episode is not None:
         ends = last + 1 + (keep if episode.fired_at is not None else 0)
         if ends < count:
@@ -235,14 +242,28 @@ def _machine(
 
 def evaluate(prometheus: Prometheus, rules: list[AlertRule], start: float, end: float) -> dict[str, list[Episode]]:
     """Every rule over [start, end]: its episodes, by alert name (a name may have several series). The rules'
-    queries go to Prometheus QUERIES_AT_ONCE at a time (it answers each on its own cores)."""
+    queries go to Prometheus QUERIES_AT_ONCE at a time (it answers each on its own cores); each answer, a chunk of
+    the window at a time, is kept as runs of evaluations, so a rule's memory is its episodes', whatever the window."""
 
     def one(rule: AlertRule) -> list[Episode]:
-        first, count = grid(start, end, rule.interval)
+        step = rule.interval
+        first, count = grid(start, end, step)
         if count == 0:
             return []
-        results = prometheus.query_range(rule.expr, first, first + (count - 1) * rule.interval, rule.interval)
-        return episodes_of(rule, results, first, count)
+        series: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], Runs]] = {}
+        for chunk in prometheus.query_range_chunks(rule.expr, first, first + (count - 1) * step, step):
+            for found in chunk:
+                metric = found["metric"]
+                key = tuple(sorted(metric.items()))
+                held = series.get(key)
+                if held is None:
+                    labels = {k: v for k, v in metric.items() if k != "__name__"}
+                    held = series[key] = ({**labels, **rule.labels}, [])
+                # Present at each time it has a value, NaN too, as an instant query's result would hold it.
+                add_runs(held[1], (round((float(t) - first) / step) for t, _ in found["values"]))
+        episodes = [e for labels, runs in series.values() for e in _machine(rule, labels, runs, first, step, count)]
+        episodes.sort(key=lambda e: (e.active_at, e.alert))
+        return episodes
 
     out: dict[str, list[Episode]] = {}
     with concurrent.futures.ThreadPoolExecutor(QUERIES_AT_ONCE, thread_name_prefix="rules") as pool:

@@ -25,6 +25,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,14 @@ class Prometheus:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+    def query_range_chunks(self, expr: str, start: float, end: float, step: float) -> Iterator[list[dict[str, Any]]]:
+        """A range query's answers, a chunk of at most MAX_POINTS steps at a time."""
+        at = start
+        while at <= end:
+            until = min(end, at + step * (MAX_POINTS - 1))
+            yield self._range(expr, at, until, step)
+            at = until + step
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
         """One range query, split into ranges of at most MAX_POINTS steps; the series' values joined."""
