@@ -23,6 +23,9 @@ What each rotation mode does, and what can be lost
   while running. A pattern that also matches the renamed file (`app.log*`) sees the
   same inode under a new name: it goes on from its offset, never from the start.
   A file created *and* rotated away between two polls is never seen (lost: polling).
+  A name that changes hands while a poll runs (the listing made before a rename, a stat or an open after it) is
+  looked at again: a poll that finds a new file lists twice, and a new file opened by name must be the inode the
+  scan found, else it and the newer files wait for the next poll, which finds the older one at its new name.
   Order is kept across the rotation: the new file waits while the old one still has
   unread bytes (a file now at a name an older file with a backlog had is its successor).
 * Copy-truncate: same inode, size below our offset (or fingerprint changed): read
@@ -87,6 +90,10 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 64 * 1024
 _TAIL_BYTES = 64
+
+
+class _Renamed(Exception):
+    """A new file's name held another file by the time it was opened."""
 
 
 class FileFollower:
@@ -211,6 +218,14 @@ class FileFollower:
         now = time.monotonic()
         matched, uncertain = scan(self.pattern, self._error, follow_symlinks=self.follow_symlinks)
         first = not self._started
+        if not first and any(key not in self._files for key in matched):
+            # A new file: list again. A rename between the listing and the stats hides the file it replaced
+            # (app.log renamed app.log.1 and created anew: the stat of app.log finds the new file, and the listing
+            # was made before app.log.1 existed), and the new file would be read before the lines that precede
+            # it. The second listing, made after those stats, has the renamed one.
+            again, more = scan(self.pattern, self._error, follow_symlinks=self.follow_symlinks)
+            matched |= again  # its names are the fresher
+            uncertain += [path for path in more if path not in uncertain]
         self._started = True
         out: list[tuple[str, list[str]]] = []
 
@@ -243,7 +258,10 @@ class FileFollower:
         # New files; oldest first, so that after several rotations while we were down
         # app.log.2 comes before app.log.1 before app.log.
         for key, (path, st) in sorted(matched.items(), key=age):
-            f = self._open_new(key, path, at_end=first and not self.from_start)
+            try:
+                f = self._open_new(key, path, at_end=first and not self.from_start)
+            except _Renamed:
+                break  # the newer files wait for the next poll, which finds this one at its new name first
             if f is None:
                 continue
             lines = []
@@ -313,10 +331,12 @@ class FileFollower:
         except OSError as exc:
             self._error(path, "open", exc)
             return None
-        key = (st.st_dev, st.st_ino)
-        if key in self._files:  # replaced by a file we follow already, between scan and open
+        if (st.st_dev, st.st_ino) != key:
+            # The name was given to another file between the scan and the open (app.log renamed app.log.1 and
+            # created anew): the scanned file is at another name now and the newer one here. Reading the newer one
+            # now would put its lines before the older one's; the next poll finds both, and reads the older first.
             os.close(fd)
-            return None
+            raise _Renamed(path)
         f = FollowedFile(dev=st.st_dev, ino=st.st_ino, path=path, names=[path], fd=fd, real_dir=real_dir(path))
         if at_end and st.st_size:
             try:
