@@ -78,6 +78,7 @@ class OverBudgetAlert(_Sustained):
 class ClimbingPredictedAlert(_Sustained):
     min_level: Ratio
     window: Duration
+    still_rising: Duration  # the slope must hold over this recent span too: a load's ramp is over, a leak is not
     horizon: Duration
     min_slope_ratio_per_minute: float = Field(gt=0)
 
