@@ -21,7 +21,6 @@ import contextlib
 import json
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -34,6 +33,7 @@ import yaml
 from oomguard.backtest import BacktestError
 from oomguard.excerpt import excerpt
 from oomguard.ports import free_port
+from oomguard.served_process import ServedProcess
 
 BLOCK_SECONDS = 7200  # the TSDB's block, to which promtool aligns the blocks it writes
 BACKFILLS = 2  # promtool processes at once (each holds one block's samples: a few MB)
@@ -153,40 +153,17 @@ class Prometheus:
             f"--query.timeout={QUERY_TIMEOUT:g}s",
             "--log.level=warn",
         ]
-        self.log_path = workdir / "prometheus.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process = ServedProcess(self.command, workdir / "prometheus.log", f"{self.url}/-/ready",
+                                     error=BacktestError)  # fmt: skip
 
     def start(self) -> None:
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise BacktestError(f"Prometheus exited with {self.proc.returncode} at start:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise BacktestError(f"Prometheus not ready after {START_TIMEOUT:g}s:\n{self.log_tail()}")
+        self.process.start(START_TIMEOUT, poll_seconds=0.05)
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return self.process.log_tail(lines)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.process.stop()
 
     def __enter__(self) -> Prometheus:
         self.start()

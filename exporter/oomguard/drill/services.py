@@ -11,7 +11,6 @@ import copy
 import json
 import shutil
 import ssl
-import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -21,6 +20,7 @@ from typing import Any
 import yaml
 
 from oomguard.ports import free_port
+from oomguard.served_process import ServedProcess
 
 
 class ServiceError(RuntimeError):
@@ -47,51 +47,13 @@ def alertmanager_binary() -> str:
     return find_binary("prometheus-alertmanager", "alertmanager", package="prometheus-alertmanager")
 
 
-class _Process:
+class _Process(ServedProcess):
     def __init__(
         self, command: list[str], log_path: Path, ready_url: str, *,
         ready_context: ssl.SSLContext | None = None, ready_headers: dict[str, str] | None = None,
     ) -> None:  # fmt: skip
-        self.command = command
-        self.log_path = log_path
-        self.ready_url = ready_url
-        # Under a web configuration (drill --tls) the readiness check needs the CA and the credentials too.
-        self.ready_context = ready_context
-        self.ready_headers = ready_headers or {}
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 30.0) -> None:
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ServiceError(f"{self.command[0]} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                request = urllib.request.Request(self.ready_url, headers=self.ready_headers)
-                with urllib.request.urlopen(request, timeout=1, context=self.ready_context) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise ServiceError(f"{self.command[0]} not ready after {timeout:g}s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(command, log_path, ready_url, error=ServiceError, ready_context=ready_context,
+                         ready_headers=ready_headers)  # fmt: skip
 
 
 class Prometheus(_Process):
