@@ -17,7 +17,7 @@ from oomguard.engines import ENGINES
 from oomguard.engines.base import LogGrammar
 from oomguard.events.cgroup import CgroupSource
 from oomguard.events.cri import PodLogReader
-from oomguard.events.follow import FileFollower
+from oomguard.events.file_follower import FileFollower
 from oomguard.events.journald import JournaldReader
 from oomguard.events.kernel import KernelLogSource, read_boot_id
 from oomguard.events.registry import HOST_SOURCES, TARGET_SOURCES, SavedState, build_sources

@@ -1,4 +1,4 @@
-"""Fuzzing the log path: bytes to lines (lines.py), a followed file (follow.py, followed.py), CRI records
+"""Fuzzing the log path: bytes to lines (lines.py), a followed file (file_follower.py, followed_file.py), CRI records
 (cri.py), incidents (detector.py).
 
 Properties: no exception escapes; every line comes out once, whatever the read boundaries and rotations;
@@ -18,7 +18,7 @@ from oomguard.engines import ENGINES
 from oomguard.events.catalogue import load_catalogue
 from oomguard.events.cri import CriDecoder
 from oomguard.events.detector import IncidentDetector
-from oomguard.events.follow import FileFollower
+from oomguard.events.file_follower import FileFollower
 from oomguard.events.kinds import CUDA_OOM, LOG_EVENT_KINDS
 from oomguard.events.lines import PendingLine
 from oomguard.events.source import LogSource
@@ -118,7 +118,7 @@ def test_a_followed_file_loses_no_line_across_reads_and_rotations(
 ) -> None:
     """Partial lines at a rotation: the unfinished line of the old file comes out as it is, when the old
     file is let go; nothing else changes. The writer's backlog is read before each rotation (a poll), as
-    copy-truncate loses what was not read before the truncation (follow.py)."""
+    copy-truncate loses what was not read before the truncation (file_follower.py)."""
     directory = tmp_path_factory.mktemp("follow")
     path = directory / "app.log"
     path.touch()

@@ -236,7 +236,9 @@ def test_a_planted_symlink_is_not_read(
     clock = Clock()
 
     def skipped() -> list[str]:
-        return [r.message for r in caplog.records if r.name == "oomguard.events.follow" and str(link) in r.message]
+        return [
+            r.message for r in caplog.records if r.name == "oomguard.events.file_follower" and str(link) in r.message
+        ]
 
     with caplog.at_level(logging.WARNING, "oomguard.events"):
         r = symlink_runner(tmp_path, clock, str(pattern), follow_symlinks=follow)

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from oomguard.events.follow import FileFollower
+from oomguard.events.file_follower import FileFollower
 from oomguard.model import ReadStats
 
 MAX_MESSAGE_BYTES = 1024 * 1024

@@ -1,4 +1,4 @@
-"""Line assembly for the log follower (`follow.py`): the bytes read from one file in, its lines out.
+"""Line assembly for the log follower (`file_follower.py`): the bytes read from one file in, its lines out.
 
 Complete lines only, without the newline, decoded as UTF-8 with errors="replace".
 A partial last line is buffered until its newline arrives; a file closed after a
@@ -38,7 +38,7 @@ class PendingLine:
                 return
             self.skip_nul = False
             data = stripped
-        pieces = data.split(b"\n")  # a chunk is at most follow._CHUNK bytes: bounded copies
+        pieces = data.split(b"\n")  # a chunk is at most file_follower._CHUNK bytes: bounded copies
         rest = pieces.pop()  # after the last newline: the start of the next unfinished line
         for piece in pieces:
             if not self.partial and not self.discard and len(piece) <= max_line:

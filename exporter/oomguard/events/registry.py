@@ -24,7 +24,7 @@ from oomguard.events.catalogue import load_catalogue
 from oomguard.events.cgroup import CgroupOomReader, CgroupSource
 from oomguard.events.cri import PodLogReader
 from oomguard.events.detector import IncidentDetector
-from oomguard.events.follow import FileFollower
+from oomguard.events.file_follower import FileFollower
 from oomguard.events.journald import JournaldReader
 from oomguard.events.kernel import KernelLogSource, KmsgReader
 from oomguard.events.source import INCIDENTS, POSITIONS, EventSource, LineReader, LogSource

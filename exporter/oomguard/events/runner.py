@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.config import Config
-from oomguard.events.followed import STATE_VERSION, FollowedFile
+from oomguard.events.followed_file import STATE_VERSION, FollowedFile
 from oomguard.events.kill_owners import KillOwners
 from oomguard.events.kinds import CGROUP_OOM_KILL, KERNEL_OOM_KILL, STARTUP, XID
 from oomguard.events.log_clock import is_clock

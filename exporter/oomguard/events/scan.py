@@ -1,4 +1,4 @@
-"""What a log follower's pattern matches now (`follow.py`): a glob without `**`, by inode.
+"""What a log follower's pattern matches now (`file_follower.py`): a glob without `**`, by inode.
 
 `scan` is glob.glob plus os.stat, with what glob hides reported instead: every error
 goes to the caller's `error(path, what, exc)`, which counts it once per cause. Names

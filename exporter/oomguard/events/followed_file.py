@@ -1,4 +1,4 @@
-"""One file a log follower (`follow.py`) follows: what is known of it, its saved form, opening it.
+"""One file a log follower (`file_follower.py`) follows: what is known of it, its saved form, opening it.
 
 A file is known by (st_dev, st_ino), never by name. Its entry in `FileFollower.state()`
 keeps the offset, the unfinished line (`lines.PendingLine`) and the fingerprint (the

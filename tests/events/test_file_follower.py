@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from oomguard.events.follow import FileFollower
+from oomguard.events.file_follower import FileFollower
 
 N = 500
 MODES = ("rename", "copytruncate", "delete")
@@ -144,9 +144,9 @@ def test_rotations_interleaved(tmp_path: Path, mode: str, glob: bool, restarts: 
             poll()
         elif r < 0.88:
             if mode == "copytruncate":
-                poll()  # what is written between the last read and the truncation is lost: see follow.py
+                poll()  # what is written between the last read and the truncation is lost: see file_follower.py
             elif not seen:
-                poll()  # a file created and rotated away between two polls is never seen: see follow.py
+                poll()  # a file created and rotated away between two polls is never seen: see file_follower.py
             writer.rotate(mode, late=rng.randint(0, 3))
             seen = False
             if rng.random() < 0.3:  # grows past our old offset before we look: the fingerprint tells
@@ -779,13 +779,13 @@ def test_a_directory_written_out_in_the_pattern_is_resolved_even_as_a_link(tmp_p
 
 def test_a_link_swapped_in_after_the_listing_is_not_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The scan saw a regular file; by the open it is a link: O_NOFOLLOW refuses it."""
-    from oomguard.events import follow
+    from oomguard.events import file_follower
 
     secret = tmp_path / "secret"
     secret.write_text("never read\n")
     log = tmp_path / "app.log"
     log.write_text("")
-    real_scan = follow.scan
+    real_scan = file_follower.scan
 
     def scan_then_swap(*args: object, **kwargs: object) -> object:
         found = real_scan(*args, **kwargs)  # type: ignore[arg-type]
@@ -793,7 +793,7 @@ def test_a_link_swapped_in_after_the_listing_is_not_opened(tmp_path: Path, monke
         log.symlink_to(secret)
         return found
 
-    monkeypatch.setattr(follow, "scan", scan_then_swap)
+    monkeypatch.setattr(file_follower, "scan", scan_then_swap)
     follower = FileFollower(str(log), from_start=True)
     assert follower.poll() == []
     assert follower.open_fds() == 0 and follower.stats.read_errors == 1
@@ -822,9 +822,9 @@ def test_a_rename_between_the_listing_and_the_stats_keeps_the_lines_in_order(
     poll's listing runs: the listing has app.log but not app.log.1, and the stat of app.log finds the new file. Read
     alone, the new file's lines came before the renamed file's (an OOM's exception before its traceback: the rotation
     storm of tests/test_fault_matrix.py lost one incident in six runs on a busy machine). The poll lists again."""
-    from oomguard.events import follow as follow_module
+    from oomguard.events import file_follower
 
-    real_scan = follow_module.scan
+    real_scan = file_follower.scan
     follower = FileFollower(f"{tmp_path}/app.log*")
     follower.poll()
     (tmp_path / "app.log").write_text("first 1\nfirst 2\n")
@@ -839,7 +839,7 @@ def test_a_rename_between_the_listing_and_the_stats_keeps_the_lines_in_order(
             matched = {k: v for k, v in matched.items() if not v[0].endswith(".1")}
         return matched, uncertain
 
-    monkeypatch.setattr(follow_module, "scan", racing)
+    monkeypatch.setattr(file_follower, "scan", racing)
     assert follower.poll() == ["first 1", "first 2", "second 1"]
     assert calls[0] == 2
     assert follower.poll() == [] and calls[0] == 3  # nothing new: listed once
@@ -852,17 +852,17 @@ def test_a_name_given_to_a_newer_file_before_the_open_waits_for_the_older(
     """The scan stats app.log (a new file), then app.log is renamed app.log.1 and created anew before the follower
     opens it by name: the open finds the newer file. It is not read in the older one's place: the next poll reads
     the older (at app.log.1) first, then the newer."""
-    from oomguard.events import follow as follow_module
+    from oomguard.events import file_follower
 
-    real_scan = follow_module.scan
+    real_scan = file_follower.scan
     follower = FileFollower(f"{tmp_path}/app.log*")
     follower.poll()
     (tmp_path / "app.log").write_text("older 1\n")
     stale, _ = real_scan(f"{tmp_path}/app.log*", lambda *a: None)  # as the scan saw it: app.log is the older file
     os.replace(tmp_path / "app.log", tmp_path / "app.log.1")
     (tmp_path / "app.log").write_text("newer 1\n")
-    monkeypatch.setattr(follow_module, "scan", lambda *a, **k: (dict(stale), []))
+    monkeypatch.setattr(file_follower, "scan", lambda *a, **k: (dict(stale), []))
     assert follower.poll() == []  # the name holds the newer file: nothing read out of order
-    monkeypatch.setattr(follow_module, "scan", real_scan)
+    monkeypatch.setattr(file_follower, "scan", real_scan)
     assert follower.poll() == ["older 1", "newer 1"]
     follower.close()

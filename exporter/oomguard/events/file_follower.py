@@ -68,7 +68,7 @@ On the very first start (no state), files that already exist are read from their
 the unfinished line at their end, if any, is skipped up to its newline.
 
 The modules: this one (the follower: reading, rotation, restarts), `scan.py` (what the
-pattern matches now), `lines.py` (bytes to lines), `followed.py` (one followed file: its
+pattern matches now), `lines.py` (bytes to lines), `followed_file.py` (one followed file: its
 saved form, opening it, finding it again by inode).
 """
 
@@ -81,7 +81,7 @@ import os
 import threading
 import time
 
-from oomguard.events.followed import STATE_VERSION, FollowedFile, find_by_inode, open_regular
+from oomguard.events.followed_file import STATE_VERSION, FollowedFile, find_by_inode, open_regular
 from oomguard.events.scan import Key, age, real_dir, scan, under
 from oomguard.excerpt import excerpt
 from oomguard.model import ReadStats
