@@ -2,7 +2,7 @@
 
 Concurrent scrapes share the collection in flight instead of starting their own: ten
 Prometheis scraping at once cost one round of NVML calls and one request per target.
-Each source runs through the registry, timed and isolated: a failing or hung source
+Each source runs through the sources' run record (`SourceRuns`), timed and isolated: a failing or hung source
 yields `success=0` for that source, and the scrape goes on with the others. What the
 background services keep (trends, event counts, XIDs) is read as it stands.
 """
@@ -21,7 +21,7 @@ from oomguard.sources.dcgm import DcgmReader
 from oomguard.sources.local.settings import SettingsReader
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
-from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.source_runs import SourceRuns
 from oomguard.sources.target_set import TargetSet
 from oomguard.trend.sampler import TrendTracker
 
@@ -33,7 +33,7 @@ class Collection:
     def __init__(
         self,
         *,
-        registry: SourceRegistry,
+        source_runs: SourceRuns,
         client: EngineClient,
         nvml: NvmlReader | DcgmReader | None,
         targets: TargetSet,
@@ -51,7 +51,7 @@ class Collection:
         `settings`: gives local targets their engine's settings from their process's command line (sources/local/);
         `dcgm_refusals`: the pods refused as a node's dcgm-exporter (sources/kubernetes/trusted_dcgm.py);
         `log_streams`: the cluster mode's log streams against their budget (sources/kubernetes/log_budget.py)."""
-        self.registry = registry
+        self.source_runs = source_runs
         self.client = client
         self.nvml = nvml
         self.targets = targets
@@ -78,9 +78,9 @@ class Collection:
 
     async def _collect(self) -> Snapshot:
         targets, nvml = await asyncio.gather(
-            self.registry.run("targets", self._scrape_targets()),
+            self.source_runs.run("targets", self._scrape_targets()),
             # dcgm-exporter's reading is up while any node answers; its success wants every node's
-            self.registry.run(self.nvml.name, self._read_nvml(), ok=lambda r: r.up and not r.error)
+            self.source_runs.run(self.nvml.name, self._read_nvml(), ok=lambda r: r.up and not r.error)
             if self.nvml
             else _none(),
         )
@@ -89,7 +89,7 @@ class Collection:
             targets = await self.attribute(nvml, targets)
         # A source like the others: timed, its success recorded; a failure leaves the readings as they were.
         if self.settings is not None:
-            targets = await self.registry.run(SETTINGS, self.settings.add(targets)) or targets
+            targets = await self.source_runs.run(SETTINGS, self.settings.add(targets)) or targets
         memory = join_targets(nvml, targets, self.local_node)
         tracker, events = self.tracker, self.events
         # As the last poll left them: no lock taken on the loop, no dict read while a poll changes it.
@@ -97,7 +97,7 @@ class Collection:
         snapshot = Snapshot(
             nvml=nvml,
             targets=targets,
-            sources=self.registry.results(),
+            sources=self.source_runs.results(),
             collected_at=time.time(),
             memory=memory,
             gpu_memory=join_gpus(nvml, targets, memory),

@@ -43,7 +43,7 @@ from oomguard.sources.nvml import NvmlSource
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.processes import ProcessFinder
-from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.source_runs import SourceRuns
 from oomguard.sources.target_set import TargetSet
 from oomguard.sources.targets import TargetScraper
 from oomguard.trend.observe import TrendObserver
@@ -96,7 +96,7 @@ class Runtime:
         self.time_scale = config.simulation.time_scale if self.simulation is not None else 1.0
         self._nvml_lib = nvml_lib
         self._start_simulation = start_simulation
-        self.registry = SourceRegistry()
+        self.source_runs = SourceRuns()
         self.collection: Collection | None = None  # set by start()
         self.targets: TargetSet | None = None  # set by start()
         self.tracker: TrendTracker | None = None  # set by start() where trends are on: the status page's sparklines
@@ -152,13 +152,13 @@ class Runtime:
 
         # The one set of targets: discovery changes it, on the event loop; the others read it.
         targets = self.targets = TargetSet(make_scraper, config.targets)
-        processes = ProcessLookup(finder, targets.local_ports(), self.registry)
+        processes = ProcessLookup(finder, targets.local_ports(), self.source_runs)
         tracker = self.tracker = TrendTracker(trend_on_clock(config, self.time_scale)) if config.trend.enabled else None
         # Reads the saved state file: not on the event loop.
         events = self._events = await asyncio.to_thread(partial(EventRunner, config, nvml=lib))
         discovery = self.discovery = (
             KubernetesDiscovery(
-                config, registry=self.registry, targets=targets, pod_events=PodEvents(events, config.events)
+                config, source_runs=self.source_runs, targets=targets, pod_events=PodEvents(events, config.events)
             )
             if config.kubernetes is not None
             else None
@@ -173,12 +173,12 @@ class Runtime:
                 fields=Fields(**dcgm.fields.model_dump()),
             )  # fmt: skip
         local = self.local_discovery = (
-            LocalDiscovery(config, registry=self.registry, targets=targets, processes=processes)
+            LocalDiscovery(config, source_runs=self.source_runs, targets=targets, processes=processes)
             if config.discovers_local
             else None
         )
         self.collection = collection = Collection(
-            registry=self.registry, client=self._client, nvml=gpus, targets=targets, processes=processes,
+            source_runs=self.source_runs, client=self._client, nvml=gpus, targets=targets, processes=processes,
             tracker=tracker, events=events, attribute=discovery.attribute if discovery else None,
             settings=SettingsReader(), local_node=config.local_node,
             dcgm_refusals=discovery.dcgm_refusals if discovery and config.dcgm and config.dcgm.discover else None,
@@ -213,7 +213,7 @@ class Runtime:
             for name, pids, pod_uid in targets.owners(processes.latest()):
                 events.kill_owners.update(name, pids, pod_uid)
             events.kill_owners.keep_only(targets.names())
-            await asyncio.to_thread(self.registry.run_blocking, "events", events.poll)
+            await asyncio.to_thread(self.source_runs.run_blocking, "events", events.poll)
             for target, at, pid in events.take_starts():
                 targets.log_start(target, at, pid)
             await asyncio.sleep(interval)

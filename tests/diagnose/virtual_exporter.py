@@ -60,7 +60,7 @@ from oomguard.sources.local.cmdline import is_engine
 from oomguard.sources.nvml import NvmlSource
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
-from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.source_runs import SourceRuns
 from oomguard.sources.target_set import TargetSet
 from oomguard.sources.targets import TargetScraper
 from oomguard.trend.observe import TrendObserver
@@ -316,7 +316,7 @@ class VirtualRun:
     async def start(self) -> None:
         config = self.config
         self.client = EngineClient(limit=16, user_agent="oomguard/virtual")
-        self.registry = SourceRegistry()
+        self.source_runs = SourceRuns()
         self.nvml = NvmlReader(NvmlSource(self.sim.nvml, per_process=True, node=config.local_node), 10.0)
         finder = VirtualFinder(self)
 
@@ -329,12 +329,12 @@ class VirtualRun:
             return scraper
 
         self.targets = TargetSet(make_scraper, config.targets)
-        self.processes = ProcessLookup(finder, self.targets.local_ports(), self.registry)  # type: ignore[arg-type]
+        self.processes = ProcessLookup(finder, self.targets.local_ports(), self.source_runs)  # type: ignore[arg-type]
         self.tracker = TrendTracker(trend_on_clock(config, self.time_scale))
         self.events = EventRunner(config, clock=self.clock.wall)
         self.observer = TrendObserver(self.nvml, self.processes, self.targets.views, self.tracker)
         self.collection = Collection(
-            registry=self.registry, client=self.client, nvml=self.nvml, targets=self.targets,
+            source_runs=self.source_runs, client=self.client, nvml=self.nvml, targets=self.targets,
             processes=self.processes, tracker=self.tracker, events=self.events,
             settings=VirtualSettings(self),  # type: ignore[arg-type]
             local_node=config.local_node,

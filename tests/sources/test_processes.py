@@ -16,7 +16,7 @@ import pytest
 from oomguard.sources import processes
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.processes import ProcessFinder
-from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.source_runs import SourceRuns
 
 # An "engine": listens on a port (unless LISTEN=0, as while a model loads) and has a worker child.
 ENGINE = """
@@ -139,8 +139,8 @@ async def test_sampler_reuses_a_lookup_that_found_every_engine_but_not_one_that_
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))  # bound, not listening yet: an engine loading its model
     port = listener.getsockname()[1]
-    registry = SourceRegistry()
-    lookup = ProcessLookup(ProcessFinder(), [port], registry)
+    source_runs = SourceRuns()
+    lookup = ProcessLookup(ProcessFinder(), [port], source_runs)
     try:
         lookups = []
         real = lookup.finder.find_all
@@ -151,28 +151,28 @@ async def test_sampler_reuses_a_lookup_that_found_every_engine_but_not_one_that_
         assert found[port] is not None and found[port].root_pid == os.getpid()
         assert await lookup.get(max_age=60) is found  # a hit is
         assert len(lookups) == 2
-        assert registry.results()["processes"].success  # every lookup is recorded as a source's run
+        assert source_runs.results()["processes"].success  # every lookup is recorded as a source's run
     finally:
         listener.close()
 
 
 async def test_scrape_looks_again_so_a_killed_engine_is_not_reported(engine: Engine) -> None:
-    lookup = ProcessLookup(ProcessFinder(), [engine.port], SourceRegistry())
+    lookup = ProcessLookup(ProcessFinder(), [engine.port], SourceRuns())
     assert (await lookup.get(max_age=60))[engine.port] is not None
     engine.stop()
     assert await lookup.get() == {engine.port: None}  # max_age 0: as a scrape asks
 
 
 async def test_a_failed_lookup_is_recorded_and_yields_no_processes() -> None:
-    registry = SourceRegistry()
+    source_runs = SourceRuns()
     finder = ProcessFinder()
 
     def broken(ports: list[int]) -> dict:
         raise PermissionError("no /proc here")
 
     finder.find_all = broken  # type: ignore[method-assign]
-    assert await ProcessLookup(finder, [1], registry).get() == {}
-    assert not registry.results()["processes"].success
+    assert await ProcessLookup(finder, [1], source_runs).get() == {}
+    assert not source_runs.results()["processes"].success
 
 
 def test_a_known_engine_is_read_without_psutil_its_command_line_kept(

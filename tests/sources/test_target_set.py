@@ -18,7 +18,7 @@ from oomguard.sources.local import settings as local_settings
 from oomguard.sources.local.settings import SettingsReader
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.processes import ProcessFinder
-from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.source_runs import SourceRuns
 from oomguard.sources.target_set import TargetSet
 from oomguard.sources.targets import TargetScraper
 
@@ -93,11 +93,11 @@ async def test_a_new_container_loads_until_it_answers_and_a_start_reaches_its_tr
 
 async def test_a_collection_in_flight_scrapes_the_set_as_it_stood(zoo: Zoo) -> None:
     targets = TargetSet(make_scraper, [config("slow", url=f"{zoo.base}/slow"), config("good", url=f"{zoo.base}/good")])
-    registry = SourceRegistry()
+    source_runs = SourceRuns()
     async with EngineClient() as session:
         collection = Collection(
-            registry=registry, client=session, nvml=None, targets=targets,
-            processes=ProcessLookup(ProcessFinder(), [], registry),
+            source_runs=source_runs, client=session, nvml=None, targets=targets,
+            processes=ProcessLookup(ProcessFinder(), [], source_runs),
         )  # fmt: skip
         in_flight = asyncio.ensure_future(collection.snapshot())
         await asyncio.sleep(0.05)  # its requests are out
@@ -117,11 +117,11 @@ async def test_the_settings_step_is_a_source_and_its_failure_keeps_the_readings(
     # A loading target on this host sends the reader to /proc for the engine that will listen there.
     monkeypatch.setattr(local_settings, "find_loading", denied)
     targets = TargetSet(make_scraper, [config("loading", url=f"{zoo.base}/500")])
-    registry = SourceRegistry()
+    source_runs = SourceRuns()
     async with EngineClient() as session:
         collection = Collection(
-            registry=registry, client=session, nvml=None, targets=targets,
-            processes=ProcessLookup(ProcessFinder(), [], registry), settings=SettingsReader(),
+            source_runs=source_runs, client=session, nvml=None, targets=targets,
+            processes=ProcessLookup(ProcessFinder(), [], source_runs), settings=SettingsReader(),
         )  # fmt: skip
         snapshot = await collection.snapshot()
     assert [t.name for t in snapshot.targets] == ["loading"]

@@ -14,7 +14,7 @@ from oomguard.sources.nvml import NvmlSource
 from oomguard.sources.nvml_reader import NvmlReader
 from oomguard.sources.process_lookup import ProcessLookup
 from oomguard.sources.processes import ProcessFinder
-from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.source_runs import SourceRuns
 from oomguard.trend.analysis import TrendSettings
 from oomguard.trend.observe import TrendObserver
 from oomguard.trend.sampler import TrendTracker
@@ -29,7 +29,7 @@ async def test_sleep_skips_the_engines_series_and_waking_starts_them_afresh() ->
     # A sleeping engine is up: it answers, with its memory released.
     target = TargetView(name="llama", gpus=(0,), port=None, state="up", asleep=False)
     tracker = TrendTracker(TrendSettings())
-    observer = TrendObserver(nvml, ProcessLookup(ProcessFinder(), [], SourceRegistry()), lambda: [target], tracker)
+    observer = TrendObserver(nvml, ProcessLookup(ProcessFinder(), [], SourceRuns()), lambda: [target], tracker)
     try:
         awake = await observer.observe()
         assert set(awake) == {GPU0, GPU1, TARGET}
@@ -60,7 +60,7 @@ async def test_a_loading_engine_and_its_gpu_are_not_sampled_and_start_afresh_onc
     nvml = NvmlReader(NvmlSource(FakeNvml(gpus)), 3.0)
     target = TargetView(name="llama", gpus=(0,), port=None, state="loading", asleep=False)  # not answered yet
     tracker = TrendTracker(TrendSettings())
-    observer = TrendObserver(nvml, ProcessLookup(ProcessFinder(), [], SourceRegistry()), lambda: [target], tracker)
+    observer = TrendObserver(nvml, ProcessLookup(ProcessFinder(), [], SourceRuns()), lambda: [target], tracker)
     try:
         for t in range(0, 400, 2):
             gpus[0].used_bytes = (10 + t // 10) * GIB  # the weights and the KV cache pool coming in

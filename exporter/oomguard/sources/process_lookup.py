@@ -13,7 +13,7 @@ import time
 
 from oomguard.model import ProcessTree
 from oomguard.sources.processes import ProcessFinder
-from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.source_runs import SourceRuns
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +23,10 @@ Lookup = dict[int, ProcessTree | None]  # port -> the engine listening there, No
 class ProcessLookup:
     name = "processes"
 
-    def __init__(self, finder: ProcessFinder, ports: list[int], registry: SourceRegistry) -> None:
+    def __init__(self, finder: ProcessFinder, ports: list[int], source_runs: SourceRuns) -> None:
         self.finder = finder
         self.ports = sorted(set(ports))
-        self.registry = registry
+        self.source_runs = source_runs
         self._last: tuple[float, Lookup] | None = None  # (monotonic time, lookup)
         self._in_flight: asyncio.Future[Lookup | None] | None = None
 
@@ -45,11 +45,11 @@ class ProcessLookup:
         if cached is not None and time.monotonic() - cached[0] < max_age and all(cached[1].values()):
             return cached[1]
         if self._in_flight is None:
-            lookup = self.registry.run(self.name, asyncio.to_thread(self.finder.find_all, self.ports))
+            lookup = self.source_runs.run(self.name, asyncio.to_thread(self.finder.find_all, self.ports))
             self._in_flight = asyncio.ensure_future(lookup)
             self._in_flight.add_done_callback(self._keep)
         found = await asyncio.shield(self._in_flight)
-        # A failed lookup (logged by the registry): the engines' metrics still go out, without their processes.
+        # A failed lookup (logged by the run record): the engines' metrics still go out, without their processes.
         return found if found is not None else {}
 
     def latest(self) -> Lookup:

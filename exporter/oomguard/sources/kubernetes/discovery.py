@@ -29,7 +29,7 @@ from oomguard.sources.kubernetes.pods import PodTarget, pod_target
 from oomguard.sources.kubernetes.shards import Shard
 from oomguard.sources.kubernetes.trusted_dcgm import TrustedDcgm
 from oomguard.sources.kubernetes.watch import ListWatch, Obj
-from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.source_runs import SourceRuns
 from oomguard.sources.target_set import TargetSet
 
 log = logging.getLogger(__name__)
@@ -43,14 +43,14 @@ class KubernetesDiscovery:
         self,
         config: Config,
         *,
-        registry: SourceRegistry,
+        source_runs: SourceRuns,
         targets: TargetSet,
         pod_events: PodEvents,
     ) -> None:
         assert config.kubernetes is not None
         self.config = config
         self.k8s = config.kubernetes
-        self.registry = registry
+        self.source_runs = source_runs
         self.targets = targets
         self.pod_events = pod_events
         self.static = {t.label for t in config.targets}
@@ -97,7 +97,7 @@ class KubernetesDiscovery:
                     log.info("kubernetes: shard %d of %d: the nodes whose name hashes to %d, their pods and "
                              "dcgm-exporter", self.shard.index, self.shard.count, self.shard.index)  # fmt: skip
             except (ApiError, OSError) as exc:
-                self.registry.record(SOURCE, False, 0.0)
+                self.source_runs.record(SOURCE, False, 0.0)
                 log.error("kubernetes: cannot find the API: %s (retried in %.1fs)", exc, retry)
                 await asyncio.sleep(retry)
                 retry = min(retry * 2, self.k8s.retry_max_seconds)
@@ -181,7 +181,7 @@ class KubernetesDiscovery:
 
     def _record(self, path: str, ok: bool, duration: float, error: str) -> None:
         self._health[path] = (ok, duration)
-        self.registry.record(SOURCE, all(o for o, _ in self._health.values()), duration)
+        self.source_runs.record(SOURCE, all(o for o, _ in self._health.values()), duration)
 
     # -- pods -----------------------------------------------------------------------------------
     async def _pods_listed(self, items: list[Obj], namespace: str | None) -> None:
@@ -463,7 +463,7 @@ class KubernetesDiscovery:
         reservation it was told, while it reports none). Never raises: a failed /proc read is the `pod_processes`
         source's failure, and the readings go on without the processes."""
         # timed, never raising; the cluster mode reads no /proc: no such source
-        trees = {} if self.cluster else await self.registry.run(PROCESSES, self.pod_processes(nvml)) or {}
+        trees = {} if self.cluster else await self.source_runs.run(PROCESSES, self.pod_processes(nvml)) or {}
         out = []
         for t in targets:
             pod = self.known.get(t.name)

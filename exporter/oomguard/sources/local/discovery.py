@@ -37,7 +37,7 @@ from oomguard.sources.local.cmdline import (
     wanted_port,
 )
 from oomguard.sources.process_lookup import ProcessLookup
-from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.source_runs import SourceRuns
 from oomguard.sources.target_set import TargetSet
 
 log = logging.getLogger(__name__)
@@ -60,13 +60,13 @@ class LocalDiscovery:
         self,
         config: Config,
         *,
-        registry: SourceRegistry,
+        source_runs: SourceRuns,
         targets: TargetSet,
         processes: ProcessLookup,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = config.discovery
-        self.registry = registry
+        self.source_runs = source_runs
         self.targets = targets
         self.processes = processes
         self.clock = clock
@@ -86,8 +86,8 @@ class LocalDiscovery:
             await self.poll()
 
     async def poll(self) -> None:
-        found = await self.registry.run(SOURCE, asyncio.to_thread(self._scan))
-        if found is not None:  # a failed listing (logged by the registry) changes nothing
+        found = await self.source_runs.run(SOURCE, asyncio.to_thread(self._scan))
+        if found is not None:  # a failed listing (logged by the run record) changes nothing
             self._apply(found, self.clock())
 
     # -- blocking: in a worker thread -----------------------------------------------------------

@@ -7,37 +7,37 @@ import logging
 import pytest
 
 from oomguard.sources.nvml_reader import NvmlReader
-from oomguard.sources.registry import SourceRegistry
+from oomguard.sources.source_runs import SourceRuns
 from tests.sources.test_nvml_reader import GatedSource
 
 
 async def test_an_nvml_timeout_is_one_line_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
-    """The real path of the NVML read past its timeout (it logged its own warning, then the registry a
+    """The real path of the NVML read past its timeout (it logged its own warning, then the run record a
     traceback): one warning, the reader's, naming its setting."""
-    registry = SourceRegistry()
+    source_runs = SourceRuns()
     source = GatedSource()
     reader = NvmlReader(source, timeout_seconds=0.01)  # type: ignore[arg-type]
     try:
         with caplog.at_level(logging.INFO, logger="oomguard"):
-            assert await registry.run("nvml", reader.read()) is None
+            assert await source_runs.run("nvml", reader.read()) is None
     finally:
         source.gate.set()
         reader.close()
-    assert registry.results()["nvml"].success is False
+    assert source_runs.results()["nvml"].success is False
     [record] = caplog.records
     assert record.levelno == logging.WARNING and record.exc_info is None
     assert "NVML read took longer than 0.01s (nvml.timeout_seconds)" in record.getMessage()
 
 
 def test_a_crash_is_named_and_its_traceback_kept_for_debug(caplog: pytest.LogCaptureFixture) -> None:
-    registry = SourceRegistry()
+    source_runs = SourceRuns()
 
     def crashes() -> int:
         raise ValueError("bad reading")
 
-    with caplog.at_level(logging.DEBUG, logger="oomguard.sources.registry"):
-        assert registry.run_blocking("processes", crashes) is None
-    assert registry.results()["processes"].success is False
+    with caplog.at_level(logging.DEBUG, logger="oomguard.sources.source_runs"):
+        assert source_runs.run_blocking("processes", crashes) is None
+    assert source_runs.results()["processes"].success is False
     error, debug = caplog.records
     assert error.levelno == logging.ERROR and error.exc_info is None
     assert "source processes failed: ValueError: bad reading" in error.getMessage()

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class SourceRegistry:
+class SourceRuns:
     def __init__(self) -> None:
         self._results: dict[str, SourceResult] = {}
         self._lock = threading.Lock()  # blocking sources record from worker threads
