@@ -10,18 +10,19 @@ import asyncio
 
 import aiohttp
 import pytest
+from targets_zoo import Zoo
 
 import oomguard.web
 from oomguard.collection import Collection
 from oomguard.model import Observation, TrendKey
 from oomguard.trend.analysis import TrendSettings
 from oomguard.trend.sampler import TrendTracker
-from tests.test_fault_matrix import BadEngines, gpus, runtime_app
+from tests.test_fault_matrix import gpus, runtime_app
 
 CONCURRENCY = 200
 
 
-class SlowEngines(BadEngines):
+class SlowEngines(Zoo):
     """/good answers after `gate` opens: the burst is all in before the collection can end."""
 
     def __init__(self) -> None:
