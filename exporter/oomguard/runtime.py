@@ -33,7 +33,7 @@ from oomguard.events.kubernetes import PodEvents
 from oomguard.events.runner import EventRunner
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
 from oomguard.simulate.dcgm_exporter import SimulatedDcgmExporter
-from oomguard.simulate.runner import Simulation
+from oomguard.simulate.supervisor import Simulation
 from oomguard.sources.dcgm import DcgmEndpoint, DcgmReader
 from oomguard.sources.dcgm_body import Fields
 from oomguard.sources.kubernetes.discovery import KubernetesDiscovery

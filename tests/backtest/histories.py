@@ -1,5 +1,5 @@
 """Histories for the backtest's tests, made without real time: the drill's scenarios as NVML and the engine would
-have shown them (simulate/runner.py `Simulation.show` on the fake NVML, `Scenario.engine` for the engine's figures,
+have shown them (simulate/supervisor.py `Simulation.show` on the fake NVML, `Scenario.engine` for the engine's figures,
 the supervisor's lives and back-offs), and synthetic fleets.
 
 A scenario's history is what the drill's exporter reads, on the simulation's own clock: the engine's lives (each
@@ -38,7 +38,7 @@ class Life:
 
 
 def lives(name: str, until: float) -> list[Life]:
-    """The engine's lives in the drill `name` over its first `until` simulated seconds (runner.py's supervisor)."""
+    """The engine's lives in the drill `name` over its first `until` simulated seconds (supervisor.py)."""
     scenario = SCENARIOS[DRILLS[name].simulation]
     out, at, number = [], 0.0, 0
     while at < until:
@@ -79,7 +79,7 @@ def scenario_rows(
         if life is None:
             engine["state"] = "down"
         elif age is not None and (age < scenario.load_seconds or not scenario.starts(life.number)):
-            # Loading: no /metrics, the reservation told on its command line (simulate/runner.py told_args).
+            # Loading: no /metrics, the reservation told on its command line (simulate/supervisor.py told_args).
             engine.update(state="loading", gpu_memory_utilization=scenario.gpu_memory_utilization)
         else:
             assert life is not None and age is not None

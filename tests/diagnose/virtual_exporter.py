@@ -6,7 +6,7 @@ What runs is the exporter's own code, as `Runtime` wires it for a simulation: th
 source, the process lookup, the join, the trend tracker fed by its observer, the event runner reading the engine's
 log through its detector, the collection and the exposition. What runs the scenario is its engine's own simulator
 (`serve` of engines/<name>/simulator.py: its routes, its figures, its log lines), each life as the simulation's
-supervisor (simulate/runner.py) launches, kills and relaunches it. Only time is not real:
+supervisor (simulate/supervisor.py) launches, kills and relaunches it. Only time is not real:
 
 - one `VirtualClock` stands for every clock: the simulator's scenario time and its sleeps, its log's timestamps,
   the scraper's wall clock (restarts, startups), the event runner's clock, the trend's sample times;
@@ -53,9 +53,9 @@ from oomguard.exposition import render
 from oomguard.model import ProcessTree, TargetReading
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
 from oomguard.simulate.engine_args import simulator_parser
-from oomguard.simulate.runner import Simulation
 from oomguard.simulate.scenarios import SCENARIOS
 from oomguard.simulate.serve import SimulatedEngine
+from oomguard.simulate.supervisor import Simulation
 from oomguard.sources.local.cmdline import is_engine
 from oomguard.sources.nvml import NvmlSource
 from oomguard.sources.nvml_reader import NvmlReader
@@ -276,7 +276,7 @@ class VirtualRun:
         """Simulated seconds since the first launch."""
         return self.clock.now * self.time_scale
 
-    # -- the supervisor (runner.py's, on the virtual clock) --------------------------------------------
+    # -- the supervisor (supervisor.py, on the virtual clock) --------------------------------------------
     def _args(self, number: int) -> tuple[argparse.Namespace, tuple[str, ...]]:
         plugin = ENGINES[self.engine]
         argv = ["--scenario", self.scenario.name, "--port", str(self.sim.port), "--time-scale", f"{self.time_scale:g}",

@@ -18,8 +18,8 @@ from oomguard.events.detector import IncidentDetector
 from oomguard.join import GpuClaim, join, join_gpu, up_gpus
 from oomguard.model import ProcessTree
 from oomguard.runtime import Runtime
-from oomguard.simulate.runner import IDLE_GPU_BYTES, Simulation
 from oomguard.simulate.scenarios import GPU_TOTAL_BYTES, SCENARIOS
+from oomguard.simulate.supervisor import IDLE_GPU_BYTES, Simulation
 from oomguard.sources.nvml import NvmlSource
 
 PID = 4242

@@ -1,4 +1,4 @@
-"""The serve loop the simulators share (simulate/serve.py), run as the runner runs it: one life of each simulated
+"""The serve loop the simulators share (simulate/serve.py), run as the supervisor runs it: one life of each simulated
 engine, from its start to its CUDA OOM, as a child process on a real port."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""A simulation of an engine: the supervisor (simulate/runner.py) given what the engine's plugin knows of it."""
+"""A simulation of an engine: the supervisor (simulate/supervisor.py) given what the engine's plugin knows of it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from oomguard.engines import ENGINES
-from oomguard.simulate.runner import Simulation
+from oomguard.simulate.supervisor import Simulation
 
 
 def simulation(

@@ -1,4 +1,4 @@
-"""The command line every simulated engine takes: what the runner (runner.py) passes to each simulator."""
+"""The command line every simulated engine takes: what the supervisor (supervisor.py) passes to each simulator."""
 
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ def run_simulator(
     argv: list[str] | None,
     told: tuple[str, str] | None = None,
 ) -> int:
-    """The simulator's `main`: parses the runner's command line (engine_args.py; `told`: the engine's reservation
+    """The simulator's `main`: parses the supervisor's command line (engine_args.py; `told`: the engine's reservation
     and tensor-parallel flags, its plugin's `knobs.told_flags`) and serves one life."""
 
     async def life() -> int:

@@ -5,7 +5,7 @@ for the time, plus what an idle GPU shows, and lists the engine's pid with its b
 (the simulated engine is one process; a real vLLM lists one worker per GPU, all children
 of the listener, which the exporter matches alike). Further GPUs stay idle.
 
-The runner plays the orchestrator too: when the engine dies (simulated CUDA OOM)
+The supervisor plays the orchestrator too: when the engine dies (simulated CUDA OOM)
 it relaunches it after the scenario's back-off, so restart loops look as they do
 in production. The fake NVML reads the same scenario clock as the child.
 """
