@@ -1,5 +1,5 @@
 """The engines' HTTP client alone: CPU per target for the two requests a scrape sends (/metrics and /health at once),
-oomguard's own client (capped.py) against aiohttp's, which it replaced.
+oomguard's own client (engine_client.py) against aiohttp's, which it replaced.
 
 100 stand-in targets (one process, the real 50 kB vLLM body) are read in rounds, every target at once, by this
 process; its CPU time (time.process_time: user and system) is divided by the targets and rounds. The two clients
@@ -18,8 +18,8 @@ import time
 import aiohttp
 from _common import machine, median, start_targets
 
-from oomguard import capped
-from oomguard.capped import EngineClient
+from oomguard import engine_client
+from oomguard.engine_client import EngineClient
 
 CAP = 8 * 1024 * 1024
 
@@ -40,14 +40,14 @@ async def with_aiohttp(ports: list[int], rounds: int, close: bool) -> float:
         return await _timed(ports, rounds, target)
 
 
-async def with_capped(ports: list[int], rounds: int, close: bool) -> float:
-    async with EngineClient(limit=1024, idle_per_host=0 if close else capped.PER_HOST_IDLE) as client:
+async def with_engine_client(ports: list[int], rounds: int, close: bool) -> float:
+    async with EngineClient(limit=1024, idle_per_host=0 if close else engine_client.PER_HOST_IDLE) as client:
 
         async def target(port: int) -> None:
             health = asyncio.ensure_future(
-                capped.get(client, f"http://127.0.0.1:{port}/health", timeout=5, cap=4096, truncate=True)
+                engine_client.get(client, f"http://127.0.0.1:{port}/health", timeout=5, cap=4096, truncate=True)
             )
-            await capped.get(client, f"http://127.0.0.1:{port}/metrics", timeout=5, cap=CAP)
+            await engine_client.get(client, f"http://127.0.0.1:{port}/metrics", timeout=5, cap=CAP)
             await health
 
         return await _timed(ports, rounds, target)
@@ -69,11 +69,11 @@ def main() -> None:
     parser.add_argument("--close", action="store_true", help="no connection kept: each request on a new one")
     args = parser.parse_args()
     targets, ports = start_targets([0.0] * args.targets)
-    results: dict[str, list[float]] = {"aiohttp": [], "capped.py": []}
+    results: dict[str, list[float]] = {"aiohttp": [], "engine_client.py": []}
     try:
         for _ in range(3):
             results["aiohttp"].append(asyncio.run(with_aiohttp(ports, args.rounds, args.close)))
-            results["capped.py"].append(asyncio.run(with_capped(ports, args.rounds, args.close)))
+            results["engine_client.py"].append(asyncio.run(with_engine_client(ports, args.rounds, args.close)))
     finally:
         targets.terminate()
     kept = "each request on a new connection" if args.close else "connections kept"

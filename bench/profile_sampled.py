@@ -28,7 +28,7 @@ PARTS = [  # (part, what a frame of it holds); the innermost frame that matches 
     ("engine reading and checks", ("read_checked",)),
     ("building and rendering the answer", ("families (oomguard/exposition", "Exposition.render")),
     ("HTTP client: aiohttp's", ("aiohttp/client", "aiohttp/streams", "aiohttp/connector", "aiohttp/helpers", "yarl")),
-    ("HTTP client: capped.py", ("oomguard/capped.py",)),
+    ("HTTP client: engine_client.py", ("oomguard/engine_client.py",)),
     ("the exporter's HTTP server, besides rendering", ("aiohttp/web_", "aiohttp/http_writer")),
 ]
 IDLE = ("thread.py:81)", "selectors.py")  # a worker waiting for work, the event loop waiting for events

@@ -21,8 +21,8 @@ from typing import IO, Any
 import psutil
 import pytest
 
-from oomguard.capped import EngineClient
 from oomguard.config import TargetConfig
+from oomguard.engine_client import EngineClient
 from oomguard.sources.targets import TargetScraper
 
 OOMGUARD = [sys.executable, "-m", "oomguard"]

@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from oomguard.capped import EngineClient
+from oomguard.engine_client import EngineClient
 from oomguard.events.runner import EventRunner
 from oomguard.join import join_gpus, join_targets
 from oomguard.model import LogStreams, NvmlReading, Snapshot, TargetReading

@@ -9,7 +9,7 @@ streams under 256 descriptors, `accept()` failing with EMFILE, `/proc/meminfo` u
   own (stdio, the event loop's). An eighth, at least 64.
 - `server`: the connections `/metrics` is served on (web_config/server.py), an eighth of them per client address.
   A quarter: Prometheus holds one or two, and one client flooding is closed at once over it.
-- `scrapes`: the engines' requests and the dcgm-exporters' (one pool, capped.py's `EngineClient`), idle kept-alive
+- `scrapes`: the engines' requests and the dcgm-exporters' (one pool, `engine_client.EngineClient`), idle kept-alive
   connections included: an eighth, 32 to 4,096 (each target sends two at once, /metrics and /health).
 - `log_streams` and `log_reads`: the cluster mode's log streams through the API, one per engine container
   (sources/kubernetes/log_budget.py), and the short reads that containers without one take turns at (an eighth of

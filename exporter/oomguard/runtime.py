@@ -25,9 +25,9 @@ from types import ModuleType
 from typing import Any
 
 from oomguard import __version__, descriptors
-from oomguard.capped import EngineClient
 from oomguard.collection import Collection
 from oomguard.config import Config, DcgmConfig, TargetConfig
+from oomguard.engine_client import EngineClient
 from oomguard.engines.simulation import simulation
 from oomguard.events.kubernetes import PodEvents
 from oomguard.events.runner import EventRunner

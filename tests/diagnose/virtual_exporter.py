@@ -42,10 +42,10 @@ from typing import Any
 
 from aiohttp import web
 
-from oomguard.capped import EngineClient
 from oomguard.collection import Collection
 from oomguard.config import Config
 from oomguard.config_file import load_config
+from oomguard.engine_client import EngineClient
 from oomguard.engines import ENGINES
 from oomguard.engines.simulation import simulation
 from oomguard.events.runner import EventRunner

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from support import vllm_body
 
-from oomguard.capped import EngineClient
 from oomguard.config import TargetConfig
+from oomguard.engine_client import EngineClient
 from oomguard.engines.base import Rejected, read_checked
 from oomguard.engines.vllm import reader as vllm
 from oomguard.model import ERROR_KINDS, EngineReading

@@ -1,11 +1,11 @@
-"""Fuzzing the engines' HTTP client (capped.py): what an engine sends back, arriving in arbitrary pieces.
+"""Fuzzing the engines' HTTP client (engine_client.py): what an engine sends back, arriving in arbitrary pieces.
 
 The answer's bytes are fed to the client's connection as a socket would hand them over (cut anywhere), through a
 transport that records what the client does with the connection. Two properties:
 - a well-formed answer (any status, a body framed by Content-Length, by chunks or by the connection's end) comes
   out as it was sent, within the cap, whatever the cuts;
-- any bytes at all end in an Answer or in one of capped.py's errors (a protocol error, a body over its cap), never
-  another exception; a failed exchange never leaves the connection to be reused.
+- any bytes at all end in an Answer or in one of engine_client.py's errors (a protocol error, a body over its cap),
+  never another exception; a failed exchange never leaves the connection to be reused.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import asyncio
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from oomguard.capped import Answer, BodyTooLarge, ProtocolError, _Connection
+from oomguard.engine_client import Answer, BodyTooLarge, ProtocolError, _Connection
 from tests.fuzz.fuzz_strategies import chunked
 
 CAP = 4096

@@ -28,8 +28,8 @@ CASES = [
     Case("health", "an endless `/health` body", "at most 4 KiB read, then the connection closed; "
          "health judged by its status alone", "test_endless_health_body_is_not_read"),
     Case("requests", "a plugin's own request, without cap or timeout", "every request to an engine goes "
-         "through `capped.get` (timeout, no redirect, body cap); a test holds that no other code sends one",
-         "test_every_engine_request_goes_through_capped_get"),
+         "through `engine_client.get` (timeout, no redirect, body cap); a test holds that no other code sends one",
+         "test_every_engine_request_goes_through_engine_client_get"),
     Case("cache", "a fresh 1 MB label value on each scrape (the limit raised)", "the exposition's label-prefix "
          "cache bounded in bytes (16 MiB), emptied when full; a prefix over 64 KiB never kept",
          "test_rotating_label_values_keep_the_prefix_cache_bounded"),
@@ -146,11 +146,11 @@ async def test_endless_health_body_is_not_read(aiohttp_client, aiohttp_server) -
     assert engine.sent < 16 * MIB, f"the exporter read a /health body of {engine.sent / MIB:.0f} MiB"
 
 
-def test_every_engine_request_goes_through_capped_get() -> None:
-    """No module of the engines or of the scraper sends a request itself: `capped.get` (the timeout, the
+def test_every_engine_request_goes_through_engine_client_get() -> None:
+    """No module of the engines or of the scraper sends a request itself: `engine_client.get` (the timeout, the
     redirect policy, the body cap) is the only way out, so a new plugin cannot forget one of them."""
     package = REPO / "exporter" / "oomguard"
-    # The engines' client itself has no timeout: `client.get(` past capped.get would send one without it.
+    # The engines' client itself has no timeout: `client.get(` past engine_client.get would send one without it.
     request = re.compile(r"\b(session|client)\.(get|post|put|patch|delete|head|request|ws_connect)\(|"
                          r"aiohttp\.request\(|\.read\(\)|\.text\(\)|\.json\(\)")  # fmt: skip
     files = [package / "sources" / "targets.py", *sorted((package / "engines").rglob("*.py"))]
@@ -161,7 +161,7 @@ def test_every_engine_request_goes_through_capped_get() -> None:
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if request.search(line)
     ]
-    assert not offenders, "requests to an engine outside capped.get:\n" + "\n".join(offenders)
+    assert not offenders, "requests to an engine outside engine_client.get:\n" + "\n".join(offenders)
 
 
 # -- /metrics bodies ----------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from support import FIXTURES
 
-from oomguard.capped import EngineClient
+from oomguard.engine_client import EngineClient
 from oomguard.model import NvmlReading
 from oomguard.sources.dcgm import DcgmEndpoint, DcgmReader
 from oomguard.sources.dcgm_body import parse as parse_body

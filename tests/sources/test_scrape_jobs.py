@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from oomguard.capped import EngineClient
+from oomguard.engine_client import EngineClient
 from oomguard.engines.base import KvUsageError, ReservationError
 from oomguard.model import EngineReading, ModelReading, ProcessTree
 from oomguard.sources.processes import ProcessFinder

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from targets_zoo import Zoo
 
-from oomguard.capped import EngineClient
 from oomguard.collection import SETTINGS, Collection
 from oomguard.config import TargetConfig
+from oomguard.engine_client import EngineClient
 from oomguard.model import ProcessTree, TargetView
 from oomguard.sources import target_set
 from oomguard.sources.local import settings as local_settings

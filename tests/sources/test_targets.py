@@ -7,8 +7,8 @@ import time
 
 from targets_zoo import Zoo
 
-from oomguard.capped import EngineClient
 from oomguard.config import TargetConfig
+from oomguard.engine_client import EngineClient
 from oomguard.sources.targets import TargetScraper
 
 TIMEOUT = 1.0

@@ -21,11 +21,11 @@ from oomguard.model import VALUE_REJECT_REASONS, EngineReading, ModelReading
 from oomguard.promtext import Sample
 
 if TYPE_CHECKING:
-    from oomguard.capped import EngineClient
+    from oomguard.engine_client import EngineClient
 
 # Fetches the engine's reservation (its share of each GPU's total memory) where its /metrics does not carry it:
 # (client, base url, timeout in seconds) -> the ratio, or None when the engine does not publish it. Raises
-# ReservationError (or capped.py's and asyncio's errors) on a failure, to be tried again later.
+# ReservationError (or engine_client.py's and asyncio's errors) on a failure, to be tried again later.
 ReservationFetcher = Callable[["EngineClient", str, float], Awaitable[float | None]]
 
 
@@ -35,7 +35,7 @@ class ReservationError(Exception):
 
 # Fetches the engine's KV cache use on each scrape, where its /metrics does not carry it (llama.cpp's /slots):
 # (client, base url, timeout in seconds, body cap in bytes) -> the ratio, or None when the engine does not publish
-# it (the endpoint off, a version without the fields). Raises KvUsageError (or capped.py's and asyncio's errors).
+# it (the endpoint off, a version without the fields). Raises KvUsageError (or engine_client.py's and asyncio's errors).
 KvUsageFetcher = Callable[["EngineClient", str, float, int], Awaitable[float | None]]
 
 

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from oomguard.capped import BodyTooLarge, EngineClient, EngineHttpError, get
+from oomguard.engine_client import BodyTooLarge, EngineClient, EngineHttpError, get
 from oomguard.model import GpuReading, MigInstance, NvmlReading, gpu_order
 from oomguard.sources.dcgm_body import DEFAULT_FIELDS, DcgmBody, DcgmBodyError, Fields, parse
 

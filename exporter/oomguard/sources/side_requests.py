@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from oomguard.capped import BodyTooLarge, EngineClient, EngineHttpError
+from oomguard.engine_client import BodyTooLarge, EngineClient, EngineHttpError
 from oomguard.engines.base import KvUsageError, KvUsageFetcher, ReservationError, ReservationFetcher
 from oomguard.model import EngineReading
 

@@ -1,7 +1,7 @@
 """Scrape one engine target: its /metrics (only the families we read) and its /health.
 
 Each target has its own timeout, body size cap and limits (samples, label values, labels); every request
-goes through `capped.get`. A failure becomes `up=0` with an error kind, never an exception out of `scrape`;
+goes through `engine_client.get`. A failure becomes `up=0` with an error kind, never an exception out of `scrape`;
 a value that is no reading (NaN, negative, a ratio over 1) is dropped and counted, the rest kept
 (engines/base.py). A scrape's jobs, each with its name: the requests and the reading (here), the requests
 besides them (side_requests.py), the target's state (target_state.py), its restarts (restarts.py), and what
@@ -16,9 +16,9 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Mapping
 
-from oomguard import capped
-from oomguard.capped import BodyTooLarge, ConnectError, EngineClient, EngineHttpError, TlsError
+from oomguard import engine_client
 from oomguard.config import TargetConfig
+from oomguard.engine_client import BodyTooLarge, ConnectError, EngineClient, EngineHttpError, TlsError
 from oomguard.engines import ENGINES
 from oomguard.engines.base import Rejected, checked_value, figures_read, read_checked
 from oomguard.model import ERROR_KINDS, VALUE_REJECT_REASONS, EngineReading, ProcessTree, TargetReading
@@ -157,7 +157,7 @@ class TargetScraper:
     async def _probe_health(self, client: EngineClient) -> tuple[int | None, float | None]:
         started = time.perf_counter()
         try:
-            answer = await capped.get(
+            answer = await engine_client.get(
                 client, self.config.url + self.engine.health_path, timeout=self.timeout, cap=HEALTH_BODY_BYTES,
                 truncate=True,
             )  # fmt: skip
@@ -168,7 +168,7 @@ class TargetScraper:
     async def _fetch_metrics(self, client: EngineClient, rejected: Rejected) -> EngineReading:
         url = self.config.url + self.engine.metrics_path
         try:
-            answer = await capped.get(client, url, timeout=self.timeout, cap=self.max_body_bytes)
+            answer = await engine_client.get(client, url, timeout=self.timeout, cap=self.max_body_bytes)
             if answer.status != 200:
                 raise ScrapeError("http_status", f"GET {url} answered HTTP {answer.status}")
             body = answer.body

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from support import FIXTURES, fixture_body
 
-from oomguard.capped import EngineClient
+from oomguard.engine_client import EngineClient
 from oomguard.engines.llamacpp.reader import LlamaCppReader
 from oomguard.engines.llamacpp.slots import SlotsError, fetch_kv_usage_ratio, kv_usage_ratio
 from oomguard.model import EngineReading

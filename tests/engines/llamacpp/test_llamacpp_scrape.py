@@ -16,9 +16,9 @@ import pytest
 from aiohttp import web
 from support import FIXTURES, fixture_body, value
 
-from oomguard.capped import EngineClient
 from oomguard.config import TargetConfig
 from oomguard.config_file import load_config
+from oomguard.engine_client import EngineClient
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeNvml
 from oomguard.sources.targets import TargetScraper

@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 from support import fixture_body
 
-from oomguard.capped import EngineClient
 from oomguard.config import TargetConfig
+from oomguard.engine_client import EngineClient
 from oomguard.engines.base import ReservationError
 from oomguard.engines.sglang.settings import mem_fraction_static
 from oomguard.sources.targets import TargetScraper

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.capped import EngineClient
 from oomguard.config import TargetConfig
+from oomguard.engine_client import EngineClient
 from oomguard.engines.llamacpp.slots import fetch_kv_usage_ratio
 from oomguard.sources.targets import TargetScraper
 from tests.real.llamacpp import harness

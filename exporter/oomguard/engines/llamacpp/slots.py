@@ -16,8 +16,8 @@ import json
 import math
 from typing import Any
 
-from oomguard import capped
-from oomguard.capped import BodyTooLarge, EngineClient
+from oomguard import engine_client
+from oomguard.engine_client import BodyTooLarge, EngineClient
 from oomguard.engines.base import KvUsageError
 
 SLOTS_PATH = "/slots"
@@ -59,7 +59,7 @@ async def fetch_kv_usage_ratio(
     SlotsError when the answer is another status, too large, or not the slots' JSON."""
     # Each slot carries its sampling parameters: a few KB a slot. The cap is the scrape's body cap.
     try:
-        answer = await capped.get(client, url + SLOTS_PATH, timeout=timeout, cap=max_body_bytes)
+        answer = await engine_client.get(client, url + SLOTS_PATH, timeout=timeout, cap=max_body_bytes)
     except BodyTooLarge:
         raise SlotsError(
             f"GET {url}{SLOTS_PATH} sent more than {max_body_bytes} bytes (scrape.max_body_bytes)"

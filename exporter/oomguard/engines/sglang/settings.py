@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from oomguard import capped
-from oomguard.capped import BodyTooLarge, EngineClient
+from oomguard import engine_client
+from oomguard.engine_client import BodyTooLarge, EngineClient
 from oomguard.engines.base import ReservationError
 from oomguard.promtext import finite
 
@@ -23,7 +23,7 @@ async def mem_fraction_static(client: EngineClient, base_url: str, timeout: floa
     for path in PATHS:
         url = base_url + path
         try:
-            answer = await capped.get(client, url, timeout=timeout, cap=MAX_BODY_BYTES)
+            answer = await engine_client.get(client, url, timeout=timeout, cap=MAX_BODY_BYTES)
         except BodyTooLarge:
             raise ReservationError(f"{url} sent more than {MAX_BODY_BYTES} bytes") from None
         if answer.status == 404:

@@ -1,8 +1,8 @@
-"""The engines' HTTP client (capped.py), against servers that send exactly the bytes each case needs.
+"""The engines' HTTP client (engine_client.py), against servers that send exactly the bytes each case needs.
 
 Each server is a real socket on 127.0.0.1 (asyncio.start_server) whose answer is written by hand: chunks split
 anywhere, heads that never end, bodies cut short, a kept connection closed under the client. What an engine
-can send, well or badly, ends in an Answer or one of capped.py's errors, within the timeout, never a hang.
+can send, well or badly, ends in an Answer or one of engine_client.py's errors, within the timeout, never a hang.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from oomguard import capped
-from oomguard.capped import (
+from oomguard import engine_client
+from oomguard.engine_client import (
     KEEPALIVE_SECONDS,
     PER_HOST_IDLE,
     BodyTooLarge,
@@ -100,15 +100,15 @@ def chunked(*chunks: bytes, trailers: bytes = b"") -> bytes:
     return out + b"0\r\n" + trailers + b"\r\n"
 
 
-async def get(client: EngineClient, url: str, cap: int = 1 << 20, truncate: bool = False) -> capped.Answer:
-    return await capped.get(client, url + "/metrics", timeout=2.0, cap=cap, truncate=truncate)
+async def get(client: EngineClient, url: str, cap: int = 1 << 20, truncate: bool = False) -> engine_client.Answer:
+    return await engine_client.get(client, url + "/metrics", timeout=2.0, cap=cap, truncate=truncate)
 
 
 # -- framing ------------------------------------------------------------------------------------------------
 async def test_a_kept_connection_carries_every_request() -> None:
     async with serving(sends(ok(b"x 1\n"))) as server, EngineClient() as client:
         for _ in range(20):
-            assert await get(client, server.url) == capped.Answer(200, b"x 1\n")
+            assert await get(client, server.url) == engine_client.Answer(200, b"x 1\n")
     assert server.connections == 1 and len(server.heads) == 20
 
 
@@ -116,7 +116,7 @@ async def test_the_request_names_host_path_query_and_credentials() -> None:
     async with serving(sends(ok(b""))) as server, EngineClient(user_agent="oomguard/test") as client:
         port = server.url.rsplit(":", 1)[1]
         url = f"http://user:p%40ss@127.0.0.1:{port}/a b/metrics?x=1"
-        await capped.get(client, url, timeout=2.0, cap=10)
+        await engine_client.get(client, url, timeout=2.0, cap=10)
     lines = server.heads[0].decode().split("\r\n")
     assert lines[0] == "GET /a%20b/metrics?x=1 HTTP/1.1"
     assert f"Host: 127.0.0.1:{port}" in lines and "User-Agent: oomguard/test" in lines
@@ -181,14 +181,14 @@ async def test_a_body_over_the_cap_is_refused(answer: bytes) -> None:
 async def test_truncate_reads_the_first_bytes_and_hangs_up(answer: bytes) -> None:
     async with serving(sends(answer, keep=False)) as server, EngineClient() as client:
         got = await get(client, server.url, cap=1000, truncate=True)
-        assert got == capped.Answer(200, b"h" * 1000, truncated=True)
+        assert got == engine_client.Answer(200, b"h" * 1000, truncated=True)
         assert client.idle_connections() == 0
 
 
 async def test_another_status_is_the_answer_and_its_body_is_not_read() -> None:
     endless = sends(b"HTTP/1.1 503 Loading\r\nContent-Length: 100000000\r\n\r\n", b"x" * 65536, pause=5)
     async with serving(endless) as server, EngineClient() as client:
-        assert await asyncio.wait_for(get(client, server.url), 1.0) == capped.Answer(503, b"")
+        assert await asyncio.wait_for(get(client, server.url), 1.0) == engine_client.Answer(503, b"")
         assert client.idle_connections() == 0
     redirect = sends(b"HTTP/1.1 302 Found\r\nLocation: http://192.0.2.1/\r\n\r\n")
     async with serving(redirect) as server, EngineClient() as client:
@@ -203,7 +203,7 @@ async def test_a_short_answer_of_another_status_keeps_its_connection() -> None:
     )
     async with serving(loading) as server, EngineClient() as client:
         for _ in range(5):
-            assert await get(client, server.url) == capped.Answer(503, b"")
+            assert await get(client, server.url) == engine_client.Answer(503, b"")
     assert server.connections == 1 and len(server.heads) == 5
 
 
@@ -246,7 +246,7 @@ async def test_a_head_that_drips_forever_ends_at_the_timeout() -> None:
 
     async with serving(drip) as server, EngineClient() as client:
         with pytest.raises(TimeoutError):
-            await capped.get(client, server.url + "/metrics", timeout=0.3, cap=1000)
+            await engine_client.get(client, server.url + "/metrics", timeout=0.3, cap=1000)
 
 
 # -- connections --------------------------------------------------------------------------------------------
@@ -283,7 +283,7 @@ async def test_a_timeout_in_the_middle_closes_that_connection() -> None:
 
     async with serving(first_hangs) as server, EngineClient() as client:
         with pytest.raises(TimeoutError):
-            await capped.get(client, server.url + "/metrics", timeout=0.2, cap=1000)
+            await engine_client.get(client, server.url + "/metrics", timeout=0.2, cap=1000)
         assert (await get(client, server.url)).body == b"fine"  # never the rest of the first answer
         hang.set()
     assert server.connections == 2
