@@ -18,7 +18,7 @@ from oomguard.bundle.config import BundleConfig, grouping
 from oomguard.events.kinds import TARGET_OOM_KINDS, kind_matcher
 
 SCHEMA_VERSION = 39
-DS = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 OOM_KINDS = kind_matcher(TARGET_OOM_KINDS)
 
 
@@ -37,13 +37,13 @@ def _by(config: BundleConfig, *labels: str) -> str:
 def _judged(config: BundleConfig, alert: str) -> str:
     """GPUs past a memory alert's threshold, judged as the alert judges them (its `basis`, without its `for:`):
     the headroom the engines' reservation leaves where one is known, used/total elsewhere."""
-    a = getattr(config.alerts, alert)
-    M = _sel(config)
+    thresholds = getattr(config.alerts, alert)
+    selector = _sel(config)
     on = ", ".join(grouping(config, "node", "gpu"))
     return (
-        f"(oomguard_gpu_memory_headroom_used_ratio{M} > {a.headroom_threshold})"
-        f" or (oomguard_gpu_memory_used_ratio{M} > {a.threshold}"
-        f" unless on({on}) oomguard_gpu_memory_headroom_used_ratio{M})"
+        f"(oomguard_gpu_memory_headroom_used_ratio{selector} > {thresholds.headroom_threshold})"
+        f" or (oomguard_gpu_memory_used_ratio{selector} > {thresholds.threshold}"
+        f" unless on({on}) oomguard_gpu_memory_headroom_used_ratio{selector})"
     )
 
 
@@ -55,7 +55,7 @@ def _uid(name: str) -> str:
 def _target(
     expr: str, legend: str = "", ref: str = "A", instant: bool = False, fmt: str = "time_series"
 ) -> dict[str, Any]:
-    target: dict[str, Any] = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref}
+    target: dict[str, Any] = {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": ref}
     if instant:
         target |= {"instant": True, "range": False, "format": fmt}
     return target
@@ -72,7 +72,7 @@ class _Layout:
         if self.x + w > 24:
             self.x, self.y = 0, self.y + self.row_height
             self.row_height = 0
-        panel |= {"id": self.next_id, "gridPos": {"x": self.x, "y": self.y, "w": w, "h": h}, "datasource": DS}
+        panel |= {"id": self.next_id, "gridPos": {"x": self.x, "y": self.y, "w": w, "h": h}, "datasource": DATASOURCE}
         self.next_id += 1
         self.x += w
         self.row_height = max(self.row_height, h)
@@ -100,17 +100,17 @@ def _thresholds(*steps: tuple[str, float | None]) -> dict[str, Any]:
 
 
 def _headroom_steps(config: BundleConfig) -> dict[str, Any]:
-    a = config.alerts
+    alerts = config.alerts
     return _thresholds(
         ("green", None),
-        ("orange", a.gpu_memory_high.headroom_threshold),
-        ("red", a.gpu_memory_critical.headroom_threshold),
+        ("orange", alerts.gpu_memory_high.headroom_threshold),
+        ("red", alerts.gpu_memory_critical.headroom_threshold),
     )
 
 
 # -- the panels, as data ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Q:
+class Query:
     """One query of a panel: its PromQL, its legend, its refId (a table's column: `Value #<ref>`)."""
 
     expr: str
@@ -124,7 +124,7 @@ class Graph:
 
     title: str
     description: str
-    queries: tuple[Q, ...]
+    queries: tuple[Query, ...]
     unit: str
     size: tuple[int, int]
     thresholds: dict[str, Any] | None = None  # drawn as lines (as an area with `area`)
@@ -195,7 +195,7 @@ class Table:
 
     title: str
     description: str
-    queries: tuple[Q, ...]  # each query's ref names its column
+    queries: tuple[Query, ...]  # each query's ref names its column
     defaults: dict[str, Any]
     overrides: tuple[dict[str, Any], ...]
     sort: str
@@ -251,7 +251,7 @@ def _variables(config: BundleConfig, with_target: bool, with_gpu: bool) -> list[
             "name": name,
             "label": label,
             "type": "query",
-            "datasource": DS,
+            "datasource": DATASOURCE,
             "query": {"query": query, "refId": f"{name}-query"},
             "definition": query,
             "refresh": 2,
@@ -288,13 +288,13 @@ def _variables(config: BundleConfig, with_target: bool, with_gpu: bool) -> list[
     variables.append(query_var("job", "Job", f"label_values(oomguard_build_info{build_info}, job)"))
     build_info = "{" + ",".join([*fleet, 'job=~"$job"']) + "}"
     variables.append(query_var("instance", "Instance", f"label_values(oomguard_build_info{build_info}, instance)"))
-    M = _sel(config)
+    selector = _sel(config)
     if with_target:
-        variables.append(query_var("target", "Target", f"label_values(oomguard_target_info{M}, target)"))
+        variables.append(query_var("target", "Target", f"label_values(oomguard_target_info{selector}, target)"))
     if with_gpu:
         # The cluster mode's GPUs are on many nodes; a node agent's carry its one node, or none outside Kubernetes
         # (then the variable lists no value, and its All matches the absent label, as a fleet label's does).
-        variables.append(query_var("node", "Node", f"label_values(oomguard_gpu_info{M}, node)"))
+        variables.append(query_var("node", "Node", f"label_values(oomguard_gpu_info{selector}, node)"))
         on_node = _sel(config, 'node=~"$node"')
         variables.append(query_var("gpu", "GPU", f"label_values(oomguard_gpu_info{on_node}, gpu)"))
     return variables
@@ -353,12 +353,12 @@ def _dashboard(
 
 
 def _annotations(config: BundleConfig) -> list[dict[str, Any]]:
-    M = _sel(config)
+    selector = _sel(config)
 
     def annotation(name: str, expr: str, color: str, text: str) -> dict[str, Any]:
         return {
             "name": name,
-            "datasource": DS,
+            "datasource": DATASOURCE,
             "enable": True,
             "iconColor": color,
             "expr": expr,
@@ -387,7 +387,7 @@ def _annotations(config: BundleConfig) -> list[dict[str, Any]]:
         ),
         annotation(
             "Restarts",
-            f"increase(oomguard_target_restarts_total{M}[$__rate_interval]) > 0",
+            f"increase(oomguard_target_restarts_total{selector}[$__rate_interval]) > 0",
             "orange",
             "{{target}} restarted",
         ),
@@ -396,16 +396,16 @@ def _annotations(config: BundleConfig) -> list[dict[str, Any]]:
 
 # -- the dashboards --------------------------------------------------------------------------------------------
 def overview(config: BundleConfig) -> list[Panel]:
-    a = config.alerts
-    high, critical = a.gpu_memory_high.threshold, a.gpu_memory_critical.threshold
+    alerts = config.alerts
+    high, critical = alerts.gpu_memory_high.threshold, alerts.gpu_memory_critical.threshold
     ratio_steps = _thresholds(("green", None), ("orange", high), ("red", critical))
-    M, climbing, ooms = _sel(config), _sel(config, 'state="climbing"'), _sel(config, OOM_KINDS)
+    selector, climbing, ooms = _sel(config), _sel(config, 'state="climbing"'), _sel(config, OOM_KINDS)
     by_target = _by(config, "instance", "target")
     color_background = ("custom.cellOptions", {"type": "color-background"})
     return [
         Stat(
             "GPUs at the warning level",
-            f"GPUs past the memory warning now, judged as OomGuardGpuMemoryHigh judges them: more than {a.gpu_memory_high.headroom_threshold:.0%} of the headroom an engine's reservation leaves in use, or, with no reservation known, more than {high:.0%} of the GPU. The postmortem's first signal; a healthy vLLM sitting at its reservation (90-95 %) is not counted.",
+            f"GPUs past the memory warning now, judged as OomGuardGpuMemoryHigh judges them: more than {alerts.gpu_memory_high.headroom_threshold:.0%} of the headroom an engine's reservation leaves in use, or, with no reservation known, more than {high:.0%} of the GPU. The postmortem's first signal; a healthy vLLM sitting at its reservation (90-95 %) is not counted.",
             f"count({_judged(config, 'gpu_memory_high')}) or vector(0)",
             _thresholds(("green", None), ("orange", 1)),
         ),
@@ -424,18 +424,21 @@ def overview(config: BundleConfig) -> list[Panel]:
         Stat(
             "Restarts in range",
             "Engine restarts in the time range; a loop of them is a restart storm.",
-            f"sum(increase(oomguard_target_restarts_total{M}[$__range])) or vector(0)",
+            f"sum(increase(oomguard_target_restarts_total{selector}[$__range])) or vector(0)",
             _thresholds(("green", None), ("orange", 1), ("red", 3)),
         ),
         Table(
             "GPUs, worst first",
             "Every GPU: memory used (sorted, worst first), headroom, the share of the headroom an engine's reservation leaves that is in use (only on reserved GPUs: what the memory alerts judge there), trend state and time to full while climbing.",
             (
-                Q(f"oomguard_gpu_memory_used_ratio{M}", ref="used"),
-                Q(f"oomguard_gpu_memory_total_bytes{M} - oomguard_gpu_memory_used_bytes{M}", ref="headroom"),
-                Q(f"oomguard_gpu_memory_headroom_used_ratio{M}", ref="headroom_used"),
-                Q(f"oomguard_gpu_memory_trend_state{M} == 1", ref="trend"),
-                Q(f"oomguard_gpu_memory_seconds_to_full{M}", ref="to_full"),
+                Query(f"oomguard_gpu_memory_used_ratio{selector}", ref="used"),
+                Query(
+                    f"oomguard_gpu_memory_total_bytes{selector} - oomguard_gpu_memory_used_bytes{selector}",
+                    ref="headroom",
+                ),
+                Query(f"oomguard_gpu_memory_headroom_used_ratio{selector}", ref="headroom_used"),
+                Query(f"oomguard_gpu_memory_trend_state{selector} == 1", ref="trend"),
+                Query(f"oomguard_gpu_memory_seconds_to_full{selector}", ref="to_full"),
             ),
             {"unit": "percentunit", "thresholds": ratio_steps},
             (
@@ -451,11 +454,14 @@ def overview(config: BundleConfig) -> list[Panel]:
             "Targets, worst first",
             "Every engine: memory of its GPUs (sorted, worst first), headroom, waiting requests, OOMs and restarts in the time range.",
             (
-                Q(f"oomguard_target_gpu_memory_used_ratio{M}", ref="used"),
-                Q(f"instance_target:oomguard_target_memory_headroom:ratio{M}", ref="headroom"),
-                Q(f"instance_target:oomguard_engine_requests_waiting:sum{M}", ref="waiting"),
-                Q(f"sum by ({by_target}) (increase(oomguard_target_events_total{ooms}[$__range]))", ref="ooms"),
-                Q(f"sum by ({by_target}) (increase(oomguard_target_restarts_total{M}[$__range]))", ref="restarts"),
+                Query(f"oomguard_target_gpu_memory_used_ratio{selector}", ref="used"),
+                Query(f"instance_target:oomguard_target_memory_headroom:ratio{selector}", ref="headroom"),
+                Query(f"instance_target:oomguard_engine_requests_waiting:sum{selector}", ref="waiting"),
+                Query(f"sum by ({by_target}) (increase(oomguard_target_events_total{ooms}[$__range]))", ref="ooms"),
+                Query(
+                    f"sum by ({by_target}) (increase(oomguard_target_restarts_total{selector}[$__range]))",
+                    ref="restarts",
+                ),
             ),
             {"unit": "percentunit", "thresholds": ratio_steps},
             (_override("byRegexp", "Value #(waiting|ooms|restarts)", ("unit", "none")),),
@@ -464,7 +470,7 @@ def overview(config: BundleConfig) -> list[Panel]:
         Graph(
             "GPU memory used",
             "Every GPU's memory used against the warning and critical lines: a climb that never falls back is a leak, a jump to the top is over-provisioning.",
-            (Q(f"oomguard_gpu_memory_used_ratio{M}", "{{instance}} GPU {{gpu}} {{node}}"),),
+            (Query(f"oomguard_gpu_memory_used_ratio{selector}", "{{instance}} GPU {{gpu}} {{node}}"),),
             "percentunit",
             (24, 8),
             thresholds=ratio_steps,
@@ -474,10 +480,14 @@ def overview(config: BundleConfig) -> list[Panel]:
 
 
 def target(config: BundleConfig) -> list[Panel]:
-    a = config.alerts
-    high, critical = a.gpu_memory_high.threshold, a.gpu_memory_critical.threshold
-    probe = float(a.startup_slower_than_probe.probe_initial_delay_seconds)
-    M, MT, MG = _sel(config), _sel(config, 'target=~"$target"'), _sel(config, 'node=~"$node"', 'gpu=~"$gpu"')
+    alerts = config.alerts
+    high, critical = alerts.gpu_memory_high.threshold, alerts.gpu_memory_critical.threshold
+    probe = float(alerts.startup_slower_than_probe.probe_initial_delay_seconds)
+    selector, of_target, of_gpu = (
+        _sel(config),
+        _sel(config, 'target=~"$target"'),
+        _sel(config, 'node=~"$node"', 'gpu=~"$gpu"'),
+    )
     stacked = ("custom.stacking", {"mode": "normal", "group": "used"})
     line = (("custom.stacking", {"mode": "none", "group": "lines"}), ("custom.fillOpacity", 0), ("custom.lineWidth", 2))
 
@@ -489,7 +499,7 @@ def target(config: BundleConfig) -> list[Panel]:
         Graph(
             "GPU memory used",
             f"Used memory of each GPU as a share of its total, with the {high:.0%} and {critical:.0%} lines: the memory alerts' judgement on a GPU with no known engine reservation. A GPU an engine reserves (vLLM: gpu_memory_utilization x total, from its start) sits at its reservation, idle or busy: judge it on the headroom panel.",
-            (Q(f"oomguard_gpu_memory_used_ratio{MG}", "GPU {{gpu}} {{node}}"),),
+            (Query(f"oomguard_gpu_memory_used_ratio{of_gpu}", "GPU {{gpu}} {{node}}"),),
             "percentunit",
             (12, 8),
             thresholds=_thresholds(("green", None), ("orange", high), ("red", critical)),
@@ -497,8 +507,8 @@ def target(config: BundleConfig) -> list[Panel]:
         ),
         Graph(
             "Headroom used beyond the reservation",
-            f"On a GPU an engine reserves: the memory outside the reservation (the engines' use beyond it, and every other process) as a share of the headroom the reservation leaves (total - reserved). The memory alerts judge this there: warning above {a.gpu_memory_high.headroom_threshold:.0%}, page above {a.gpu_memory_critical.headroom_threshold:.0%}; above 100 % the reservation cannot be honoured.",
-            (Q(f"oomguard_gpu_memory_headroom_used_ratio{MG}", "GPU {{gpu}} {{node}}"),),
+            f"On a GPU an engine reserves: the memory outside the reservation (the engines' use beyond it, and every other process) as a share of the headroom the reservation leaves (total - reserved). The memory alerts judge this there: warning above {alerts.gpu_memory_high.headroom_threshold:.0%}, page above {alerts.gpu_memory_critical.headroom_threshold:.0%}; above 100 % the reservation cannot be honoured.",
+            (Query(f"oomguard_gpu_memory_headroom_used_ratio{of_gpu}", "GPU {{gpu}} {{node}}"),),
             "percentunit",
             (12, 8),
             thresholds=_headroom_steps(config),
@@ -507,14 +517,14 @@ def target(config: BundleConfig) -> list[Panel]:
             "GPU $gpu: the engines' reservation, use within and beyond it",
             "One panel per GPU (on a GPU no engine reserves, only the total shows). Stacked: the use within the reservation (used - unreserved used: the engines' preallocated weights and KV pool, flat whether the KV cache is empty or full) and the use beyond it (what can still grow: activations, other processes, a leak), adding up to NVML's used. Lines: the reservation and the total. Memory runs out when the orange part fills the gap between the reservation and the total.",
             (
-                Q(
-                    f"oomguard_gpu_memory_used_bytes{MG} - oomguard_gpu_memory_unreserved_used_bytes{MG}",
+                Query(
+                    f"oomguard_gpu_memory_used_bytes{of_gpu} - oomguard_gpu_memory_unreserved_used_bytes{of_gpu}",
                     "within the reservation",
                     "A",
                 ),
-                Q(f"oomguard_gpu_memory_unreserved_used_bytes{MG}", "beyond the reservation", "B"),
-                Q(f"oomguard_gpu_memory_engine_reserved_bytes{MG}", "reservation", "C"),
-                Q(f"oomguard_gpu_memory_total_bytes{MG}", "total", "D"),
+                Query(f"oomguard_gpu_memory_unreserved_used_bytes{of_gpu}", "beyond the reservation", "B"),
+                Query(f"oomguard_gpu_memory_engine_reserved_bytes{of_gpu}", "reservation", "C"),
+                Query(f"oomguard_gpu_memory_total_bytes{of_gpu}", "total", "D"),
             ),
             "bytes",
             (24, 8),
@@ -532,9 +542,9 @@ def target(config: BundleConfig) -> list[Panel]:
             "GPU memory: used, reserved by the driver, total",
             "Bytes used, reserved by the driver (NVML's reserved memory, not an engine's reservation), and total, per GPU.",
             (
-                Q(f"oomguard_gpu_memory_used_bytes{MG}", "used GPU {{gpu}} {{node}}", "A"),
-                Q(f"oomguard_gpu_memory_reserved_bytes{MG}", "reserved GPU {{gpu}} {{node}}", "B"),
-                Q(f"oomguard_gpu_memory_total_bytes{MG}", "total GPU {{gpu}} {{node}}", "C"),
+                Query(f"oomguard_gpu_memory_used_bytes{of_gpu}", "used GPU {{gpu}} {{node}}", "A"),
+                Query(f"oomguard_gpu_memory_reserved_bytes{of_gpu}", "reserved GPU {{gpu}} {{node}}", "B"),
+                Query(f"oomguard_gpu_memory_total_bytes{of_gpu}", "total GPU {{gpu}} {{node}}", "C"),
             ),
             "bytes",
             (12, 8),
@@ -543,9 +553,9 @@ def target(config: BundleConfig) -> list[Panel]:
             "Target memory against the engine's budget",
             "Memory of the target's GPUs against the engine's budget (gpu_memory_utilization x total): above the budget is memory the KV cache cannot explain.",
             (
-                Q(f"oomguard_target_gpu_memory_used_bytes{MT}", "{{target}} used", "A"),
-                Q(f"oomguard_target_memory_budget_bytes{MT}", "{{target}} budget", "B"),
-                Q(f"oomguard_target_process_gpu_memory_bytes{MT}", "{{target}} own processes", "C"),
+                Query(f"oomguard_target_gpu_memory_used_bytes{of_target}", "{{target}} used", "A"),
+                Query(f"oomguard_target_memory_budget_bytes{of_target}", "{{target}} budget", "B"),
+                Query(f"oomguard_target_process_gpu_memory_bytes{of_target}", "{{target}} own processes", "C"),
             ),
             "bytes",
             (12, 8),
@@ -553,7 +563,12 @@ def target(config: BundleConfig) -> list[Panel]:
         Graph(
             "Per-process GPU memory",
             "GPU memory of each compute process: who holds the memory.",
-            (Q(f"oomguard_gpu_process_memory_used_bytes{MG}", "GPU {{gpu}} {{node}} pid {{pid}} {{process_name}}"),),
+            (
+                Query(
+                    f"oomguard_gpu_process_memory_used_bytes{of_gpu}",
+                    "GPU {{gpu}} {{node}} pid {{pid}} {{process_name}}",
+                ),
+            ),
             "bytes",
             (12, 8),
         ),
@@ -562,7 +577,7 @@ def target(config: BundleConfig) -> list[Panel]:
             "Memory slope",
             "Robust slope of used memory per GPU over the long window: positive and steady is a climb.",
             (
-                Q(
+                Query(
                     "oomguard_gpu_memory_slope_bytes_per_second"
                     + _sel(config, 'node=~"$node"', 'gpu=~"$gpu"', 'window="long"'),
                     "GPU {{gpu}} {{node}}",
@@ -574,47 +589,47 @@ def target(config: BundleConfig) -> list[Panel]:
         Graph(
             "Trend state",
             "The trend state of each GPU's memory (1 = current): steady, sawtooth, climbing (leak), spike (over-provisioning), saturated.",
-            (Q(f"oomguard_gpu_memory_trend_state{MG} == 1", "GPU {{gpu}} {{node}} {{state}}"),),
+            (Query(f"oomguard_gpu_memory_trend_state{of_gpu} == 1", "GPU {{gpu}} {{node}} {{state}}"),),
             "none",
             (8, 7),
         ),
         Graph(
             "Time to full",
             "At the current pace, time until each GPU is full; shown only while climbing or spiking.",
-            (Q(f"oomguard_gpu_memory_seconds_to_full{MG}", "GPU {{gpu}} {{node}}"),),
+            (Query(f"oomguard_gpu_memory_seconds_to_full{of_gpu}", "GPU {{gpu}} {{node}}"),),
             "s",
             (8, 7),
             thresholds=_thresholds(
-                ("red", None), ("orange", a.exhausted_soon.seconds), ("green", 4 * a.exhausted_soon.seconds)
+                ("red", None), ("orange", alerts.exhausted_soon.seconds), ("green", 4 * alerts.exhausted_soon.seconds)
             ),
         ),
         Row("Engine"),
         Graph(
             "KV cache usage",
             "Share of the engine's KV cache blocks in use: at the top, requests wait and get preempted.",
-            (Q(f"oomguard_engine_kv_cache_usage_ratio{MT}", "{{target}} {{model_name}}"),),
+            (Query(f"oomguard_engine_kv_cache_usage_ratio{of_target}", "{{target}} {{model_name}}"),),
             "percentunit",
             (8, 7),
-            thresholds=_thresholds(("green", None), ("red", a.kv_cache_saturated.threshold)),
+            thresholds=_thresholds(("green", None), ("red", alerts.kv_cache_saturated.threshold)),
             max=1,
         ),
         Graph(
             "Requests waiting and running",
             "The engine's queue: waiting that stays up means concurrency is over-provisioned.",
             (
-                Q(f"instance_target:oomguard_engine_requests_waiting:sum{MT}", "{{target}} waiting", "A"),
-                Q(f"instance_target:oomguard_engine_requests_running:sum{MT}", "{{target}} running", "B"),
+                Query(f"instance_target:oomguard_engine_requests_waiting:sum{of_target}", "{{target}} waiting", "A"),
+                Query(f"instance_target:oomguard_engine_requests_running:sum{of_target}", "{{target}} running", "B"),
             ),
             "none",
             (8, 7),
-            thresholds=_thresholds(("green", None), ("orange", float(a.queue_backlog.threshold))),
+            thresholds=_thresholds(("green", None), ("orange", float(alerts.queue_backlog.threshold))),
         ),
         Graph(
             "Preemption rate",
             "Requests preempted per second because the KV cache was full.",
             (
-                Q(
-                    f"sum by ({_by(config, 'target')}) (rate(oomguard_engine_preemptions_total{MT}[$__rate_interval]))",
+                Query(
+                    f"sum by ({_by(config, 'target')}) (rate(oomguard_engine_preemptions_total{of_target}[$__rate_interval]))",
                     "{{target}}",
                 ),
             ),
@@ -626,13 +641,13 @@ def target(config: BundleConfig) -> list[Panel]:
             "OOM events and restarts",
             "Events counted from the engine's logs, cgroup and kernel, and restarts, per interval.",
             (
-                Q(
-                    f"sum by ({_by(config, 'target', 'kind')}) (increase(oomguard_target_events_total{MT}[$__rate_interval]))",
+                Query(
+                    f"sum by ({_by(config, 'target', 'kind')}) (increase(oomguard_target_events_total{of_target}[$__rate_interval]))",
                     "{{target}} {{kind}}",
                     "A",
                 ),
-                Q(
-                    f"sum by ({_by(config, 'target')}) (increase(oomguard_target_restarts_total{MT}[$__rate_interval]))",
+                Query(
+                    f"sum by ({_by(config, 'target')}) (increase(oomguard_target_restarts_total{of_target}[$__rate_interval]))",
                     "{{target}} restarts",
                     "B",
                 ),
@@ -645,10 +660,10 @@ def target(config: BundleConfig) -> list[Panel]:
             "Startup time against the probe delay",
             f"Measured startup (process start to first /health 200) against the grace its probe gives it: a pod's own (initialDelaySeconds + failureThreshold x periodSeconds of its startupProbe, else its livenessProbe), else the bundle's probe_initial_delay_seconds ({probe:g} s, the red area). Startup above its grace: the probe kills the engine while it loads.",
             (
-                Q(f"oomguard_target_startup_seconds{MT}", "{{target}} startup", "A"),
-                Q(
-                    f"oomguard_target_probe_grace_seconds{MT}"
-                    f" or on({', '.join(grouping(config, 'target'))}) (0 * oomguard_target_startup_seconds{MT} + {probe:g})",
+                Query(f"oomguard_target_startup_seconds{of_target}", "{{target}} startup", "A"),
+                Query(
+                    f"oomguard_target_probe_grace_seconds{of_target}"
+                    f" or on({', '.join(grouping(config, 'target'))}) (0 * oomguard_target_startup_seconds{of_target} + {probe:g})",
                     "{{target}} grace",
                     "B",
                 ),
@@ -662,14 +677,14 @@ def target(config: BundleConfig) -> list[Panel]:
         Graph(
             "Target state",
             "Each target's state (1 = current): up, loading (not down: the model is loading), down.",
-            (Q(f"oomguard_target_state{MT} == 1", "{{target}} {{state}}"),),
+            (Query(f"oomguard_target_state{of_target} == 1", "{{target}} {{state}}"),),
             "none",
             (8, 7),
         ),
         Graph(
             "Source success",
             "1 when oomguard's NVML and target sources completed in the last collection.",
-            (Q(f"oomguard_source_success{M}", "{{instance}} {{source}}"),),
+            (Query(f"oomguard_source_success{selector}", "{{instance}} {{source}}"),),
             "none",
             (8, 7),
             max=1,
@@ -678,8 +693,8 @@ def target(config: BundleConfig) -> list[Panel]:
             "Scrape errors",
             "Failed reads of each target by kind (timeout, refused, http_status, too_large, parse).",
             (
-                Q(
-                    f"sum by ({_by(config, 'target', 'kind')}) (rate(oomguard_target_scrape_errors_total{MT}[$__rate_interval]))",
+                Query(
+                    f"sum by ({_by(config, 'target', 'kind')}) (rate(oomguard_target_scrape_errors_total{of_target}[$__rate_interval]))",
                     "{{target}} {{kind}}",
                 ),
             ),
