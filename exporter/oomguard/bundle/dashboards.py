@@ -479,15 +479,13 @@ def overview(config: BundleConfig) -> list[Panel]:
     ]
 
 
-def target(config: BundleConfig) -> list[Panel]:
+def _gpu_memory_row(config: BundleConfig) -> list[Panel]:
+    """The target dashboard's row "GPU memory"."""
     alerts = config.alerts
-    high, critical = alerts.gpu_memory_high.threshold, alerts.gpu_memory_critical.threshold
-    probe = float(alerts.startup_slower_than_probe.probe_initial_delay_seconds)
-    selector, of_target, of_gpu = (
-        _sel(config),
-        _sel(config, 'target=~"$target"'),
-        _sel(config, 'node=~"$node"', 'gpu=~"$gpu"'),
-    )
+    high = alerts.gpu_memory_high.threshold
+    critical = alerts.gpu_memory_critical.threshold
+    of_target = _sel(config, 'target=~"$target"')
+    of_gpu = _sel(config, 'node=~"$node"', 'gpu=~"$gpu"')
     stacked = ("custom.stacking", {"mode": "normal", "group": "used"})
     line = (("custom.stacking", {"mode": "none", "group": "lines"}), ("custom.fillOpacity", 0), ("custom.lineWidth", 2))
 
@@ -572,6 +570,14 @@ def target(config: BundleConfig) -> list[Panel]:
             "bytes",
             (12, 8),
         ),
+    ]
+
+
+def _trend_row(config: BundleConfig) -> list[Panel]:
+    """The target dashboard's row "Trend"."""
+    alerts = config.alerts
+    of_gpu = _sel(config, 'node=~"$node"', 'gpu=~"$gpu"')
+    return [
         Row("Trend"),
         Graph(
             "Memory slope",
@@ -603,6 +609,14 @@ def target(config: BundleConfig) -> list[Panel]:
                 ("red", None), ("orange", alerts.exhausted_soon.seconds), ("green", 4 * alerts.exhausted_soon.seconds)
             ),
         ),
+    ]
+
+
+def _engine_row(config: BundleConfig) -> list[Panel]:
+    """The target dashboard's row "Engine"."""
+    alerts = config.alerts
+    of_target = _sel(config, 'target=~"$target"')
+    return [
         Row("Engine"),
         Graph(
             "KV cache usage",
@@ -636,6 +650,15 @@ def target(config: BundleConfig) -> list[Panel]:
             "reqps",
             (8, 7),
         ),
+    ]
+
+
+def _events_and_restarts_row(config: BundleConfig) -> list[Panel]:
+    """The target dashboard's row "Events and restarts"."""
+    alerts = config.alerts
+    probe = float(alerts.startup_slower_than_probe.probe_initial_delay_seconds)
+    of_target = _sel(config, 'target=~"$target"')
+    return [
         Row("Events and restarts"),
         Graph(
             "OOM events and restarts",
@@ -673,6 +696,14 @@ def target(config: BundleConfig) -> list[Panel]:
             thresholds=_thresholds(("green", None), ("red", probe)),
             area=True,
         ),
+    ]
+
+
+def _monitor_health_row(config: BundleConfig) -> list[Panel]:
+    """The target dashboard's row "Monitor health"."""
+    selector = _sel(config)
+    of_target = _sel(config, 'target=~"$target"')
+    return [
         Row("Monitor health"),
         Graph(
             "Target state",
@@ -701,6 +732,17 @@ def target(config: BundleConfig) -> list[Panel]:
             "reqps",
             (8, 7),
         ),
+    ]
+
+
+def target(config: BundleConfig) -> list[Panel]:
+    """One target's dashboard, row by row."""
+    return [
+        *_gpu_memory_row(config),
+        *_trend_row(config),
+        *_engine_row(config),
+        *_events_and_restarts_row(config),
+        *_monitor_health_row(config),
     ]
 
 
