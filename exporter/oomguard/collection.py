@@ -35,7 +35,7 @@ class Collection:
         *,
         source_runs: SourceRuns,
         client: EngineClient,
-        nvml: NvmlReader | DcgmReader | None,
+        gpu_source: NvmlReader | DcgmReader | None,
         targets: TargetSet,
         processes: ProcessLookup,
         tracker: TrendTracker | None = None,
@@ -53,7 +53,7 @@ class Collection:
         `log_streams`: the cluster mode's log streams against their budget (sources/kubernetes/log_budget.py)."""
         self.source_runs = source_runs
         self.client = client
-        self.nvml = nvml
+        self.gpu_source = gpu_source  # the GPUs' reader: NVML, or the cluster mode's dcgm-exporters
         self.targets = targets
         self.processes = processes
         self.tracker = tracker
@@ -77,30 +77,30 @@ class Collection:
         self._in_flight = None
 
     async def _collect(self) -> Snapshot:
-        targets, nvml = await asyncio.gather(
+        targets, gpus = await asyncio.gather(
             self.source_runs.run("targets", self._scrape_targets()),
             # dcgm-exporter's reading is up while any node answers; its success wants every node's
-            self.source_runs.run(self.nvml.name, self._read_nvml(), ok=lambda r: r.up and not r.error)
-            if self.nvml
+            self.source_runs.run(self.gpu_source.name, self._read_gpus(), ok=lambda r: r.up and not r.error)
+            if self.gpu_source
             else _none(),
         )
         targets = tuple(targets or ())
         if self.attribute is not None:  # its /proc reads are a source of their own (pod_processes); never raises
-            targets = await self.attribute(nvml, targets)
+            targets = await self.attribute(gpus, targets)
         # A source like the others: timed, its success recorded; a failure leaves the readings as they were.
         if self.settings is not None:
             targets = await self.source_runs.run(SETTINGS, self.settings.add(targets)) or targets
-        memory = join_targets(nvml, targets, self.local_node)
+        memory = join_targets(gpus, targets, self.local_node)
         tracker, events = self.tracker, self.events
         # As the last poll left them: no lock taken on the loop, no dict read while a poll changes it.
         seen = events.view if events else None
         snapshot = Snapshot(
-            nvml=nvml,
+            nvml=gpus,  # whichever source read them
             targets=targets,
             sources=self.source_runs.results(),
             collected_at=time.time(),
             memory=memory,
-            gpu_memory=join_gpus(nvml, targets, memory),
+            gpu_memory=join_gpus(gpus, targets, memory),
             trends=dict(tracker.latest) if tracker else {},
             trend_samples_total=tracker.samples_total if tracker else None,
             trend_errors_total=tracker.errors_total if tracker else 0,
@@ -118,12 +118,12 @@ class Collection:
         self.last = snapshot
         return snapshot
 
-    async def _read_nvml(self) -> NvmlReading:
+    async def _read_gpus(self) -> NvmlReading:
         # The targets' requests leave first: the slowest target bounds the scrape, and the read's thread, started
         # first, held the GIL while they were being sent (0.7 ms before the first left, bench/bench_scrape.py).
         await asyncio.sleep(0)
-        assert self.nvml is not None
-        return await self.nvml.read()
+        assert self.gpu_source is not None
+        return await self.gpu_source.read()
 
     async def _scrape_targets(self) -> list[TargetReading]:
         # The process lookup runs in a thread while the requests are out, not after them.

@@ -178,7 +178,7 @@ class Runtime:
             else None
         )
         self.collection = collection = Collection(
-            source_runs=self.source_runs, client=self._client, nvml=gpus, targets=targets, processes=processes,
+            source_runs=self.source_runs, client=self._client, gpu_source=gpus, targets=targets, processes=processes,
             tracker=tracker, events=events, attribute=discovery.attribute if discovery else None,
             settings=SettingsReader(), local_node=config.local_node,
             dcgm_refusals=discovery.dcgm_refusals if discovery and config.dcgm and config.dcgm.discover else None,

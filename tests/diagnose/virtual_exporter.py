@@ -334,7 +334,7 @@ class VirtualRun:
         self.events = EventRunner(config, clock=self.clock.wall)
         self.observer = TrendObserver(self.nvml, self.processes, self.targets.views, self.tracker)
         self.collection = Collection(
-            source_runs=self.source_runs, client=self.client, nvml=self.nvml, targets=self.targets,
+            source_runs=self.source_runs, client=self.client, gpu_source=self.nvml, targets=self.targets,
             processes=self.processes, tracker=self.tracker, events=self.events,
             settings=VirtualSettings(self),  # type: ignore[arg-type]
             local_node=config.local_node,

@@ -96,7 +96,7 @@ async def test_a_collection_in_flight_scrapes_the_set_as_it_stood(zoo: Zoo) -> N
     source_runs = SourceRuns()
     async with EngineClient() as session:
         collection = Collection(
-            source_runs=source_runs, client=session, nvml=None, targets=targets,
+            source_runs=source_runs, client=session, gpu_source=None, targets=targets,
             processes=ProcessLookup(ProcessFinder(), [], source_runs),
         )  # fmt: skip
         in_flight = asyncio.ensure_future(collection.snapshot())
@@ -120,7 +120,7 @@ async def test_the_settings_step_is_a_source_and_its_failure_keeps_the_readings(
     source_runs = SourceRuns()
     async with EngineClient() as session:
         collection = Collection(
-            source_runs=source_runs, client=session, nvml=None, targets=targets,
+            source_runs=source_runs, client=session, gpu_source=None, targets=targets,
             processes=ProcessLookup(ProcessFinder(), [], source_runs), settings=SettingsReader(),
         )  # fmt: skip
         snapshot = await collection.snapshot()
