@@ -93,7 +93,14 @@ def test_top_once_frame_shows_the_bar_the_trend_and_what_holds() -> None:
     assert "sources: FAILING: targets" in text
 
 
-@pytest.mark.parametrize("bad", ["nope", "oomguard_x{", '# TYPE a counter\na_total{x="1"} one\n'])
+@pytest.mark.parametrize("bad", ["nope", "oomguard_x{", 'oomguard_gpu_memory_used_bytes{gpu="0"} one\n'])
 def test_text_that_is_not_an_exposition_is_refused(bad: str) -> None:
     with pytest.raises(ValueError):
         parse(bad)
+
+
+def test_families_the_view_does_not_read_are_passed_over() -> None:
+    """A cluster's exposition is megabytes: only the families the view reads are parsed (others, even broken, cost
+    a line split)."""
+    text = exposition(("0", 0.5, None, None)) + '# TYPE other_total counter\nother_total{x="1"} not-a-number\n'
+    assert [g.gpu for g in build(parse(text), now=NOW).gpus] == ["0"]

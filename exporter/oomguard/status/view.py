@@ -114,8 +114,22 @@ OOM_KINDS = ("cuda_oom", "startup_memory", "container_oom_killed", "cgroup_oom_k
 
 
 def parse(text: str) -> list[Sample]:
-    """The exposition's samples; raises ValueError on text that is not the Prometheus format."""
-    return [(s.name, dict(s.labels), float(s.value)) for f in text_string_to_metric_families(text) for s in f.samples]
+    """The samples of the families the view reads (a cluster's exposition is megabytes, most of it other families:
+    those lines are passed over before the parser); raises ValueError on text that is not the Prometheus format."""
+    wanted = [line for line in text.splitlines() if line and line[0] != "#" and _name(line) in READ]
+    if not wanted and text.strip() and not any(line.startswith("#") for line in text.splitlines()):
+        wanted = text.splitlines()  # not an exposition at all: the parser says why
+    body = "\n".join(wanted) + "\n"
+    return [(s.name, dict(s.labels), float(s.value)) for f in text_string_to_metric_families(body) for s in f.samples]
+
+
+def _name(line: str) -> str:
+    end = len(line)
+    for mark in ("{", " "):
+        at = line.find(mark)
+        if 0 <= at < end:
+            end = at
+    return line[:end]
 
 
 def build(
@@ -303,3 +317,4 @@ _TARGET_FIELDS = {
     "oomguard_target_startup_seconds": _set("startup_seconds"),
     "oomguard_target_probe_grace_seconds": _set("probe_grace_seconds"),
 }
+READ = frozenset({*_GPU_FIELDS, *_TARGET_FIELDS, "oomguard_source_success"})
