@@ -295,7 +295,7 @@ def _serve_exporter(api_port: int, state: str, with_pods: bool, shards: int, sha
 
         tracemalloc.start(8)
     _time_full_collections()
-    from oomguard.config_file import load_config
+    from oomguard.config_loader import load_config
     from oomguard.runtime import Runtime
     from oomguard.web import make_app
 
@@ -329,7 +329,7 @@ def _serve_exporter(api_port: int, state: str, with_pods: bool, shards: int, sha
 def _serve_node_exporter(pods: list[int], state: str, log_files: bool, conn: Connection) -> None:
     """The node mode: the same engines as static targets, 8 fake GPUs, local_process: no (bench_many_targets.py);
     `log_files`: each target follows a log file of its own (a node agent's log source), for its series."""
-    from oomguard.config_file import load_config
+    from oomguard.config_loader import load_config
     from oomguard.runtime import Runtime
     from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
     from oomguard.web import make_app

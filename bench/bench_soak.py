@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 from _common import cpu_mark, machine, other_load
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.events.runner import EventRunner
 from oomguard.model import Observation, TrendKey
 from oomguard.trend.analysis import TrendSettings

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from support import value
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.engines import ENGINES
 from oomguard.events.catalogue import load_catalogue
 from oomguard.events.detector import IncidentDetector

@@ -11,7 +11,7 @@ from support import REPO
 
 from oomguard.cli import main
 from oomguard.config import ConfigError
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -30,7 +30,7 @@ from aiohttp import web
 from support import REPO, Clock, samples, settle, until_sync, value
 from targets_zoo import Zoo
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.events.runner import STATE_FILE, EventRunner
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
@@ -464,7 +464,7 @@ def test_state_file_corrupt(tmp_path: Path, caplog: pytest.LogCaptureFixture) ->
 
 WRITER = """
 import sys
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.events.runner import EventRunner
 from oomguard.model import Counts
 config = load_config(None, {"state_dir": sys.argv[1], "events": {"kernel_log": False},

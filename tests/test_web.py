@@ -12,7 +12,7 @@ import pytest
 from support import promtool_check_metrics, samples, value
 from targets_zoo import Zoo
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 from oomguard.web import make_app

@@ -17,7 +17,7 @@ from typing import Any
 
 from oomguard import __version__
 from oomguard.config import ConfigError, parse_listen_address
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.drill.scenarios import SCENARIOS as DRILLS
 from oomguard.drill.scenarios import find as find_drill
 from oomguard.excerpt import excerpt

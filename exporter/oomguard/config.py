@@ -33,7 +33,7 @@ class ConfigError(Exception):
     """A configuration that cannot run; the message names the key and the fix."""
 
 
-# The sections the parts above check, each with its own knowledge (config_file.py gives the checks, as the context
+# The sections the parts above check, each with its own knowledge (config_loader.py gives the checks, as the context
 # of the validation): a name no engine plugin has, an engine without a simulator, a scenario that does not exist,
 # a pattern that does not compile. Each check raises ValueError naming the fix; a model built without them (a test
 # making a TargetConfig by hand) is checked for its shape only.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oomguard.config import DEFAULT_PORT, ConfigError, parse_listen_address
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 
 # What a status of /-/healthy says about the exporter.
 ALIVE_STATUSES = {200: "healthy", 401: "answering behind basic auth"}

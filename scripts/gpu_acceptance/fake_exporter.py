@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from oomguard.config import ConfigError, parse_listen_address
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from oomguard.web import make_app

@@ -20,7 +20,7 @@ from support import REPO
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.dashboards import render
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.drill.services import Prometheus, free_port
 from oomguard.engines.simulation import simulation
 from oomguard.runtime import Runtime

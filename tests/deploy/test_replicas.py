@@ -19,7 +19,7 @@ from support import REPO
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.drill.run import DEFAULT_ALERTMANAGER_CONFIG, drill_alertmanager_config
 from oomguard.drill.scenarios import SCENARIOS
 from oomguard.drill.services import (

@@ -44,7 +44,7 @@ from aiohttp import web
 
 from oomguard.collection import Collection
 from oomguard.config import Config
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.engine_client import EngineClient
 from oomguard.engines import ENGINES
 from oomguard.engines.simulation import simulation

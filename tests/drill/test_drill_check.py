@@ -20,7 +20,7 @@ from support import FIXTURES, REPO
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.drill.check import _matches, _route
 from oomguard.drill.services import Alertmanager, Prometheus
 from oomguard.exposition import METRICS

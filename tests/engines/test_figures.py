@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from support import FIXTURES, samples
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.engines import ENGINES
 from oomguard.engines.base import figures_read
 from oomguard.model import FIGURES

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from support import promtool_check_metrics, samples, value
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
 from oomguard.web import make_app

@@ -13,7 +13,7 @@ import pytest
 from support import Clock, append_lines
 
 from oomguard.config import Config
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.events.runner import EventRunner
 from oomguard.events.source import source_health
 from oomguard.model import Event, EventSourceHealth, ReadStats

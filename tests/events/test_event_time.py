@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.events.log_clock import LogClock, is_clock
 from oomguard.events.runner import EventRunner
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kmsg_stand_in import kmsg_record
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.describe import describe
 from oomguard.events.cgroup import CgroupOomReader
 from oomguard.events.kernel import KernelLogSource, KmsgReader, read_boot_id

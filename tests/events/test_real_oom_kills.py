@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from support import samples
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.events.kernel_records import KILLED, parse
 from oomguard.runtime import Runtime
 from oomguard.web import RUNTIME, make_app

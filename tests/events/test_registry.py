@@ -12,7 +12,7 @@ from kmsg_stand_in import kmsg_record
 from support import Clock, append_lines
 
 from oomguard.config import Config, EventsConfig, TargetConfig
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.engines import ENGINES
 from oomguard.engines.base import LogGrammar
 from oomguard.events.cgroup import CgroupSource

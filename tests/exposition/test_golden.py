@@ -10,7 +10,7 @@ import re
 from support import FIXTURES, REPO, promtool_check_metrics
 from targets_zoo import Zoo
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.docs import metrics_markdown
 from oomguard.exposition import METRICS
 from oomguard.runtime import Runtime

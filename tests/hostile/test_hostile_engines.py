@@ -19,7 +19,7 @@ from aiohttp import web
 from hostile_cases import Case, assert_documented
 from support import REPO, fixture_body, samples, until, vllm_body
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.exposition import encoder, health
 from oomguard.runtime import Runtime
 from oomguard.web import make_app

@@ -24,7 +24,7 @@ import yaml
 from hostile_cases import Case, assert_documented
 from support import REPO, Clock, settle
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.events.runner import MAX_STATE_BYTES, STATE_FILE, EventRunner
 from oomguard.runtime import Runtime
 from oomguard.web import make_app

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.runtime import Runtime
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
 from oomguard.sources.restarts import ANNOUNCE_WINDOW

@@ -9,7 +9,7 @@ from itertools import pairwise
 
 import pytest
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.engines import ENGINES
 from oomguard.engines.simulation import simulation
 from oomguard.engines.vllm.simulator import oom_traceback

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.runtime import Runtime
 
 

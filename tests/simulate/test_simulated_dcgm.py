@@ -9,7 +9,7 @@ from pathlib import Path
 
 from support import samples
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.exposition import render
 from oomguard.runtime import Runtime
 from oomguard.simulate.dcgm_exporter import body

@@ -101,7 +101,7 @@ async def test_health_404_falls_back_to_metrics(zoo: Zoo) -> None:
 
 
 def test_limits_default_to_the_scrape_section_and_a_target_overrides_them() -> None:
-    from oomguard.config_file import load_config
+    from oomguard.config_loader import load_config
     from oomguard.promtext import Limits
 
     config = load_config(

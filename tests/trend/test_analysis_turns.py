@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from oomguard.config import Config
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.model import Observation, Trend, TrendKey
 from oomguard.trend import analysis
 from oomguard.trend.analysis import TrendSettings

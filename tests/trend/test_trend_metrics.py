@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from support import promtool_check_metrics, samples, value
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.engines.simulation import simulation
 from oomguard.exposition import render
 from oomguard.model import EngineReading, Snapshot, SourceResult, TargetReading, Trend, TrendKey, TrendReading

@@ -162,6 +162,6 @@ def _trend(path: Path | None):  # -> TrendSettings
         from oomguard.config import TrendConfig
 
         return TrendConfig().settings()
-    from oomguard.config_file import load_config
+    from oomguard.config_loader import load_config
 
     return load_config(path).trend.settings()

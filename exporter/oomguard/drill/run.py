@@ -20,7 +20,7 @@ from aiohttp import web
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.diagnose import DiagnoseError, diagnose_prometheus
 from oomguard.diagnose import report as diagnose_report
 from oomguard.drill.scenarios import MEMORY_ALERTS, DrillScenario

@@ -20,7 +20,7 @@ ENGINE_NAMES = tuple(ENGINES)
 
 
 def check_engine(name: str) -> None:
-    """The configuration's `engine:` (config_file.py): one of the plugins'."""
+    """The configuration's `engine:` (config_loader.py): one of the plugins'."""
     if name not in ENGINES:
         raise ValueError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}")
 
@@ -31,7 +31,7 @@ def simulated_engines() -> list[str]:
 
 
 def check_simulated_engine(name: str) -> None:
-    """The simulation's `engine:` (config_file.py): one whose plugin has a simulator."""
+    """The simulation's `engine:` (config_loader.py): one whose plugin has a simulator."""
     simulated = simulated_engines()
     if name not in simulated:
         raise ValueError(f"engine {name!r} has no simulator; choose one of: {', '.join(simulated)}")

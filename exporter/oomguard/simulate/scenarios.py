@@ -387,6 +387,6 @@ def on_engine(name: str) -> tuple[str, str] | None:
 
 
 def check_scenario(name: str) -> None:
-    """The simulation's `scenario:` (config_file.py): a scenario's name, one with its engine, or an old name."""
+    """The simulation's `scenario:` (config_loader.py): a scenario's name, one with its engine, or an old name."""
     if name not in SCENARIOS and name not in ON_ENGINE:
         raise ValueError(unknown_scenario(name, NAMES, [*SCENARIOS, *ON_ENGINE]))

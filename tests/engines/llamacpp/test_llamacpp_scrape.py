@@ -17,7 +17,7 @@ from aiohttp import web
 from support import FIXTURES, fixture_body, value
 
 from oomguard.config import TargetConfig
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.engine_client import EngineClient
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeNvml

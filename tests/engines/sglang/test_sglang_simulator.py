@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from oomguard.config import ConfigError
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.engines import ENGINE_NAMES, ENGINES
 from oomguard.engines.sglang.reader import SglangReader
 from oomguard.engines.sglang.simulator import sglang_metrics_text

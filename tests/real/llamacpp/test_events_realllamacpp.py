@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support import value
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.runtime import Runtime
 from oomguard.web import make_app
 from tests.real.llamacpp import harness

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import value
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeNvml
 from oomguard.web import make_app

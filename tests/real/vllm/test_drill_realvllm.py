@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support import REPO
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.drill.run import alerting_chain
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml

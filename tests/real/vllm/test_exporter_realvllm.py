@@ -14,7 +14,7 @@ import pynvml
 import pytest
 from support import samples, value, values
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.runtime import Runtime
 from oomguard.web import make_app
 from tests.real.server import RecordingProxy, assert_restart_measured, scrapes_until_up, target_state

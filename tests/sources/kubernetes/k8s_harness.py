@@ -17,7 +17,7 @@ from aiohttp import web
 from support import samples, vllm_body
 
 from oomguard.config import Config
-from oomguard.config_file import CHECKS
+from oomguard.config_loader import CHECKS
 from oomguard.exposition import render
 from oomguard.runtime import Runtime
 from tests.sources.kubernetes import objects

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from support import samples
 
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.exposition import render
 from oomguard.runtime import Runtime
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess

@@ -8,7 +8,7 @@ import pytest
 
 from oomguard.cli import main
 from oomguard.config import ConfigError
-from oomguard.config_file import load_config
+from oomguard.config_loader import load_config
 from oomguard.describe import describe
 
 
