@@ -179,6 +179,54 @@ async def test_cluster_mode_joins_a_leaderworkersets_worker_to_its_leader(tmp_pa
             await server.stop()
 
 
+async def test_cluster_mode_joins_a_kuberay_worker_to_its_head(tmp_path: Path) -> None:
+    """The KubeRay pod set: the head serves (port `serve`), the worker of group gpu-group holds GPU 0 of gpu-b at the
+    engine's reservation. One target, the head's, with the worker's GPU joined under the reservation (no page), the
+    worker's restart and its log's OOM counted for it."""
+    head_target = {"namespace": "inference", "pod": "vllm-405b-head-x7k2p", "container": "ray-head",
+                   "target": "inference/vllm-405b-head-x7k2p"}  # fmt: skip
+    worker_name = "vllm-405b-gpu-group-worker-m4q9s"
+    port, dcgm_port = free_port("127.0.0.2"), free_port("127.0.0.4")
+    engine = Engine("127.0.0.2", port)
+    worker_used = round(0.92 * TOTAL_MIB)
+    exporters = [Dcgm("127.0.0.4", dcgm_port, dcgm_body("gpu-a", 60 * 1024, head_target["pod"], "ray-head")),
+                 Dcgm("127.0.0.5", dcgm_port, dcgm_body("gpu-b", worker_used, worker_name, "ray-worker"))]  # fmt: skip
+    head, worker = copy.deepcopy(pod_set("kuberay-vllm-two-nodes.json"))
+    head["status"]["podIP"], head["status"]["podIPs"] = "127.0.0.2", [{"ip": "127.0.0.2"}]
+    next(p for p in head["spec"]["containers"][0]["ports"] if p["name"] == "serve")["containerPort"] = port
+    worker["status"]["containerStatuses"][0]["restartCount"] = 1
+    servers = [engine.server, *(d.server for d in exporters)]
+    for server in servers:
+        await server.start()
+    try:
+        config = cluster_config(dcgm_port, label_selector="app.kubernetes.io/name=vllm", port="serve")
+        async with Cluster(tmp_path, **config) as k8s:
+            for obj in (head, worker):
+                await k8s.api.put("pods", obj)
+            await k8s.api.put("pods", dcgm_pod("dcgm-a", "127.0.0.4", "gpu-a"))
+            await k8s.api.put("pods", dcgm_pod("dcgm-b", "127.0.0.5", "gpu-b"))
+            worker_gpu = {"node": "gpu-b", "gpu": "0"}
+            await wait_for(lambda: k8s.value("oomguard_gpu_memory_engine_reserved_bytes", **worker_gpu), "the join")
+            metrics = await k8s.metrics()
+
+            def value(name: str, **labels: str) -> float | None:
+                return metrics.get((name, tuple(sorted(labels.items()))))
+
+            assert k8s.targets() == [head_target["target"]]
+            assert value("oomguard_target_gpu_info", **worker_gpu, **head_target) == 1.0
+            assert value("oomguard_target_gpu_info", node="gpu-a", gpu="0", **head_target) == 1.0
+            headroom = value("oomguard_gpu_memory_headroom_used_ratio", **worker_gpu)
+            assert headroom is not None and headroom < 0.01
+            assert value("oomguard_target_restarts_total", **head_target) == 1.0
+            for line in (TRACEBACK, OOM):
+                await k8s.api.log("inference", worker_name, "ray-worker", line)
+            ooms = {"kind": "cuda_oom", **head_target}
+            await wait_for(lambda: _equals(k8s.value("oomguard_target_events_total", **ooms), 1.0), "the worker's OOM")
+    finally:
+        for server in servers:
+            await server.stop()
+
+
 async def test_a_sharded_cluster_mode_reads_each_half_of_the_engine_once(tmp_path: Path) -> None:
     """Shards by node: the leader's shard has the engine's figures and the leader's GPU; the worker's shard judges
     the worker's GPU against the same reservation (read from the leader), and leaves the engine's figures out."""
