@@ -18,13 +18,13 @@ from pathlib import Path
 
 from support import value
 
-from oomguard.config_loader import load_config
-from oomguard.engines import ENGINES
-from oomguard.events.catalogue import load_catalogue
-from oomguard.events.detector import IncidentDetector
-from oomguard.exposition import render
-from oomguard.ports import free_port
-from oomguard.runtime import Runtime
+from oomguard.common.ports import free_port
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.events.catalogue import load_catalogue
+from oomguard.exporter.events.detector import IncidentDetector
+from oomguard.exporter.exposition import render
+from oomguard.exporter.runtime import Runtime
 
 
 def http_get(port: int, path: str) -> tuple[int | None, str]:
@@ -47,11 +47,11 @@ def run_life(
     poll_seconds: float = 0.02,
     timeout: float = 30.0,
 ) -> tuple[int, str]:
-    """Runs one life of `engine`'s simulator (`python -m oomguard.engines.<engine>.simulator`) to its end, calling
+    """Runs one life of `engine`'s simulator (`python -m oomguard.simulate.engines.<engine>`) to its end, calling
     `watch(port, child)` while it lives; returns its exit code and its log (stderr)."""
     port = free_port()
     child = subprocess.Popen(
-        [sys.executable, "-m", f"oomguard.engines.{engine}.simulator", "--scenario", scenario,
+        [sys.executable, "-m", f"oomguard.simulate.engines.{engine}", "--scenario", scenario,
          "--port", str(port), "--time-scale", str(scale)],
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

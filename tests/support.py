@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from oomguard.engines import ENGINES
-from oomguard.events.catalogue import load_catalogue
-from oomguard.events.detector import IncidentDetector
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.events.catalogue import load_catalogue
+from oomguard.exporter.events.detector import IncidentDetector
 
 if TYPE_CHECKING:
-    from oomguard.events.runner import EventRunner
+    from oomguard.exporter.events.runner import EventRunner
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"

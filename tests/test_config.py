@@ -10,8 +10,8 @@ import pytest
 from support import REPO
 
 from oomguard.cli import main
-from oomguard.config import ConfigError
-from oomguard.config_loader import load_config
+from oomguard.exporter.config import ConfigError
+from oomguard.exporter.config_loader import load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -407,8 +407,8 @@ def test_a_scenario_that_names_its_engine_refuses_another_engine(tmp_path: Path)
 def test_a_targets_port_is_its_urls_or_its_schemes() -> None:
     """One helper (ports.url_port) for every reader of a target's port: the scraper, the local discovery, the
     settings reader; a URL without one reaches its scheme's (the local discovery read None there before)."""
-    from oomguard.config import TargetConfig
-    from oomguard.ports import url_port
+    from oomguard.common.ports import url_port
+    from oomguard.exporter.config import TargetConfig
 
     assert TargetConfig(url="http://127.0.0.1").port == 80
     assert TargetConfig(url="https://engine.example").port == 443

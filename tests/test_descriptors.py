@@ -7,9 +7,9 @@ import resource
 
 import pytest
 
-from oomguard import descriptors
-from oomguard.descriptors import Budget, budget
-from oomguard.web_config.server import connection_limit, scrape_connection_limit
+from oomguard.common import descriptors
+from oomguard.common.descriptors import Budget, budget
+from oomguard.exporter.web_config.server import connection_limit, scrape_connection_limit
 
 USES = ("files", "server", "scrapes", "log_streams", "log_reads")
 
@@ -69,7 +69,7 @@ def test_serve_raises_the_soft_limit_to_the_hard_one() -> None:
     import sys
 
     code = (
-        "import resource; from oomguard import descriptors; "
+        "import resource; from oomguard.common import descriptors; "
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096)); "
         "print(descriptors.raise_soft_limit(), resource.getrlimit(resource.RLIMIT_NOFILE), "
         "descriptors.raise_soft_limit(), descriptors.budget().limit)"

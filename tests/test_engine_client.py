@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from oomguard import engine_client
-from oomguard.engine_client import (
+from oomguard.common import engine_client
+from oomguard.common.engine_client import (
     KEEPALIVE_SECONDS,
     PER_HOST_IDLE,
     BodyTooLarge,

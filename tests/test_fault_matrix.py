@@ -30,11 +30,11 @@ from aiohttp import web
 from support import REPO, Clock, samples, settle, until_sync, value
 from targets_zoo import Zoo
 
-from oomguard.config_loader import load_config
-from oomguard.events.runner import STATE_FILE, EventRunner
-from oomguard.runtime import Runtime
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.events.runner import STATE_FILE, EventRunner
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-from oomguard.web import make_app
 
 
 @dataclass(frozen=True)
@@ -464,9 +464,9 @@ def test_state_file_corrupt(tmp_path: Path, caplog: pytest.LogCaptureFixture) ->
 
 WRITER = """
 import sys
-from oomguard.config_loader import load_config
-from oomguard.events.runner import EventRunner
-from oomguard.model import Counts
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.events.runner import EventRunner
+from oomguard.exporter.model import Counts
 config = load_config(None, {"state_dir": sys.argv[1], "events": {"kernel_log": False},
                             "targets": [{"name": "a", "url": "http://127.0.0.1:8000", "logs": []}]})
 r = EventRunner(config)

@@ -21,9 +21,9 @@ from typing import IO, Any
 import psutil
 import pytest
 
-from oomguard.config import TargetConfig
-from oomguard.engine_client import EngineClient
-from oomguard.sources.targets import TargetScraper
+from oomguard.common.engine_client import EngineClient
+from oomguard.exporter.config import TargetConfig
+from oomguard.exporter.sources.targets import TargetScraper
 
 OOMGUARD = [sys.executable, "-m", "oomguard"]
 
@@ -123,7 +123,7 @@ def test_serve_logs_no_warning_while_its_simulated_engine_loads() -> None:
     assert "sim-vllm: loading" in log, log  # the one info line
     assert len([ln for ln in lines if " INFO " in ln and "sim-vllm: loading" in ln]) == 1, log
     # The target's warnings (other sources may warn on a host without, say, a readable kernel log).
-    assert not [ln for ln in lines if " WARNING oomguard.sources.targets: target sim-vllm" in ln], log
+    assert not [ln for ln in lines if " WARNING oomguard.exporter.sources.targets: target sim-vllm" in ln], log
 
 
 async def test_a_refusal_while_loading_is_info_once_and_after_up_a_warning(
@@ -133,7 +133,7 @@ async def test_a_refusal_while_loading_is_info_once_and_after_up_a_warning(
     target = TargetScraper(
         TargetConfig(url=closed, name="life", local_process="no"), timeout=1.0, max_body_bytes=1 << 20
     )
-    caplog.set_level(logging.DEBUG, logger="oomguard.sources.targets")
+    caplog.set_level(logging.DEBUG, logger="oomguard.exporter.sources.targets")
     async with EngineClient() as session:
         for _ in range(3):  # loading: refused, then the same refusal again, then another error
             assert (await target.scrape(session)).state == "loading"

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from oomguard.join import join_gpus, join_targets
-from oomguard.model import (
+from oomguard.exporter.join import join_gpus, join_targets
+from oomguard.exporter.model import (
     EngineReading,
     EngineSetting,
     GpuProcess,
@@ -195,7 +195,7 @@ def test_a_told_value_that_is_no_share_is_no_reservation(value: float) -> None:
 
 def test_two_nodes_gpu_0_are_two_gpus_each_joined_to_its_own_pods() -> None:
     """The cluster mode: dcgm-exporter's GPUs of two nodes, no process lists, each GPU naming the pod using it."""
-    from oomguard.model import PodRef
+    from oomguard.exporter.model import PodRef
 
     def dcgm_gpu(node: str, pod: str, used: float) -> GpuReading:
         return GpuReading(0, True, total_bytes=TOTAL, used_bytes=used, node=node, pods=(("llm", pod),))

@@ -1,9 +1,11 @@
 """The package's rooms stand on floors, and no import runs back up one (docs/architecture.md, "Layers").
 
-A room is a top-level module or package of `oomguard` (`config.py`, `engines/`, `events/`...). Its imports of
-other rooms are read from the source, every import counted: at module level, in a function, under
-TYPE_CHECKING (a type named there is a dependency all the same). The rooms must form no cycle; each room's
-floor is one above the highest room it imports. The floors are printed, to be compared with the doc.
+A room is a module or package in one of the package's folders of rooms (`exporter/config.py`,
+`exporter/engines/`, `common/`'s modules...) or a product of its own at the top (`bundle/`, `diagnose/`,
+`simulate/`, `drill/`, `backtest/`, `cli.py`). Its imports of other rooms are read from the source, every
+import counted: at module level, in a function, under TYPE_CHECKING (a type named there is a dependency all
+the same). The rooms must form no cycle; each room's floor is one above the highest room it imports. The
+floors are printed, to be compared with the doc.
 """
 
 from __future__ import annotations
@@ -20,10 +22,22 @@ import oomguard
 PACKAGE = Path(oomguard.__file__).parent
 
 
+# Folders that hold rooms rather than being one: the exporter's parts, and the parts every product shares.
+FOLDERS = ("exporter", "common")
+# The products that run offline, beside the exporter: it imports none of them.
+OFFLINE_TOOLS = ("diagnose", "drill", "backtest")
+MAX_FLOOR = 10  # 11 floors, 0 to 10
+
+
 def room_of(module: str) -> str | None:
-    """`oomguard.events.runner` -> `events`; the package itself (its `__version__`) is no room."""
+    """`oomguard.exporter.events.runner` -> `exporter/events`, `oomguard.drill.run` -> `drill`; the package
+    itself (its `__version__`) and a folder's `__init__` are no room."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[0] == "oomguard" else None
+    if len(parts) < 2 or parts[0] != "oomguard":
+        return None
+    if parts[1] in FOLDERS:
+        return f"{parts[1]}/{parts[2]}" if len(parts) > 2 else None
+    return parts[1]
 
 
 def is_room(name: str) -> bool:
@@ -42,7 +56,10 @@ def imports() -> dict[str, dict[str, set[str]]]:
         arrows.setdefault(here, {})
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                named = [node.module] if node.module != "oomguard" else [f"oomguard.{a.name}" for a in node.names]
+                # `from oomguard.exporter import web` imports the room `exporter/web`, not the folder.
+                named = [node.module]
+                if room_of(node.module) is None:
+                    named = [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
                 named = [a.name for a in node.names]
             else:
@@ -84,8 +101,25 @@ def test_no_import_runs_back_up_a_floor() -> None:
         by_floor.setdefault(level, []).append(room)
     for level in sorted(by_floor):
         print(f"floor {level}: {', '.join(sorted(by_floor[level]))}")
-    assert found["model"] == 0  # plain data at the bottom
-    assert found["config"] <= 1  # plain data on the leaves: the parts check their own sections
+    assert all(level == 0 for room, level in found.items() if room.startswith("common/"))
+    assert found["exporter/model"] == 0  # plain data at the bottom
+    assert found["exporter/config"] <= 1  # plain data on the leaves: the parts check their own sections
+    assert max(found.values()) <= MAX_FLOOR, f"{max(found.values()) + 1} floors"
+
+
+def test_the_exporter_imports_no_offline_tool() -> None:
+    """`serve` runs without diagnose, the drill or the backtest: none of the exporter's rooms imports them (the
+    status page judges with the bundle's thresholds, `bundle/thresholds.py`, as diagnose does)."""
+    arrows = imports()
+    reached = {
+        arrow
+        for room, theirs in arrows.items()
+        if room.startswith("exporter/")
+        for there, made_by in theirs.items()
+        if there in OFFLINE_TOOLS
+        for arrow in made_by
+    }
+    assert not reached, sorted(reached)
 
 
 def test_a_cycle_is_found_and_named() -> None:
@@ -97,8 +131,8 @@ def test_a_cycle_is_found_and_named() -> None:
 def test_pod_discovery_reaches_the_event_runner_through_one_door() -> None:
     """sources/ imports of events/ are `events/kubernetes.py` only (`PodEvents`, the API's times): the rest of
     the event machinery (the runner, the registry, the sources' protocol) is behind it (docs/architecture.md)."""
-    arrows = imports()["sources"]["events"]
-    assert {arrow.split(" imports ")[1] for arrow in arrows} == {"oomguard.events.kubernetes"}, sorted(arrows)
+    arrows = imports()["exporter/sources"]["exporter/events"]
+    assert {arrow.split(" imports ")[1] for arrow in arrows} == {"oomguard.exporter.events.kubernetes"}, sorted(arrows)
 
 
 def test_the_architecture_map_shows_the_floors_as_they_are() -> None:
@@ -108,7 +142,7 @@ def test_the_architecture_map_shows_the_floors_as_they_are() -> None:
     written: dict[str, int] = {}
     for row in table.splitlines()[2:]:
         level, rooms = (cell.strip() for cell in row.strip("|").split("|"))
-        for room in re.findall(r"`([a-z_]+)(?:\.py|/)`", rooms):
+        for room in re.findall(r"`([a-z_/]+?)(?:\.py|/)`", rooms):
             written[room] = int(level)
     found = floors(imports())
     # Written beside cli.py, "and __main__.py above it".

@@ -12,11 +12,11 @@ import aiohttp
 import pytest
 from targets_zoo import Zoo
 
-import oomguard.web
-from oomguard.collection import Collection
-from oomguard.model import Observation, TrendKey
-from oomguard.trend.analysis import TrendSettings
-from oomguard.trend.sampler import TrendTracker
+import oomguard.exporter.web
+from oomguard.exporter.collection import Collection
+from oomguard.exporter.model import Observation, TrendKey
+from oomguard.exporter.trend.analysis import TrendSettings
+from oomguard.exporter.trend.sampler import TrendTracker
 from tests.test_fault_matrix import gpus, runtime_app
 
 CONCURRENCY = 200
@@ -60,14 +60,14 @@ async def test_concurrent_scrapes_share_one_collection_and_one_rendering(
             in_flight[0] -= 1
 
     renders = [0]
-    real_render = oomguard.web.render
+    real_render = oomguard.exporter.web.render
 
     def render(snapshot):  # type: ignore[no-untyped-def]
         renders[0] += 1
         return real_render(snapshot)
 
     monkeypatch.setattr(Collection, "_collect", counted)
-    monkeypatch.setattr(oomguard.web, "render", render)
+    monkeypatch.setattr(oomguard.exporter.web, "render", render)
     engines.gate.clear()
     scrapes = [asyncio.ensure_future(client.get("/metrics")) for _ in range(CONCURRENCY)]
     deadline = asyncio.get_running_loop().time() + 10

@@ -6,8 +6,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import VLLM_BODIES, vllm_body
 
-from oomguard.engines.vllm.reader import VllmReader
-from oomguard.promtext import ExpositionError, FamilyExtractor
+from oomguard.common.promtext import ExpositionError, FamilyExtractor
+from oomguard.exporter.engines.vllm.reader import VllmReader
 
 
 def _reference(body: str, names: frozenset[str]) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -64,7 +64,7 @@ def test_windows_line_endings() -> None:
 def test_parsed_label_sets_are_kept_bounded_and_never_shared() -> None:
     """The second extraction of a body finds its label sets parsed already; each caller gets its own dict, and
     label texts that change at every scrape (a tenant's) empty the cache rather than grow it."""
-    from oomguard import promtext
+    from oomguard.common import promtext
 
     extractor = FamilyExtractor(["m"])
     body = 'm{a="1",b="x\\"y"} 1\n'

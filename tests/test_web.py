@@ -12,10 +12,10 @@ import pytest
 from support import promtool_check_metrics, samples, value
 from targets_zoo import Zoo
 
-from oomguard.config_loader import load_config
-from oomguard.runtime import Runtime
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-from oomguard.web import make_app
 
 
 def app_for(zoo: Zoo, kinds: list[str], lib: FakeNvml | None = None, gpus: tuple[int, ...] = (0,), **nvml: object):
@@ -102,7 +102,7 @@ async def test_the_answer_is_rendered_once_a_snapshot_off_the_event_loop(
 ) -> None:
     """A cluster's answer takes tens of milliseconds to render: in a thread, never on the loop, once for the
     scrapes that share a snapshot."""
-    from oomguard import web as web_module
+    from oomguard.exporter import web as web_module
 
     threads: list[threading.Thread] = []
     real_render = web_module.render

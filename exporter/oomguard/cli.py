@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from oomguard import __version__
-from oomguard.config import ConfigError, parse_listen_address
-from oomguard.config_loader import load_config
+from oomguard.common.excerpt import excerpt
 from oomguard.drill.scenarios import SCENARIOS as DRILLS
 from oomguard.drill.scenarios import find as find_drill
-from oomguard.excerpt import excerpt
+from oomguard.exporter.config import ConfigError, parse_listen_address
+from oomguard.exporter.config_loader import load_config
 from oomguard.simulate.scenarios import ALIASES as SIMULATION_ALIASES
 from oomguard.simulate.scenarios import NAMES as SIMULATIONS
 from oomguard.simulate.scenarios import ON_ENGINE, SIMULATION_ONLY
@@ -193,7 +193,7 @@ def _parser() -> argparse.ArgumentParser:
     top = commands.add_parser(
         "top", help="the joined view (memory against the reservation, trend, KV cache, queue, OOMs) in a terminal"
     )
-    from oomguard.status.top import add_arguments as top_arguments
+    from oomguard.exporter.status.top import add_arguments as top_arguments
 
     top_arguments(top)
 
@@ -258,7 +258,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "docs":
-        from oomguard.docs import metrics_markdown
+        from oomguard.exporter.docs import metrics_markdown
 
         text = metrics_markdown()
         if args.output:
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return diagnose(args)
     if args.command == "top":
-        from oomguard.status.top import main as top
+        from oomguard.exporter.status.top import main as top
 
         return top(args)
     if args.command == "backtest":
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return backtest(args)
     if args.command == "healthcheck":
-        from oomguard.healthcheck import main as healthcheck
+        from oomguard.exporter.healthcheck import main as healthcheck
 
         return healthcheck(args.listen_address, args.config, args.web_config_file)
     if args.command == "check-config":
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return 1
-        from oomguard.describe import describe, warnings
+        from oomguard.exporter.describe import describe, warnings
 
         print(f"{args.file}: valid. It will watch:")
         for line in describe(config):
@@ -395,11 +395,11 @@ def pages_hint(simulation: str, engine: str = "vllm") -> str:
 
 
 def serve(config: Any, web_config_file: Path | None = None) -> int:
-    from oomguard import descriptors
-    from oomguard.runtime import Runtime
-    from oomguard.web import make_app
-    from oomguard.web_config import WebConfigState, load_web_config
-    from oomguard.web_config.server import run
+    from oomguard.common import descriptors
+    from oomguard.exporter.runtime import Runtime
+    from oomguard.exporter.web import make_app
+    from oomguard.exporter.web_config import WebConfigState, load_web_config
+    from oomguard.exporter.web_config.server import run
 
     web_config = None
     if web_config_file is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from oomguard.backtest.ooms import Oom
 from oomguard.drill.scenarios import SCENARIOS as DRILLS
-from oomguard.engines.simulation import simulation
+from oomguard.simulate.engines import simulation
 from oomguard.simulate.scenarios import SCENARIOS
 
 T0 = 1_714_521_600.0  # 2024-05-01 00:00:00 UTC

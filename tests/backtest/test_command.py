@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from oomguard.cli import main
-from oomguard.ports import free_port
+from oomguard.common.ports import free_port
 from tests.backtest.histories import T0, synthetic_rows, write_csv
 
 

@@ -15,7 +15,7 @@ from oomguard.backtest.rules import rule_set
 from oomguard.backtest.run import Options, judge_history, replay_history
 from oomguard.backtest.tsdb import Backfill, Prometheus
 from oomguard.bundle.config import load_bundle_config
-from oomguard.config import TrendConfig
+from oomguard.exporter.config import TrendConfig
 from tests.backtest.histories import T0, write_csv
 
 Share = Callable[[float], float | None]  # a GPU's used share at a minute (None: no row for it)

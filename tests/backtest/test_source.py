@@ -12,7 +12,7 @@ from aiohttp import web
 
 from oomguard.backtest import BacktestError, source
 from oomguard.backtest.source import PrometheusHistory, load_mapping
-from oomguard.config import ConfigError
+from oomguard.exporter.config import ConfigError
 
 T0 = 1_714_521_600.0
 MIB = 2**20
@@ -161,7 +161,7 @@ async def test_the_ooms_are_oomguards_own_counters_increases(stand_in) -> None:
 
 
 def test_nothing_listening() -> None:
-    from oomguard.ports import free_port
+    from oomguard.common.ports import free_port
 
     with pytest.raises(BacktestError, match=r"cannot reach Prometheus at .*check --prometheus"):
         list(history(f"http://127.0.0.1:{free_port()}"))

@@ -20,11 +20,11 @@ from support import REPO
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.dashboards import render
-from oomguard.config_loader import load_config
 from oomguard.drill.services import Prometheus, free_port
-from oomguard.engines.simulation import simulation
-from oomguard.runtime import Runtime
-from oomguard.web import make_app
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
+from oomguard.simulate.engines import simulation
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 UNITS = {"percentunit", "bytes", "Bps", "s", "none", "reqps", "short"}

@@ -14,9 +14,9 @@ from support import REPO
 from oomguard.bundle.config import BundleConfig, defaults_text, load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, PROMETHEUS_RULE_FILE, RECORDS_FILE, render
 from oomguard.cli import main
-from oomguard.config import ConfigError
-from oomguard.events import kinds
-from oomguard.events.kinds import kind_matcher
+from oomguard.common import kinds
+from oomguard.common.kinds import kind_matcher
+from oomguard.exporter.config import ConfigError
 
 NAME = re.compile(r"^([A-Z]+[a-z0-9]+)+$")
 RECORD = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from support import REPO
 
-from oomguard.config import DEFAULT_PORT
-from oomguard.config_loader import load_config
+from oomguard.exporter.config import DEFAULT_PORT
+from oomguard.exporter.config_loader import load_config
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 

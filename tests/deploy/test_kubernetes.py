@@ -38,7 +38,7 @@ from oomguard.bundle.generate import (
     RECORDS_FILE,
     render,
 )
-from oomguard.config_loader import load_config
+from oomguard.exporter.config_loader import load_config
 
 BASE = REPO / KUBERNETES_DIR
 PODMONITOR = BASE / "podmonitor"

@@ -18,7 +18,7 @@ from oomguard.bundle.generate import (
     PROMETHEUS_RULE_FILE,
     render,
 )
-from oomguard.config_loader import load_config
+from oomguard.exporter.config_loader import load_config
 from tests.deploy.test_kubernetes import BASE, container, kinds, kustomize, one, validate
 
 CLUSTER = REPO / KUBERNETES_CLUSTER_DIR

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from support import REPO
 
-from oomguard.config_loader import load_config
+from oomguard.exporter.config_loader import load_config
 from tests.deploy.test_kubernetes import container, kinds, kustomize, one, validate
 from tests.deploy.test_kubernetes_cluster import restricted_violations
 

@@ -29,13 +29,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from oomguard.config import ConfigError
-from oomguard.config_loader import load_config
-from oomguard.runtime import Runtime
+from oomguard.exporter.config import ConfigError
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
+from oomguard.exporter.web_config import WebConfigState, load_web_config
+from oomguard.exporter.web_config.server import Server
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
-from oomguard.web import make_app
-from oomguard.web_config import WebConfigState, load_web_config
-from oomguard.web_config.server import Server
 from tests.deploy.test_kubernetes import (
     BASE,
     EXAMPLES,

@@ -19,7 +19,7 @@ from support import REPO
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
-from oomguard.config_loader import load_config
+from oomguard.common.ports import free_port
 from oomguard.drill.run import DEFAULT_ALERTMANAGER_CONFIG, drill_alertmanager_config
 from oomguard.drill.scenarios import SCENARIOS
 from oomguard.drill.services import (
@@ -30,9 +30,9 @@ from oomguard.drill.services import (
     prometheus_binary,
 )
 from oomguard.drill.webhook import WebhookReceiver
-from oomguard.ports import free_port
-from oomguard.runtime import Runtime
-from oomguard.web import make_app
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
 from tests.deploy.test_kubernetes import kustomize, one
 
 HA = REPO / "deploy" / "kubernetes-sharded-ha"

@@ -13,7 +13,7 @@ import pytest
 from support import REPO
 
 from oomguard import cli
-from oomguard.web_config.model import parse
+from oomguard.exporter.web_config.model import parse
 
 UNIT = REPO / "deploy" / "systemd" / "oomguard.service"
 WEB_CONFIG = REPO / "deploy" / "systemd" / "web-config.yml"

@@ -33,9 +33,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, render
+from oomguard.bundle.thresholds import load_thresholds
 from oomguard.diagnose.core import Diagnosis, diagnose_data, diagnose_prometheus
 from oomguard.diagnose.query import METRICS, exporter_data
-from oomguard.diagnose.thresholds import load_thresholds
 from oomguard.drill.scenarios import SCENARIOS, DrillScenario
 from oomguard.drill.services import Prometheus
 from tests.diagnose.virtual_exporter import VirtualRun, patch

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.thresholds import default_thresholds, load_thresholds
 from oomguard.cli import main
+from oomguard.common.ports import free_port
 from oomguard.diagnose import evidence, report
-from oomguard.diagnose.thresholds import default_thresholds, load_thresholds
-from oomguard.ports import free_port
 from tests.diagnose import histories
 from tests.diagnose.test_rough_edges import one, pinned_in_the_reservation, read, watched_climb
 

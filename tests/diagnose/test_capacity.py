@@ -13,9 +13,9 @@ import math
 import pytest
 
 from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.thresholds import default_thresholds
 from oomguard.cli import main
 from oomguard.diagnose import capacity, diagnose_prometheus
-from oomguard.diagnose.thresholds import default_thresholds
 
 HELD = 16.0  # histories._admitting: requests of the served size the cache holds, within +-5 %
 

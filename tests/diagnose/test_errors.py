@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from oomguard.cli import main
-from oomguard.ports import free_port
+from oomguard.common.ports import free_port
 
 
 class Stub(http.server.BaseHTTPRequestHandler):

@@ -13,7 +13,7 @@ import pytest
 from support import samples
 
 from oomguard.cli import main
-from oomguard.ports import free_port
+from oomguard.common.ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,12 @@ import json
 
 import pytest
 
+from oomguard.bundle.thresholds import default_thresholds
 from oomguard.cli import main
+from oomguard.common.ports import free_port
 from oomguard.diagnose import report
 from oomguard.diagnose.core import Diagnosis, diagnose_data
 from oomguard.diagnose.query import Data, Series
-from oomguard.diagnose.thresholds import default_thresholds
-from oomguard.ports import free_port
 from tests.diagnose import histories
 from tests.diagnose.histories import History, Moment
 

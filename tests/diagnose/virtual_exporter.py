@@ -5,7 +5,7 @@ What runs is the exporter's own code, as `Runtime` wires it for a simulation: th
 /health over HTTP, its state, its restarts, an engine's reservation asked apart), the fake NVML read by the NVML
 source, the process lookup, the join, the trend tracker fed by its observer, the event runner reading the engine's
 log through its detector, the collection and the exposition. What runs the scenario is its engine's own simulator
-(`serve` of engines/<name>/simulator.py: its routes, its figures, its log lines), each life as the simulation's
+(`serve` of simulate/engines/<name>.py: its routes, its figures, its log lines), each life as the simulation's
 supervisor (simulate/supervisor.py) launches, kills and relaunches it. Only time is not real:
 
 - one `VirtualClock` stands for every clock: the simulator's scenario time and its sleeps, its log's timestamps,
@@ -42,29 +42,29 @@ from typing import Any
 
 from aiohttp import web
 
-from oomguard.collection import Collection
-from oomguard.config import Config
-from oomguard.config_loader import load_config
-from oomguard.engine_client import EngineClient
-from oomguard.engines import ENGINES
-from oomguard.engines.simulation import simulation
-from oomguard.events.runner import EventRunner
-from oomguard.exposition import render
-from oomguard.model import ProcessTree, TargetReading
+from oomguard.common.engine_client import EngineClient
+from oomguard.exporter.collection import Collection
+from oomguard.exporter.config import Config
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.events.runner import EventRunner
+from oomguard.exporter.exposition import render
+from oomguard.exporter.model import ProcessTree, TargetReading
+from oomguard.exporter.sources.local.cmdline import is_engine
+from oomguard.exporter.sources.nvml import NvmlSource
+from oomguard.exporter.sources.nvml_reader import NvmlReader
+from oomguard.exporter.sources.process_lookup import ProcessLookup
+from oomguard.exporter.sources.source_runs import SourceRuns
+from oomguard.exporter.sources.target_set import TargetSet
+from oomguard.exporter.sources.targets import TargetScraper
+from oomguard.exporter.trend.observe import TrendObserver
+from oomguard.exporter.trend.sampler import TrendTracker
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
 from oomguard.simulate.engine_args import simulator_parser
+from oomguard.simulate.engines import simulation
 from oomguard.simulate.scenarios import SCENARIOS
 from oomguard.simulate.serve import SimulatedEngine
 from oomguard.simulate.supervisor import Simulation
-from oomguard.sources.local.cmdline import is_engine
-from oomguard.sources.nvml import NvmlSource
-from oomguard.sources.nvml_reader import NvmlReader
-from oomguard.sources.process_lookup import ProcessLookup
-from oomguard.sources.source_runs import SourceRuns
-from oomguard.sources.target_set import TargetSet
-from oomguard.sources.targets import TargetScraper
-from oomguard.trend.observe import TrendObserver
-from oomguard.trend.sampler import TrendTracker
 
 # Made-up pids of the engine's lives: above any pid_max (2^22), so no process on this host is taken for one.
 FIRST_PID = 4_194_304 + 1000
@@ -388,8 +388,9 @@ def patch(monkeypatch, run: VirtualRun) -> None:  # type: ignore[no-untyped-def]
     simulators'), and the simulators' own pid their life's."""
     fake = _patched_time(run.clock)
     simulators = [str(p.simulator) for p in ENGINES.values() if p.simulator]
-    for module in ("oomguard.sources.targets", "oomguard.collection", "oomguard.sources.process_lookup",
-                   "oomguard.simulate.serve", *simulators):  # fmt: skip
+    patched = ("oomguard.exporter.sources.targets", "oomguard.exporter.collection",
+               "oomguard.exporter.sources.process_lookup", "oomguard.simulate.serve")  # fmt: skip
+    for module in (*patched, *simulators):
         imported = importlib.import_module(module)
         if hasattr(imported, "time"):
             monkeypatch.setattr(imported, "time", fake)

@@ -20,14 +20,14 @@ from support import FIXTURES, REPO
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
-from oomguard.config_loader import load_config
+from oomguard.common.ports import free_port
 from oomguard.drill.check import _matches, _route
 from oomguard.drill.services import Alertmanager, Prometheus
-from oomguard.exposition import METRICS
-from oomguard.exposition.spec import ALWAYS, ENGINE_UP, PER_GPU, PER_TARGET
-from oomguard.ports import free_port
-from oomguard.runtime import Runtime
-from oomguard.web import RUNTIME, make_app
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.exposition import METRICS
+from oomguard.exporter.exposition.spec import ALWAYS, ENGINE_UP, PER_GPU, PER_TARGET
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import RUNTIME, make_app
 
 ROUTING = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 

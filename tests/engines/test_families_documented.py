@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from oomguard.engines import ENGINES
+from oomguard.exporter.engines import ENGINES
 
 # A family as the table writes it: in backticks, alone or with a label matcher (`name{label="value"}`).
 NAMED = re.compile(r"`([a-zA-Z_:][a-zA-Z0-9_:]*)(?:`|\{)")

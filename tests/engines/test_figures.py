@@ -11,13 +11,13 @@ import pytest
 from aiohttp import web
 from support import FIXTURES, samples
 
-from oomguard.config_loader import load_config
-from oomguard.engines import ENGINES
-from oomguard.engines.base import figures_read
-from oomguard.model import FIGURES
-from oomguard.promtext import FamilyExtractor
-from oomguard.runtime import Runtime
-from oomguard.web import make_app
+from oomguard.common.promtext import FamilyExtractor
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.engines.base import figures_read
+from oomguard.exporter.model import FIGURES
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
 
 FETCHED_APART = {("sglang", "reservation"), ("llamacpp", "kv_cache_usage")}
 BODIES = sorted(

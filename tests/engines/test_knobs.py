@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from oomguard.diagnose import capacity
-from oomguard.engines import ENGINES
-from oomguard.engines.base import Knobs
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.engines.base import Knobs
 
 # A command line each engine's reader recognises as its own, before the knobs' flags are added.
 PROGRAMS = {

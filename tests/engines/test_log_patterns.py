@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from support import engine_detector, log_kinds
 
-from oomguard.engines import ENGINES
+from oomguard.exporter.engines import ENGINES
 
 # -- vLLM: V1 engine lines (0.9 - 0.32), as its engine core prints them.
 VLLM_OOM = [

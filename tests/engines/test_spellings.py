@@ -13,8 +13,8 @@ import re
 import pytest
 from support import FIXTURES
 
-from oomguard.engines import ENGINES
-from oomguard.promtext import FamilyExtractor
+from oomguard.common.promtext import FamilyExtractor
+from oomguard.exporter.engines import ENGINES
 
 BODIES = sorted(
     (engine, path.name)

@@ -8,8 +8,8 @@ from typing import ClassVar, Optional
 
 import pytest
 
-from oomguard.engines.base import Rejected, checked_fields, read_checked
-from oomguard.model import EngineReading, ModelReading
+from oomguard.exporter.engines.base import Rejected, checked_fields, read_checked
+from oomguard.exporter.model import EngineReading, ModelReading
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from kmsg_stand_in import OneRecordPerRead
 
-from oomguard.events import kernel
+from oomguard.exporter.events import kernel
 
 
 @pytest.fixture

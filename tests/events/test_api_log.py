@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard.events.api_log import ApiLogReader, parse_timestamp, since_time
-from oomguard.events.source import EventSource
+from oomguard.exporter.events.api_log import ApiLogReader, parse_timestamp, since_time
+from oomguard.exporter.events.source import EventSource
 
 
 def test_timestamps_as_the_kubelet_writes_them() -> None:
@@ -49,8 +49,10 @@ def test_a_pod_found_at_start_is_read_from_now_on_the_nodes_clock(monkeypatch: p
     """From now, as the node counts it: the last seconds (`sinceSeconds`), the seconds on the exporter's monotonic
     clock, never its wall clock (an hour ahead of the node's, it read none of the pod's lines)."""
     mono = [500.0]
-    monkeypatch.setattr("oomguard.events.api_log.time.monotonic", lambda: mono[0])
-    monkeypatch.setattr("oomguard.events.api_log.time.time", lambda: 1e10)  # the exporter's wall clock, far off
+    monkeypatch.setattr("oomguard.exporter.events.api_log.time.monotonic", lambda: mono[0])
+    monkeypatch.setattr(
+        "oomguard.exporter.events.api_log.time.time", lambda: 1e10
+    )  # the exporter's wall clock, far off
     reader = ApiLogReader(from_start=False)
     assert reader.new_stream() == {"sinceSeconds": "1"}
     mono[0] += 42.5  # the stream dropped before any line came: asked again for all it may have missed
@@ -125,7 +127,7 @@ def test_a_damaged_position_is_refused_and_the_log_read_as_if_none_was_saved(sta
 def test_what_the_poller_has_not_taken_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Over the budget, lines are let go down to half of it (so that a flood asks of each line once), the oldest
     first, and counted."""
-    monkeypatch.setattr("oomguard.events.api_log.MAX_HELD_BYTES", 20)
+    monkeypatch.setattr("oomguard.exporter.events.api_log.MAX_HELD_BYTES", 20)
     reader = ApiLogReader(from_start=True)
     for i in range(5):
         reader.offer(f"2026-12-05T12:00:0{i}Z line {i}")  # 6 characters each: over 20 at the 4th, down to 10
@@ -136,7 +138,7 @@ def test_what_the_poller_has_not_taken_is_bounded(monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_lines_that_could_count_are_let_go_last(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("oomguard.events.api_log.MAX_HELD_BYTES", 40)
+    monkeypatch.setattr("oomguard.exporter.events.api_log.MAX_HELD_BYTES", 40)
     asked: list[str] = []
 
     def keep(line: str) -> bool:
@@ -170,8 +172,8 @@ def kinds_counted(log: EventSource, reader: ApiLogReader, texts: list[str]) -> l
 def test_a_flood_of_long_request_lines_does_not_push_out_the_oom(tmp_path) -> None:
     """40 lines of 64 KiB (request logging of long prompts) around one OOM traceback, all within one poll: more
     than a poll holds, so lines are dropped, and the OOM must not be among them. It counts, once."""
-    from oomguard.config import EventsConfig, TargetConfig
-    from oomguard.events.registry import SavedState, pod_api_log
+    from oomguard.exporter.config import EventsConfig, TargetConfig
+    from oomguard.exporter.events.registry import SavedState, pod_api_log
 
     target = TargetConfig(url="http://10.0.0.1:8000", name="llm/vllm-0", engine="vllm")
     log, reader = pod_api_log(target, EventsConfig(), SavedState(), ("llm", "vllm-0", "vllm"), from_start=True)
@@ -207,8 +209,8 @@ def test_a_quiet_pods_oom_written_while_no_exporter_ran_is_read_by_the_next(monk
     node's clock says; one that came while we watched, its log's start. (The bench killed a shard whose quiet pods
     then logged an OOM: 0 of 10 were counted after its restart.)"""
     wall, mono = [1_000_000.0], [500.0]
-    monkeypatch.setattr("oomguard.events.api_log.time.time", lambda: wall[0])
-    monkeypatch.setattr("oomguard.events.api_log.time.monotonic", lambda: mono[0])
+    monkeypatch.setattr("oomguard.exporter.events.api_log.time.time", lambda: wall[0])
+    monkeypatch.setattr("oomguard.exporter.events.api_log.time.monotonic", lambda: mono[0])
     found = ApiLogReader(from_start=False)
     wall[0] += 30.0
     mono[0] += 30.0
@@ -237,8 +239,8 @@ def test_a_quiet_pods_oom_written_while_no_exporter_ran_is_read_by_the_next(monk
 def test_an_oom_of_a_ray_worker_on_another_node_counts_in_the_leaders_log(tag: str) -> None:
     """vLLM over several nodes on Ray: the workers' lines reach the leader's (the driver's) log under Ray's prefix,
     where the OOM of the GPU on another node is first written. Its traceback is the worker's own: it counts once."""
-    from oomguard.config import EventsConfig, TargetConfig
-    from oomguard.events.registry import SavedState, pod_api_log
+    from oomguard.exporter.config import EventsConfig, TargetConfig
+    from oomguard.exporter.events.registry import SavedState, pod_api_log
 
     target = TargetConfig(url="http://10.0.0.1:8080", name="inference/vllm-0", engine="vllm")
     log, reader = pod_api_log(target, EventsConfig(), SavedState(), ("inference", "vllm-0", "vllm"), from_start=True)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.events.cri import CriDecoder, PodLogReader, parse
-from oomguard.events.file_follower import FileFollower
+from oomguard.exporter.events.cri import CriDecoder, PodLogReader, parse
+from oomguard.exporter.events.file_follower import FileFollower
 
 TS = "2024-05-01T12:00:00.123456789Z"
 

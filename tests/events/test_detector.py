@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.engines import ENGINES
-from oomguard.events.catalogue import check_patterns, load_catalogue
-from oomguard.events.detector import IncidentDetector
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.events.catalogue import check_patterns, load_catalogue
+from oomguard.exporter.events.detector import IncidentDetector
 
 OOM_TRACEBACK = """(EngineCore pid=77) ERROR 12-02 12:00:00 [core.py:701] EngineCore encountered a fatal error.
 (EngineCore pid=77) Traceback (most recent call last):

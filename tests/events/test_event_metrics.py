@@ -7,10 +7,10 @@ from pathlib import Path
 
 from support import promtool_check_metrics, samples, value
 
-from oomguard.config_loader import load_config
-from oomguard.runtime import Runtime
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
-from oomguard.web import make_app
 
 OOM = """(EngineCore pid=7) ERROR 12-02 12:00:00 [core.py:701] EngineCore encountered a fatal error.
 (EngineCore pid=7) Traceback (most recent call last):

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from support import Clock, append_lines
 
-from oomguard.config import Config
-from oomguard.config_loader import load_config
-from oomguard.events.runner import EventRunner
-from oomguard.events.source import source_health
-from oomguard.model import Event, EventSourceHealth, ReadStats
+from oomguard.exporter.config import Config
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.events.runner import EventRunner
+from oomguard.exporter.events.source import source_health
+from oomguard.exporter.model import Event, EventSourceHealth, ReadStats
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
 
 N = 40
@@ -226,7 +226,7 @@ def test_a_pattern_that_matches_no_file_is_said_once_and_counted_as_following_no
     typo = str(tmp_path / "vlm" / "*.log")
     r = runner(tmp_path, Clock(), [typo])
     assert [h.files for h in r.health()] == [None]  # not polled yet: nothing known
-    with caplog.at_level("INFO", logger="oomguard.events.source"):
+    with caplog.at_level("INFO", logger="oomguard.exporter.events.source"):
         for _ in range(3):
             r.poll()
     assert [h.files for h in r.health()] == [0]
@@ -235,7 +235,7 @@ def test_a_pattern_that_matches_no_file_is_said_once_and_counted_as_following_no
     (tmp_path / "vlm").mkdir()
     append_lines(tmp_path / "vlm" / "a.log", ["x"])
     caplog.clear()
-    with caplog.at_level("INFO", logger="oomguard.events.source"):
+    with caplog.at_level("INFO", logger="oomguard.exporter.events.source"):
         r.poll()
         r.poll()
     assert [h.files for h in r.health()] == [1]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.config_loader import load_config
-from oomguard.events.log_clock import LogClock, is_clock
-from oomguard.events.runner import EventRunner
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.events.log_clock import LogClock, is_clock
+from oomguard.exporter.events.runner import EventRunner
 
 DAY = "12-06"
 
@@ -217,8 +217,8 @@ def test_the_log_clock_counts_no_interval_twice() -> None:
 def test_cluster_mode_wall_clock_steps_lose_and_double_nothing() -> None:
     """The cluster mode's log (through the API, stamped by the node): the exporter's wall clock stepping an hour
     back, then forward, in the middle of tracebacks, while the node's stamps go on."""
-    from oomguard.config import EventsConfig, TargetConfig
-    from oomguard.events.registry import SavedState, pod_api_log
+    from oomguard.exporter.config import EventsConfig, TargetConfig
+    from oomguard.exporter.events.registry import SavedState, pod_api_log
 
     clocks = Clocks()
     target = TargetConfig(url="http://10.0.0.1:8000", name="llm/vllm-0", engine="vllm")

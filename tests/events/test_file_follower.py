@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from oomguard.events.file_follower import FileFollower
+from oomguard.exporter.events.file_follower import FileFollower
 
 N = 500
 MODES = ("rename", "copytruncate", "delete")
@@ -779,7 +779,7 @@ def test_a_directory_written_out_in_the_pattern_is_resolved_even_as_a_link(tmp_p
 
 def test_a_link_swapped_in_after_the_listing_is_not_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The scan saw a regular file; by the open it is a link: O_NOFOLLOW refuses it."""
-    from oomguard.events import file_follower
+    from oomguard.exporter.events import file_follower
 
     secret = tmp_path / "secret"
     secret.write_text("never read\n")
@@ -822,7 +822,7 @@ def test_a_rename_between_the_listing_and_the_stats_keeps_the_lines_in_order(
     poll's listing runs: the listing has app.log but not app.log.1, and the stat of app.log finds the new file. Read
     alone, the new file's lines came before the renamed file's (an OOM's exception before its traceback: the rotation
     storm of tests/test_fault_matrix.py lost one incident in six runs on a busy machine). The poll lists again."""
-    from oomguard.events import file_follower
+    from oomguard.exporter.events import file_follower
 
     real_scan = file_follower.scan
     follower = FileFollower(f"{tmp_path}/app.log*")
@@ -852,7 +852,7 @@ def test_a_name_given_to_a_newer_file_before_the_open_waits_for_the_older(
     """The scan stats app.log (a new file), then app.log is renamed app.log.1 and created anew before the follower
     opens it by name: the open finds the newer file. It is not read in the older one's place: the next poll reads
     the older (at app.log.1) first, then the newer."""
-    from oomguard.events import file_follower
+    from oomguard.exporter.events import file_follower
 
     real_scan = file_follower.scan
     follower = FileFollower(f"{tmp_path}/app.log*")

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from kmsg_stand_in import kmsg_record
 
-from oomguard.config_loader import load_config
-from oomguard.describe import describe
-from oomguard.events.cgroup import CgroupOomReader
-from oomguard.events.kernel import KernelLogSource, KmsgReader, read_boot_id
-from oomguard.events.kernel_records import KILLED, REAPED, SUMMARY, KillDedupe, parse
-from oomguard.events.kill_owners import REMEMBER_SECONDS, KillOwners
-from oomguard.events.runner import STATE_FILE, EventRunner
-from oomguard.model import HOST
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.describe import describe
+from oomguard.exporter.events.cgroup import CgroupOomReader
+from oomguard.exporter.events.kernel import KernelLogSource, KmsgReader, read_boot_id
+from oomguard.exporter.events.kernel_records import KILLED, REAPED, SUMMARY, KillDedupe, parse
+from oomguard.exporter.events.kill_owners import REMEMBER_SECONDS, KillOwners
+from oomguard.exporter.events.runner import STATE_FILE, EventRunner
+from oomguard.exporter.model import HOST
 
 # What 6.18 wrote on this machine for one kill in a v1 memory cgroup (the lines between left out).
 KERNEL_6 = [
@@ -71,7 +71,7 @@ class Records:
     def __init__(self) -> None:
         self.queue: list[tuple[int, str]] = []
         self.kills: list | None = None
-        from oomguard.model import ReadStats
+        from oomguard.exporter.model import ReadStats
 
         self.stats = ReadStats()
 

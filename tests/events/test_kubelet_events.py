@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
-from oomguard.config import EventsConfig
-from oomguard.events.kubernetes import MAX_GROWTH, PodEvents
-from oomguard.events.registry import SavedState
+from oomguard.exporter.config import EventsConfig
+from oomguard.exporter.events.kubernetes import MAX_GROWTH, PodEvents
+from oomguard.exporter.events.registry import SavedState
 from tests.sources.kubernetes import objects
 
 TARGET = "llm/vllm-0"

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 from support import samples
 
-from oomguard.config_loader import load_config
-from oomguard.events.kernel_records import KILLED, parse
-from oomguard.runtime import Runtime
-from oomguard.web import RUNTIME, make_app
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.events.kernel_records import KILLED, parse
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import RUNTIME, make_app
 
 LIMIT = 64 * 1024 * 1024
 V2_ROOT = Path("/sys/fs/cgroup")

@@ -11,19 +11,19 @@ import pytest
 from kmsg_stand_in import kmsg_record
 from support import Clock, append_lines
 
-from oomguard.config import Config, EventsConfig, TargetConfig
-from oomguard.config_loader import load_config
-from oomguard.engines import ENGINES
-from oomguard.engines.base import LogGrammar
-from oomguard.events.cgroup import CgroupSource
-from oomguard.events.cri import PodLogReader
-from oomguard.events.file_follower import FileFollower
-from oomguard.events.journald import JournaldReader
-from oomguard.events.kernel import KernelLogSource, read_boot_id
-from oomguard.events.registry import HOST_SOURCES, TARGET_SOURCES, SavedState, build_sources
-from oomguard.events.runner import STATE_FILE, EventRunner
-from oomguard.events.source import LogSource
-from oomguard.model import HOST, EventSourceHealth
+from oomguard.exporter.config import Config, EventsConfig, TargetConfig
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.engines.base import LogGrammar
+from oomguard.exporter.events.cgroup import CgroupSource
+from oomguard.exporter.events.cri import PodLogReader
+from oomguard.exporter.events.file_follower import FileFollower
+from oomguard.exporter.events.journald import JournaldReader
+from oomguard.exporter.events.kernel import KernelLogSource, read_boot_id
+from oomguard.exporter.events.registry import HOST_SOURCES, TARGET_SOURCES, SavedState, build_sources
+from oomguard.exporter.events.runner import STATE_FILE, EventRunner
+from oomguard.exporter.events.source import LogSource
+from oomguard.exporter.model import HOST, EventSourceHealth
 
 STAMP = "2026-12-02T12:00:00.000000000Z"
 FATAL = "(EngineCore pid=7) ERROR 12-02 12:00:00 [core.py:701] EngineCore encountered a fatal error."

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.events.cgroup import CgroupOomReader
-from oomguard.events.journald import JournaldReader, parse_json_lines
-from oomguard.events.kernel import KmsgReader
-from oomguard.events.xid import XidSource
-from oomguard.model import Event, ReadStats
+from oomguard.exporter.events.cgroup import CgroupOomReader
+from oomguard.exporter.events.journald import JournaldReader, parse_json_lines
+from oomguard.exporter.events.kernel import KmsgReader
+from oomguard.exporter.events.xid import XidSource
+from oomguard.exporter.model import Event, ReadStats
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml
 
 RECORDED = Path(__file__).with_name("fixtures") / "journalctl-vllm.json"
@@ -156,7 +156,7 @@ def test_a_storm_of_one_xid_is_held_as_one_entry_and_logged_once(caplog: pytest.
     source = XidSource(lib)
     source.poll(time.time())
     try:
-        with caplog.at_level("ERROR", "oomguard.events.xid"):
+        with caplog.at_level("ERROR", "oomguard.exporter.events.xid"):
             for _ in range(500):
                 lib.xid_queue.put((0, 13))
             deadline = time.time() + 5

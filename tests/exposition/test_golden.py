@@ -10,12 +10,12 @@ import re
 from support import FIXTURES, REPO, promtool_check_metrics
 from targets_zoo import Zoo
 
-from oomguard.config_loader import load_config
-from oomguard.docs import metrics_markdown
-from oomguard.exposition import METRICS
-from oomguard.runtime import Runtime
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.docs import metrics_markdown
+from oomguard.exporter.exposition import METRICS
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-from oomguard.web import make_app
 
 GOLDEN = FIXTURES.parent / "golden" / "exposition.prom"
 _VOLATILE = re.compile(

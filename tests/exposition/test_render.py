@@ -12,11 +12,11 @@ import dataclasses
 from prometheus_client.exposition import generate_latest
 from support import promtool_check_metrics
 
-from oomguard.events.kinds import HOST_EVENT_KINDS, LOG_EVENT_KINDS
-from oomguard.exposition import METRICS, families, render
-from oomguard.exposition.health import WEB_CONFIG_METRICS
-from oomguard.join import join_gpus, join_targets
-from oomguard.model import (
+from oomguard.common.kinds import HOST_EVENT_KINDS, LOG_EVENT_KINDS
+from oomguard.exporter.exposition import METRICS, families, render
+from oomguard.exporter.exposition.health import WEB_CONFIG_METRICS
+from oomguard.exporter.join import join_gpus, join_targets
+from oomguard.exporter.model import (
     HOST,
     Counts,
     EngineReading,
@@ -179,7 +179,7 @@ def test_values_are_written_as_prometheus_client_writes_them_cached_or_not() -> 
     never written as 0.0's text."""
     from prometheus_client.utils import floatToGoString
 
-    from oomguard.exposition import encoder
+    from oomguard.exporter.exposition import encoder
 
     values = [0.0, -0.0, 1, 1.0, True, 6.4e10, 123456789.0, 1e-7, float("nan"), float("inf"), -float("inf"), -3.5]
     for _ in range(2):  # the second time from the cache

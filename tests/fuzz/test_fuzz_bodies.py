@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from support import vllm_body
 
-from oomguard.config import TargetConfig
-from oomguard.engine_client import EngineClient
-from oomguard.engines.base import Rejected, read_checked
-from oomguard.engines.vllm import reader as vllm
-from oomguard.model import ERROR_KINDS, EngineReading
-from oomguard.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits
-from oomguard.sources.targets import TargetScraper
+from oomguard.common.engine_client import EngineClient
+from oomguard.common.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits
+from oomguard.exporter.config import TargetConfig
+from oomguard.exporter.engines.base import Rejected, read_checked
+from oomguard.exporter.engines.vllm import reader as vllm
+from oomguard.exporter.model import ERROR_KINDS, EngineReading
+from oomguard.exporter.sources.targets import TargetScraper
 from tests.fuzz.fuzz_strategies import MB, big_text, chunked, with_invalid_utf8
 
 READER = vllm.VllmReader()

@@ -8,9 +8,9 @@ import math
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from oomguard.engines import ENGINES
-from oomguard.model import SETTING_ORIGINS
-from oomguard.sources.local.cmdline import engine_of
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.model import SETTING_ORIGINS
+from oomguard.exporter.sources.local.cmdline import engine_of
 
 NAMES = {
     "vllm": {"gpu_memory_utilization", "max_num_seqs", "max_model_len", "tensor_parallel_size"},

@@ -15,7 +15,7 @@ import asyncio
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from oomguard.engine_client import Answer, BodyTooLarge, ProtocolError, _Connection
+from oomguard.common.engine_client import Answer, BodyTooLarge, ProtocolError, _Connection
 from tests.fuzz.fuzz_strategies import chunked
 
 CAP = 4096

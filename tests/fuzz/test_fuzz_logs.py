@@ -14,15 +14,15 @@ import os
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from oomguard.engines import ENGINES
-from oomguard.events.catalogue import load_catalogue
-from oomguard.events.cri import CriDecoder
-from oomguard.events.detector import IncidentDetector
-from oomguard.events.file_follower import FileFollower
-from oomguard.events.kinds import CUDA_OOM, LOG_EVENT_KINDS
-from oomguard.events.lines import PendingLine
-from oomguard.events.source import LogSource
-from oomguard.model import ReadStats
+from oomguard.common.kinds import CUDA_OOM, LOG_EVENT_KINDS
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.events.catalogue import load_catalogue
+from oomguard.exporter.events.cri import CriDecoder
+from oomguard.exporter.events.detector import IncidentDetector
+from oomguard.exporter.events.file_follower import FileFollower
+from oomguard.exporter.events.lines import PendingLine
+from oomguard.exporter.events.source import LogSource
+from oomguard.exporter.model import ReadStats
 from tests.fuzz.fuzz_strategies import MB, chunked
 
 CATALOGUE = load_catalogue("vllm")

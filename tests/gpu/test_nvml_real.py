@@ -9,7 +9,7 @@ import sys
 import pynvml
 import pytest
 
-from oomguard.sources.nvml import NvmlSource
+from oomguard.exporter.sources.nvml import NvmlSource
 
 MIB = 1024 * 1024
 

@@ -19,10 +19,10 @@ from aiohttp import web
 from hostile_cases import Case, assert_documented
 from support import REPO, fixture_body, samples, until, vllm_body
 
-from oomguard.config_loader import load_config
-from oomguard.exposition import encoder, health
-from oomguard.runtime import Runtime
-from oomguard.web import make_app
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.exposition import encoder, health
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
 
 CASES = [
     Case("health", "an endless `/health` body", "at most 4 KiB read, then the connection closed; "

@@ -24,10 +24,10 @@ import yaml
 from hostile_cases import Case, assert_documented
 from support import REPO, Clock, settle
 
-from oomguard.config_loader import load_config
-from oomguard.events.runner import MAX_STATE_BYTES, STATE_FILE, EventRunner
-from oomguard.runtime import Runtime
-from oomguard.web import make_app
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.events.runner import MAX_STATE_BYTES, STATE_FILE, EventRunner
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
 
 CASES = [
     Case("state", "a state file of a wrong shape or type: `counts` a list, a count `\"x\"`, -3, `Infinity` or "
@@ -130,7 +130,7 @@ def test_a_wrong_state_file_is_set_aside_whole(tmp_path: Path, name: str, caplog
     text = WRONG_STATES[name](tmp_path)
     path = write_state(tmp_path, text)
     clock = Clock()
-    with caplog.at_level(logging.ERROR, "oomguard.events.runner"):
+    with caplog.at_level(logging.ERROR, "oomguard.exporter.events.runner"):
         r = runner(tmp_path, clock)
     assert r.state_read_errors == 1
     assert "cannot read" in caplog.text and ".corrupt" in caplog.text
@@ -237,10 +237,12 @@ def test_a_planted_symlink_is_not_read(
 
     def skipped() -> list[str]:
         return [
-            r.message for r in caplog.records if r.name == "oomguard.events.file_follower" and str(link) in r.message
+            r.message
+            for r in caplog.records
+            if r.name == "oomguard.exporter.events.file_follower" and str(link) in r.message
         ]
 
-    with caplog.at_level(logging.WARNING, "oomguard.events"):
+    with caplog.at_level(logging.WARNING, "oomguard.exporter.events"):
         r = symlink_runner(tmp_path, clock, str(pattern), follow_symlinks=follow)
         for _ in range(3):
             settle(r, clock)

@@ -17,10 +17,10 @@ import pytest
 from hostile_cases import Case, assert_documented
 from support import engine_detector
 
-from oomguard.config import Config, EventsConfig, TargetConfig
-from oomguard.engines import ENGINES
-from oomguard.events.catalogue import load_catalogue
-from oomguard.events.runner import EventRunner
+from oomguard.exporter.config import Config, EventsConfig, TargetConfig
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.events.catalogue import load_catalogue
+from oomguard.exporter.events.runner import EventRunner
 from tests.engines.test_log_patterns import CASES as REAL_CASES
 from tests.engines.test_log_patterns import STARTS
 

@@ -31,11 +31,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from web_serving import PASSWORD, Pki, Serve, basic, bcrypt_hash, get, wait_until, write_atomically
 
-from oomguard.config import ConfigError
-from oomguard.ports import free_port
-from oomguard.web_config import WebConfigState, load_web_config
-from oomguard.web_config import auth as auth_module
-from oomguard.web_config.auth import AuthBusy, BasicAuth
+from oomguard.common.ports import free_port
+from oomguard.exporter.config import ConfigError
+from oomguard.exporter.web_config import WebConfigState, load_web_config
+from oomguard.exporter.web_config import auth as auth_module
+from oomguard.exporter.web_config.auth import AuthBusy, BasicAuth
 
 CASES = [
     Case(
@@ -664,7 +664,7 @@ async def test_one_address_cannot_take_every_connection(serve: Serve) -> None:
 
 
 def test_the_connection_limit_is_a_quarter_of_the_descriptors() -> None:
-    from oomguard.web_config.server import connection_limit
+    from oomguard.exporter.web_config.server import connection_limit
 
     # The rest is the engines', the log streams' and the files' (descriptors.py, tests/test_descriptors.py).
     assert connection_limit(256) == 64
@@ -674,7 +674,7 @@ def test_the_connection_limit_is_a_quarter_of_the_descriptors() -> None:
 
 
 def test_the_engines_connections_are_an_eighth_of_the_descriptors() -> None:
-    from oomguard.web_config.server import connection_limit, scrape_connection_limit
+    from oomguard.exporter.web_config.server import connection_limit, scrape_connection_limit
 
     assert scrape_connection_limit(1024) == 128
     assert scrape_connection_limit(20000) == 2500

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from oomguard.config_loader import load_config
-from oomguard.runtime import Runtime
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.sources.restarts import ANNOUNCE_WINDOW
+from oomguard.exporter.sources.targets import RESERVATION_RETRY_SECONDS, TargetScraper
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
-from oomguard.sources.restarts import ANNOUNCE_WINDOW
-from oomguard.sources.targets import RESERVATION_RETRY_SECONDS, TargetScraper
 
 
 def test_the_runtime_of_a_simulation_judges_on_its_clock() -> None:

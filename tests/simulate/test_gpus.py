@@ -9,18 +9,18 @@ from itertools import pairwise
 
 import pytest
 
-from oomguard.config_loader import load_config
-from oomguard.engines import ENGINES
-from oomguard.engines.simulation import simulation
-from oomguard.engines.vllm.simulator import oom_traceback
-from oomguard.events.catalogue import load_catalogue
-from oomguard.events.detector import IncidentDetector
-from oomguard.join import GpuClaim, join, join_gpu, up_gpus
-from oomguard.model import ProcessTree
-from oomguard.runtime import Runtime
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.events.catalogue import load_catalogue
+from oomguard.exporter.events.detector import IncidentDetector
+from oomguard.exporter.join import GpuClaim, join, join_gpu, up_gpus
+from oomguard.exporter.model import ProcessTree
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.sources.nvml import NvmlSource
+from oomguard.simulate.engines import simulation
+from oomguard.simulate.engines.vllm import oom_traceback
 from oomguard.simulate.scenarios import GPU_TOTAL_BYTES, SCENARIOS
 from oomguard.simulate.supervisor import IDLE_GPU_BYTES, Simulation
-from oomguard.sources.nvml import NvmlSource
 
 PID = 4242
 MINUTE = 60.0
@@ -258,7 +258,7 @@ def test_the_fake_refuses_a_negative_process_memory_as_nvml_never_reports_one() 
 def test_the_simulated_nvml_says_it_is_simulated(caplog: pytest.LogCaptureFixture) -> None:
     """`NVML started, driver 550.54.15` read as a real driver on a machine with none: the simulation's start line,
     and its GPUs' driver_version, say that the NVML is oomguard's fake."""
-    caplog.set_level("INFO", logger="oomguard.sources.nvml")
+    caplog.set_level("INFO", logger="oomguard.exporter.sources.nvml")
     reading = NvmlSource(still("incident").nvml).read()
     assert reading.up and "simulated" in reading.driver_version and "fake NVML" in reading.driver_version
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("NVML started")]

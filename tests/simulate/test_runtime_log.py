@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from oomguard.config_loader import load_config
-from oomguard.runtime import Runtime
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
 
 
 async def test_the_simulation_log_is_removed_at_stop() -> None:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from support import samples
 
-from oomguard.config_loader import load_config
-from oomguard.exposition import render
-from oomguard.runtime import Runtime
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.exposition import render
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.sources.dcgm_body import parse
 from oomguard.simulate.dcgm_exporter import body
 from oomguard.simulate.fake_nvml import GIB, FakeGpu
-from oomguard.sources.dcgm_body import parse
 
 MIB = 1024**2
 

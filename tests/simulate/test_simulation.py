@@ -14,7 +14,7 @@ import pytest
 from simulated_engines import came_back_up
 from support import samples, value
 
-from oomguard.ports import free_port
+from oomguard.common.ports import free_port
 from oomguard.simulate.scenarios import SCENARIOS
 
 
@@ -69,7 +69,7 @@ def engine_lives(exporter: Exporter) -> list[int]:
     lives = []
     for child in psutil.Process(exporter.proc.pid).children():
         try:
-            if "oomguard.engines.vllm.simulator" in child.cmdline():
+            if "oomguard.simulate.engines.vllm" in child.cmdline():
                 lives.append(child.pid)
         except psutil.NoSuchProcess:
             continue

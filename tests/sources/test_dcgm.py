@@ -10,10 +10,10 @@ import pytest
 from aiohttp import web
 from support import FIXTURES
 
-from oomguard.engine_client import EngineClient
-from oomguard.model import NvmlReading
-from oomguard.sources.dcgm import DcgmEndpoint, DcgmReader
-from oomguard.sources.dcgm_body import parse as parse_body
+from oomguard.common.engine_client import EngineClient
+from oomguard.exporter.model import NvmlReading
+from oomguard.exporter.sources.dcgm import DcgmEndpoint, DcgmReader
+from oomguard.exporter.sources.dcgm_body import parse as parse_body
 
 MIB = 1048576
 K8S_BODY = (FIXTURES / "dcgm" / "dcgm-3.x-kubernetes-2gpu.prom").read_text()
@@ -147,7 +147,7 @@ async def test_a_body_seen_before_is_not_parsed_again(
     server: tuple[str, Endpoints], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """dcgm-exporter samples every 30 s: most scrapes get its last body again, whose GPUs are kept."""
-    import oomguard.sources.dcgm as dcgm
+    import oomguard.exporter.sources.dcgm as dcgm
 
     calls = []
     monkeypatch.setattr(dcgm, "parse", lambda text, **kw: calls.append(1) or parse_body(text, **kw))
@@ -218,8 +218,8 @@ async def test_mig_instances_are_read_as_gpus_of_their_node(server: tuple[str, E
 async def test_a_pod_on_a_mig_instance_is_judged_on_it(server: tuple[str, Endpoints]) -> None:
     """The cluster mode: dcgm-exporter names the Triton pod on GPU 0's first 3g.40gb instance; the pod's GPUs are that
     instance (35811 of 40192 MiB), not the whole GPU."""
-    from oomguard.join import join_targets
-    from oomguard.model import EngineReading, PodRef, TargetReading
+    from oomguard.exporter.join import join_targets
+    from oomguard.exporter.model import EngineReading, PodRef, TargetReading
 
     reading = await _mig_node(server)
     pod = PodRef("ml", "triton-resnet-7c9d8b6f4-p8m2v", "triton", None, "gpu-a")

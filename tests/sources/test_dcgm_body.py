@@ -12,9 +12,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import FIXTURES, fixture_body, vllm_body
 
-from oomguard.promtext import LimitExceeded
-from oomguard.sources.dcgm_body import CAPACITY_BYTES as CAPACITY
-from oomguard.sources.dcgm_body import DcgmBody, DcgmBodyError, DcgmGpu, parse
+from oomguard.common.promtext import LimitExceeded
+from oomguard.exporter.sources.dcgm_body import CAPACITY_BYTES as CAPACITY
+from oomguard.exporter.sources.dcgm_body import DcgmBody, DcgmBodyError, DcgmGpu, parse
 
 MIB = 1048576
 BODIES = sorted(path.name for path in (FIXTURES / "dcgm").glob("*.prom"))
@@ -434,8 +434,8 @@ def test_a_body_that_lists_a_gpu_twice_or_out_of_range_is_refused_whole(body: st
 
 
 def test_the_configured_fields_defaults_are_the_parsers() -> None:
-    from oomguard.config import DcgmFieldsConfig
-    from oomguard.sources.dcgm_body import DEFAULT_FIELDS, Fields
+    from oomguard.exporter.config import DcgmFieldsConfig
+    from oomguard.exporter.sources.dcgm_body import DEFAULT_FIELDS, Fields
 
     assert Fields(**DcgmFieldsConfig().model_dump()) == DEFAULT_FIELDS
 
@@ -474,7 +474,7 @@ def test_renamed_fields_are_named_in_the_error_and_read_once_configured() -> Non
     """The used and free names of 4.9 and later could not be confirmed from a published list here: the body's own
     framebuffer families are named in the error, with the key that takes them (dcgm.fields). `EXAMPLE_*` below are
     placeholders for whatever a user's exporter writes, not NVIDIA's names."""
-    from oomguard.sources.dcgm_body import Fields
+    from oomguard.exporter.sources.dcgm_body import Fields
 
     gib = 2**30
     body = (

@@ -7,9 +7,9 @@ import logging
 import pynvml
 import pytest
 
+from oomguard.exporter.sources import nvml as nvml_module
+from oomguard.exporter.sources.nvml import NvmlSource
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-from oomguard.sources import nvml as nvml_module
-from oomguard.sources.nvml import NvmlSource
 
 
 def two_gpus() -> FakeNvml:

@@ -7,11 +7,11 @@ import pynvml
 import pytest
 from support import promtool_check_metrics
 
-from oomguard.exposition import render
-from oomguard.join import join_gpus, join_targets
-from oomguard.model import EngineReading, ProcessTree, Snapshot, SourceResult, TargetReading
+from oomguard.exporter.exposition import render
+from oomguard.exporter.join import join_gpus, join_targets
+from oomguard.exporter.model import EngineReading, ProcessTree, Snapshot, SourceResult, TargetReading
+from oomguard.exporter.sources.nvml import NvmlSource
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
-from oomguard.sources.nvml import NvmlSource
 
 ENGINE = 4242  # a vLLM on the second 3g.40gb slice of GPU 0
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from oomguard.model import NvmlReading
-from oomguard.sources.nvml_reader import NvmlReader
+from oomguard.exporter.model import NvmlReading
+from oomguard.exporter.sources.nvml_reader import NvmlReader
 
 
 class GatedSource:

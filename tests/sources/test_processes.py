@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from oomguard.sources import processes
-from oomguard.sources.process_lookup import ProcessLookup
-from oomguard.sources.processes import ProcessFinder
-from oomguard.sources.source_runs import SourceRuns
+from oomguard.exporter.sources import processes
+from oomguard.exporter.sources.process_lookup import ProcessLookup
+from oomguard.exporter.sources.processes import ProcessFinder
+from oomguard.exporter.sources.source_runs import SourceRuns
 
 # An "engine": listens on a port (unless LISTEN=0, as while a model loads) and has a worker child.
 ENGINE = """

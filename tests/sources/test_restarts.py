@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oomguard.sources.restarts import RestartTracker
+from oomguard.exporter.sources.restarts import RestartTracker
 
 
 def test_first_start_watched_is_measured_but_not_a_restart() -> None:

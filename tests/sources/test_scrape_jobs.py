@@ -7,14 +7,14 @@ import logging
 
 import pytest
 
-from oomguard.engine_client import EngineClient
-from oomguard.engines.base import KvUsageError, ReservationError
-from oomguard.model import EngineReading, ModelReading, ProcessTree
-from oomguard.sources.processes import ProcessFinder
-from oomguard.sources.restarts import RestartTracker
-from oomguard.sources.side_requests import KvUsageEach, ReservationOnce
-from oomguard.sources.target_state import TargetState
-from oomguard.sources.targets import ScrapeLog
+from oomguard.common.engine_client import EngineClient
+from oomguard.exporter.engines.base import KvUsageError, ReservationError
+from oomguard.exporter.model import EngineReading, ModelReading, ProcessTree
+from oomguard.exporter.sources.processes import ProcessFinder
+from oomguard.exporter.sources.restarts import RestartTracker
+from oomguard.exporter.sources.side_requests import KvUsageEach, ReservationOnce
+from oomguard.exporter.sources.target_state import TargetState
+from oomguard.exporter.sources.targets import ScrapeLog
 
 URL = "http://127.0.0.1:9"
 
@@ -95,7 +95,7 @@ async def test_the_kv_use_fills_what_metrics_lacks_and_a_failure_is_said_once(ca
         assert await KvUsageEach(hangs, "t").get(session, URL, 2.5, 1 << 20) == (
             None, "took longer than 2.5s (timeout_seconds)",
         )  # fmt: skip
-    with caplog.at_level(logging.WARNING, "oomguard.sources.side_requests"):
+    with caplog.at_level(logging.WARNING, "oomguard.exporter.sources.side_requests"):
         assert each.add(reading(), None, error) == reading()
         each.add(reading(), None, error)
         assert each.add(None, None, error) is None  # no reading (a loading engine): nothing to fill, nothing said
@@ -107,7 +107,7 @@ async def test_the_kv_use_fills_what_metrics_lacks_and_a_failure_is_said_once(ca
 # -- what the scrapes say ----------------------------------------------------------------------------------------
 def test_a_loading_target_says_one_line_and_an_up_one_warns_once(caplog: pytest.LogCaptureFixture) -> None:
     say = ScrapeLog("t")
-    with caplog.at_level(logging.DEBUG, "oomguard.sources.targets"):
+    with caplog.at_level(logging.DEBUG, "oomguard.exporter.sources.targets"):
         say.error("loading", "refused", "cannot connect")
         say.error("loading", "http_status", "answered HTTP 503")
         say.error("up", "", "")

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from oomguard.sources.nvml_reader import NvmlReader
-from oomguard.sources.source_runs import SourceRuns
+from oomguard.exporter.sources.nvml_reader import NvmlReader
+from oomguard.exporter.sources.source_runs import SourceRuns
 from tests.sources.test_nvml_reader import GatedSource
 
 
@@ -35,7 +35,7 @@ def test_a_crash_is_named_and_its_traceback_kept_for_debug(caplog: pytest.LogCap
     def crashes() -> int:
         raise ValueError("bad reading")
 
-    with caplog.at_level(logging.DEBUG, logger="oomguard.sources.source_runs"):
+    with caplog.at_level(logging.DEBUG, logger="oomguard.exporter.sources.source_runs"):
         assert source_runs.run_blocking("processes", crashes) is None
     assert source_runs.results()["processes"].success is False
     error, debug = caplog.records

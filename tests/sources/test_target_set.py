@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 from targets_zoo import Zoo
 
-from oomguard.collection import SETTINGS, Collection
-from oomguard.config import TargetConfig
-from oomguard.engine_client import EngineClient
-from oomguard.model import ProcessTree, TargetView
-from oomguard.sources import target_set
-from oomguard.sources.local import settings as local_settings
-from oomguard.sources.local.settings import SettingsReader
-from oomguard.sources.process_lookup import ProcessLookup
-from oomguard.sources.processes import ProcessFinder
-from oomguard.sources.source_runs import SourceRuns
-from oomguard.sources.target_set import TargetSet
-from oomguard.sources.targets import TargetScraper
+from oomguard.common.engine_client import EngineClient
+from oomguard.exporter.collection import SETTINGS, Collection
+from oomguard.exporter.config import TargetConfig
+from oomguard.exporter.model import ProcessTree, TargetView
+from oomguard.exporter.sources import target_set
+from oomguard.exporter.sources.local import settings as local_settings
+from oomguard.exporter.sources.local.settings import SettingsReader
+from oomguard.exporter.sources.process_lookup import ProcessLookup
+from oomguard.exporter.sources.processes import ProcessFinder
+from oomguard.exporter.sources.source_runs import SourceRuns
+from oomguard.exporter.sources.target_set import TargetSet
+from oomguard.exporter.sources.targets import TargetScraper
 
 
 def make_scraper(config: TargetConfig) -> TargetScraper:
@@ -136,6 +136,7 @@ def test_only_the_set_and_the_composition_root_know_the_scraper() -> None:
     importers = sorted(
         str(path.relative_to(package))
         for path in package.rglob("*.py")
-        if "oomguard.sources.targets" in path.read_text() or "from oomguard.sources import targets" in path.read_text()
+        if "oomguard.exporter.sources.targets" in path.read_text()
+        or "from oomguard.exporter.sources import targets" in path.read_text()
     )
     assert importers == ["runtime.py", "sources/target_set.py"]

@@ -7,9 +7,9 @@ import time
 
 from targets_zoo import Zoo
 
-from oomguard.config import TargetConfig
-from oomguard.engine_client import EngineClient
-from oomguard.sources.targets import TargetScraper
+from oomguard.common.engine_client import EngineClient
+from oomguard.exporter.config import TargetConfig
+from oomguard.exporter.sources.targets import TargetScraper
 
 TIMEOUT = 1.0
 
@@ -101,8 +101,8 @@ async def test_health_404_falls_back_to_metrics(zoo: Zoo) -> None:
 
 
 def test_limits_default_to_the_scrape_section_and_a_target_overrides_them() -> None:
-    from oomguard.config_loader import load_config
-    from oomguard.promtext import Limits
+    from oomguard.common.promtext import Limits
+    from oomguard.exporter.config_loader import load_config
 
     config = load_config(
         None,
@@ -125,7 +125,7 @@ def test_limits_default_to_the_scrape_section_and_a_target_overrides_them() -> N
 
 
 async def test_a_body_over_a_limit_is_dropped_whole_and_says_which_setting(zoo: Zoo) -> None:
-    from oomguard.promtext import Limits
+    from oomguard.common.promtext import Limits
 
     async with EngineClient() as session:
         cases = ((Limits(samples=5), "sample_limit"), (Limits(label_value_length=3), "label_value"),

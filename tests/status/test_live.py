@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.ports import free_port
+from oomguard.common.ports import free_port
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard.diagnose.thresholds import default_thresholds
-from oomguard.status.top import frame
-from oomguard.status.view import MAX_GPUS, build, parse
+from oomguard.bundle.thresholds import default_thresholds
+from oomguard.exporter.status.top import frame
+from oomguard.exporter.status.view import MAX_GPUS, build, parse
 
 GIB = 1024**3
 NOW = 1_800_000_000.0

@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from oomguard.model import Observation, TrendKey
-from oomguard.trend.analysis import TrendSettings
-from oomguard.trend.sampler import Sampler, TrendTracker
+from oomguard.exporter.model import Observation, TrendKey
+from oomguard.exporter.trend.analysis import TrendSettings
+from oomguard.exporter.trend.sampler import Sampler, TrendTracker
 from tests.trend.traces import INTERVAL, TRACES_DIR, Trace, library, read
 
 GPU = TrendKey("gpu", "0", "gpu")

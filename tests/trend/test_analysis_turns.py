@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from oomguard.config import Config
-from oomguard.config_loader import load_config
-from oomguard.model import Observation, Trend, TrendKey
-from oomguard.trend import analysis
-from oomguard.trend.analysis import TrendSettings
-from oomguard.trend.sampler import TrendTracker
+from oomguard.exporter.config import Config
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.model import Observation, Trend, TrendKey
+from oomguard.exporter.trend import analysis
+from oomguard.exporter.trend.analysis import TrendSettings
+from oomguard.exporter.trend.sampler import TrendTracker
 
 GIB = 1024**3
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from oomguard.model import Observation, TargetView, TrendKey
+from oomguard.exporter.model import Observation, TargetView, TrendKey
+from oomguard.exporter.sources.nvml import NvmlSource
+from oomguard.exporter.sources.nvml_reader import NvmlReader
+from oomguard.exporter.sources.process_lookup import ProcessLookup
+from oomguard.exporter.sources.processes import ProcessFinder
+from oomguard.exporter.sources.source_runs import SourceRuns
+from oomguard.exporter.trend.analysis import TrendSettings
+from oomguard.exporter.trend.observe import TrendObserver
+from oomguard.exporter.trend.sampler import TrendTracker
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml
-from oomguard.sources.nvml import NvmlSource
-from oomguard.sources.nvml_reader import NvmlReader
-from oomguard.sources.process_lookup import ProcessLookup
-from oomguard.sources.processes import ProcessFinder
-from oomguard.sources.source_runs import SourceRuns
-from oomguard.trend.analysis import TrendSettings
-from oomguard.trend.observe import TrendObserver
-from oomguard.trend.sampler import TrendTracker
 
 GPU0 = TrendKey("gpu", "0", "gpu")
 GPU1 = TrendKey("gpu", "1", "gpu")

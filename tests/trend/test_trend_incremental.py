@@ -8,7 +8,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oomguard.trend.analysis import BucketCache, History, Series, TrendSettings, bucket_stats
+from oomguard.exporter.trend.analysis import BucketCache, History, Series, TrendSettings, bucket_stats
 
 # Short windows so that a few hundred samples fill the history many times over (the defaults need 900 a window).
 SMALL = TrendSettings(

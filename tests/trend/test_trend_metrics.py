@@ -7,12 +7,12 @@ import asyncio
 import pytest
 from support import promtool_check_metrics, samples, value
 
-from oomguard.config_loader import load_config
-from oomguard.engines.simulation import simulation
-from oomguard.exposition import render
-from oomguard.model import EngineReading, Snapshot, SourceResult, TargetReading, Trend, TrendKey, TrendReading
-from oomguard.runtime import Runtime
-from oomguard.web import make_app
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.exposition import render
+from oomguard.exporter.model import EngineReading, Snapshot, SourceResult, TargetReading, Trend, TrendKey, TrendReading
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
+from oomguard.simulate.engines import simulation
 
 GIB = 1024**3
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support import REPO
 
-from oomguard.model import TREND_STATES as STATES
+from oomguard.exporter.model import TREND_STATES as STATES
 from tests.trend import replay as replaying
 from tests.trend import traces as library_module
 

@@ -8,8 +8,8 @@ import threading
 import pytest
 from web_serving import bcrypt_hash
 
-from oomguard.web_config import auth as auth_module
-from oomguard.web_config.auth import BasicAuth, parse_basic
+from oomguard.exporter.web_config import auth as auth_module
+from oomguard.exporter.web_config.auth import BasicAuth, parse_basic
 
 
 def header(user: str, password: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from web_serving import PASSWORD, Pki, basic, web_config_text
 
-from oomguard.ports import free_port
+from oomguard.common.ports import free_port
 
 
 def oomguard(*args: str) -> list[str]:

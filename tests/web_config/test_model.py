@@ -9,10 +9,10 @@ import pytest
 import yaml
 from web_serving import Pki, bcrypt_hash, web_config_text
 
-from oomguard.config import ConfigError
-from oomguard.web_config import load_web_config
-from oomguard.web_config.model import parse
-from oomguard.web_config.tls import VERIFY_MODES
+from oomguard.exporter.config import ConfigError
+from oomguard.exporter.web_config import load_web_config
+from oomguard.exporter.web_config.model import parse
+from oomguard.exporter.web_config.tls import VERIFY_MODES
 
 
 def load_text(tmp_path: Path, text: str):

@@ -157,7 +157,7 @@ async def test_top_reads_the_status_over_mutual_tls_with_basic_auth(serve, pki: 
     """`oomguard top`'s options against a served exporter: its CA, a client certificate, the password from a file."""
     import argparse
 
-    from oomguard.status import top
+    from oomguard.exporter.status import top
 
     served = await serve(web_config_text(pki))
     password = tmp_path / "password"

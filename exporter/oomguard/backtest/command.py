@@ -10,7 +10,7 @@ from pathlib import Path
 
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import parse_duration, parse_time
-from oomguard.config import ConfigError
+from oomguard.exporter.config import ConfigError
 
 DEFAULT_EVALUATION = "30s"
 DEFAULT_BEFORE = "60m"
@@ -159,9 +159,9 @@ def _now() -> float:
 def _trend(path: Path | None):  # -> TrendSettings
 
     if path is None:
-        from oomguard.config import TrendConfig
+        from oomguard.exporter.config import TrendConfig
 
         return TrendConfig().settings()
-    from oomguard.config_loader import load_config
+    from oomguard.exporter.config_loader import load_config
 
     return load_config(path).trend.settings()

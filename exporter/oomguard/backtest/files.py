@@ -35,7 +35,7 @@ from oomguard.backtest.history import (
     number,
     parse_time,
 )
-from oomguard.excerpt import excerpt
+from oomguard.common.excerpt import excerpt
 
 # A month of 64 GPUs every 15 s in CSV is about 1 GB: twice that is refused (split the file, or use --prometheus).
 MAX_FILE_BYTES = 2 * 1024**3

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from oomguard.backtest import BacktestError
-from oomguard.excerpt import excerpt
+from oomguard.common.excerpt import excerpt
 
 # The figures an engine may give (all optional), as the file's columns and the mapping's keys name them.
 ENGINE_FIGURES = ("kv_cache_usage", "waiting", "running", "preemptions_total", "gpu_memory_utilization")

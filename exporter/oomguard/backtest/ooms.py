@@ -18,7 +18,7 @@ from pathlib import Path
 
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import parse_time
-from oomguard.excerpt import excerpt
+from oomguard.common.excerpt import excerpt
 
 MAX_FILE_BYTES = 16 * 1024**2  # a million OOMs is no incident list
 MAX_LINE_BYTES = 4096

@@ -28,7 +28,7 @@ from oomguard.backtest import BacktestError
 from oomguard.backtest.history import Step
 from oomguard.backtest.replay import GpuCoverage, Replay, ReplaySummary, SeriesFilter
 from oomguard.backtest.tsdb import Backfill
-from oomguard.model import TrendSettings
+from oomguard.exporter.model import TrendSettings
 
 BATCH = 64  # steps sent to a worker at once: fewer, larger messages through its pipe
 MAX_JOBS = 4
@@ -72,7 +72,7 @@ def _work(
     conn: Connection, settings: TrendSettings, wanted: dict, lookback: float, utilization: float | None, workdir: str
 ) -> None:
     """A worker: its share of each step, replayed into its own backfill; its summary (or its error) sent back."""
-    logging.getLogger("oomguard.trend.sampler").disabled = True
+    logging.getLogger("oomguard.exporter.trend.sampler").disabled = True
     backfill = Backfill(Path(workdir))
 
     def steps() -> Iterator[Step]:

@@ -25,14 +25,14 @@ from typing import Any
 
 import psutil
 
-from oomguard import exposition
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import EngineRow, GpuRow, Step
-from oomguard.exposition import engine, events, gpu, health, joined, trend
-from oomguard.exposition.encoder import Exposition
-from oomguard.exposition.spec import MetricSpec
-from oomguard.join import join_gpus, join_targets
-from oomguard.model import (
+from oomguard.exporter import exposition
+from oomguard.exporter.exposition import engine, events, gpu, health, joined, trend
+from oomguard.exporter.exposition.encoder import Exposition
+from oomguard.exporter.exposition.spec import MetricSpec
+from oomguard.exporter.join import join_gpus, join_targets
+from oomguard.exporter.model import (
     GPU_SOURCES,
     EngineReading,
     EngineSetting,
@@ -50,9 +50,9 @@ from oomguard.model import (
     TargetView,
     TrendSettings,
 )
-from oomguard.trend import sampler as sampler_module
-from oomguard.trend.observe import TrendObserver
-from oomguard.trend.sampler import Sampler, TrendTracker
+from oomguard.exporter.trend import sampler as sampler_module
+from oomguard.exporter.trend.observe import TrendObserver
+from oomguard.exporter.trend.sampler import Sampler, TrendTracker
 
 # The namespace of the pods the replay tells each engine's GPUs by (model.PodRef): the engines are the history's,
 # named by their `target`; this is no namespace of theirs.

@@ -22,7 +22,7 @@ from oomguard.backtest import BacktestError
 from oomguard.backtest.ooms import Oom
 from oomguard.backtest.replay import ReplaySummary
 from oomguard.backtest.rules import Episode
-from oomguard.model import GpuKey
+from oomguard.exporter.model import GpuKey
 
 DAY = 86400.0
 

@@ -35,7 +35,7 @@ from oomguard.backtest.replay import SELECTOR
 from oomguard.backtest.tsdb import Prometheus, find_binary
 from oomguard.bundle.config import BundleConfig, seconds
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
-from oomguard.excerpt import excerpt
+from oomguard.common.excerpt import excerpt
 
 EVALUATED = ("oomguard-gpu-memory", "oomguard-engine")
 QUERIES_AT_ONCE = 4

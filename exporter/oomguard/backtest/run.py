@@ -22,7 +22,7 @@ from oomguard.backtest.report import Report, Window, judge, write_plots
 from oomguard.backtest.rules import RuleSet, backfill_records, evaluate, rule_set
 from oomguard.backtest.tsdb import Backfill, Prometheus
 from oomguard.bundle.config import BundleConfig
-from oomguard.model import TrendSettings
+from oomguard.exporter.model import TrendSettings
 
 # Steps read ahead to find the history's step (the trend samples at it) before the replay starts.
 PEEK_STEPS = 64
@@ -110,7 +110,7 @@ def replay_history(
         replay = Replay(settings, series, backfill.write, lookback=lookback,
                         gpu_memory_utilization=options.gpu_memory_utilization)  # fmt: skip
         # A sample that fails in the trend is counted (errors_total), as live; its traceback is no user's business.
-        sampler_log = logging.getLogger("oomguard.trend.sampler")
+        sampler_log = logging.getLogger("oomguard.exporter.trend.sampler")
         was = sampler_log.disabled
         sampler_log.disabled = True
         try:

@@ -39,9 +39,9 @@ from oomguard.backtest.history import (
 )
 from oomguard.backtest.ooms import Oom
 from oomguard.backtest.parallel import PARALLEL_FROM_STEPS
-from oomguard.config import ConfigError, StrictModel, explain, read_yaml
-from oomguard.events.kinds import LOG_OOM_KINDS
-from oomguard.excerpt import excerpt
+from oomguard.common.excerpt import excerpt
+from oomguard.common.kinds import LOG_OOM_KINDS
+from oomguard.exporter.config import ConfigError, StrictModel, explain, read_yaml
 
 MAX_ANSWER_BYTES = 64 * 1024**2  # one chunk's answer to one query
 MAX_SERIES = 20_000  # series in one answer: a fleet of thousands of GPUs

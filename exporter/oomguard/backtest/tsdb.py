@@ -31,9 +31,9 @@ from typing import Any
 import yaml
 
 from oomguard.backtest import BacktestError
-from oomguard.excerpt import excerpt
-from oomguard.ports import free_port
-from oomguard.served_process import ServedProcess
+from oomguard.common.excerpt import excerpt
+from oomguard.common.ports import free_port
+from oomguard.common.served_process import ServedProcess
 
 BLOCK_SECONDS = 7200  # the TSDB's block, to which promtool aligns the blocks it writes
 BACKFILLS = 2  # promtool processes at once (each holds one block's samples: a few MB)

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
-from oomguard.config import ConfigError, StrictModel, explain, read_yaml
+from oomguard.exporter.config import ConfigError, StrictModel, explain, read_yaml
 
 Severity = Literal["critical", "warning", "info"]
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")

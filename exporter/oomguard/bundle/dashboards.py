@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oomguard.bundle.config import BundleConfig, grouping
-from oomguard.events.kinds import TARGET_OOM_KINDS, kind_matcher
+from oomguard.common.kinds import TARGET_OOM_KINDS, kind_matcher
 
 SCHEMA_VERSION = 39
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

@@ -10,7 +10,7 @@ import yaml
 
 from oomguard.bundle import dashboards
 from oomguard.bundle.config import BundleConfig, grouping, seconds
-from oomguard.events import kinds
+from oomguard.common import kinds
 
 ALERTS_FILE = "oomguard-alerts.yaml"
 RECORDS_FILE = "oomguard-records.yaml"
@@ -62,7 +62,7 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
 
     # A YAML double-quoted scalar (JSON's syntax is a subset), without jinja's HTML escapes.
     env.filters["q"] = lambda value: json.dumps(str(value), ensure_ascii=False)
-    # The alerts as their YAML keys (`a.queue_backlog.for`); the event kinds as named in events/kinds.py.
+    # The alerts as their YAML keys (`a.queue_backlog.for`); the event kinds as named in common/kinds.py.
     env.globals.update(
         s=s, by=by, secs=secs, dur=dur, scaled=scaled, runbook=runbook, pct=lambda r: f"{float(r) * 100:g} %",
         value_of=value_of,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from oomguard.engines import ENGINES
+from oomguard.exporter.engines import ENGINES
 
 # The bundle's concurrency_over_kv_cache (thresholds.py): min_running (fewer requests say little about the typical
 # one), min_kv_usage (below it, block rounding dominates), quantile, margin_ratio (the cap above capacity x (1 + it)

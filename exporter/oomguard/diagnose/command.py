@@ -9,12 +9,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from oomguard.config import ConfigError
+from oomguard.bundle.thresholds import load_thresholds
 from oomguard.diagnose import report
 from oomguard.diagnose.clock import Clock
 from oomguard.diagnose.core import default_probe_delay, diagnose_data, exit_status
 from oomguard.diagnose.query import DiagnoseError, fetch_exporter, fetch_prometheus
-from oomguard.diagnose.thresholds import load_thresholds
+from oomguard.exporter.config import ConfigError
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

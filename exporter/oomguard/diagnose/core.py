@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from oomguard.bundle.thresholds import DEFAULTS, Thresholds, default_thresholds
 from oomguard.diagnose.clock import Clock
 from oomguard.diagnose.evidence import Facts, Item, evidence, gather, gpu_id
 from oomguard.diagnose.query import Data, fetch_exporter, fetch_prometheus
 from oomguard.diagnose.recommend import Recommendation, recommend
-from oomguard.diagnose.thresholds import DEFAULTS, Thresholds, default_thresholds
 from oomguard.diagnose.verdict import INSUFFICIENT, confidence_label, decide
 
 

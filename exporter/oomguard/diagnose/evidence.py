@@ -19,11 +19,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from oomguard.diagnose import capacity
-from oomguard.diagnose.capacity import Check, Setting
-from oomguard.diagnose.clock import REAL, Clock
-from oomguard.diagnose.query import Data, Series
-from oomguard.diagnose.thresholds import (
+from oomguard.bundle.thresholds import (
     CRITICAL_KEY,
     EXHAUSTED_SOON_KEY,
     OOM_EVENT_KEY,
@@ -33,7 +29,11 @@ from oomguard.diagnose.thresholds import (
     Thresholds,
     default_thresholds,
 )
-from oomguard.events import kinds
+from oomguard.common import kinds
+from oomguard.diagnose import capacity
+from oomguard.diagnose.capacity import Check, Setting
+from oomguard.diagnose.clock import REAL, Clock
+from oomguard.diagnose.query import Data, Series
 
 QUESTIONS = {
     1: "memory trend",

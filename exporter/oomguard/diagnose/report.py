@@ -11,11 +11,11 @@ import math
 import time
 from pathlib import Path
 
+from oomguard.common import kinds
 from oomguard.diagnose.core import Diagnosis
 from oomguard.diagnose.evidence import QUESTIONS, Facts
 from oomguard.diagnose.recommend import Recommendation
 from oomguard.diagnose.verdict import confidence_label
-from oomguard.events import kinds
 
 PLOT_SIZE = (10.0, 8.0)  # inches; at PLOT_DPI: 1000 x 800 pixels
 PLOT_DPI = 100

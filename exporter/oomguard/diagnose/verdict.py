@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oomguard.common import kinds
 from oomguard.diagnose.evidence import Facts
-from oomguard.events import kinds
 
 INSUFFICIENT = "insufficient_data"
 HEALTHY = "healthy"

@@ -32,8 +32,8 @@ import yaml
 from oomguard.bundle.config import BundleConfig
 from oomguard.bundle.dashboards import render as render_dashboards
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
-from oomguard.exposition import METRICS
-from oomguard.exposition.spec import ALWAYS, CONDITIONAL, ENGINE_UP, EVENT, PER_GPU, PER_TARGET, MetricSpec
+from oomguard.exporter.exposition import METRICS
+from oomguard.exporter.exposition.spec import ALWAYS, CONDITIONAL, ENGINE_UP, EVENT, PER_GPU, PER_TARGET, MetricSpec
 
 TIMEOUT_SECONDS = 10.0
 _INPUT = re.compile(r"\b(oomguard_\w+)\{")

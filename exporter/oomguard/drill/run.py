@@ -20,7 +20,8 @@ from aiohttp import web
 
 from oomguard.bundle.config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
-from oomguard.config_loader import load_config
+from oomguard.common.kinds import LOG_OOM_KINDS, kind_matcher
+from oomguard.common.ports import free_port
 from oomguard.diagnose import DiagnoseError, diagnose_prometheus
 from oomguard.diagnose import report as diagnose_report
 from oomguard.drill.scenarios import MEMORY_ALERTS, DrillScenario
@@ -34,12 +35,11 @@ from oomguard.drill.services import (
 )
 from oomguard.drill.tls import DrillTls, check_chain, make_drill_tls, require_cryptography
 from oomguard.drill.webhook import WebhookReceiver
-from oomguard.events.kinds import LOG_OOM_KINDS, kind_matcher
-from oomguard.ports import free_port
-from oomguard.runtime import Runtime
-from oomguard.web import make_app
-from oomguard.web_config import WebConfigState, load_web_config
-from oomguard.web_config.server import Server
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
+from oomguard.exporter.web_config import WebConfigState, load_web_config
+from oomguard.exporter.web_config.server import Server
 
 log = logging.getLogger(__name__)
 # The example routing (deploy/alertmanager/alertmanager.yml links to it), shipped with the package so that a drill

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from oomguard.ports import free_port
-from oomguard.served_process import ServedProcess
+from oomguard.common.ports import free_port
+from oomguard.common.served_process import ServedProcess
 
 
 class ServiceError(RuntimeError):

@@ -11,8 +11,8 @@ the real clock, and the drill's rules are scaled to match (bundle `time_scale`).
 
 from __future__ import annotations
 
-from oomguard.config import Config
-from oomguard.model import TrendSettings
+from oomguard.exporter.config import Config
+from oomguard.exporter.model import TrendSettings
 
 
 def judged_seconds(seconds: float, time_scale: float, floor: float = 0.0) -> float:

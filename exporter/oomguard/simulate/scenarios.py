@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oomguard.excerpt import LIMIT, excerpt
+from oomguard.common.excerpt import LIMIT, excerpt
 
 GIB = 1024**3
 GPU_TOTAL_BYTES = 80 * GIB  # each simulated GPU: an H100 80GB

@@ -1,6 +1,6 @@
 """What every simulated engine process does the same way: its scenario clock, its HTTP server and its end.
 
-An engine's simulator (engines/<name>/simulator.py) says what it serves and what it writes; this runs it:
+An engine's simulator (simulate/engines/<name>.py) says what it serves and what it writes; this runs it:
 the clock starts with the process (as the exporter measures a startup from the process start, the seconds
 spent importing count as loading, like a real engine's), and a life the scenario ends in CUDA OOM writes
 its engine's traceback and exits 1.
@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from oomguard.process_start import start_time
+from oomguard.common.process_start import start_time
 from oomguard.simulate.engine_args import simulator_parser
 from oomguard.simulate.scenarios import SCENARIOS, Scenario
 

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from oomguard.config import TargetConfig
-from oomguard.ports import free_port
-from oomguard.process_start import start_time
+from oomguard.common.ports import free_port
+from oomguard.common.process_start import start_time
+from oomguard.exporter.config import TargetConfig
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from oomguard.simulate.scenarios import GPU_TOTAL_BYTES, IDLE_GPU_BYTES, SCENARIOS
 
@@ -51,7 +51,7 @@ class Simulation:
         told: tuple[str, str] | None = None,
     ) -> None:
         """`engine`: the simulated engine's name; `simulator`: its simulator's module (run as `python -m`); `told`:
-        the flags it is told its reservation and tensor-parallel size with. engines/simulation.py gives all three
+        the flags it is told its reservation and tensor-parallel size with. simulate/engines/__init__.py gives all three
         from the engine's plugin."""
         self.scenario = SCENARIOS[scenario]
         self.engine = engine

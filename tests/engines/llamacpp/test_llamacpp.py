@@ -9,11 +9,11 @@ import pytest
 from aiohttp import web
 from support import FIXTURES, fixture_body
 
-from oomguard.engine_client import EngineClient
-from oomguard.engines.llamacpp.reader import LlamaCppReader
-from oomguard.engines.llamacpp.slots import SlotsError, fetch_kv_usage_ratio, kv_usage_ratio
-from oomguard.model import EngineReading
-from oomguard.promtext import ExpositionError, FamilyExtractor
+from oomguard.common.engine_client import EngineClient
+from oomguard.common.promtext import ExpositionError, FamilyExtractor
+from oomguard.exporter.engines.llamacpp.reader import LlamaCppReader
+from oomguard.exporter.engines.llamacpp.slots import SlotsError, fetch_kv_usage_ratio, kv_usage_ratio
+from oomguard.exporter.model import EngineReading
 
 SLOTS = json.loads((FIXTURES / "llamacpp" / "slots.json").read_text(encoding="utf-8"))
 

@@ -16,13 +16,13 @@ import pytest
 from aiohttp import web
 from support import FIXTURES, fixture_body, value
 
-from oomguard.config import TargetConfig
-from oomguard.config_loader import load_config
-from oomguard.engine_client import EngineClient
-from oomguard.runtime import Runtime
+from oomguard.common.engine_client import EngineClient
+from oomguard.exporter.config import TargetConfig
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.sources.targets import TargetScraper
+from oomguard.exporter.web import make_app
 from oomguard.simulate.fake_nvml import FakeNvml
-from oomguard.sources.targets import TargetScraper
-from oomguard.web import make_app
 
 SLOTS = json.loads((FIXTURES / "llamacpp" / "slots.json").read_text(encoding="utf-8"))
 SLOTS_RATIO = (89 + 90) / (2 * 2048)  # both slots at work, of 2048 tokens each (test_llamacpp.py)
@@ -104,7 +104,7 @@ async def test_slots_switched_off_give_no_figure_and_no_warning(
 ) -> None:
     fake, url = llama
     fake.slots = lambda: web.json_response(NO_SLOTS, status=501)  # llama-server --no-slots
-    with caplog.at_level(logging.WARNING, logger="oomguard.sources.targets"):
+    with caplog.at_level(logging.WARNING, logger="oomguard.exporter.sources.targets"):
         assert await kv_after_scrape(scraper(url)) is None
     assert not caplog.records
 
@@ -143,7 +143,7 @@ async def test_a_bad_answer_fails_only_the_kv_figure_and_is_logged_once(
     fake, url = llama
     fake.slots = answer
     s = scraper(url, max_body_bytes=65536)  # the fixture's /metrics is well under it; 400 slots are not
-    with caplog.at_level(logging.WARNING, logger="oomguard.sources.targets"):
+    with caplog.at_level(logging.WARNING, logger="oomguard.exporter.sources.targets"):
         for _ in range(3):
             assert await kv_after_scrape(s) is None
     warnings = [r.getMessage() for r in caplog.records]
@@ -167,7 +167,7 @@ async def test_a_loading_server_logs_nothing_of_its_slots(
     fake, url = llama
     fake.metrics_status = 503
     fake.slots = lambda: web.json_response({"error": {"code": 503, "message": "Loading model"}}, status=503)
-    with caplog.at_level(logging.WARNING, logger="oomguard.sources.targets"):
+    with caplog.at_level(logging.WARNING, logger="oomguard.exporter.sources.targets"):
         async with EngineClient() as session:
             reading = await scraper(url).scrape(session)
     assert reading.state == "loading" and reading.engine_reading is None

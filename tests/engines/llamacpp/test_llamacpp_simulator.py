@@ -13,14 +13,14 @@ import pytest
 from simulated_engines import counts_after_stop, http_get, log_events, run_life, simulated_runtime
 from support import samples, value
 
-from oomguard.engines.llamacpp.reader import LlamaCppReader
-from oomguard.engines.llamacpp.simulator import SLOTS, llamacpp_metrics_text, processing_deferred, slots_body
-from oomguard.engines.llamacpp.slots import kv_usage_ratio
-from oomguard.events.catalogue import load_catalogue
-from oomguard.process_start import start_time
-from oomguard.promtext import FamilyExtractor
+from oomguard.common.process_start import start_time
+from oomguard.common.promtext import FamilyExtractor
+from oomguard.exporter.engines.llamacpp.reader import LlamaCppReader
+from oomguard.exporter.engines.llamacpp.slots import kv_usage_ratio
+from oomguard.exporter.events.catalogue import load_catalogue
+from oomguard.exporter.web import make_app
+from oomguard.simulate.engines.llamacpp import SLOTS, llamacpp_metrics_text, processing_deferred, slots_body
 from oomguard.simulate.scenarios import SCENARIOS
-from oomguard.web import make_app
 
 QUICK = SCENARIOS["overcommit-quick"]  # 2 simulated minutes of load, dies 12.3 minutes after launch
 

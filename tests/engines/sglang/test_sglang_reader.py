@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from support import fixture_body, promtool_check_metrics, samples, vllm_body
 
-from oomguard.engines.sglang.reader import SglangReader
-from oomguard.exposition import engine
-from oomguard.exposition.encoder import Exposition
-from oomguard.model import EngineReading, TargetReading
-from oomguard.promtext import ExpositionError, FamilyExtractor
+from oomguard.common.promtext import ExpositionError, FamilyExtractor
+from oomguard.exporter.engines.sglang.reader import SglangReader
+from oomguard.exporter.exposition import engine
+from oomguard.exporter.exposition.encoder import Exposition
+from oomguard.exporter.model import EngineReading, TargetReading
 
 GIB = 2**30
 

@@ -12,11 +12,11 @@ import pytest
 from aiohttp import web
 from support import fixture_body
 
-from oomguard.config import TargetConfig
-from oomguard.engine_client import EngineClient
-from oomguard.engines.base import ReservationError
-from oomguard.engines.sglang.settings import mem_fraction_static
-from oomguard.sources.targets import TargetScraper
+from oomguard.common.engine_client import EngineClient
+from oomguard.exporter.config import TargetConfig
+from oomguard.exporter.engines.base import ReservationError
+from oomguard.exporter.engines.sglang.settings import mem_fraction_static
+from oomguard.exporter.sources.targets import TargetScraper
 
 INFO = {"model_path": "meta-llama/Llama-3.1-8B-Instruct", "mem_fraction_static": 0.871, "tp_size": 1}
 
@@ -175,8 +175,8 @@ async def test_503_while_starting_is_loading(sglang: FakeSglang) -> None:
 
 def test_the_fraction_reserves_its_gpus_as_gpu_memory_utilization_does() -> None:
     """Joined like vLLM's: the budget on its GPU, and the GPU's headroom left beyond the reservation."""
-    from oomguard.join import join_gpus, join_targets
-    from oomguard.model import EngineReading, GpuReading, NvmlReading, TargetReading
+    from oomguard.exporter.join import join_gpus, join_targets
+    from oomguard.exporter.model import EngineReading, GpuReading, NvmlReading, TargetReading
 
     gib = 2**30
     nvml = NvmlReading(True, gpus=(GpuReading(0, True, total_bytes=80 * gib, used_bytes=74 * gib, processes=()),))

@@ -9,13 +9,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from oomguard.config import ConfigError
-from oomguard.config_loader import load_config
-from oomguard.engines import ENGINE_NAMES, ENGINES
-from oomguard.engines.sglang.reader import SglangReader
-from oomguard.engines.sglang.simulator import sglang_metrics_text
-from oomguard.promtext import FamilyExtractor
-from oomguard.runtime import Runtime
+from oomguard.common.promtext import FamilyExtractor
+from oomguard.exporter.config import ConfigError
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.engines import ENGINE_NAMES, ENGINES
+from oomguard.exporter.engines.sglang.reader import SglangReader
+from oomguard.exporter.runtime import Runtime
+from oomguard.simulate.engines.sglang import sglang_metrics_text
 from oomguard.simulate.scenarios import GIB, SCENARIOS
 
 

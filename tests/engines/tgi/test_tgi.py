@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from support import fixture_body
 
-from oomguard.engines.tgi.reader import TgiReader
-from oomguard.model import EngineReading
-from oomguard.promtext import ExpositionError, FamilyExtractor
+from oomguard.common.promtext import ExpositionError, FamilyExtractor
+from oomguard.exporter.engines.tgi.reader import TgiReader
+from oomguard.exporter.model import EngineReading
 
 
 def read_text(body: str) -> EngineReading:

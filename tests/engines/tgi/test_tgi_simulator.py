@@ -11,10 +11,10 @@ import pytest
 from simulated_engines import came_back_up, counts_after_stop, http_get, log_events, run_life, simulated_runtime
 from support import value
 
-from oomguard.engines.tgi.reader import TgiReader
-from oomguard.engines.tgi.simulator import max_total_tokens, tgi_metrics_text
-from oomguard.exposition import render
-from oomguard.promtext import FamilyExtractor
+from oomguard.common.promtext import FamilyExtractor
+from oomguard.exporter.engines.tgi.reader import TgiReader
+from oomguard.exporter.exposition import render
+from oomguard.simulate.engines.tgi import max_total_tokens, tgi_metrics_text
 from oomguard.simulate.scenarios import GIB, SCENARIOS
 
 QUICK = SCENARIOS["overcommit-quick"]  # loads in 120 s, dies of CUDA OOM ~12 simulated minutes after launch

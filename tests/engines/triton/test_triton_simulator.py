@@ -12,12 +12,12 @@ import pytest
 from simulated_engines import came_back_up, counts_after_stop, http_get, log_events, run_life, simulated_runtime
 from support import value
 
-from oomguard.engines.triton.reader import TritonReader
-from oomguard.engines.triton.simulator import kv_blocks, triton_metrics_text
-from oomguard.exposition import render
-from oomguard.model import EngineReading
-from oomguard.process_start import start_time
-from oomguard.promtext import FamilyExtractor
+from oomguard.common.process_start import start_time
+from oomguard.common.promtext import FamilyExtractor
+from oomguard.exporter.engines.triton.reader import TritonReader
+from oomguard.exporter.exposition import render
+from oomguard.exporter.model import EngineReading
+from oomguard.simulate.engines.triton import kv_blocks, triton_metrics_text
 from oomguard.simulate.scenarios import GIB, SCENARIOS, EngineFigures, Scenario
 
 QUICK = SCENARIOS["overcommit-quick"]  # dies 12.3 simulated minutes in: 7.4 s at 100x

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from support import vllm_body
 
-from oomguard.engines.vllm.reader import VllmReader
-from oomguard.promtext import ExpositionError, FamilyExtractor
+from oomguard.common.promtext import ExpositionError, FamilyExtractor
+from oomguard.exporter.engines.vllm.reader import VllmReader
 
 
 def read(name: str):

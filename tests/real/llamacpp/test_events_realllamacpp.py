@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from support import value
 
-from oomguard.config_loader import load_config
-from oomguard.runtime import Runtime
-from oomguard.web import make_app
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
 from tests.real.llamacpp import harness
 
 pytestmark = pytest.mark.realllamacpp

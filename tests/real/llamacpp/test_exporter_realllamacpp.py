@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from support import value
 
-from oomguard.config_loader import load_config
-from oomguard.runtime import Runtime
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
 from oomguard.simulate.fake_nvml import FakeNvml
-from oomguard.web import make_app
 from tests.real.llamacpp import harness
 from tests.real.server import RecordingProxy, Scrape, assert_restart_measured, target_state
 from tests.real.server import scrapes_until_up as real_scrapes_until_up

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.config import TargetConfig
-from oomguard.engine_client import EngineClient
-from oomguard.engines.llamacpp.slots import fetch_kv_usage_ratio
-from oomguard.sources.targets import TargetScraper
+from oomguard.common.engine_client import EngineClient
+from oomguard.exporter.config import TargetConfig
+from oomguard.exporter.engines.llamacpp.slots import fetch_kv_usage_ratio
+from oomguard.exporter.sources.targets import TargetScraper
 from tests.real.llamacpp import harness
 
 pytestmark = pytest.mark.realllamacpp

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from support import REPO
 
-from oomguard.config_loader import load_config
 from oomguard.drill.run import alerting_chain
-from oomguard.runtime import Runtime
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml
 from tests.real.vllm import harness
 

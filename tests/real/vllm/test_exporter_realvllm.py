@@ -14,9 +14,9 @@ import pynvml
 import pytest
 from support import samples, value, values
 
-from oomguard.config_loader import load_config
-from oomguard.runtime import Runtime
-from oomguard.web import make_app
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
 from tests.real.server import RecordingProxy, assert_restart_measured, scrapes_until_up, target_state
 from tests.real.vllm import harness
 

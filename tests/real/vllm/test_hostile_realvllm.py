@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import engine_detector
 
-from oomguard.events.catalogue import load_catalogue
+from oomguard.exporter.events.catalogue import load_catalogue
 from tests.real.vllm import harness
 
 pytestmark = pytest.mark.realvllm

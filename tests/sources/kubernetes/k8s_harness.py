@@ -16,10 +16,10 @@ from typing import Any
 from aiohttp import web
 from support import samples, vllm_body
 
-from oomguard.config import Config
-from oomguard.config_loader import CHECKS
-from oomguard.exposition import render
-from oomguard.runtime import Runtime
+from oomguard.exporter.config import Config
+from oomguard.exporter.config_loader import CHECKS
+from oomguard.exporter.exposition import render
+from oomguard.exporter.runtime import Runtime
 from tests.sources.kubernetes import objects
 from tests.sources.kubernetes.objects import NODE
 from tests.sources.kubernetes.stand_in import StandIn

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from oomguard.diagnose.core import diagnose_data
 from oomguard.diagnose.query import fetch_exporter
-from oomguard.exposition import render
+from oomguard.exporter.exposition import render
 from tests.sources.kubernetes import objects
 from tests.sources.kubernetes.k8s_harness import (
     OOM,
@@ -273,9 +273,9 @@ def test_pods_dcgm_exporter_does_not_map_are_said_once(caplog: pytest.LogCapture
     """Their memory figures would be absent without a word: a node whose dcgm-exporter maps no pod (its Kubernetes
     mapping off) is said once, a pod its node's dcgm-exporter does not name is said once, and said again only
     after it was mapped in between."""
-    from oomguard.model import GpuReading, NvmlReading
-    from oomguard.sources.kubernetes.discovery import UnmappedPods
-    from oomguard.sources.kubernetes.pods import pod_target
+    from oomguard.exporter.model import GpuReading, NvmlReading
+    from oomguard.exporter.sources.kubernetes.discovery import UnmappedPods
+    from oomguard.exporter.sources.kubernetes.pods import pod_target
 
     def gpu(node: str, *pods: str) -> GpuReading:
         return GpuReading(0, True, total_bytes=1.0, used_bytes=0.5, node=node, pods=tuple(("llm", p) for p in pods))
@@ -345,7 +345,7 @@ async def test_two_shards_read_disjoint_nodes_and_together_every_one(tmp_path: P
     """Two exporters of a sharded cluster mode (shards 2, shard 0 and 1) against one API: each node's engine pod,
     its dcgm-exporter and its kubelet's Events are read by the one shard its name hashes to, never by both; together
     they read every node. The nodes are chosen so that each shard has two (shards.py's hash decides which)."""
-    from oomguard.sources.kubernetes.shards import shard_of
+    from oomguard.exporter.sources.kubernetes.shards import shard_of
 
     names = [f"gpu-{i:03d}" for i in range(40)]
     nodes = [n for n in names if shard_of(n, 2) == 0][:2] + [n for n in names if shard_of(n, 2) == 1][:2]

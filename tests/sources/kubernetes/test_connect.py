@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from oomguard.sources.kubernetes import api
-from oomguard.sources.kubernetes.api import ApiError, connect, from_kubeconfig
+from oomguard.exporter.sources.kubernetes import api
+from oomguard.exporter.sources.kubernetes.api import ApiError, connect, from_kubeconfig
 from tests.sources.kubernetes import objects
 from tests.sources.kubernetes.k8s_harness import Cluster, Server, free_port, wait_for
 

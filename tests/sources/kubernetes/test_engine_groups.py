@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from oomguard.join import GpuClaim, target_gpus
-from oomguard.model import GpuReading
+from oomguard.exporter.join import GpuClaim, target_gpus
+from oomguard.exporter.model import GpuReading
+from oomguard.exporter.sources.kubernetes.groups import group_of
+from oomguard.exporter.sources.kubernetes.pods import pod_target
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-from oomguard.sources.kubernetes.groups import group_of
-from oomguard.sources.kubernetes.pods import pod_target
 from tests.sources.kubernetes.k8s_harness import (
     OOM,
     TRACEBACK,
@@ -230,7 +230,7 @@ async def test_cluster_mode_joins_a_kuberay_worker_to_its_head(tmp_path: Path) -
 async def test_a_sharded_cluster_mode_reads_each_half_of_the_engine_once(tmp_path: Path) -> None:
     """Shards by node: the leader's shard has the engine's figures and the leader's GPU; the worker's shard judges
     the worker's GPU against the same reservation (read from the leader), and leaves the engine's figures out."""
-    from oomguard.sources.kubernetes.shards import shard_of
+    from oomguard.exporter.sources.kubernetes.shards import shard_of
 
     names = [f"gpu-{i:03d}" for i in range(40)]
     leader_node = next(n for n in names if shard_of(n, 2) == 0)

@@ -9,10 +9,10 @@ import logging
 
 import pytest
 
-from oomguard.events.api_log import ApiLogReader
-from oomguard.sources.kubernetes.api import ApiClient, Connection
-from oomguard.sources.kubernetes.log_budget import LogStreamBudget
-from oomguard.sources.kubernetes.pod_logs import PodLogFollower
+from oomguard.exporter.events.api_log import ApiLogReader
+from oomguard.exporter.sources.kubernetes.api import ApiClient, Connection
+from oomguard.exporter.sources.kubernetes.log_budget import LogStreamBudget
+from oomguard.exporter.sources.kubernetes.pod_logs import PodLogFollower
 from tests.sources.kubernetes.k8s_harness import Server, free_port, wait_for
 from tests.sources.kubernetes.stand_in import StandIn
 
@@ -51,7 +51,7 @@ async def test_a_ticket_waits_until_handed_a_slot() -> None:
 
 
 async def test_refusals_are_said_once_and_the_recovery_once(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="oomguard.sources.kubernetes.log_budget")
+    caplog.set_level(logging.WARNING, logger="oomguard.exporter.sources.kubernetes.log_budget")
     budget = LogStreamBudget(1, 1, nofile=256)
     held = budget.ask()
     waiting = [budget.ask() for _ in range(50)]

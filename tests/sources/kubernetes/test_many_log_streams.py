@@ -18,7 +18,7 @@ import aiohttp
 from aiohttp import web
 from support import vllm_body
 
-from oomguard.descriptors import budget
+from oomguard.common.descriptors import budget
 from tests.sources.kubernetes import objects
 from tests.sources.kubernetes.k8s_harness import free_port, kubeconfig, wait_for
 from tests.sources.kubernetes.stand_in import StandIn

@@ -5,11 +5,11 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
-from oomguard.events.kubernetes import probe_kind
-from oomguard.kubelet_cgroups import pod_of
-from oomguard.sources.kubernetes.cgroup import attribute
-from oomguard.sources.kubernetes.pods import container_settings, pod_target
-from oomguard.sources.kubernetes.probes import grace_seconds
+from oomguard.common.kubelet_cgroups import pod_of
+from oomguard.exporter.events.kubernetes import probe_kind
+from oomguard.exporter.sources.kubernetes.cgroup import attribute
+from oomguard.exporter.sources.kubernetes.pods import container_settings, pod_target
+from oomguard.exporter.sources.kubernetes.probes import grace_seconds
 from tests.sources.kubernetes import objects
 
 UID = "0f1e2d3c-4b5a-4987-8654-3210fedcba98"

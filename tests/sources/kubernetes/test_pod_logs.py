@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from oomguard.events.api_log import ApiLogReader
-from oomguard.sources.kubernetes.api import ApiClient, Connection
-from oomguard.sources.kubernetes.pod_logs import MAX_LINE_BYTES, PodLogFollower
+from oomguard.exporter.events.api_log import ApiLogReader
+from oomguard.exporter.sources.kubernetes.api import ApiClient, Connection
+from oomguard.exporter.sources.kubernetes.pod_logs import MAX_LINE_BYTES, PodLogFollower
 
 STAMP = "2026-12-05T12:00:01.000000001Z"
 

@@ -6,9 +6,9 @@ import shlex
 
 import pytest
 
-from oomguard.engines import ENGINES
-from oomguard.model import EngineSetting
-from oomguard.sources.local.cmdline import engine_of
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.model import EngineSetting
+from oomguard.exporter.sources.local.cmdline import engine_of
 
 
 def argv(text: str) -> tuple[str, ...]:
@@ -148,7 +148,7 @@ def test_triton_is_discovered_without_settings() -> None:
 
 
 def test_proc_cmdline_bytes_to_argv() -> None:
-    from oomguard.sources.local.cmdline import _argv
+    from oomguard.exporter.sources.local.cmdline import _argv
 
     assert _argv(b"llama-server\0-c\0" + b"4096\0") == ("llama-server", "-c", "4096")
     assert _argv(b"python3\0/opt/my model/serve.py\0") == ("python3", "/opt/my model/serve.py")  # a space kept
@@ -158,7 +158,7 @@ def test_proc_cmdline_bytes_to_argv() -> None:
 
 
 def test_the_port_is_the_named_one_never_another_of_its_family() -> None:
-    from oomguard.sources.local.cmdline import EngineProcess, engine_port
+    from oomguard.exporter.sources.local.cmdline import EngineProcess, engine_port
 
     vllm = EngineProcess(10, "vllm", argv("vllm serve m --port 8001"), frozenset({10, 11}))
     # Loading: a worker holds torch.distributed's store on a port of its own; the API port is not up yet.

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from oomguard.cli import main
-from oomguard.config import ConfigError
-from oomguard.config_loader import load_config
-from oomguard.describe import describe
+from oomguard.exporter.config import ConfigError
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.describe import describe
 
 
 def config_of(tmp_path: Path, text: str):

@@ -1,0 +1,241 @@
+"""A pod's engine container's log as the Kubernetes API serves it (`pods/log`), for the cluster mode.
+
+The stream itself is read on the event loop (sources/kubernetes/pod_logs.py), which hands each line, with the
+timestamp the API puts before it (`timestamps=true`: RFC 3339, nanoseconds), to `ApiLogReader.offer`; the runner's
+poll takes the lines in its thread, like a file follower's.
+
+Resuming without losing or repeating a line: a dropped stream is asked again from `sinceTime`, which the API
+takes in whole seconds and includes, so the new stream repeats the last second. The reader keeps the timestamp of
+the last line it took and how many lines carried exactly it; at the start of a resumed stream, a line older than
+that, or one of those already taken at it, is a repeat and is dropped; once a newer line came, nothing more is.
+The position is saved with the other event state, so an exporter that restarts goes on from it. One position
+serves the engine container across its restarts: a container's lines are all later than its predecessor's (one
+node's clock), so the previous container's last lines (`previous=true`, where a crash's traceback is) and the new
+one's are each taken once, whichever is read first.
+
+Every time here is the node's: the exporter's clock (an hour ahead, or behind) decides nothing. A pod found at
+start is read from now by asking for the lines of the last seconds (`sinceSeconds`, which the node counts back
+from its own clock), the seconds counted on the exporter's monotonic clock. A node's clock that steps back is
+followed: its lines are taken (they are new, whatever their stamps say), the position moves back with them, and
+`high` remembers the latest stamp before the step: a stream resumed from the stepped-back position is sent the
+lines from before the step again first (their stamps are later), and those, up to the stamps' jump back, are
+dropped as repeats.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from oomguard.exporter.model import ReadStats
+
+# What is held for the poller, which takes it every poll (0.5 s): beyond this, lines are let go and counted (the
+# poller is stuck, or the engine logs faster than it can be read: long prompts with request logging on). The lines
+# that could count are kept first (`keep`, the detector's `may_count`): an OOM line in a flood of 64 KiB request
+# lines is not pushed out by them. Lines are at most 64 KiB (sources/kubernetes/pod_logs.py), so 500 followed
+# containers hold at most 500 MiB in the worst case, and a few KB each in the usual one.
+MAX_HELD_BYTES = 1024 * 1024
+
+
+def parse_timestamp(text: str) -> tuple[int, int] | None:
+    """`2026-12-05T12:00:01.123456789Z` -> (Unix seconds, nanoseconds); None when it is not one."""
+    head, dot, rest = text.partition(".")
+    fraction = rest.rstrip("Z") if dot else ""
+    if dot and (not rest.endswith("Z") or not fraction.isdigit() or len(fraction) > 9):
+        return None
+    if not dot:
+        if not head.endswith("Z"):
+            return None
+        head = head[:-1]
+    try:
+        seconds = datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+    return int(seconds), int(fraction.ljust(9, "0")) if fraction else 0
+
+
+FROM_START = "start"  # the saved `since` of a log to read whole: no line taken yet of a pod that came while watched
+
+
+def rfc3339(at: tuple[int, int]) -> str:
+    """(Unix seconds, nanoseconds) as the API writes a time."""
+    return datetime.fromtimestamp(at[0], UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{at[1]:09d}Z"
+
+
+def since_time(at: tuple[int, int]) -> str:
+    """The `sinceTime` that includes `at` (whole seconds, as the API takes it)."""
+    return datetime.fromtimestamp(at[0], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ApiLogReader:
+    """The lines of one pod's engine container, from the API; a `LineReader` (events/source.py)."""
+
+    def __init__(
+        self,
+        *,
+        state: dict[str, Any] | None = None,
+        from_start: bool = False,
+        keep: Callable[[str], bool] | None = None,
+    ) -> None:
+        """`from_start`: a pod that came while we watched, its log read whole; else (a pod found at start, without
+        a saved position) from now on, as a file is followed from its end (what it logged before may be counted
+        already). `keep`: whether a line could count, kept first when lines must be let go (None: none)."""
+        self.stats = ReadStats(files_followed=1, lines_dropped=0)
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._held: deque[list[Any]] = deque()  # [line, could it count (None: not asked yet), its time]
+        self.stamps: list[float | None] = []  # the time of each line the last poll returned (the node's clock)
+        self._held_bytes = 0
+        self._seen_again = 0  # lines at the stream's starting position seen again in it
+        self.last: tuple[int, int] | None = None  # the stamp of the last line taken
+        self.same = 0  # lines taken at exactly `last`
+        self.high: tuple[int, int] | None = None  # the latest stamp taken before the node's clock stepped back
+        # Without a position, a pod found at start is read from now: since when (time.monotonic()); None: whole.
+        self._from_now = None if from_start else time.monotonic()
+        if isinstance(state, dict):
+            self._restore(state)  # a saved position goes on from where it was
+        if self.last is not None:
+            self._from_now = None
+        self._resumed: tuple[tuple[int, int] | None, int] = (self.last, self.same)  # where this stream started
+        self._replay: tuple[int, int] | None = None  # this stream's lines up to it, before a jump back, are repeats
+        self._previous: tuple[int, int] | None = None  # the stamp of the line before, in this stream
+        # The position of the last line the poller took: what is saved, so that lines held for the poller when
+        # the exporter stops are read again by the next one, not skipped.
+        self._polled: tuple[tuple[int, int] | None, int, tuple[int, int] | None] = (self.last, self.same, self.high)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        last, same, high = state.get("last"), state.get("same"), state.get("high")
+        if isinstance(last, str) and isinstance(same, int) and not isinstance(same, bool) and same >= 0:
+            parsed = parse_timestamp(last)
+            if parsed is not None:  # a damaged position: as if none was saved
+                self.last, self.same = parsed, same
+                self.high = parse_timestamp(high) if isinstance(high, str) else None
+                return
+        # No line taken yet: read from where the exporter that saved it read (its log's start, or since when), so that
+        # a quiet pod's OOM written while no exporter ran is read, not skipped by a "from now" of this one's start.
+        since = state.get("since")
+        if since == FROM_START:
+            self._from_now = None
+        elif isinstance(since, str) and (at := parse_timestamp(since)) is not None:
+            # Back on this exporter's monotonic clock by the wall-clock time gone since: the node's clock, an hour off
+            # the exporter's, changes nothing (sinceSeconds), only a step of the exporter's own clock would.
+            self._from_now = time.monotonic() - max(0.0, time.time() - (at[0] + at[1] / 1e9))
+
+    # -- the stream's side (the event loop) ------------------------------------------------------------------
+    def offer(self, line: str) -> bool:
+        """One line of the API's stream, its timestamp first; False when it was a repeat (or had no timestamp)."""
+        stamp, _, message = line.partition(" ")
+        at = parse_timestamp(stamp)
+        with self._lock:
+            if at is None:
+                self.stats.lines_malformed += 1
+                return False
+            previous, self._previous = self._previous, at
+            if self._repeat(at, previous):
+                return False
+            self._take(at)
+            self._held.append([message, None, at[0] + at[1] / 1e9])
+            self._held_bytes += len(message)
+            if self._held_bytes > MAX_HELD_BYTES:
+                self._let_go()
+            self.stats.lines_read += 1
+            self.stats.bytes_read += len(line) + 1
+            return True
+
+    def _let_go(self) -> None:
+        """Down to half the budget (so that a flood asks `keep` of each line once, not at every line), the oldest
+        lines that could not count first; then, only if those that could are over the budget (no engine writes a
+        megabyte of them between two polls), the oldest of them."""
+        excess, dropped = self._held_bytes - MAX_HELD_BYTES // 2, 0
+        kept: deque[list[Any]] = deque()
+        for held in self._held:
+            if excess > 0:
+                if held[1] is None:
+                    held[1] = self.keep is not None and self.keep(held[0])
+                if not held[1]:
+                    excess -= len(held[0])
+                    self._held_bytes -= len(held[0])
+                    dropped += 1
+                    continue
+            kept.append(held)
+        while self._held_bytes > MAX_HELD_BYTES and kept:
+            self._held_bytes -= len(kept.popleft()[0])
+            dropped += 1
+        self._held = kept
+        self.stats.lines_dropped = (self.stats.lines_dropped or 0) + dropped
+
+    def _take(self, at: tuple[int, int]) -> None:
+        """The position follows the line taken, back too when the node's clock stepped back."""
+        if self.last is not None and at < self.last:
+            self.high = max(self.high or self.last, self.last)  # the step: lines up to `high` come again first
+        elif self.high is not None and at > self.high:
+            self.high = None  # the clock has passed the step: nothing older comes again
+        if at == self.last:
+            self.same += 1
+        else:
+            self.last, self.same = at, 1
+
+    def _repeat(self, at: tuple[int, int], previous: tuple[int, int] | None) -> bool:
+        """Taken before this stream: at its start, before the first line newer than where it resumed, a line older
+        than that, or one of the lines taken at exactly that time (the first `same` of them that come again); after
+        a step back of the node's clock, first the lines from before the step (up to `high`, until the stamps jump
+        back)."""
+        if self._replay is not None:
+            if (previous is None or at >= previous) and at <= self._replay:
+                return True
+            self._replay = None  # the jump back (or past the step): the lines after the step follow
+        resumed_at, resumed_same = self._resumed
+        if resumed_at is None or at > resumed_at:
+            self._resumed = (None, 0)  # a newer line came: whatever follows in this stream is new
+            return False
+        if at < resumed_at:
+            return True
+        self._seen_again += 1
+        return self._seen_again <= resumed_same
+
+    def new_stream(self) -> dict[str, str]:
+        """A stream (re)starts: what to ask from (`sinceTime`, or `sinceSeconds` for a pod read from now that has
+        written nothing yet); {} to read the container's log from its start."""
+        with self._lock:
+            self._resumed, self._seen_again, self._previous = (self.last, self.same), 0, None
+            self._replay = self.high if self.last is not None and self.high is not None else None
+            if self.last is not None:
+                return {"sinceTime": since_time(self.last)}
+            if self._from_now is not None:
+                return {"sinceSeconds": str(max(1, math.ceil(time.monotonic() - self._from_now)))}
+            return {}
+
+    def error(self, message: str) -> None:
+        with self._lock:
+            self.stats.read_errors += 1
+            self.stats.last_error = message
+
+    def ok(self) -> None:
+        with self._lock:
+            self.stats.last_error = ""
+
+    # -- the runner's side (its thread) ----------------------------------------------------------------------
+    def poll(self) -> list[str]:
+        with self._lock:
+            lines, self.stamps = [held[0] for held in self._held], [held[2] for held in self._held]
+            self._held, self._held_bytes = deque(), 0
+            self._polled = (self.last, self.same, self.high)
+        return lines
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            last, same, high = self._polled
+        if last is None:  # no line taken yet: where the next exporter reads from
+            if self._from_now is None:
+                return {"since": FROM_START}
+            since = time.time() - (time.monotonic() - self._from_now)
+            return {"since": rfc3339((int(since), int(since % 1 * 1e9)))}
+        return {"last": rfc3339(last), "same": same, **({"high": rfc3339(high)} if high is not None else {})}
+
+    def close(self) -> list[str]:
+        return self.poll()

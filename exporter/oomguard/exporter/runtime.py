@@ -1,0 +1,253 @@
+"""The composition root: everything oomguard runs, built from one configuration.
+
+`serve`, `serve --simulate` and the drill all build a `Runtime`; the web layer only
+calls `start` and `stop` and reads `collection`. Who owns what:
+
+- the event loop: the collection (scrapes of the targets, coalesced), the trend
+  sampler's loop, the event poller's loop, the simulation's supervisor;
+- the NVML thread (sources/nvml_reader.py): every NVML read, one at a time;
+- worker threads (asyncio.to_thread): the process lookup, the trend analysis, each
+  poll of the event sources, the event state file;
+- the XID thread (events/xid.py): waits for NVML's XID events, which the event poller takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import secrets
+import tempfile
+from functools import partial
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from oomguard import __version__
+from oomguard.common import descriptors
+from oomguard.common.engine_client import EngineClient
+from oomguard.exporter.collection import Collection
+from oomguard.exporter.config import Config, DcgmConfig, TargetConfig
+from oomguard.exporter.events.kubernetes import PodEvents
+from oomguard.exporter.events.runner import EventRunner
+from oomguard.exporter.sources.dcgm import DcgmEndpoint, DcgmReader
+from oomguard.exporter.sources.dcgm_body import Fields
+from oomguard.exporter.sources.kubernetes.discovery import KubernetesDiscovery
+from oomguard.exporter.sources.local.discovery import LocalDiscovery
+from oomguard.exporter.sources.local.settings import SettingsReader
+from oomguard.exporter.sources.nvml import NvmlSource
+from oomguard.exporter.sources.nvml_reader import NvmlReader
+from oomguard.exporter.sources.process_lookup import ProcessLookup
+from oomguard.exporter.sources.processes import ProcessFinder
+from oomguard.exporter.sources.source_runs import SourceRuns
+from oomguard.exporter.sources.target_set import TargetSet
+from oomguard.exporter.sources.targets import TargetScraper
+from oomguard.exporter.trend.observe import TrendObserver
+from oomguard.exporter.trend.sampler import Sampler, TrendTracker
+from oomguard.exporter.web_config.server import scrape_connection_limit
+from oomguard.simulate.clock import events_on_clock, trend_on_clock
+from oomguard.simulate.dcgm_exporter import SimulatedDcgmExporter
+from oomguard.simulate.engines import simulation
+from oomguard.simulate.supervisor import Simulation
+
+log = logging.getLogger(__name__)
+
+_REAL_NVML = object()  # default of nvml_lib: pynvml, or the simulation's fake GPUs
+SIMULATED_NODE = "sim-node"  # the hostname the simulated dcgm-exporter writes
+
+
+class Runtime:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        nvml_lib: ModuleType | Any | None = _REAL_NVML,
+        start_simulation: bool = True,
+        simulation_log: Path | None = None,
+    ) -> None:
+        """`nvml_lib`: pynvml or a stand-in with its API; None for no GPUs. `start_simulation=False`
+        leaves the simulated engine to be started by the caller (the drill starts it once Prometheus scrapes)."""
+        self.simulation: Simulation | None = None
+        self.sim_dcgm: SimulatedDcgmExporter | None = None
+        self._own_log: Path | None = None
+        if config.simulation.scenario:
+            sim = config.simulation
+            # A log of our own making is removed at stop; one the caller names is the caller's.
+            self._own_log = (
+                None
+                if simulation_log
+                else Path(tempfile.gettempdir()) / (f"oomguard-sim-{os.getpid()}-{secrets.token_hex(4)}.log")
+            )
+            log_path = simulation_log or self._own_log
+            self.simulation = simulation(
+                sim.scenario, gpus=sim.gpus, time_scale=sim.time_scale, log_path=log_path, engine=sim.engine
+            )
+            config = config.model_copy(update={"targets": (*config.targets, self.simulation.target())})
+            if sim.gpu_source == "dcgm":
+                # The cluster mode's GPU source: a simulated dcgm-exporter beside the engine, its URL known at start.
+                self.sim_dcgm = SimulatedDcgmExporter(
+                    self.simulation.current_gpus, node=SIMULATED_NODE, pod=("sim", f"sim-{sim.engine}", sim.engine),
+                    pod_gpus=self.simulation.gpus,
+                )  # fmt: skip
+            # Every duration the exporter judges runs on the scenario's clock (simulate/clock.py).
+            config = events_on_clock(config, sim.time_scale)
+            log.info("simulation %r: engine at %s, its log in %s", sim.scenario, self.simulation.url, log_path)
+        self.config = config
+        self.time_scale = config.simulation.time_scale if self.simulation is not None else 1.0
+        self._nvml_lib = nvml_lib
+        self._start_simulation = start_simulation
+        self.source_runs = SourceRuns()
+        self.collection: Collection | None = None  # set by start()
+        self.targets: TargetSet | None = None  # set by start()
+        self.tracker: TrendTracker | None = None  # set by start() where trends are on: the status page's sparklines
+        self._client: EngineClient | None = None
+        self._nvml: NvmlReader | None = None
+        self._events: EventRunner | None = None
+        self.discovery: KubernetesDiscovery | None = None
+        self.local_discovery: LocalDiscovery | None = None
+        self._tasks: list[asyncio.Future[Any]] = []
+
+    def _lib(self) -> ModuleType | Any | None:
+        if not self.config.nvml.enabled or self.config.dcgm is not None:
+            return None  # no NVML, or GPU memory from dcgm-exporter instead
+        if self._nvml_lib is not _REAL_NVML:
+            return self._nvml_lib
+        if self.simulation is not None:
+            return self.simulation.nvml
+        import pynvml
+
+        return pynvml
+
+    async def start(self) -> None:
+        if self.sim_dcgm is not None:
+            await self.sim_dcgm.start()
+            dcgm = DcgmConfig(urls=(self.sim_dcgm.url,), timeout_seconds=self.config.nvml.timeout_seconds)
+            self.config = self.config.model_copy(update={"dcgm": dcgm})
+        config = self.config
+        if self.simulation is not None and self._start_simulation:
+            await self.simulation.start()
+        _say_descriptors(descriptors.budget())
+        # One client for every target, for the life of the runtime.
+        self._client = EngineClient(limit=scrape_connection_limit(), user_agent=f"oomguard/{__version__}")
+        lib = self._lib()
+        nvml = self._nvml = (
+            NvmlReader(
+                NvmlSource(lib, per_process=config.nvml.per_process, node=config.local_node),
+                config.nvml.timeout_seconds,
+            )
+            if lib is not None
+            else None
+        )
+        finder = ProcessFinder()
+
+        def make_scraper(t: TargetConfig) -> TargetScraper:
+            return TargetScraper(
+                t,
+                timeout=config.target_timeout(t),
+                max_body_bytes=config.scrape.max_body_bytes,
+                finder=finder,
+                limits=config.target_limits(t),
+                time_scale=self.time_scale,
+            )
+
+        # The one set of targets: discovery changes it, on the event loop; the others read it.
+        targets = self.targets = TargetSet(make_scraper, config.targets)
+        processes = ProcessLookup(finder, targets.local_ports(), self.source_runs)
+        tracker = self.tracker = TrendTracker(trend_on_clock(config, self.time_scale)) if config.trend.enabled else None
+        # Reads the saved state file: not on the event loop.
+        events = self._events = await asyncio.to_thread(partial(EventRunner, config, nvml=lib))
+        discovery = self.discovery = (
+            KubernetesDiscovery(
+                config, source_runs=self.source_runs, targets=targets, pod_events=PodEvents(events, config.events)
+            )
+            if config.kubernetes is not None
+            else None
+        )
+        gpus: NvmlReader | DcgmReader | None = nvml
+        if config.dcgm is not None:
+            dcgm = config.dcgm
+            configured = [DcgmEndpoint(url, config.local_node) for url in dcgm.urls]
+            endpoints = discovery.dcgm_endpoints if discovery is not None and dcgm.discover else lambda: configured
+            gpus = DcgmReader(
+                self._client, endpoints, timeout_seconds=dcgm.timeout_seconds, max_body_bytes=dcgm.max_body_bytes,
+                fields=Fields(**dcgm.fields.model_dump()),
+            )  # fmt: skip
+        local = self.local_discovery = (
+            LocalDiscovery(config, source_runs=self.source_runs, targets=targets, processes=processes)
+            if config.discovers_local
+            else None
+        )
+        self.collection = collection = Collection(
+            source_runs=self.source_runs, client=self._client, gpu_source=gpus, targets=targets, processes=processes,
+            tracker=tracker, events=events, attribute=discovery.attribute if discovery else None,
+            settings=SettingsReader(), local_node=config.local_node,
+            dcgm_refusals=discovery.dcgm_refusals if discovery and config.dcgm and config.dcgm.discover else None,
+            log_streams=discovery.log_streams if discovery and discovery.cluster else None,
+        )  # fmt: skip
+        # What exists at start lives as long as the runtime: keep it out of the garbage collector's
+        # full passes, which otherwise stall a scrape for tens of milliseconds now and then.
+        gc.collect()
+        gc.freeze()
+        if local is not None:
+            await local.poll()  # the engines running now are targets of the first collection
+            self._tasks.append(asyncio.ensure_future(local.run()))
+        # A first collection at start, so /-/ready means "has data" and the first real
+        # scrape finds NVML initialised and the targets' states known.
+        self._tasks.append(asyncio.ensure_future(collection.snapshot()))
+        if tracker is not None:
+            pod_processes = discovery.pod_processes if discovery is not None else None
+            observer = TrendObserver(gpus, processes, targets.views, tracker, pod_processes, config.local_node)
+            sampler = Sampler(tracker, observer.observe)
+            self._tasks.append(asyncio.ensure_future(sampler.run()))
+        if events.sources or discovery is not None:
+            self._tasks.append(asyncio.ensure_future(self._follow_events(events, targets, processes)))
+        if discovery is not None:
+            self._tasks.append(asyncio.ensure_future(discovery.run()))
+
+    async def _follow_events(self, events: EventRunner, targets: TargetSet, processes: ProcessLookup) -> None:
+        """The background loop reading logs, journals, cgroups and the kernel log; the engines' starts read there
+        go to their targets' restart trackers (a life that never serves is seen nowhere else)."""
+        interval = self.config.events.poll_interval_seconds
+        while True:
+            # Whose processes and pods a kernel OOM kill may be (events/kill_owners.py).
+            for name, pids, pod_uid in targets.owners(processes.latest()):
+                events.kill_owners.update(name, pids, pod_uid)
+            events.kill_owners.keep_only(targets.names())
+            await asyncio.to_thread(self.source_runs.run_blocking, "events", events.poll)
+            for target, at, pid in events.take_starts():
+                targets.log_start(target, at, pid)
+            await asyncio.sleep(interval)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await asyncio.to_thread(self._close_blocking)
+        if self._client is not None:
+            await self._client.close()
+        if self.simulation is not None:
+            await self.simulation.stop()  # first: its supervisor would make the log again at a relaunch
+        if self.sim_dcgm is not None:
+            await self.sim_dcgm.stop()
+        if self._own_log is not None:
+            await asyncio.to_thread(self._own_log.unlink, missing_ok=True)
+
+    def _close_blocking(self) -> None:
+        if self._events is not None:
+            self._events.close()
+        if self._nvml is not None:
+            self._nvml.close()
+
+
+def _say_descriptors(shares: descriptors.Budget) -> None:
+    """The descriptor budget, once at start (descriptors.py): what each use may hold."""
+    log.info(
+        "file descriptors: %d (RLIMIT_NOFILE): %d for the server's connections, %d for the engines' and "
+        "dcgm-exporters' requests, %d log streams and %d short log reads (the cluster mode), %d kept for files",
+        shares.limit, shares.server, shares.scrapes, shares.log_streams, shares.log_reads, shares.files,
+    )  # fmt: skip
+    if shares.overbooked:
+        log.warning("file descriptors: a limit of %d is below what the shares' minimums need (256): raise it "
+                    "(systemd LimitNOFILE=, ulimit -n)", shares.limit)  # fmt: skip

@@ -1,0 +1,462 @@
+"""Memory trend of one series: slopes, the monotonic climb, time to full, and a state.
+
+The postmortem's lesson: one reading says nothing. "A climb that never falls back
+is a leak or cache growth; a spike straight to the top is over-provisioning." The
+definitions and thresholds of each state are in docs/trend.md.
+
+Everything here is pure and cheap: it runs every sample interval for every series.
+Values are kept as a share of the series' capacity (0-1), so one set of thresholds
+fits an 80 GB GPU and a 2 TB host alike; slopes are turned back into bytes on export.
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from collections import deque
+from itertools import combinations
+
+from oomguard.exporter.model import Trend, TrendSettings
+
+# Kendall's tau a rise must reach to count as a climb (1: every later bucket is higher).
+CONSISTENT = 0.6
+# Share of the climb's span its rise must be spread over (a step up is not a leak).
+SPREAD = 0.35
+
+
+def median_of_sorted(data: list[float]) -> float:
+    """statistics.median's result, from a list already sorted (the same formula: the middle value,
+    or the mean of the middle two)."""
+    n = len(data)
+    if n % 2:
+        return data[n // 2]
+    return (data[n // 2 - 1] + data[n // 2]) / 2
+
+
+def theil_sen(points: list[tuple[float, float]]) -> float | None:
+    """Median of pairwise slopes: one wild reading cannot tilt it (unlike least squares)."""
+    slopes = [(v2 - v1) / (t2 - t1) for (t1, v1), (t2, v2) in combinations(points, 2) if t2 > t1]
+    if not slopes:
+        return None
+    slopes.sort()
+    return median_of_sorted(slopes)
+
+
+class BucketCache:
+    """What one caller (a slot) keeps of its buckets from one tick to the next.
+
+    `kept`: per bucket, [absolute index of its first sample, of the one past its last, values sorted]; a
+    bucket that moved by a sample or two is slid (the values that left taken out, those that came put in).
+    `ring`: the statistics (median, 10th percentile) of the buckets seen, by absolute index range. At full
+    history a window slides by one sample a tick and its width stays put, so bucket i's range of this tick
+    is bucket i + 1's of (width / interval) ticks ago: 11 of 12 buckets are found here, and only the newest
+    is computed. Stored in arrays, slot b % size, keyed by both ends: an entry is used only for its exact
+    range, and values never change once added, so a hit is the same result as sorting afresh."""
+
+    __slots__ = ("ends", "floors", "kept", "medians", "size", "starts")
+
+    def __init__(self) -> None:
+        self.kept: list[list | None] = []
+        self.size = 0
+
+    def _grow(self, span: int) -> None:
+        size = 64
+        while size <= span:
+            size *= 2
+        self.size = size
+        self.starts = array("q", [-1]) * size
+        self.ends = array("q", [-1]) * size
+        self.medians = array("d", [0.0]) * size
+        self.floors = array("d", [0.0]) * size
+
+
+def _stats(data: list[float]) -> tuple[float, float]:
+    """A sorted bucket's median and 10th percentile (the index stat_points used)."""
+    n = len(data)
+    return (data[n // 2] if n % 2 else (data[n // 2 - 1] + data[n // 2]) / 2), data[n // 10]
+
+
+class History:
+    """A window of a series' samples: parallel lists, times ascending, and the window's bounds in them.
+    Windows are found by bisection, with no copy and no pass over every sample in Python (this runs for
+    every series every tick). `base` is the absolute index (counted since the series began) of the lists'
+    first element, so that buckets can be carried from one tick to the next (`caches`, by slot)."""
+
+    __slots__ = ("base", "caches", "hi", "lo", "times", "values")
+
+    def __init__(
+        self,
+        times: list[float],
+        values: list[float],
+        lo: int = 0,
+        hi: int = -1,
+        base: int = 0,
+        caches: dict[str, BucketCache] | None = None,
+    ) -> None:
+        self.times, self.values, self.lo, self.base, self.caches = times, values, lo, base, caches
+        self.hi = len(times) if hi < 0 else hi
+
+    def since(self, start: float) -> History:
+        i = bisect.bisect_left(self.times, start, self.lo, self.hi)
+        return History(self.times, self.values, i, self.hi, self.base, self.caches)
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def first(self) -> float:
+        return self.times[self.lo]
+
+    def window(self) -> list[float]:
+        return self.values[self.lo : self.hi]
+
+
+def _slide(data: list[float], values: list[float], old_lo: int, lo: int, old_hi: int, hi: int) -> bool:
+    """sorted(values[old_lo:old_hi]) -> sorted(values[lo:hi]) in place, for old_lo <= lo <= old_hi <= hi."""
+    for value in values[old_lo:lo]:
+        if not _remove(data, value):
+            return False
+    for value in values[old_hi:hi]:
+        bisect.insort(data, value)
+    return True
+
+
+def _remove(data: list[float], value: float) -> bool:
+    i = bisect.bisect_left(data, value)
+    if i < len(data) and data[i] == value:
+        del data[i]
+        return True
+    return False  # NaN, or out of step: the caller sorts afresh
+
+
+def bucket_stats(
+    history: History, start: float, end: float, *, count: int = 12, slot: str | None = None
+) -> list[tuple[float, float, float]]:
+    """Split [start, end] into equal buckets; per bucket that holds samples: its centre, its median and its
+    10th percentile. `slot` names the caller, whose buckets are carried from one tick to the next
+    (BucketCache); without one (or without `history.caches`), each bucket is sorted afresh. Either way the
+    figures are those of sorting each bucket's values afresh."""
+    if end - start <= 0:
+        return []
+    width = (end - start) / count
+    times, lo, hi = history.times, history.lo, history.hi
+    edges = [bisect.bisect_left(times, start + i * width, lo, hi) for i in range(count)]
+    edges.append(hi)
+    values, base = history.values, history.base
+    caches = history.caches
+    out = []
+    if caches is None or slot is None:
+        for i in range(count):
+            a, b = edges[i], edges[i + 1]
+            if a < b:
+                out.append((start + (i + 0.5) * width, *_stats(sorted(values[a:b]))))
+        return out
+    cache = caches.get(slot)
+    if cache is None:
+        cache = caches[slot] = BucketCache()
+    kept = cache.kept
+    if len(kept) != count:
+        kept = cache.kept = [None] * count
+    if cache.size <= hi - lo:
+        cache._grow(hi - lo)
+    mask = cache.size - 1
+    starts, ends, medians, floors = cache.starts, cache.ends, cache.medians, cache.floors
+    for i in range(count):
+        a, b = edges[i], edges[i + 1]
+        if a < b:
+            new_lo, new_hi = a + base, b + base
+            at = new_hi & mask
+            if ends[at] == new_hi and starts[at] == new_lo:
+                out.append((start + (i + 0.5) * width, medians[at], floors[at]))
+                continue
+            entry = kept[i]
+            if entry is not None and entry[0] == new_lo and entry[1] == new_hi:
+                data = entry[2]
+            elif (
+                entry is not None
+                and base <= entry[0] <= new_lo <= entry[1] <= new_hi
+                and new_lo - entry[0] + new_hi - entry[1] < 8
+                and _slide(entry[2], values, entry[0] - base, a, entry[1] - base, b)
+            ):
+                data = entry[2]
+                entry[0], entry[1] = new_lo, new_hi
+            else:
+                data = sorted(values[a:b])
+                kept[i] = [new_lo, new_hi, data]
+            median, floor = _stats(data)
+            starts[at], ends[at], medians[at], floors[at] = new_lo, new_hi, median, floor
+            out.append((start + (i + 0.5) * width, median, floor))
+    return out
+
+
+def stat_points(buckets: list[tuple[float, float, float]], *, floor: bool = False) -> list[tuple[float, float]]:
+    """One point per bucket: its median, or its 10th percentile (`floor`: the troughs under a sawtooth,
+    where one wild low reading does not count)."""
+    if floor:
+        return [(centre, low) for centre, _, low in buckets]
+    return [(centre, median) for centre, median, _ in buckets]
+
+
+def bucket_points(
+    history: History, start: float, end: float, *, floor: bool = False, count: int = 12, slot: str | None = None
+) -> list[tuple[float, float]]:
+    """Split [start, end] into equal buckets; one point per bucket: its median, or its 10th percentile."""
+    return stat_points(bucket_stats(history, start, end, count=count, slot=slot), floor=floor)
+
+
+def slope_of(points: list[tuple[float, float]]) -> float | None:
+    return theil_sen(points) if len(points) >= 3 else None
+
+
+def robust_slope(
+    history: History, start: float, end: float, *, floor: bool = False, slot: str | None = None
+) -> float | None:
+    return slope_of(bucket_points(history, start, end, floor=floor, slot=slot))
+
+
+def consistency(points: list[tuple[float, float]]) -> float:
+    """Kendall's tau of value against time (-1..1): near 1 when nearly every later point is higher.
+
+    A leak rises throughout; one step up (a burst, a restart's load) or noise does not.
+    """
+    pairs = [(v2 > v1) - (v2 < v1) for i, (_, v1) in enumerate(points) for _, v2 in points[i + 1 :]]
+    return sum(pairs) / len(pairs) if pairs else 0.0
+
+
+def spread(points: list[tuple[float, float]]) -> float:
+    """Share of the span over which the rise happened (10 % to 90 % of it): a leak's rise is spread
+    out, a burst's or a restart's is one step."""
+    (t0, first), (t1, last) = points[0], points[-1]
+    rise = last - first
+    if rise <= 0 or t1 <= t0:
+        return 0.0
+    t10 = next(t for t, v in points if v >= first + 0.1 * rise)
+    t90 = next(t for t, v in points if v >= first + 0.9 * rise)
+    return (t90 - t10) / (t1 - t0)
+
+
+class Series:
+    """The bounded history of one series and its climb, fed one sample at a time.
+
+    The samples are kept as parallel lists (times, values) with the window's start in them, compacted
+    now and then, and the values also kept sorted as a whole; the statistics of the windows' buckets are
+    carried from one tick to the next (BucketCache): a tick adds a sample and drops one, so it computes
+    the newest bucket of each window and finds the others' among those it computed before, instead of
+    sorting every bucket again. The results are those of sorting afresh: `incremental=False` computes
+    every statistic from scratch, each tick (the tests compare the two)."""
+
+    def __init__(self, settings: TrendSettings, *, incremental: bool = True, from_serving: bool = False) -> None:
+        """`from_serving`: the history begins with its engine up and serving (TrendTracker.forget), so a climb
+        from its start is not a load: it may be called sooner (TrendSettings.climb_share_of_time_to_full)."""
+        self.settings = settings
+        self.incremental = incremental
+        self.from_serving = from_serving
+        self.maxlen = int(settings.long_window_seconds / settings.interval_seconds) + 8
+        self._times: list[float] = []
+        self._values: list[float] = []
+        self._head = 0  # index of the oldest sample still in the window
+        self._base = 0  # samples compacted away since the series began: absolute index = _base + list index
+        self._sorted: list[float] = []  # the window's values, sorted (the spread's percentiles)
+        self._buckets: dict[str, BucketCache] = {}
+        self._recent: deque[float] = deque(maxlen=3)
+        self.climb_start: float | None = None
+        self.climb_floor = 0.0
+        self.peak = 0.0
+        # Once called a climb, it stays one while its floor still rises: no flapping at the
+        # thresholds while noise (or cache churn) moves the level up and down.
+        self.latched = False
+        self.latched_slope = 0.0  # its pace when called (share of capacity per second)
+        self._called_slope = 0.0
+        self._whole_floor: list[tuple[float, float]] | None = None  # this tick's, computed at most once
+
+    def __len__(self) -> int:
+        """The samples held: never more than the long window's worth (`maxlen`)."""
+        return len(self._times) - self._head
+
+    @property
+    def last_time(self) -> float | None:
+        return self._times[-1] if len(self) else None
+
+    def recent(self, seconds: float, points: int) -> list[float]:
+        """The ratios of the last `seconds` (before the newest sample), at most `points` of them, evenly taken:
+        a sparkline's (the status page's)."""
+        if not len(self):
+            return []
+        start = bisect.bisect_left(self._times, self._times[-1] - seconds, self._head)
+        values = self._values[start:]
+        stride = max(1, -(-len(values) // points))
+        return values[::stride]
+
+    def _drop_oldest(self) -> None:
+        _remove(self._sorted, self._values[self._head]) or self._resort()
+        self._head += 1
+
+    def _resort(self) -> None:
+        self._sorted = sorted(self._values[self._head :])
+
+    def add(self, t: float, ratio: float) -> None:
+        s = self.settings
+        if len(self) and self._values[-1] - ratio >= s.restart_drop_ratio:
+            self.reset()
+        if len(self) == self.maxlen:
+            self._drop_oldest()
+        self._times.append(t)
+        self._values.append(ratio)
+        bisect.insort(self._sorted, ratio)
+        while len(self) and self._times[self._head] < t - s.long_window_seconds:
+            self._drop_oldest()
+        if self._head >= self.maxlen:  # compact: the lists hold at most two windows' worth
+            del self._times[: self._head], self._values[: self._head]
+            self._base += self._head
+            self._head = 0
+        # The climb follows a median of 3, so one odd reading neither ends nor starts it.
+        self._recent.append(ratio)
+        smooth = median_of_sorted(sorted(self._recent))
+        if self.climb_start is None or smooth < self.peak - s.tolerance_ratio:
+            self.climb_start, self.climb_floor, self.peak = t, smooth, smooth
+        else:
+            self.peak = max(self.peak, smooth)
+
+    def reset(self) -> None:
+        self._base += len(self._times)
+        self._times, self._values, self._head = [], [], 0
+        self._sorted.clear()
+        self._buckets.clear()
+        self._recent.clear()
+        self.climb_start = None
+        self.latched = False
+        self.from_serving = False  # memory freed at once: a restart, whose load comes next
+
+    def trend(self) -> Trend | None:
+        if not len(self):
+            return None
+        s = self.settings
+        caches = self._buckets if self.incremental else None
+        samples = History(self._times, self._values, self._head, len(self._times), self._base, caches)
+        first, now = samples.first, self._times[-1]
+        level = median_of_sorted(sorted(self._recent))
+        short = samples.since(now - s.short_window_seconds)
+        slope_short = robust_slope(short, now - s.short_window_seconds, now, slot="short")
+        # The whole history's buckets, shared by the long slope and the floor's (computed once per tick).
+        whole = bucket_stats(samples, first, now, slot="all")
+        self._whole_floor = None
+        slope_long = slope_of(stat_points(whole))
+        climb_seconds = now - self.climb_start if self.climb_start is not None else 0.0
+        state = self._classify(samples, short, whole, level, climb_seconds, now)
+        rising = None  # the pace toward full: only for these two states, and only then computed
+        if state == "spike":
+            rising = slope_short
+        elif state == "climbing":
+            rising = self._climb_slope(samples, whole, now)
+        seconds_to_full = (1.0 - level) / rising if rising and rising > 0 else None
+        if state == "climbing" and rising:
+            slope_long = rising
+        return Trend(state, level, slope_short, slope_long, climb_seconds, seconds_to_full)
+
+    def _floor_points(self, whole: list[tuple[float, float, float]]) -> list[tuple[float, float]]:
+        if self._whole_floor is None:
+            self._whole_floor = stat_points(whole, floor=True)
+        return self._whole_floor
+
+    def _climb_slope(self, samples: History, whole: list[tuple[float, float, float]], now: float) -> float | None:
+        """The pace of the current climb, or of the floor under a sawtooth when that is what rises."""
+        assert self.climb_start is not None
+        slope = robust_slope(samples.since(self.climb_start), self.climb_start, now, slot="climb")
+        floor = slope_of(self._floor_points(whole))
+        candidates = [x for x in (slope, floor) if x is not None]
+        return max(candidates) if candidates else None
+
+    def _classify(
+        self,
+        samples: History,
+        short: History,
+        whole: list[tuple[float, float, float]],
+        level: float,
+        climb_seconds: float,
+        now: float,
+    ) -> str:
+        s = self.settings
+        # No median of the last 30 s reaches the mark when no value of the window does (the largest is
+        # kept, sorted): most series are spared the sort.
+        values = self._sorted if self.incremental else sorted(samples.window())
+        if values[-1] >= s.saturated_ratio and (
+            median_of_sorted(sorted(samples.since(now - 30.0).window())) >= s.saturated_ratio
+        ):
+            return "saturated"
+        if level >= s.spike_level_ratio and level - min(short.window()) >= s.spike_rise_ratio:
+            return "spike"
+        climbing = self._is_climbing(samples, whole, level, climb_seconds, now)
+        if climbing and not self.latched:
+            self.latched_slope = self._called_slope
+        self.latched = climbing
+        if climbing:
+            return "climbing"
+        p5, p95 = values[int(0.05 * (len(values) - 1))], values[int(0.95 * (len(values) - 1))]
+        return "sawtooth" if p95 - p5 >= s.sawtooth_span_ratio else "steady"
+
+    def _is_climbing(
+        self, samples: History, whole: list[tuple[float, float, float]], level: float, climb_seconds: float, now: float
+    ) -> bool:
+        s = self.settings
+        if self.latched:
+            # Over the time the climb, at the pace it was called at, takes to rise by half the minimum rise:
+            # a slow leak is judged over many minutes, a warm-up ramp that has levelled off lets go soon.
+            hold = s.climb_min_rise_ratio / 2 / self.latched_slope if self.latched_slope > 0 else s.climb_min_seconds
+            hold = min(max(hold, s.climb_soonest), s.long_window_seconds / 2)
+            start = max(now - hold, samples.first)
+            slope = robust_slope(samples.since(start), start, now, floor=True, slot="latched")
+            return slope is not None and slope >= s.climb_min_slope_ratio_per_minute / 60 / 2
+        # A climb that has not fallen back for a while, and whose latter half still rises, steadily,
+        # at a leak's pace: a restart's loading ramp, a burst (a step up, then flat) and noise all fail.
+        soonest = s.climb_soonest if self.from_serving else s.climb_min_seconds
+        if climb_seconds >= soonest and level - self.climb_floor >= s.climb_min_rise_ratio:
+            start = max(now - climb_seconds / 2, samples.first)
+            points = bucket_points(samples.since(start), start, now, slot="half")
+            slope = self._rising_slope(points, start, now, s.climb_min_rise_ratio / 2)
+            if slope is not None and climb_seconds >= self._climb_needs(level, slope):
+                # Called sooner than climb_min_seconds, it must still rise at the end: a warm-up step that has
+                # just levelled off rises over the half as a whole, not over its latter half.
+                recent = theil_sen(points[len(points) // 2 :])
+                if climb_seconds >= s.climb_min_seconds or (recent is not None and recent >= slope / 2):
+                    self._called_slope = slope
+                    return True
+        # A sawtooth whose troughs rise: a leak under cache churn. Needs most of the long window.
+        start = samples.first
+        if now - start < 0.8 * s.long_window_seconds:
+            return False
+        slope = self._rising_slope(self._floor_points(whole), start, now, s.climb_min_rise_ratio)
+        self._called_slope = slope or 0.0
+        return slope is not None
+
+    def _climb_needs(self, level: float, slope: float) -> float:
+        """How long a climb at `slope` (share of capacity per second) must have lasted to be called one."""
+        s = self.settings
+        if not self.from_serving:
+            return s.climb_min_seconds
+        to_full = (1.0 - level) / slope
+        return max(s.climb_soonest, min(s.climb_min_seconds, s.climb_share_of_time_to_full * to_full))
+
+    def _rising_slope(
+        self, points: list[tuple[float, float]], start: float, end: float, min_rise: float
+    ) -> float | None:
+        """The points' Theil-Sen slope where they rise steadily, at a leak's pace, by `min_rise`; else None."""
+        if len(points) < 6:
+            return None
+        needed = max(self.settings.climb_min_slope_ratio_per_minute / 60, min_rise / (end - start))
+        values = [v for _, v in points]
+        # No pairwise slope can exceed the points' range over the closest pair's distance (a bucket's
+        # width, (end - start) / 12): below half the pace needed (a margin for rounding), the median of
+        # the slopes cannot reach it either. Most series are not rising: this spares their Theil-Sen.
+        if needed > 0 and (max(values) - min(values)) * 2 < needed * (end - start) / 12:
+            return None
+        # Where the last point is no higher than the first, the spread is 0 and fails: no Theil-Sen needed.
+        if values[-1] <= values[0]:
+            return None
+        slope = theil_sen(points) or 0.0
+        steady = (
+            slope >= self.settings.climb_min_slope_ratio_per_minute / 60
+            and slope * (end - start) >= min_rise
+            and consistency(points) >= CONSISTENT
+            and spread(points) >= SPREAD
+        )
+        return slope if steady else None

@@ -1,0 +1,155 @@
+"""Samples memory at a fixed interval, whatever Prometheus' scrape interval, and keeps the trends.
+
+Per GPU: used / total. Per target: the memory of its GPUs (all processes), and the
+host RSS of its processes (for CPU deployments) against the host's memory. The
+analysis runs here, in the background, after each sample; a scrape only reads the
+latest results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection
+
+import psutil
+
+from oomguard.exporter.join import GpuClaim, by_node, claim_gpus, join, up_gpus
+from oomguard.exporter.model import GpuKey, NvmlReading, Observation, TrendKey, TrendReading
+from oomguard.exporter.trend.analysis import Series, TrendSettings
+
+log = logging.getLogger(__name__)
+
+
+Observe = Callable[[], Awaitable[dict[TrendKey, Observation]]]
+
+
+class TrendTracker:
+    """Series by key; `record` feeds them, `latest` is what the metrics read."""
+
+    def __init__(self, settings: TrendSettings) -> None:
+        self.settings = settings
+        self._series: dict[TrendKey, Series] = {}
+        self._capacity: dict[TrendKey, float] = {}
+        self.latest: dict[TrendKey, TrendReading] = {}
+        self.samples_total = 0
+        self.errors_total = 0
+        self._phase: dict[TrendKey, int] = {}  # the tick (modulo analysis_every) at which each series is analysed
+        self._next_phase = 0
+        self._from_serving: set[TrendKey] = set()  # forgotten, not observed since
+
+    def forget(self, keys: set[TrendKey]) -> None:
+        """Start these series afresh, from their engine serving: what came before (its sleep, its load) says
+        nothing of what comes now, and what rises from now on is not a load (Series.from_serving)."""
+        self._from_serving |= keys
+        for key in keys:
+            self._series.pop(key, None)
+            self._capacity.pop(key, None)
+            self.latest.pop(key, None)
+            self._phase.pop(key, None)
+
+    def recent(self, key: TrendKey, seconds: float, points: int = 60) -> list[float]:
+        """The series' used / capacity over its last `seconds`, at most `points` of them ([] for none)."""
+        series = self._series.get(key)
+        return series.recent(seconds, points) if series is not None else []
+
+    def record(self, t: float, observations: dict[TrendKey, Observation]) -> None:
+        for key, obs in observations.items():
+            if obs.capacity_bytes <= 0:
+                continue
+            series = self._series.get(key)
+            if series is None:
+                from_serving = key in self._from_serving
+                self._from_serving.discard(key)
+                series = self._series[key] = Series(self.settings, from_serving=from_serving)
+                # Series are analysed in turn: spread them evenly over the ticks of one analysis interval.
+                self._phase[key] = self._next_phase
+                self._next_phase = (self._next_phase + 1) % self.settings.analysis_every
+            series.add(t, obs.used_bytes / obs.capacity_bytes)
+            self._capacity[key] = obs.capacity_bytes
+        # A series not observed for a whole long window is gone (GPU removed, target renamed).
+        for key in [
+            k for k, s in self._series.items() if len(s) and s.last_time < t - self.settings.long_window_seconds
+        ]:
+            del self._series[key]
+            del self._capacity[key]
+            self._phase.pop(key, None)
+        every, tick = self.settings.analysis_every, self.samples_total
+        latest = {}
+        for key, series in self._series.items():
+            previous = self.latest.get(key)
+            # Not this series' turn: its last analysis stands (a new series is analysed at once).
+            if previous is not None and every > 1 and tick % every != self._phase.get(key, 0):
+                latest[key] = TrendReading(previous.trend, self._capacity[key])
+                continue
+            trend = series.trend()
+            if trend is not None:
+                latest[key] = TrendReading(trend, self._capacity[key])
+        self.latest = latest
+        self.samples_total += 1
+
+
+class Sampler:
+    """The background loop: observe, record, sleep; clock and sleep are injectable for replays."""
+
+    def __init__(
+        self,
+        tracker: TrendTracker,
+        observe: Observe,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        offload: bool = True,
+    ) -> None:
+        self.tracker = tracker
+        self.observe = observe
+        self.clock = clock
+        self.sleep = sleep
+        self.offload = offload  # replays at virtual time keep the analysis on the loop: same code, no thread hop
+
+    async def run(self, iterations: int | None = None) -> None:
+        interval = self.tracker.settings.interval_seconds
+        done = 0
+        next_at = self.clock()
+        while iterations is None or done < iterations:
+            try:
+                observations = await self.observe()
+                if self.offload:
+                    # The analysis of every series takes milliseconds: not on the event loop.
+                    await asyncio.to_thread(self.tracker.record, self.clock(), observations)
+                else:
+                    self.tracker.record(self.clock(), observations)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bad sample must not end the sampling
+                self.tracker.errors_total += 1
+                log.exception("trend sample failed")
+            done += 1
+            # Fixed rate, not fixed delay: a slow sample does not stretch the interval.
+            next_at += interval
+            await self.sleep(max(0.0, next_at - self.clock()))
+
+
+def observations(
+    nvml: NvmlReading | None,
+    targets: list[tuple[str, GpuClaim]],
+    skip_gpus: Collection[GpuKey] = (),
+) -> dict[TrendKey, Observation]:
+    """What one tick sees: GPUs (but `skip_gpus`), and per target its GPUs' memory (join.py) and its processes'
+    RSS."""
+    out: dict[TrendKey, Observation] = {}
+    gpus = up_gpus(nvml.gpus) if nvml else {}
+    for key, gpu in gpus.items():
+        if gpu.measured and key not in skip_gpus:
+            out[TrendKey.of_gpu(key)] = Observation(gpu.used_bytes or 0.0, gpu.total_bytes or 0.0)
+    host_total = float(psutil.virtual_memory().total)
+    nodes = by_node(gpus)
+    for name, claim in targets:
+        memory = join(claim, claim_gpus(claim, nodes))
+        process = claim.process
+        if memory.used_bytes is not None and memory.total_bytes:
+            out[TrendKey("target", name, "gpu")] = Observation(memory.used_bytes, memory.total_bytes)
+        if process is not None:
+            out[TrendKey("target", name, "host")] = Observation(process.resident_bytes, host_total)
+    return out

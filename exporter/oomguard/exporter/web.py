@@ -1,0 +1,181 @@
+"""The HTTP face: /metrics, /-/healthy, /-/ready, and the status page at / (and /status.json). It routes, and starts and stops the runtime.
+
+With a web configuration (--web.config.file) every path, health checks included, is behind
+its basic auth, and every response carries its headers, as in the exporter toolkit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from oomguard.exporter.collection import Collection
+from oomguard.exporter.exposition import render
+from oomguard.exporter.exposition.health import render_web_config
+from oomguard.exporter.model import Snapshot, TrendKey
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.status import page as status_page
+from oomguard.exporter.status.view import StatusView, build, parse
+from oomguard.exporter.trend.sampler import TrendTracker
+from oomguard.exporter.web_config import WebConfigState
+from oomguard.exporter.web_config.auth import AuthBusy
+from oomguard.exporter.web_config.server import COUNTERS, SERVER_HEADER, WebCounters
+
+log = logging.getLogger(__name__)
+
+RUNTIME = web.AppKey("runtime", Runtime)
+WEB_CONFIG = web.AppKey("web_config", WebConfigState)
+# The classic text format: every Prometheus 2.x understands it (all our names are plain ASCII).
+EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def make_app(runtime: Runtime, web_config: WebConfigState | None = None) -> web.Application:
+    counters = WebCounters()
+    app = web.Application(middlewares=[_guard(web_config, counters)] if web_config else [])
+    app[RUNTIME] = runtime
+    app[RENDERED] = _Rendered()
+    app[COUNTERS] = counters
+    app.on_response_prepare.append(_server_header)
+    if web_config is not None:
+        app[WEB_CONFIG] = web_config
+
+        async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
+            # A signal, not the middleware: 401s and 404s get the headers too.
+            response.headers.update(web_config.current.headers)
+
+        app.on_response_prepare.append(add_headers)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await runtime.start()
+        yield
+        await runtime.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/", landing)
+    app.router.add_get("/status.json", status_json)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/-/healthy", healthy)
+    app.router.add_get("/-/ready", ready)
+    return app
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = SERVER_HEADER  # aiohttp's default names Python's and its own versions
+
+
+def _guard(
+    web_config: WebConfigState, counters: WebCounters
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        settings = web_config.current  # read per request: a reload applies to the next one
+        # rate_limit before basic auth, as in the toolkit: a refused request costs no bcrypt.
+        if settings.limiter is not None and not settings.limiter.allow():
+            counters.refuse("rate_limit")
+            raise web.HTTPTooManyRequests(headers={"Retry-After": "1"}, text="Too Many Requests\n")
+        if settings.auth is not None:
+            try:
+                allowed = await settings.auth.check(request.headers.get("Authorization"), request.remote or "")
+            except AuthBusy:
+                counters.refuse("busy")
+                raise web.HTTPTooManyRequests(headers={"Retry-After": "1"}, text="Too Many Requests\n") from None
+            if not allowed:
+                counters.refuse("unauthorized")
+                raise web.HTTPUnauthorized(headers={"WWW-Authenticate": "Basic"}, text="Unauthorized\n")
+        return await handler(request)
+
+    return guard
+
+
+def _collection(request: web.Request) -> Collection:
+    collection = request.app[RUNTIME].collection
+    assert collection is not None, "routes are served only after the runtime started"
+    return collection
+
+
+class _Rendered:
+    """The last snapshot's text: concurrent scrapes share the collection in flight, and so its rendering
+    (200 Prometheis at once rendered the same snapshot 200 times, one after the other, on the loop).
+
+    Rendered in a thread: a cluster's answer (5.5 MB at 500 pods) takes tens of milliseconds, during which the loop
+    would answer nothing (health probes, other scrapes, the log streams). A snapshot is never changed once made
+    (its dicts are copies or views the poller replaces whole), so the thread reads it safely."""
+
+    def __init__(self) -> None:
+        self.snapshot: Snapshot | None = None
+        self.body = b""
+        self._lock = asyncio.Lock()  # one rendering at a time: the scrapes that wait then share it
+
+    async def of(self, snapshot: Snapshot) -> bytes:
+        async with self._lock:
+            if snapshot is not self.snapshot:
+                self.body = await asyncio.to_thread(render, snapshot)
+                self.snapshot = snapshot
+            return self.body
+
+
+RENDERED = web.AppKey("rendered", _Rendered)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    snapshot = await _collection(request).snapshot()
+    body = await request.app[RENDERED].of(snapshot)
+    web_config = request.app.get(WEB_CONFIG)
+    counters = request.app[COUNTERS]
+    if web_config is not None or counters.listening:
+        body += render_web_config(
+            web_config.last_reload_successful if web_config else None,
+            web_config.last_success_timestamp if web_config else None,
+            counters.requests_refused if web_config else None,
+            counters.connections_refused if counters.listening else None,
+        )
+    return web.Response(body=body, headers={"Content-Type": EXPOSITION_CONTENT_TYPE})
+
+
+async def healthy(request: web.Request) -> web.Response:
+    return web.Response(text="OK\n")
+
+
+async def ready(request: web.Request) -> web.Response:
+    if _collection(request).last is None:
+        return web.Response(status=503, text="not ready: first collection still running\n")
+    return web.Response(text="OK\n")
+
+
+async def landing(request: web.Request) -> web.Response:
+    """The status page (status/): the joined view of a collection, as a scrape sees it."""
+    view = await _status(request)
+    page = await asyncio.to_thread(status_page.render, view)
+    headers = {"Content-Security-Policy": status_page.CONTENT_SECURITY_POLICY, "Cache-Control": "no-store"}
+    return web.Response(text=page, content_type="text/html", headers=headers)
+
+
+async def status_json(request: web.Request) -> web.Response:
+    """The same view as JSON: what `oomguard top` and scripts read."""
+    view = await _status(request)
+    return web.json_response(view.to_json(), headers={"Cache-Control": "no-store"})
+
+
+async def _status(request: web.Request) -> StatusView:
+    # A collection of its own, as a scrape's (shared with those in flight): the last one may be a scrape ago.
+    snapshot = await _collection(request).snapshot()
+    body = await request.app[RENDERED].of(snapshot)
+    runtime = request.app[RUNTIME]
+    return await asyncio.to_thread(_view, body, snapshot, runtime.tracker, runtime.time_scale)
+
+
+def _view(body: bytes, snapshot: Snapshot, tracker: TrendTracker | None, time_scale: float) -> StatusView:
+    """(in a thread: a cluster's exposition is megabytes) The view, with each GPU's sparkline from its trend's
+    samples (the trend's clock is real time: the simulation's minutes are shorter)."""
+    history: dict[tuple[str, str], list[float]] = {}
+    if tracker is not None:
+        seconds = status_page.SPARK_MINUTES * 60 / time_scale
+        for key in snapshot.nvml.gpus if snapshot.nvml is not None else ():
+            history[key.key] = tracker.recent(TrendKey.of_gpu(key.key), seconds)
+    return build(parse(body.decode("utf-8", "replace")), now=snapshot.collected_at, history=history)
