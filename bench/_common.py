@@ -22,7 +22,7 @@ import psutil
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from oomguard.config import Config
+    from oomguard.exporter.config import Config
     from oomguard.simulate.fake_nvml import FakeNvml
 
 # Resolved from this file, so the benchmarks run from any working directory.
@@ -95,7 +95,7 @@ def start_targets(delays_ms: list[float]) -> tuple[BaseProcess, list[int]]:
 def exporter_setup(ports: list[int], local_process: str) -> tuple[Config, FakeNvml]:
     """The benchmarks' exporter: its Config (a target per port, one GPU each in turn) and the fake NVML of
     N_GPUS GPUs with two engine processes each, so the per-process series are rendered too."""
-    from oomguard.config import Config, TargetConfig
+    from oomguard.exporter.config import Config, TargetConfig
     from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
 
     config = Config(
@@ -119,8 +119,8 @@ def exporter_setup(ports: list[int], local_process: str) -> tuple[Config, FakeNv
 
 
 def _serve_exporter(ports: list[int], local_process: str, conn: Connection) -> None:
-    from oomguard.runtime import Runtime
-    from oomguard.web import make_app
+    from oomguard.exporter.runtime import Runtime
+    from oomguard.exporter.web import make_app
 
     config, nvml = exporter_setup(ports, local_process)
     asyncio.run(serve(make_app(Runtime(config, nvml_lib=nvml)), conn))

@@ -18,8 +18,8 @@ import time
 import aiohttp
 from _common import machine, median, start_targets
 
-from oomguard import engine_client
-from oomguard.engine_client import EngineClient
+from oomguard.common import engine_client
+from oomguard.common.engine_client import EngineClient
 
 CAP = 8 * 1024 * 1024
 

@@ -58,7 +58,7 @@ import psutil
 from _common import FIXTURE, _ctx, _started, cpu_mark, machine, median, other_load, percentile
 from aiohttp import web
 
-from oomguard.sources.kubernetes.shards import shard_of
+from oomguard.exporter.sources.kubernetes.shards import shard_of
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the tests' stand-in API and objects
@@ -295,9 +295,9 @@ def _serve_exporter(api_port: int, state: str, with_pods: bool, shards: int, sha
 
         tracemalloc.start(8)
     _time_full_collections()
-    from oomguard.config_loader import load_config
-    from oomguard.runtime import Runtime
-    from oomguard.web import make_app
+    from oomguard.exporter.config_loader import load_config
+    from oomguard.exporter.runtime import Runtime
+    from oomguard.exporter.web import make_app
 
     kubeconfig = Path(state) / "kubeconfig"
     kubeconfig.write_text(
@@ -329,10 +329,10 @@ def _serve_exporter(api_port: int, state: str, with_pods: bool, shards: int, sha
 def _serve_node_exporter(pods: list[int], state: str, log_files: bool, conn: Connection) -> None:
     """The node mode: the same engines as static targets, 8 fake GPUs, local_process: no (bench_many_targets.py);
     `log_files`: each target follows a log file of its own (a node agent's log source), for its series."""
-    from oomguard.config_loader import load_config
-    from oomguard.runtime import Runtime
+    from oomguard.exporter.config_loader import load_config
+    from oomguard.exporter.runtime import Runtime
+    from oomguard.exporter.web import make_app
     from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-    from oomguard.web import make_app
 
     targets = []
     for i in pods:

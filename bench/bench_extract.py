@@ -13,9 +13,9 @@ from collections.abc import Callable
 from _common import FIXTURE, cpu_mark, machine, median, other_load
 from prometheus_client.parser import text_string_to_metric_families
 
-from oomguard.engines.vllm.reader import VllmReader
-from oomguard.model import EngineReading
-from oomguard.promtext import FamilyExtractor
+from oomguard.common.promtext import FamilyExtractor
+from oomguard.exporter.engines.vllm.reader import VllmReader
+from oomguard.exporter.model import EngineReading
 
 GOAL_RATIO = 40.0
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from _common import machine
 
-from oomguard.engines import ENGINES
-from oomguard.events.catalogue import load_catalogue
-from oomguard.events.detector import IncidentDetector
+from oomguard.exporter.engines import ENGINES
+from oomguard.exporter.events.catalogue import load_catalogue
+from oomguard.exporter.events.detector import IncidentDetector
 
 FIXTURE = Path(__file__).parent.parent / "tests/events/fixtures/vllm-0.32-cpu-hostile-requests.log"
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import psutil
 from _common import cpu_mark, machine, other_load
 
-from oomguard.config_loader import load_config
-from oomguard.events.runner import EventRunner
-from oomguard.model import Observation, TrendKey
-from oomguard.trend.analysis import TrendSettings
-from oomguard.trend.sampler import TrendTracker
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.events.runner import EventRunner
+from oomguard.exporter.model import Observation, TrendKey
+from oomguard.exporter.trend.analysis import TrendSettings
+from oomguard.exporter.trend.sampler import TrendTracker
 
 MB = 1024**2
 OOM = [

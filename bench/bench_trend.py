@@ -20,9 +20,9 @@ import tracemalloc
 
 from _common import N_GPUS, N_TARGETS, cpu_mark, machine, other_load, percentile
 
-from oomguard.config import Config
-from oomguard.model import Observation, TrendKey
-from oomguard.trend.sampler import TrendTracker
+from oomguard.exporter.config import Config
+from oomguard.exporter.model import Observation, TrendKey
+from oomguard.exporter.trend.sampler import TrendTracker
 
 GIB = 1024**3
 GOAL_MS = 2.0  # the trend tick's goal (its CPU time, at 40 series)

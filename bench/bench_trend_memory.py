@@ -25,8 +25,8 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=200)
     args = parser.parse_args()
     tracemalloc.start(4)
-    from oomguard.model import Observation, TrendKey, TrendSettings
-    from oomguard.trend.sampler import TrendTracker
+    from oomguard.exporter.model import Observation, TrendKey, TrendSettings
+    from oomguard.exporter.trend.sampler import TrendTracker
 
     settings = TrendSettings()
     tracker = TrendTracker(settings)

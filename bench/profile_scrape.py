@@ -26,8 +26,8 @@ WARMUP = 20
 def _serve_profiled(ports: list[int], local_process: str, out: str, conn: Connection) -> None:
     import yappi
 
-    from oomguard.runtime import Runtime
-    from oomguard.web import make_app
+    from oomguard.exporter.runtime import Runtime
+    from oomguard.exporter.web import make_app
 
     config, nvml = exporter_setup(ports, local_process)
 

@@ -24,7 +24,7 @@ fi
 # The checkout's package first: a virtual environment carried to another path has lost its editable install.
 export PYTHONPATH="$root/exporter:$root${PYTHONPATH:+:$PYTHONPATH}"
 has_deps() {
-    "$1" -c 'import aiohttp, pydantic, yaml, psutil, pynvml, prometheus_client, oomguard.runtime' >/dev/null 2>&1
+    "$1" -c 'import aiohttp, pydantic, yaml, psutil, pynvml, prometheus_client, oomguard.exporter.runtime' >/dev/null 2>&1
 }
 
 python=""
