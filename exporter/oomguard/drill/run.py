@@ -314,7 +314,9 @@ async def run_drill(
             # The engine starts once Prometheus scrapes: the exporter sees its whole load, as in production.
             await runtime.simulation.start()
             started = time.time()
-            progress(f"engine launched ({scenario.engine}, simulation {scenario.simulation!r}): the scenario runs")
+            # A drill may play another drill's simulation on its engine (sglang-incident plays incident-quick).
+            played = "" if scenario.simulation == scenario.name else f", playing the simulation {scenario.simulation!r}"
+            progress(f"engine launched ({scenario.engine}{played}): the drill {scenario.name!r} runs")
             await _run_scenario(scenario, chain, started, time_scale, progress)
             await asyncio.sleep(3)  # the last notifications in flight (group_wait 1s, evaluation 1s)
             end = time.time()
