@@ -59,7 +59,7 @@ VOLUME /var/lib/oomguard
 USER 10001
 EXPOSE 9847
 # http or https under the web configuration ($OOMGUARD_WEB_CONFIG_FILE; without it http, then https), and a
-# 401 behind basic auth counts as an answer: oomguard/healthcheck.py.
+# 401 behind basic auth counts as an answer: oomguard/exporter/healthcheck.py.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 CMD ["oomguard", "healthcheck"]
 ENTRYPOINT ["oomguard"]
 CMD ["serve"]
