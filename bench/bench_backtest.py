@@ -9,7 +9,7 @@ the process tree's RSS is sampled every 50 ms: the backtest's own peak, and the 
 Prometheus) at its highest.
 
 Run: python bench/bench_backtest.py [--days 7] [--gpus 8] [--step 15] [--keep DIR] [--jobs N]
-The goal (issue 41): under a minute here, the memory bounded.
+The goal: under a minute here, the memory bounded.
 """
 
 from __future__ import annotations
