@@ -1,6 +1,6 @@
 """The cluster mode at fleet size: engine pods on nodes, read by one exporter or by N shards.
 
-One process plays the API server (the tests' stand-in, tests/sources/kubernetes/stand_in.py: list, watch, pods/log
+One process plays the API server (the stand-in, oomguard/simulate/kubernetes_api.py: list, watch, pods/log
 with sinceTime) and every node's dcgm-exporter (at its own 127.2.x.y:9400, 8 GPUs each, named with its node's pods);
 the engine pods are aiohttp sites at their own pod IPs (127.1.x.y:8000, the real 50 kB vLLM body), 1,000 to a
 process (each process's descriptors stay under its limit). Each engine's log holds a few lines and is followed.
@@ -143,8 +143,8 @@ def _serve_engines(first: int, count: int, conn: Connection) -> None:
 
 def _serve_cluster(pods: int, nodes: int, conn: Connection) -> None:
     """The API server's stand-in and every node's dcgm-exporter; answers the bench's questions and writes its lines."""
-    from tests.sources.kubernetes import objects
-    from tests.sources.kubernetes.stand_in import StandIn
+    from oomguard.simulate import kubernetes_objects as objects
+    from oomguard.simulate.kubernetes_api import StandIn
 
     async def main() -> None:
         logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)  # a killed exporter's streams reset

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from oomguard.exporter.config import EventsConfig
 from oomguard.exporter.events.kubernetes import MAX_GROWTH, PodEvents
 from oomguard.exporter.events.registry import SavedState
-from tests.sources.kubernetes import objects
+from oomguard.simulate import kubernetes_objects as objects
 
 TARGET = "llm/vllm-0"
 KILL = "Container vllm failed liveness probe, will be restarted"

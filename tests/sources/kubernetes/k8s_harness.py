@@ -20,9 +20,9 @@ from oomguard.exporter.config import Config
 from oomguard.exporter.config_loader import CHECKS
 from oomguard.exporter.exposition import render
 from oomguard.exporter.runtime import Runtime
-from tests.sources.kubernetes import objects
-from tests.sources.kubernetes.objects import NODE
-from tests.sources.kubernetes.stand_in import StandIn
+from oomguard.simulate import kubernetes_objects as objects
+from oomguard.simulate.kubernetes_api import StandIn
+from oomguard.simulate.kubernetes_objects import NODE
 
 # An engine's OOM as its log has it: PyTorch's exception ends a traceback.
 TRACEBACK = "Traceback (most recent call last):"

@@ -13,7 +13,8 @@ from aiohttp import web
 from oomguard.diagnose.core import diagnose_data
 from oomguard.diagnose.query import fetch_exporter
 from oomguard.exporter.exposition import render
-from tests.sources.kubernetes import objects
+from oomguard.simulate import kubernetes_objects as objects
+from oomguard.simulate.kubernetes_api import StandIn
 from tests.sources.kubernetes.k8s_harness import (
     OOM,
     TRACEBACK,
@@ -26,7 +27,6 @@ from tests.sources.kubernetes.k8s_harness import (
     two_shards,
     wait_for,
 )
-from tests.sources.kubernetes.stand_in import StandIn
 
 MIB = 1048576
 A, B = "llm/vllm-a", "llm/vllm-b"

@@ -16,7 +16,7 @@ from cryptography.x509.oid import NameOID
 
 from oomguard.exporter.sources.kubernetes import api
 from oomguard.exporter.sources.kubernetes.api import ApiError, connect, from_kubeconfig
-from tests.sources.kubernetes import objects
+from oomguard.simulate import kubernetes_objects as objects
 from tests.sources.kubernetes.k8s_harness import Cluster, Server, free_port, wait_for
 
 

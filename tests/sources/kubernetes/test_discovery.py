@@ -7,8 +7,8 @@ import asyncio
 import time
 from pathlib import Path
 
+from oomguard.simulate import kubernetes_objects as objects
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-from tests.sources.kubernetes import objects
 from tests.sources.kubernetes.k8s_harness import Cluster, Engine, free_port, wait_for
 
 NAME = "llm/vllm-0"

@@ -99,7 +99,7 @@ def test_a_kuberay_clusters_head_leads_its_workers() -> None:
 
 
 def test_a_pod_of_neither_layout_is_an_engine_of_its_own() -> None:
-    from tests.sources.kubernetes import objects
+    from oomguard.simulate import kubernetes_objects as objects
 
     assert group_of(objects.pod("vllm-0", "127.0.0.2", 8000)) is None
     # A leader without its group index label (an older controller) is read by its name: <lws>-<group index>.

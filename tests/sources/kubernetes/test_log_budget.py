@@ -13,8 +13,8 @@ from oomguard.exporter.events.api_log import ApiLogReader
 from oomguard.exporter.sources.kubernetes.api import ApiClient, Connection
 from oomguard.exporter.sources.kubernetes.log_budget import LogStreamBudget
 from oomguard.exporter.sources.kubernetes.pod_logs import PodLogFollower
+from oomguard.simulate.kubernetes_api import StandIn
 from tests.sources.kubernetes.k8s_harness import Server, free_port, wait_for
-from tests.sources.kubernetes.stand_in import StandIn
 
 CONTAINER_ID = "a" * 64
 

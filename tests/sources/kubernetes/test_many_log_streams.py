@@ -19,9 +19,9 @@ from aiohttp import web
 from support import vllm_body
 
 from oomguard.common.descriptors import budget
-from tests.sources.kubernetes import objects
+from oomguard.simulate import kubernetes_objects as objects
+from oomguard.simulate.kubernetes_api import StandIn
 from tests.sources.kubernetes.k8s_harness import free_port, kubeconfig, wait_for
-from tests.sources.kubernetes.stand_in import StandIn
 
 PODS, NOFILE = 300, 256
 TRACEBACK = "Traceback (most recent call last):"

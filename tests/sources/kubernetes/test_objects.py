@@ -10,7 +10,7 @@ from oomguard.exporter.events.kubernetes import probe_kind
 from oomguard.exporter.sources.kubernetes.cgroup import attribute
 from oomguard.exporter.sources.kubernetes.pods import container_settings, pod_target
 from oomguard.exporter.sources.kubernetes.probes import grace_seconds
-from tests.sources.kubernetes import objects
+from oomguard.simulate import kubernetes_objects as objects
 
 UID = "0f1e2d3c-4b5a-4987-8654-3210fedcba98"
 CID = "d" * 64

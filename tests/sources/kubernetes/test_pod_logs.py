@@ -90,8 +90,8 @@ async def test_a_container_not_started_is_waited_for_and_a_refusal_counted(api: 
 async def test_a_stream_is_renewed_now_and_then_and_no_line_is_lost_or_repeated() -> None:
     """A connection that died without a word looks like a quiet engine: the stream is ended and asked again after
     stream_max_seconds, from where it was."""
+    from oomguard.simulate.kubernetes_api import StandIn
     from tests.sources.kubernetes.k8s_harness import Server, free_port
-    from tests.sources.kubernetes.stand_in import StandIn
 
     stand_in = StandIn()
     server = Server(stand_in.app(), "127.0.0.1", free_port())

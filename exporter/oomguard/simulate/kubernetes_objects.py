@@ -1,5 +1,5 @@
-"""Pod and Event objects as the API serves them (core/v1), for the stand-in: they validate against the
-official schema (test_objects.py)."""
+"""Pod and Event objects as the API serves them (core/v1), for the API's stand-in (kubernetes_api.py): they validate
+against the official schema (tests/sources/kubernetes/test_objects.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A local stand-in for the Kubernetes API server: the list and watch protocol of pods and events.
+"""A local stand-in for the Kubernetes API server: the list and watch protocol of pods and events, for the tests
+(tests/sources/kubernetes/) and the cluster bench (bench/bench_cluster.py), with objects from kubernetes_objects.py.
 
 Lists (`GET /api/v1/pods`, `/api/v1/namespaces/NS/pods`, the same for events) answer a List with its
 resourceVersion; `?watch=1` streams newline-delimited JSON events (ADDED, MODIFIED, DELETED, BOOKMARK,
