@@ -4,7 +4,6 @@ their pods, and each way one endpoint fails leaving the others' GPUs whole and s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -63,15 +62,10 @@ class Endpoints:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[tuple[str, Endpoints]]:
+async def server(aiohttp_server) -> tuple[str, Endpoints]:
     endpoints = Endpoints()
-    runner = web.AppRunner(endpoints.app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}", endpoints
-    await runner.cleanup()
+    served = await aiohttp_server(endpoints.app, shutdown_timeout=0.1)
+    return f"http://127.0.0.1:{served.port}", endpoints
 
 
 async def test_each_nodes_gpus_in_bytes_with_their_pods(server: tuple[str, Endpoints]) -> None:

@@ -41,16 +41,12 @@ class Api:
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[tuple[Api, ApiClient]]:
+async def api(aiohttp_server) -> AsyncIterator[tuple[Api, ApiClient]]:
     stand_in = Api()
-    runner = web.AppRunner(stand_in.app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    client = ApiClient(Connection(f"http://127.0.0.1:{runner.addresses[0][1]}"))
+    served = await aiohttp_server(stand_in.app, shutdown_timeout=0.1)
+    client = ApiClient(Connection(f"http://127.0.0.1:{served.port}"))
     yield stand_in, client
     await client.close()
-    await runner.cleanup()
 
 
 async def test_a_line_without_end_is_cut_at_its_head_and_the_next_lines_read(api: tuple[Api, ApiClient]) -> None:
