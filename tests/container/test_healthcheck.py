@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,18 @@ def serve(port: int, *extra: str) -> subprocess.Popen[bytes]:
     raise AssertionError("oomguard serve did not listen within 20 s")
 
 
+@contextmanager
+def serving(*extra: str) -> Iterator[int]:
+    """`oomguard serve` at a free port, stopped at the end; its port."""
+    port = free_port()
+    server = serve(port, *extra)
+    try:
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
 def healthcheck(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "oomguard", "healthcheck", *args], capture_output=True, text=True, timeout=30,
@@ -54,21 +67,13 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def https_port(tls: Path) -> Iterator[int]:
-    port = free_port()
-    server = serve(port, "--web.config.file", str(tls))
-    yield port
-    server.terminate()
-    server.wait(timeout=10)
+    with serving("--web.config.file", str(tls)) as port:
+        yield port
 
 
 def test_plain_http(tmp_path: Path) -> None:
-    port = free_port()
-    server = serve(port)
-    try:
+    with serving() as port:
         result = healthcheck("--web.listen-address", f"127.0.0.1:{port}")
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
     assert result.returncode == 0, result
     assert result.stdout.strip() == f"http://127.0.0.1:{port}/-/healthy: 200, healthy"
 
@@ -104,13 +109,8 @@ def test_nothing_listening_fails() -> None:
 
 def test_a_plain_server_is_not_healthy_as_https(tmp_path: Path, tls: Path) -> None:
     """Told https (the web config) while the server speaks http: a failure, not a pass."""
-    port = free_port()
-    server = serve(port)
-    try:
+    with serving() as port:
         result = healthcheck("--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(tls))
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
     assert result.returncode == 1, result
 
 
@@ -121,12 +121,7 @@ def test_https_asking_for_a_client_certificate(tls: Path, tmp_path: Path) -> Non
         f"tls_server_config:\n  cert_file: {tls.parent / 'server.crt'}\n  key_file: {tls.parent / 'server.key'}\n"
         f"  client_ca_file: {tls.parent / 'ca.crt'}\n  client_auth_type: RequireAndVerifyClientCert\n"
     )
-    port = free_port()
-    server = serve(port, "--web.config.file", str(web_config))
-    try:
+    with serving("--web.config.file", str(web_config)) as port:
         result = healthcheck("--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web_config))
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
     assert result.returncode == 0, result
     assert "the TLS listener answered with server.crt (it requires client certificates)" in result.stdout
