@@ -30,6 +30,10 @@ import pytest
 from aiohttp import web
 from support import value  # the tests' one exposition reader
 
+from oomguard.exporter.config_loader import load_config
+from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.web import make_app
+
 HOST = "127.0.0.1"
 
 
@@ -296,3 +300,38 @@ def assert_restart_measured(text: str, target: str, outside: float, launched_at:
         launched_at, abs=1.0
     )
     return measured
+
+
+async def exporter_before_the_server(
+    server: ServerProcess, log_path: Path, state_dir: Path, aiohttp_client: Any, **target: str
+) -> Any:
+    """An exporter (an aiohttp test client) whose one target, "tiny", is `server`, its log followed (events quiet after
+    2 s), started first: it takes the end of the (empty) log as its start, so every line the server writes afterwards
+    must be read, and the failure in them counted once. `target`: more of the target's settings (its `engine`)."""
+    config = load_config(
+        None,
+        {
+            "state_dir": str(state_dir),
+            "events": {"quiet_seconds": 2, "poll_interval_seconds": 0.2, "kernel_log": False},
+            "nvml": {"enabled": False},
+            "targets": [{"name": "tiny", "url": server.url, **target, "logs": [str(log_path)]}],
+        },
+    )
+    log_path.touch()
+    client = await aiohttp_client(make_app(Runtime(config, nvml_lib=None)))
+    await asyncio.sleep(0.5)
+    return client
+
+
+async def events_once_quiet(client: Any, first: str, kinds: tuple[str, ...], *, seconds: float) -> tuple[dict, str]:
+    """The target "tiny"'s counts of `kinds` once `first` is counted (or `seconds` have passed) and the events' quiet
+    spell is over: a second event, if any, would be counted by then. With the exposition they were read from."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        text = await (await client.get("/metrics")).text()
+        if value(text, "oomguard_target_events_total", target="tiny", kind=first) >= 1:
+            break
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(2.5)  # quiet_seconds 2
+    text = await (await client.get("/metrics")).text()
+    return {k: value(text, "oomguard_target_events_total", target="tiny", kind=k) for k in kinds}, text
