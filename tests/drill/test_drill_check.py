@@ -103,6 +103,14 @@ def _check(url: str, *extra: str) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
+def _one_gap(url: str) -> str:
+    """The check of `url` fails naming one gap first; its output."""
+    code, out = _check(url)
+    assert code == 1, out
+    assert out.splitlines()[0].startswith(f"{url}: FAIL, 1 gap"), out
+    return out
+
+
 @pytest.fixture(scope="module")
 def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Prometheus servers over a steady exporter (its engine up) and a loading one, each wired its own way."""
@@ -223,9 +231,7 @@ def test_rules_missing_is_a_gap_in_one_line_after_the_summary(deployments: Any) 
 
 def test_recording_rules_missing_names_what_the_dashboards_lose(deployments: Any) -> None:
     servers, _ = deployments
-    code, out = _check(servers["no-records"].url)
-    assert code == 1
-    assert out.splitlines()[0].startswith(f"{servers['no-records'].url}: FAIL, 1 gap"), out
+    out = _one_gap(servers["no-records"].url)
     assert "the dashboards read instance_" in out and "No data" in out
 
 
@@ -238,25 +244,19 @@ def test_a_job_the_rules_do_not_select_is_a_gap(deployments: Any) -> None:
 
 def test_a_log_pattern_that_follows_no_file_while_the_engine_is_up_is_a_gap(deployments: Any) -> None:
     servers, _ = deployments
-    code, out = _check(servers["typo"].url)
-    assert code == 1, out
-    assert out.splitlines()[0].startswith(f"{servers['typo'].url}: FAIL, 1 gap"), out
+    out = _one_gap(servers["typo"].url)
     assert "/vlm/*.log of target typo on 127.0.0.1:" in out and "follows no file while its engine is up" in out
 
 
 def test_an_up_engine_without_a_figure_it_gives_is_a_gap(deployments: Any) -> None:
     servers, _ = deployments
-    code, out = _check(servers["renamed"].url)
-    assert code == 1, out
-    assert out.splitlines()[0].startswith(f"{servers['renamed'].url}: FAIL, 1 gap"), out
+    out = _one_gap(servers["renamed"].url)
     assert "target renamed on 127.0.0.1:" in out and "answers without its kv_cache_usage" in out
 
 
 def test_a_pod_refused_as_dcgm_exporter_is_a_gap(deployments: Any) -> None:
     servers, _ = deployments
-    code, out = _check(servers["posing"].url)
-    assert code == 1, out
-    assert out.splitlines()[0].startswith(f"{servers['posing'].url}: FAIL, 1 gap"), out
+    out = _one_gap(servers["posing"].url)
     assert "pod tenant/fake-dcgm refused as the dcgm-exporter of node gpu-a" in out
     assert "something poses as dcgm-exporter" in out and "#oomguarddcgmpodrefused" in out
 
