@@ -91,6 +91,17 @@ class Engine:
         return web.Response(status=200 if self.serving else 503)
 
 
+@asynccontextmanager
+async def engine_up(host: str = "127.0.0.2", *, serving: bool = True) -> AsyncIterator[Engine]:
+    """A stub vLLM at a free port of `host` (its `server.port`), served until the block ends."""
+    engine = Engine(host, free_port(host), serving=serving)
+    await engine.server.start()
+    try:
+        yield engine
+    finally:
+        await engine.server.stop()
+
+
 def kubeconfig(path: Path, port: int) -> Path:
     path.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: test\n"

@@ -23,6 +23,7 @@ from tests.sources.kubernetes.k8s_harness import (
     Engine,
     Server,
     dcgm_pod,
+    engine_up,
     free_port,
     two_shards,
     wait_for,
@@ -125,15 +126,13 @@ async def test_two_nodes_gpus_from_their_dcgm_exporters_joined_to_their_pods(tmp
 async def test_logs_through_the_api_every_oom_once_across_drops_restarts_and_an_exporter_restart(
     tmp_path: Path,
 ) -> None:
-    port = free_port("127.0.0.2")
-    engine = Engine("127.0.0.2", port)
-    await engine.server.start()
     # The node's clock is an hour behind the exporter's: nothing here may depend on them agreeing (a pod found at
     # start had none of its lines read).
     api = StandIn(node_offset=-3600.0)
     first_id, second_id, third_id = "a" * 64, "b" * 64, "c" * 64
     config = {"scope": "cluster", "top": {"nvml": {"enabled": False}}}
-    try:
+    async with engine_up() as engine:
+        port = engine.server.port
         async with Cluster(tmp_path, api=api, **config) as k8s:
             await api.log("llm", "vllm-a", "vllm", STARTED, container_id=first_id)
             await k8s.api.put(
@@ -195,8 +194,6 @@ async def test_logs_through_the_api_every_oom_once_across_drops_restarts_and_an_
             assert await ooms_of(k8s) == 3.0
             resumed = next(r for r in api.log_requests[streams + 2 :] if r.get("follow") == "true")
             assert "sinceTime" in resumed  # from the saved position, not the start nor now
-    finally:
-        await engine.server.stop()
 
 
 async def _diagnose_each_pod_on_its_own_nodes_gpu(k8s: Cluster) -> None:
@@ -226,38 +223,33 @@ async def _diagnose_each_pod_on_its_own_nodes_gpu(k8s: Cluster) -> None:
 
 
 async def test_a_replaced_pods_log_is_read_whole_and_its_predecessors_ooms_not_again(tmp_path: Path) -> None:
-    port = free_port("127.0.0.2")
-    engine = Engine("127.0.0.2", port)
-    await engine.server.start()
-    try:
-        async with Cluster(tmp_path, scope="cluster", top={"nvml": {"enabled": False}}) as k8s:
-            api = k8s.api
-            await k8s.api.put("pods", objects.pod("vllm-a", "127.0.0.2", port, node="gpu-a", uid=UID))
-            await wait_for(lambda: [r for r in api.log_requests if r.get("follow")], "the log followed")
-            await api.log("llm", "vllm-a", "vllm", STARTED, container_id="a" * 64)
-            await api.log("llm", "vllm-a", "vllm", TRACEBACK)
-            await api.log("llm", "vllm-a", "vllm", OOM)
-            await wait_for(lambda: _equals(lambda: ooms_of(k8s), 1.0), "the first pod's OOM")
-            # Replaced under its name (a StatefulSet's): deleted, then a new pod with a new UID and a log of its own,
-            # which came while the exporter watched: read from its start.
-            await k8s.api.delete("pods", "llm", "vllm-a")
-            await wait_for(lambda: k8s.targets() == [], "the target gone with its pod")
-            api.new_pod("llm", "vllm-a")
-            await api.log("llm", "vllm-a", "vllm", STARTED, container_id="b" * 64)
-            await api.log("llm", "vllm-a", "vllm", TRACEBACK)
-            await api.log("llm", "vllm-a", "vllm", OOM)
-            uid = "22222222-2222-4222-8222-222222222222"
-            await k8s.api.put("pods", objects.pod("vllm-a", "127.0.0.2", port, node="gpu-a", uid=uid))
-            await wait_for(lambda: k8s.targets() == [A], "the new pod's target")
-            # The target's counts go on under its name: the new pod's OOM, read from its log's start, is the
-            # second; the old pod's is not read again.
-            await wait_for(lambda: _equals(lambda: ooms_of(k8s), 2.0), "the new pod's OOM")
-            await asyncio.sleep(0.5)
-            assert await ooms_of(k8s) == 2.0
-            new = [r for r in api.log_requests if r.get("follow")][-1]
-            assert "sinceTime" not in new  # from its start
-    finally:
-        await engine.server.stop()
+    async with engine_up() as engine, Cluster(tmp_path, scope="cluster", top={"nvml": {"enabled": False}}) as k8s:
+        port = engine.server.port
+        api = k8s.api
+        await k8s.api.put("pods", objects.pod("vllm-a", "127.0.0.2", port, node="gpu-a", uid=UID))
+        await wait_for(lambda: [r for r in api.log_requests if r.get("follow")], "the log followed")
+        await api.log("llm", "vllm-a", "vllm", STARTED, container_id="a" * 64)
+        await api.log("llm", "vllm-a", "vllm", TRACEBACK)
+        await api.log("llm", "vllm-a", "vllm", OOM)
+        await wait_for(lambda: _equals(lambda: ooms_of(k8s), 1.0), "the first pod's OOM")
+        # Replaced under its name (a StatefulSet's): deleted, then a new pod with a new UID and a log of its own,
+        # which came while the exporter watched: read from its start.
+        await k8s.api.delete("pods", "llm", "vllm-a")
+        await wait_for(lambda: k8s.targets() == [], "the target gone with its pod")
+        api.new_pod("llm", "vllm-a")
+        await api.log("llm", "vllm-a", "vllm", STARTED, container_id="b" * 64)
+        await api.log("llm", "vllm-a", "vllm", TRACEBACK)
+        await api.log("llm", "vllm-a", "vllm", OOM)
+        uid = "22222222-2222-4222-8222-222222222222"
+        await k8s.api.put("pods", objects.pod("vllm-a", "127.0.0.2", port, node="gpu-a", uid=uid))
+        await wait_for(lambda: k8s.targets() == [A], "the new pod's target")
+        # The target's counts go on under its name: the new pod's OOM, read from its log's start, is the
+        # second; the old pod's is not read again.
+        await wait_for(lambda: _equals(lambda: ooms_of(k8s), 2.0), "the new pod's OOM")
+        await asyncio.sleep(0.5)
+        assert await ooms_of(k8s) == 2.0
+        new = [r for r in api.log_requests if r.get("follow")][-1]
+        assert "sinceTime" not in new  # from its start
 
 
 def ooms_of(k8s: Cluster) -> Any:

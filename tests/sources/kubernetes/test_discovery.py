@@ -9,7 +9,7 @@ from pathlib import Path
 
 from oomguard.simulate import kubernetes_objects as objects
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-from tests.sources.kubernetes.k8s_harness import Cluster, Engine, free_port, wait_for
+from tests.sources.kubernetes.k8s_harness import Cluster, Engine, engine_up, free_port, wait_for
 
 NAME = "llm/vllm-0"
 POD = {"namespace": "llm", "pod": "vllm-0", "container": "vllm", "target": NAME}
@@ -65,94 +65,82 @@ async def test_a_pod_restarted_while_loading_is_scraped_at_its_new_ip(tmp_path: 
 
 
 async def test_oom_killed_containers_restarts_and_probe_events(tmp_path: Path) -> None:
-    port = free_port("127.0.0.2")
-    engine = Engine("127.0.0.2", port)
-    await engine.server.start()
-    try:
-        async with Cluster(tmp_path) as k8s:
-            pod = await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port))
-            await wait_for(lambda: k8s.value("oomguard_target_up", **POD), "the target up")
-            for kind in ("container_oom_killed", "probe_failure", "probe_kill"):  # zeros from the start
-                assert await k8s.value("oomguard_target_events_total", kind=kind, **POD) == 0.0
+    async with engine_up() as engine, Cluster(tmp_path) as k8s:
+        port = engine.server.port
+        pod = await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port))
+        await wait_for(lambda: k8s.value("oomguard_target_up", **POD), "the target up")
+        for kind in ("container_oom_killed", "probe_failure", "probe_kill"):  # zeros from the start
+            assert await k8s.value("oomguard_target_events_total", kind=kind, **POD) == 0.0
 
-            ended = objects.terminated("OOMKilled", 137, "2026-12-03T12:05:00Z", container_id="1" * 64)
-            await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
-                                                  restart_count=1, last_terminated=ended))  # fmt: skip
-            await wait_for(
-                lambda: k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), "OOMKilled"
-            )
-            assert await k8s.value("oomguard_target_restarts_total", **POD) == 1.0
-            assert await k8s.value("oomguard_target_last_restart_timestamp_seconds", **POD) == 1796299500.0
+        ended = objects.terminated("OOMKilled", 137, "2026-12-03T12:05:00Z", container_id="1" * 64)
+        await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
+                                              restart_count=1, last_terminated=ended))  # fmt: skip
+        await wait_for(
+            lambda: k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), "OOMKilled"
+        )
+        assert await k8s.value("oomguard_target_restarts_total", **POD) == 1.0
+        assert await k8s.value("oomguard_target_last_restart_timestamp_seconds", **POD) == 1796299500.0
 
-            # The same end seen again (a resync) is not counted twice; a SIGKILL's 137 is an OOM kill too.
-            await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
-                                                  restart_count=1, last_terminated=ended))  # fmt: skip
-            ended = objects.terminated("Error", 137, "2026-12-03T12:09:00Z", container_id="2" * 64)
-            await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
-                                                  restart_count=2, last_terminated=ended))  # fmt: skip
-            await wait_for(
-                lambda: _equals(k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), 2.0),
-                "the second OOM kill",
-            )
-            assert await k8s.value("oomguard_target_restarts_total", **POD) == 2.0
-            # A new container loading refuses: loading, not down.
-            engine.serving = False
-            await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
-                                                  restart_count=3, last_terminated=ended))  # fmt: skip
-            await wait_for(lambda: _equals(k8s.value("oomguard_target_restarts_total", **POD), 3.0), "3 restarts")
-            assert await k8s.value("oomguard_target_state", state="loading", **POD) == 1.0
-            engine.serving = True
+        # The same end seen again (a resync) is not counted twice; a SIGKILL's 137 is an OOM kill too.
+        await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
+                                              restart_count=1, last_terminated=ended))  # fmt: skip
+        ended = objects.terminated("Error", 137, "2026-12-03T12:09:00Z", container_id="2" * 64)
+        await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
+                                              restart_count=2, last_terminated=ended))  # fmt: skip
+        await wait_for(
+            lambda: _equals(k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), 2.0),
+            "the second OOM kill",
+        )
+        assert await k8s.value("oomguard_target_restarts_total", **POD) == 2.0
+        # A new container loading refuses: loading, not down.
+        engine.serving = False
+        await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
+                                              restart_count=3, last_terminated=ended))  # fmt: skip
+        await wait_for(lambda: _equals(k8s.value("oomguard_target_restarts_total", **POD), 3.0), "3 restarts")
+        assert await k8s.value("oomguard_target_state", state="loading", **POD) == 1.0
+        engine.serving = True
 
-            # The kubelet's Events: a startup probe failing 3 times (one Event, count 3), then the kill.
-            unhealthy = objects.event(pod, "Unhealthy", "Startup probe failed: connect: connection refused", count=2)
-            await k8s.api.put("events", unhealthy)
-            unhealthy["count"] = 3
-            await k8s.api.put("events", unhealthy)
-            await k8s.api.put("events", objects.event(pod, "Unhealthy", "Readiness probe failed: HTTP 503"))
-            await k8s.api.put(
-                "events", objects.event(pod, "Killing", "Container vllm failed startup probe, will be restarted")
-            )
-            await wait_for(
-                lambda: k8s.value("oomguard_target_events_total", kind="probe_kill", **POD), "the probe kill"
-            )
-            await wait_for(
-                lambda: _equals(k8s.value("oomguard_target_events_total", kind="probe_failure", **POD), 3.0),
-                "three probe failures",
-            )
-    finally:
-        await engine.server.stop()
+        # The kubelet's Events: a startup probe failing 3 times (one Event, count 3), then the kill.
+        unhealthy = objects.event(pod, "Unhealthy", "Startup probe failed: connect: connection refused", count=2)
+        await k8s.api.put("events", unhealthy)
+        unhealthy["count"] = 3
+        await k8s.api.put("events", unhealthy)
+        await k8s.api.put("events", objects.event(pod, "Unhealthy", "Readiness probe failed: HTTP 503"))
+        await k8s.api.put(
+            "events", objects.event(pod, "Killing", "Container vllm failed startup probe, will be restarted")
+        )
+        await wait_for(lambda: k8s.value("oomguard_target_events_total", kind="probe_kill", **POD), "the probe kill")
+        await wait_for(
+            lambda: _equals(k8s.value("oomguard_target_events_total", kind="probe_failure", **POD), 3.0),
+            "three probe failures",
+        )
 
 
 async def test_an_oom_kill_counted_before_a_restart_of_the_exporter_is_not_counted_again(tmp_path: Path) -> None:
-    port = free_port("127.0.0.2")
-    engine = Engine("127.0.0.2", port)
-    await engine.server.start()
     ended = objects.terminated("OOMKilled", 137, "2026-12-03T12:05:00Z")
-    try:
-        async with Cluster(tmp_path) as k8s:
-            pod = await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port))
-            await wait_for(lambda: k8s.targets() == [NAME], "the target")
-            await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
-                                                  restart_count=1, last_terminated=ended))  # fmt: skip
-            await wait_for(lambda: k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), "OOM")
-            await k8s.runtime.stop()  # the exporter restarts
-            await k8s.runtime.start()
-            await wait_for(lambda: k8s.targets() == [NAME], "the target again")
-            await wait_for(lambda: k8s.value("oomguard_target_up", **POD), "the target up again")
-            await asyncio.sleep(0.2)  # a few event polls: the same end, saved as counted, is not counted again
-            assert await k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD) == 1.0
+    async with engine_up() as engine, Cluster(tmp_path) as k8s:
+        port = engine.server.port
+        pod = await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port))
+        await wait_for(lambda: k8s.targets() == [NAME], "the target")
+        await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
+                                              restart_count=1, last_terminated=ended))  # fmt: skip
+        await wait_for(lambda: k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), "OOM")
+        await k8s.runtime.stop()  # the exporter restarts
+        await k8s.runtime.start()
+        await wait_for(lambda: k8s.targets() == [NAME], "the target again")
+        await wait_for(lambda: k8s.value("oomguard_target_up", **POD), "the target up again")
+        await asyncio.sleep(0.2)  # a few event polls: the same end, saved as counted, is not counted again
+        assert await k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD) == 1.0
 
-            await k8s.runtime.stop()  # and while it is away, the container is OOM-killed again
-            ended = objects.terminated("OOMKilled", 137, "2026-12-03T12:15:00Z", container_id="9" * 64)
-            await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
-                                                  restart_count=2, last_terminated=ended))  # fmt: skip
-            await k8s.runtime.start()
-            await wait_for(
-                lambda: _equals(k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), 2.0),
-                "the kill while the exporter was away",
-            )
-    finally:
-        await engine.server.stop()
+        await k8s.runtime.stop()  # and while it is away, the container is OOM-killed again
+        ended = objects.terminated("OOMKilled", 137, "2026-12-03T12:15:00Z", container_id="9" * 64)
+        await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
+                                              restart_count=2, last_terminated=ended))  # fmt: skip
+        await k8s.runtime.start()
+        await wait_for(
+            lambda: _equals(k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), 2.0),
+            "the kill while the exporter was away",
+        )
 
 
 async def _equals(value, want: float) -> bool:
@@ -160,40 +148,33 @@ async def _equals(value, want: float) -> bool:
 
 
 async def test_a_startup_probe_shorter_than_the_load(tmp_path: Path) -> None:
-    port = free_port("127.0.0.2")
-    engine = Engine("127.0.0.2", port, serving=False)
-    await engine.server.start()
     probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1, "failureThreshold": 1}
-    try:
-        async with Cluster(tmp_path) as k8s:
-            liveness = {"httpGet": {"path": "/health", "port": "http"}}
-            await k8s.api.put(
-                "pods", objects.pod("vllm-0", "127.0.0.2", port, startup_probe=probe, liveness_probe=liveness)
-            )
-            await wait_for(lambda: k8s.value("oomguard_target_probe_grace_seconds", **POD), "the grace gauge")
-            assert await k8s.value("oomguard_target_probe_grace_seconds", **POD) == 1.0  # 0 + 1 x 1 s: startup first
-            await wait_for(lambda: k8s.value("oomguard_target_state", state="loading", **POD), "loading")
-            await asyncio.sleep(max(0.0, engine.started + 1.5 - time.time()))  # a load of 1.5 s
-            engine.serving = True
-            startup = await wait_for(lambda: k8s.value("oomguard_target_startup_seconds", **POD), "its startup time")
-            # From the engine's process start to its first health: longer than what the probe allows, the case
-            # StartupSlowerThanProbe compares.
-            assert 1.5 <= startup < 10.0
-    finally:
-        await engine.server.stop()
+    async with engine_up(serving=False) as engine, Cluster(tmp_path) as k8s:
+        port = engine.server.port
+        liveness = {"httpGet": {"path": "/health", "port": "http"}}
+        await k8s.api.put(
+            "pods", objects.pod("vllm-0", "127.0.0.2", port, startup_probe=probe, liveness_probe=liveness)
+        )
+        await wait_for(lambda: k8s.value("oomguard_target_probe_grace_seconds", **POD), "the grace gauge")
+        assert await k8s.value("oomguard_target_probe_grace_seconds", **POD) == 1.0  # 0 + 1 x 1 s: startup first
+        await wait_for(lambda: k8s.value("oomguard_target_state", state="loading", **POD), "loading")
+        await asyncio.sleep(max(0.0, engine.started + 1.5 - time.time()))  # a load of 1.5 s
+        engine.serving = True
+        startup = await wait_for(lambda: k8s.value("oomguard_target_startup_seconds", **POD), "its startup time")
+        # From the engine's process start to its first health: longer than what the probe allows, the case
+        # StartupSlowerThanProbe compares.
+        assert 1.5 <= startup < 10.0
 
 
 async def test_nvml_pids_are_attributed_to_their_pod_through_cgroups(tmp_path: Path) -> None:
-    port = free_port("127.0.0.2")
-    engine = Engine("127.0.0.2", port)
-    await engine.server.start()
     uid = "33333333-3333-4333-8333-333333333333"
     for pid, cgroup in ((4242, f"0::/kubepods/pod{uid}/{'e' * 64}"), (4343, "0::/system.slice/other.service")):
         (tmp_path / "proc" / str(pid)).mkdir(parents=True)
         (tmp_path / "proc" / str(pid) / "cgroup").write_text(cgroup + "\n")
     processes = [FakeProcess(4242, 50 * GIB), FakeProcess(4343, 9 * GIB)]
     nvml = FakeNvml([FakeGpu(0, used_bytes=60 * GIB, processes=processes), FakeGpu(1, used_bytes=1 * GIB)])
-    try:
+    async with engine_up() as engine:
+        port = engine.server.port
         trend = {"interval_seconds": 0.05, "short_window_seconds": 0.5, "long_window_seconds": 2.0}
         async with Cluster(tmp_path, nvml=nvml, trend=trend) as k8s:
             await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=uid))
@@ -206,8 +187,6 @@ async def test_nvml_pids_are_attributed_to_their_pod_through_cgroups(tmp_path: P
                 lambda: k8s.value("oomguard_target_memory_trend_state", memory="gpu", state="steady", **POD),
                 "the pod's GPU memory trend",
             )
-    finally:
-        await engine.server.stop()
 
 
 async def test_rbac_refused_is_a_source_error_not_a_crash(tmp_path: Path) -> None:
@@ -226,25 +205,20 @@ async def test_rbac_refused_is_a_source_error_not_a_crash(tmp_path: Path) -> Non
 
 
 async def test_the_api_away_for_a_while_then_back(tmp_path: Path) -> None:
-    port = free_port("127.0.0.2")
-    engine = Engine("127.0.0.2", port)
-    await engine.server.start()
-    try:
-        async with Cluster(tmp_path) as k8s:
-            await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port))
-            await wait_for(lambda: k8s.value("oomguard_target_up", **POD), "the target up")
-            await k8s.server.stop()  # unreachable: connections refused
-            await wait_for(lambda: _equals(k8s.value("oomguard_source_success", source="kubernetes"), 0.0), "success 0")
-            # Meanwhile the known target is still scraped, and the API's state moves on.
-            assert await k8s.value("oomguard_target_up", **POD) == 1.0
-            await k8s.api.delete("pods", "llm", "vllm-0")
-            await k8s.api.put("pods", objects.pod("vllm-1", "127.0.0.2", port))
-            k8s.api.compact()  # and its old resourceVersions are gone
-            await k8s.server.start()
-            await wait_for(lambda: k8s.targets() == ["llm/vllm-1"], "the relist's targets", timeout=15)
-            await wait_for(lambda: _equals(k8s.value("oomguard_source_success", source="kubernetes"), 1.0), "success 1")
-    finally:
-        await engine.server.stop()
+    async with engine_up() as engine, Cluster(tmp_path) as k8s:
+        port = engine.server.port
+        await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port))
+        await wait_for(lambda: k8s.value("oomguard_target_up", **POD), "the target up")
+        await k8s.server.stop()  # unreachable: connections refused
+        await wait_for(lambda: _equals(k8s.value("oomguard_source_success", source="kubernetes"), 0.0), "success 0")
+        # Meanwhile the known target is still scraped, and the API's state moves on.
+        assert await k8s.value("oomguard_target_up", **POD) == 1.0
+        await k8s.api.delete("pods", "llm", "vllm-0")
+        await k8s.api.put("pods", objects.pod("vllm-1", "127.0.0.2", port))
+        k8s.api.compact()  # and its old resourceVersions are gone
+        await k8s.server.start()
+        await wait_for(lambda: k8s.targets() == ["llm/vllm-1"], "the relist's targets", timeout=15)
+        await wait_for(lambda: _equals(k8s.value("oomguard_source_success", source="kubernetes"), 1.0), "success 1")
 
 
 async def test_410_gone_relists_and_bookmarks_move_the_version(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from tests.sources.kubernetes.k8s_harness import (
     Dcgm,
     Engine,
     dcgm_pod,
+    engine_up,
     free_port,
     two_shards,
     wait_for,
@@ -269,16 +270,15 @@ async def test_a_sharded_cluster_mode_reads_each_half_of_the_engine_once(tmp_pat
 async def test_node_mode_on_a_workers_node_finds_its_leader_and_judges_the_worker_against_it(tmp_path: Path) -> None:
     """The node mode watches its node's pods only: on the worker's node the leader is asked of the API. The worker's
     process (its pod's cgroup) on GPU 0 at 92 % of the GPU is judged against the engine's reservation."""
-    port = free_port("127.0.0.2")
-    engine = Engine("127.0.0.2", port)
-    await engine.server.start()
-    leader, worker = lws_pods("127.0.0.2", port, leader_node="gpu-a", worker_node="gpu-node-1", worker_restarts=1)
-    uid = worker["metadata"]["uid"]
-    (tmp_path / "proc" / "5151").mkdir(parents=True)
-    (tmp_path / "proc" / "5151" / "cgroup").write_text(f"0::/kubepods/pod{uid}/{'e' * 64}\n")
     used = round(0.92 * 80 * GIB)
     nvml = FakeNvml([FakeGpu(0, used_bytes=used, processes=[FakeProcess(5151, used)]), FakeGpu(1)])
-    try:
+    async with engine_up() as engine:
+        leader, worker = lws_pods(
+            "127.0.0.2", engine.server.port, leader_node="gpu-a", worker_node="gpu-node-1", worker_restarts=1
+        )
+        uid = worker["metadata"]["uid"]
+        (tmp_path / "proc" / "5151").mkdir(parents=True)
+        (tmp_path / "proc" / "5151" / "cgroup").write_text(f"0::/kubepods/pod{uid}/{'e' * 64}\n")
         async with Cluster(tmp_path, nvml=nvml) as k8s:
             await k8s.api.put("pods", leader)
             await k8s.api.put("pods", worker)
@@ -290,8 +290,6 @@ async def test_node_mode_on_a_workers_node_finds_its_leader_and_judges_the_worke
             assert metrics[("oomguard_gpu_memory_headroom_used_ratio", tuple(sorted(gpu.items())))] < 0.01
             assert metrics[("oomguard_target_restarts_total", tuple(sorted(LEADER.items())))] == 1.0
             assert not [k for k in metrics if k[0].startswith("oomguard_engine_kv")], "the leader's node's exporter's"
-    finally:
-        await engine.server.stop()
 
 
 async def _equals(value: Any, wanted: float) -> bool:
