@@ -19,8 +19,6 @@ ERROR_KINDS = ("timeout", "refused", "tls", "http_status", "too_large", "limit",
 # Why an engine's value was dropped from its reading (engines/base.py): NaN or infinite, negative, a ratio over 1.
 VALUE_REJECT_REASONS = ("non_finite", "negative", "out_of_range")
 TREND_STATES = ("steady", "sawtooth", "climbing", "spike", "saturated")
-# The figures of an engine the alerts read (oomguard_engine_figure_read{figure}); each engine gives some of them.
-FIGURES = ("kv_cache_usage", "requests_waiting", "requests_running", "preemptions", "reservation")
 # vLLM's sleep mode: level 1 offloads the weights, level 2 discards them; both free the KV cache.
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 # The parts of an engine's GPU memory it can tell apart (oomguard_engine_memory_bytes{component}).
@@ -115,16 +113,155 @@ class NvmlReading:
 
 
 # -- the engine's own view (its /metrics) ----------------------------------------------------
+# What engines/base.py holds a figure's value to, besides being a finite number (VALUE_REJECT_REASONS says why one
+# was dropped):
+AT_LEAST_ZERO = "at_least_zero"  # a count, a size, a time: 0 or more
+ZERO_TO_ONE = "zero_to_one"  # a ratio
+ABOVE_ZERO_TO_ONE = "above_zero_to_one"  # a share of each GPU: 0 would be no share, a budget of 0 bytes
+BOUNDS = (AT_LEAST_ZERO, ZERO_TO_ONE, ABOVE_ZERO_TO_ONE)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFigure:
+    """One number an engine gives of itself, declared once in ENGINE_FIGURES: the reading's field that keeps it,
+    the metric that exports it (exposition/engine.py builds its MetricSpec from this and writes it, docs/metrics.md
+    lists it), the bounds engines/base.py checks it against, and its name where the alerts read it."""
+
+    field: str  # a `float | None` field of ModelReading (per_model) or of EngineReading
+    per_model: bool  # one series per served model (labels target, model_name), or one per target (label target)
+    metric: str  # its name without the oomguard_ prefix, and a counter's without _total
+    kind: str  # gauge | counter
+    unit: str  # "" when none
+    help: str
+    bounds: str = AT_LEAST_ZERO  # one of BOUNDS
+    # Only some engines or versions give it: `drill --check` sees no gap where it is absent.
+    conditional: bool = False
+    # Its name in oomguard_engine_figure_read{figure} where the alerts read it (FIGURES; each engine's
+    # EnginePlugin.figures names those it always gives); "" when no alert reads it.
+    figure_read_as: str = ""
+
+
+_FAMILIES_READ = 'each engine\'s families: docs/metrics.md, "Engine families read"'
+
+# Every number an engine gives of itself, in the order it is exported and documented. A figure per served model
+# comes first, then those of the engine as a whole.
+ENGINE_FIGURES: tuple[EngineFigure, ...] = (
+    EngineFigure(
+        field="kv_cache_usage_ratio",
+        per_model=True,
+        metric="engine_kv_cache_usage_ratio",
+        kind="gauge",
+        unit="ratio",
+        help="Share of the engine's KV cache blocks in use, 0-1, averaged over its data-parallel ranks"
+        f" ({_FAMILIES_READ}).",
+        bounds=ZERO_TO_ONE,
+        figure_read_as="kv_cache_usage",
+    ),
+    EngineFigure(
+        field="requests_waiting",
+        per_model=True,
+        metric="engine_requests_waiting",
+        kind="gauge",
+        unit="requests",
+        help="Requests queued, not yet scheduled; a queue that stays up means concurrency is over-provisioned.",
+        figure_read_as="requests_waiting",
+    ),
+    EngineFigure(
+        field="requests_running",
+        per_model=True,
+        metric="engine_requests_running",
+        kind="gauge",
+        unit="requests",
+        help="Requests in the running batch.",
+        figure_read_as="requests_running",
+    ),
+    EngineFigure(
+        field="preemptions_total",
+        per_model=True,
+        metric="engine_preemptions",
+        kind="counter",
+        unit="",
+        help="Requests preempted because the KV cache was full (the engine's own counter, summed over engines).",
+        conditional=True,
+        figure_read_as="preemptions",
+    ),
+    EngineFigure(
+        field="prefix_cache_queries_total",
+        per_model=True,
+        metric="engine_prefix_cache_queries_tokens",
+        kind="counter",
+        unit="tokens",
+        help="Tokens looked up in the prefix cache.",
+        conditional=True,
+    ),
+    EngineFigure(
+        field="prefix_cache_hits_total",
+        per_model=True,
+        metric="engine_prefix_cache_hits_tokens",
+        kind="counter",
+        unit="tokens",
+        help="Tokens found in the prefix cache.",
+        conditional=True,
+    ),
+    EngineFigure(
+        field="memory_utilization_ratio",
+        per_model=False,
+        metric="engine_gpu_memory_utilization_ratio",
+        kind="gauge",
+        unit="ratio",
+        help=f"The engine's configured share of each GPU's total memory: its reservation setting ({_FAMILIES_READ}).",
+        bounds=ABOVE_ZERO_TO_ONE,
+        conditional=True,
+        figure_read_as="reservation",  # what it was told, asleep or awake
+    ),
+    EngineFigure(
+        field="kv_cache_blocks",
+        per_model=False,
+        metric="engine_kv_cache_blocks",
+        kind="gauge",
+        unit="blocks",
+        help=f"KV cache blocks the engine allocated at start ({_FAMILIES_READ}).",
+        conditional=True,
+    ),
+    EngineFigure(
+        field="kv_cache_block_size_tokens",
+        per_model=False,
+        metric="engine_kv_cache_block_size_tokens",
+        kind="gauge",
+        unit="tokens",
+        help="Tokens per KV cache block.",
+        conditional=True,
+    ),
+    EngineFigure(
+        field="kv_cache_memory_bytes",
+        per_model=False,
+        metric="engine_kv_cache_memory_bytes",
+        kind="gauge",
+        unit="bytes",
+        help=f"Memory the engine reserved for its KV cache, where it says ({_FAMILIES_READ}).",
+        conditional=True,
+    ),
+    EngineFigure(
+        field="process_start_time_seconds",
+        per_model=False,
+        metric="engine_process_start_time_seconds",
+        kind="gauge",
+        unit="seconds",
+        help="Start time of the engine's API server process, Unix time; a change is a restart.",
+        conditional=True,
+    ),
+)
+# The figures of an engine the alerts read (oomguard_engine_figure_read{figure}); each engine gives some of them.
+FIGURES = tuple(figure.figure_read_as for figure in ENGINE_FIGURES if figure.figure_read_as)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelReading:
     """One served model, summed or averaged over the engine's data-parallel ranks."""
 
-    # The values engines/base.py checks (finite, not negative; a `..._ratio` from 0 to 1): every number field is
-    # named here, and one that is not fails engines/base.py's import.
-    CHECKED: ClassVar[tuple[str, ...]] = (
-        "kv_cache_usage_ratio", "requests_waiting", "requests_running", "preemptions_total",
-        "prefix_cache_queries_total", "prefix_cache_hits_total",
-    )  # fmt: skip
+    # The values engines/base.py checks: this reading's figures in ENGINE_FIGURES. A number field declared there
+    # as none fails engines/base.py's import, and so does a figure that names no field here.
+    CHECKED: ClassVar[tuple[str, ...]] = tuple(figure.field for figure in ENGINE_FIGURES if figure.per_model)
 
     model_name: str
     kv_cache_usage_ratio: float | None = None
@@ -137,11 +274,9 @@ class ModelReading:
 
 @dataclass(frozen=True, slots=True)
 class EngineReading:
-    # The values engines/base.py checks (finite, not negative) as ModelReading's are; the reservation
-    # (memory_utilization_ratio) and memory_bytes it checks on their own.
-    CHECKED: ClassVar[tuple[str, ...]] = (
-        "kv_cache_blocks", "kv_cache_block_size_tokens", "kv_cache_memory_bytes", "process_start_time_seconds",
-    )  # fmt: skip
+    # The values engines/base.py checks, as ModelReading's: this reading's figures in ENGINE_FIGURES (memory_bytes,
+    # a tuple, it checks on its own).
+    CHECKED: ClassVar[tuple[str, ...]] = tuple(figure.field for figure in ENGINE_FIGURES if not figure.per_model)
 
     models: tuple[ModelReading, ...]
     # The share of each GPU's total memory the engine is configured to take.

@@ -18,7 +18,15 @@ import yaml
 
 from oomguard.common.promtext import Sample
 from oomguard.exporter.engines.cmdline import Matcher, SettingsParser
-from oomguard.exporter.model import VALUE_REJECT_REASONS, EngineReading, ModelReading
+from oomguard.exporter.model import (
+    ABOVE_ZERO_TO_ONE,
+    AT_LEAST_ZERO,
+    ENGINE_FIGURES,
+    VALUE_REJECT_REASONS,
+    EngineFigure,
+    EngineReading,
+    ModelReading,
+)
 
 if TYPE_CHECKING:
     from oomguard.common.engine_client import EngineClient
@@ -162,22 +170,28 @@ def mean(samples: Iterable[Sample]) -> float | None:
 # -- the values checked, for every engine ----------------------------------------------------------------------
 # Every family an engine reader keeps is a count, a size, a ratio, a setting or a timestamp: none is negative, and
 # none is NaN or infinite. The readers see only the samples that pass; their readings then pass `_check_reading`,
-# which bounds the ratios; the fields it checks are those each reading's class declares in its `CHECKED`. The
+# which holds each figure to its declared bounds (model.ENGINE_FIGURES: a ratio 0 to 1, a share of the GPUs above 0);
+# the fields it checks are those each reading's class declares in its `CHECKED`, drawn from that table. The
 # scraper calls `read_checked` for every engine (docs/engines.md, "Values checked").
 
 
 def checked_fields(reading: type, *, own: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The reading's values checked here, as its class declares them (its `CHECKED`), in the model's order; `own`
-    are number fields checked on their own. A number field declared neither way would go unchecked: TypeError."""
+    are number fields checked on their own. A number field declared neither way would go unchecked, and a declared
+    name that is no number field of the reading (a figure of model.ENGINE_FIGURES whose `field` is misspelt or not
+    added to the reading) would never be read: TypeError, naming them."""
     hints = get_type_hints(reading)
-    numbers = {f.name for f in fields(reading) if _is_number(hints[f.name])}
+    names = {f.name for f in fields(reading)}
+    numbers = {name for name in names if _is_number(hints[name])}
     declared = set(reading.CHECKED)
     undeclared = sorted(numbers - declared - set(own))
-    unknown = sorted(declared - numbers)
-    if undeclared or unknown:
+    missing = sorted(declared - names)
+    unknown = sorted(declared & names - numbers)
+    if undeclared or missing or unknown:
         raise TypeError(
-            f"{reading.__name__}.CHECKED must name every number field the checks read:"
-            f" undeclared {undeclared}, not a number field {unknown}"
+            f"{reading.__name__}.CHECKED must name every number field the checks read (a figure of"
+            f" model.ENGINE_FIGURES each): undeclared {undeclared}, no field of {reading.__name__} {missing},"
+            f" not a number field {unknown}"
         )
     return tuple(f.name for f in fields(reading) if f.name in declared)
 
@@ -189,10 +203,10 @@ def _is_number(hint: object) -> bool:
     return hint in (float, int)
 
 
-_MODEL_FIELDS = checked_fields(ModelReading)
-# The share of the GPUs is checked on its own (0 is no share: no budget).
-_ENGINE_FIELDS = checked_fields(EngineReading, own=("memory_utilization_ratio",))
-_RATIO_FIELDS = frozenset(name for name in _MODEL_FIELDS if name.endswith("_ratio"))  # a ratio is 0 to 1, by its name
+_DECLARED = {figure.field: figure for figure in ENGINE_FIGURES}
+_MODEL_FIGURES = tuple(_DECLARED[name] for name in checked_fields(ModelReading))
+_ENGINE_FIGURES = tuple(_DECLARED[name] for name in checked_fields(EngineReading))
+_FIGURE_READ_AS = {figure.figure_read_as: figure for figure in ENGINE_FIGURES if figure.figure_read_as}
 
 
 @dataclass(slots=True)
@@ -236,39 +250,44 @@ def read_checked(reader: EngineReader, samples: dict[str, list[Sample]], rejecte
     return _check_reading(reader.read(kept), rejected)
 
 
+def _checked_figure(figure: EngineFigure, value: float | None, rejected: Rejected) -> float | None:
+    """The figure's value, or None (counted) when it is out of the figure's declared bounds."""
+    value = checked_value(value, figure.field, rejected, ratio=figure.bounds != AT_LEAST_ZERO)
+    if value == 0 and figure.bounds == ABOVE_ZERO_TO_ONE:  # no share of a GPU: a budget of 0 bytes
+        rejected.add("out_of_range", figure.field, value)
+        return None
+    return value
+
+
 def _check_reading(reading: EngineReading, rejected: Rejected) -> EngineReading:
     """The reading with the values that are no reading dropped: a sum that overflowed, a ratio out of 0-1, a
     setting read from a label (vLLM's gpu_memory_utilization="7")."""
     models = tuple(_check_model(m, rejected) for m in reading.models)
     changes: dict[str, object] = {
-        name: checked_value(getattr(reading, name), name, rejected) for name in _ENGINE_FIELDS
+        figure.field: _checked_figure(figure, getattr(reading, figure.field), rejected) for figure in _ENGINE_FIGURES
     }
-    share = checked_value(reading.memory_utilization_ratio, "memory_utilization_ratio", rejected, ratio=True)
-    if share == 0:  # no share of a GPU: a budget of 0 bytes
-        rejected.add("out_of_range", "memory_utilization_ratio", share)
-        share = None
     memory = tuple((c, b) for c, b in reading.memory_bytes if checked_value(b, c, rejected) is not None)
     if not rejected:
         return reading  # the usual case: no copy
-    return replace(reading, models=models, memory_utilization_ratio=share, memory_bytes=memory, **changes)
+    return replace(reading, models=models, memory_bytes=memory, **changes)
 
 
 def _check_model(model: ModelReading, rejected: Rejected) -> ModelReading:
     changes = {
-        name: checked_value(value, name, rejected, ratio=name in _RATIO_FIELDS)
-        for name in _MODEL_FIELDS
-        if (value := getattr(model, name)) is not None
+        figure.field: _checked_figure(figure, value, rejected)
+        for figure in _MODEL_FIGURES
+        if (value := getattr(model, figure.field)) is not None
     }
     return replace(model, **changes) if any(changes[n] is None for n in changes) else model
 
 
 def figures_read(figures: Iterable[str], reading: EngineReading) -> dict[str, bool]:
-    """Which of the engine's figures this reading has (any of its models, for the per-model ones)."""
+    """Which of the engine's figures (model.FIGURES) this reading has (any of its models, for the per-model ones)."""
 
-    def has(figure: str) -> bool:
-        if figure == "reservation":  # what it was told, asleep or awake
-            return reading.memory_utilization_ratio is not None
-        attr = {"kv_cache_usage": "kv_cache_usage_ratio", "preemptions": "preemptions_total"}.get(figure, figure)
-        return any(getattr(m, attr) is not None for m in reading.models)
+    def has(name: str) -> bool:
+        figure = _FIGURE_READ_AS[name]
+        if figure.per_model:
+            return any(getattr(m, figure.field) is not None for m in reading.models)
+        return getattr(reading, figure.field) is not None
 
-    return {figure: has(figure) for figure in figures}
+    return {name: has(name) for name in figures}
