@@ -31,7 +31,7 @@ takes every instance of GPU 0.
 
 
 def _engine_families(plugin: EnginePlugin) -> str:
-    rows = "\n".join(f"| {row.metrics} | {row.families} |" for row in plugin.families_table)
+    rows = "\n".join(f"| {row.metrics} | {row.families} |" for row in plugin.reader.families_table)
     return f"""
 ## Engine families read ({plugin.title})
 

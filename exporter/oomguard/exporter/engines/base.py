@@ -1,4 +1,4 @@
-"""What an engine plugin is: a reader of its /metrics, its log lines, its simulator, its table of families.
+"""What an engine plugin is: a reader of its /metrics and its table of families, its log lines, its simulator.
 
 An engine lives in one package, `engines/<name>/`, whose `PLUGIN` is listed in
 `engines/__init__.py`. Nothing else in oomguard names an engine.
@@ -51,24 +51,26 @@ class KvUsageError(Exception):
     """The engine's KV cache use could not be read this time: the scrape goes on without it."""
 
 
-class EngineReader(Protocol):
-    """Turns the families extracted from one /metrics body into the engine's reading."""
-
-    metrics_path: ClassVar[str]
-    health_path: ClassVar[str]
-    families: ClassVar[frozenset[str]]  # the only families extracted from the body
-
-    def read(self, samples: dict[str, list[Sample]]) -> EngineReading:
-        """Interpret the extracted families; raise ExpositionError when the body is not this engine's."""
-        ...
-
-
 @dataclass(frozen=True, slots=True)
 class FamilyRow:
     """One row of the "Engine families read" table of docs/metrics.md."""
 
     metrics: str  # the oomguard metric(s), as written in the table
     families: str  # the engine's families they come from
+
+
+class EngineReader(Protocol):
+    """Turns the families extracted from one /metrics body into the engine's reading."""
+
+    metrics_path: ClassVar[str]
+    health_path: ClassVar[str]
+    families: ClassVar[frozenset[str]]  # the only families extracted from the body
+    # docs/metrics.md's "Engine families read" table for the engine: each oomguard metric and where it comes from.
+    families_table: ClassVar[tuple[FamilyRow, ...]]
+
+    def read(self, samples: dict[str, list[Sample]]) -> EngineReading:
+        """Interpret the extracted families; raise ExpositionError when the body is not this engine's."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +132,6 @@ class EnginePlugin:
     package: str  # the plugin's package, where its patterns.yaml lives
     log_grammar: LogGrammar  # how its own log records look: only they count (docs/security.md, "API users")
     simulator: str | None  # module run as `python -m` to simulate the engine, None when there is none
-    families_table: tuple[FamilyRow, ...]
     aggregation_note: str  # how the engine's rank labels are aggregated away
     # Called by the scraper once per engine life (engines/<name>/settings.py), None when /metrics says it all.
     reservation: ReservationFetcher | None = None

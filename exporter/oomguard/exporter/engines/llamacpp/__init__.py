@@ -1,6 +1,6 @@
 """llama.cpp's `llama-server` (`--metrics`): its /metrics reader, its /slots, its log lines, its families."""
 
-from oomguard.exporter.engines.base import EnginePlugin, FamilyRow, LogGrammar
+from oomguard.exporter.engines.base import EnginePlugin, LogGrammar
 from oomguard.exporter.engines.llamacpp import cmdline
 from oomguard.exporter.engines.llamacpp.reader import LlamaCppReader
 from oomguard.exporter.engines.llamacpp.slots import fetch_kv_usage_ratio
@@ -18,16 +18,6 @@ PLUGIN = EnginePlugin(
         outside=(r"log_server_r: ",),
     ),
     simulator="oomguard.simulate.engines.llamacpp",
-    families_table=(
-        FamilyRow(
-            "`oomguard_engine_kv_cache_usage_ratio`",
-            "`llamacpp:kv_cache_usage_ratio` where an older build still writes it; else `GET /slots` on each "
-            "scrape: the tokens of the slots at work (`n_prompt_tokens`) over all slots' `n_ctx`; absent with "
-            "`--no-slots` (501)",
-        ),
-        FamilyRow("`oomguard_engine_requests_waiting`", "`llamacpp:requests_deferred`"),
-        FamilyRow("`oomguard_engine_requests_running`", "`llamacpp:requests_processing`"),
-    ),
     aggregation_note=(
         "llama-server exports unlabelled series: nothing to aggregate, and `model_name` is empty.\n"
         "Its KV cache ratio was removed upstream (read where an older build has it, else from `/slots`); its\n"

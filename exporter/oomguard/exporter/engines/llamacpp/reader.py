@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from oomguard.common.promtext import ExpositionError, Sample, finite
+from oomguard.exporter.engines.base import FamilyRow
 from oomguard.exporter.model import EngineReading, ModelReading
 
 RUNNING = "llamacpp:requests_processing"  # slots working on a request
@@ -27,6 +28,18 @@ class LlamaCppReader:
     # 503 {"error": {"message": "Loading model"}} while it loads, then 200: never up yet reads "loading".
     health_path: ClassVar[str] = "/health"
     families: ClassVar[frozenset[str]] = frozenset({RUNNING, WAITING, KV_USAGE_OLD})
+    # The "Engine families read" table of docs/metrics.md: each oomguard metric and the families (or requests)
+    # it comes from; every family in `families` is named in it (tests/engines/test_families_documented.py).
+    families_table: ClassVar[tuple[FamilyRow, ...]] = (
+        FamilyRow(
+            "`oomguard_engine_kv_cache_usage_ratio`",
+            "`llamacpp:kv_cache_usage_ratio` where an older build still writes it; else `GET /slots` on each "
+            "scrape: the tokens of the slots at work (`n_prompt_tokens`) over all slots' `n_ctx`; absent with "
+            "`--no-slots` (501)",
+        ),
+        FamilyRow("`oomguard_engine_requests_waiting`", "`llamacpp:requests_deferred`"),
+        FamilyRow("`oomguard_engine_requests_running`", "`llamacpp:requests_processing`"),
+    )
 
     def read(self, samples: dict[str, list[Sample]]) -> EngineReading:
         if RUNNING not in samples and WAITING not in samples:

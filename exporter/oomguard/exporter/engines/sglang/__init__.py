@@ -1,6 +1,6 @@
 """SGLang: its /metrics reader, its reservation from /server_info, its log lines, its simulator, its families."""
 
-from oomguard.exporter.engines.base import HEADER_CLOCK, EnginePlugin, FamilyRow, Knob, Knobs, LogGrammar
+from oomguard.exporter.engines.base import HEADER_CLOCK, EnginePlugin, Knob, Knobs, LogGrammar
 from oomguard.exporter.engines.sglang import cmdline
 from oomguard.exporter.engines.sglang.reader import SglangReader
 from oomguard.exporter.engines.sglang.settings import mem_fraction_static
@@ -25,28 +25,6 @@ PLUGIN = EnginePlugin(
         traceback_lead=r"\w+ hit an exception: ",  # "Scheduler hit an exception: Traceback (most recent call last):"
     ),
     simulator="oomguard.simulate.engines.sglang",
-    families_table=(
-        FamilyRow(
-            "`oomguard_engine_kv_cache_usage_ratio`",
-            "`sglang:token_usage`, `sglang:full_token_usage`, "
-            "`sglang:kv_used_tokens` / `sglang:max_total_num_tokens` (the fullest rank)",
-        ),
-        FamilyRow("`oomguard_engine_requests_waiting`", "`sglang:num_queue_reqs` (summed over `dp_rank`)"),
-        FamilyRow("`oomguard_engine_requests_running`", "`sglang:num_running_reqs` (summed over `dp_rank`)"),
-        FamilyRow(
-            "`oomguard_engine_preemptions_total`",
-            "`sglang:num_retracted_requests_total` (retractions: requests pushed back when the KV pool is full)",
-        ),
-        FamilyRow(
-            "`oomguard_engine_memory_bytes{component}`",
-            "`sglang:weight_memory_usage_gb` (weights), `sglang:kv_cache_memory_usage_gb` (kv_cache), "
-            "`sglang:graph_memory_usage_gb` summed over `phase` (cuda_graphs); GiB x 2^30, the largest rank",
-        ),
-        FamilyRow(
-            "`oomguard_engine_gpu_memory_utilization_ratio`",
-            "`mem_fraction_static` of `GET /server_info` (`/get_server_info` before), once per engine life",
-        ),
-    ),
     aggregation_note=(
         "SGLang's rank labels are aggregated away per data-parallel group: the ranks of one `dp_rank`\n"
         "(`tp_rank`, `pp_rank`, `moe_ep_rank`) run one batch, so their largest value stands for the group\n"

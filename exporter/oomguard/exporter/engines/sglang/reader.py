@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 from oomguard.common.promtext import ExpositionError, Sample, finite
+from oomguard.exporter.engines.base import FamilyRow
 from oomguard.exporter.model import EngineReading, ModelReading
 
 TOKEN_USAGE = "sglang:token_usage"  # 0-1; newest: the fullest of the full, SWA and mamba pools
@@ -84,6 +85,30 @@ class SglangReader:
             KV_CACHE_GB,
             GRAPH_GB,
         }
+    )
+    # The "Engine families read" table of docs/metrics.md: each oomguard metric and the families (or requests)
+    # it comes from; every family in `families` is named in it (tests/engines/test_families_documented.py).
+    families_table: ClassVar[tuple[FamilyRow, ...]] = (
+        FamilyRow(
+            "`oomguard_engine_kv_cache_usage_ratio`",
+            "`sglang:token_usage`, `sglang:full_token_usage`, "
+            "`sglang:kv_used_tokens` / `sglang:max_total_num_tokens` (the fullest rank)",
+        ),
+        FamilyRow("`oomguard_engine_requests_waiting`", "`sglang:num_queue_reqs` (summed over `dp_rank`)"),
+        FamilyRow("`oomguard_engine_requests_running`", "`sglang:num_running_reqs` (summed over `dp_rank`)"),
+        FamilyRow(
+            "`oomguard_engine_preemptions_total`",
+            "`sglang:num_retracted_requests_total` (retractions: requests pushed back when the KV pool is full)",
+        ),
+        FamilyRow(
+            "`oomguard_engine_memory_bytes{component}`",
+            "`sglang:weight_memory_usage_gb` (weights), `sglang:kv_cache_memory_usage_gb` (kv_cache), "
+            "`sglang:graph_memory_usage_gb` summed over `phase` (cuda_graphs); GiB x 2^30, the largest rank",
+        ),
+        FamilyRow(
+            "`oomguard_engine_gpu_memory_utilization_ratio`",
+            "`mem_fraction_static` of `GET /server_info` (`/get_server_info` before), once per engine life",
+        ),
     )
 
     def read(self, samples: dict[str, list[Sample]]) -> EngineReading:

@@ -1,6 +1,6 @@
 """Hugging Face TGI (in maintenance mode upstream): its /metrics reader, its log lines, its families."""
 
-from oomguard.exporter.engines.base import HEADER_CLOCK, EnginePlugin, FamilyRow, Knob, Knobs, LogGrammar
+from oomguard.exporter.engines.base import HEADER_CLOCK, EnginePlugin, Knob, Knobs, LogGrammar
 from oomguard.exporter.engines.tgi import cmdline
 from oomguard.exporter.engines.tgi.reader import TgiReader
 
@@ -21,15 +21,6 @@ PLUGIN = EnginePlugin(
         outside_sources=(r"(?!warmup\{)[\w-]+\{",),
     ),
     simulator="oomguard.simulate.engines.tgi",
-    families_table=(
-        FamilyRow(
-            "`oomguard_engine_kv_cache_usage_ratio`",
-            "`tgi_batch_current_max_tokens` / `tgi_batch_max_total_tokens` (a proxy: the tokens the running "
-            "batch may reach, out of the KV capacity)",
-        ),
-        FamilyRow("`oomguard_engine_requests_waiting`", "`tgi_queue_size`"),
-        FamilyRow("`oomguard_engine_requests_running`", "`tgi_batch_current_size`"),
-    ),
     aggregation_note=(
         "TGI's router exports unlabelled series: nothing to aggregate, and `model_name` is empty.\n"
         "Its reservation, `--cuda-memory-fraction` (`CUDA_MEMORY_FRACTION`), is published nowhere: unknown."

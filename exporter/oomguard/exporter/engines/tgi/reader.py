@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from oomguard.common.promtext import ExpositionError, Sample, finite
+from oomguard.exporter.engines.base import FamilyRow
 from oomguard.exporter.model import EngineReading, ModelReading
 
 WAITING = "tgi_queue_size"
@@ -26,6 +27,17 @@ class TgiReader:
     metrics_path: ClassVar[str] = "/metrics"
     health_path: ClassVar[str] = "/health"  # the router listens only after warm-up: refused while loading
     families: ClassVar[frozenset[str]] = frozenset({WAITING, RUNNING, BATCH_MAX_TOKENS, MAX_TOTAL_TOKENS})
+    # The "Engine families read" table of docs/metrics.md: each oomguard metric and the families (or requests)
+    # it comes from; every family in `families` is named in it (tests/engines/test_families_documented.py).
+    families_table: ClassVar[tuple[FamilyRow, ...]] = (
+        FamilyRow(
+            "`oomguard_engine_kv_cache_usage_ratio`",
+            "`tgi_batch_current_max_tokens` / `tgi_batch_max_total_tokens` (a proxy: the tokens the running "
+            "batch may reach, out of the KV capacity)",
+        ),
+        FamilyRow("`oomguard_engine_requests_waiting`", "`tgi_queue_size`"),
+        FamilyRow("`oomguard_engine_requests_running`", "`tgi_batch_current_size`"),
+    )
 
     def read(self, samples: dict[str, list[Sample]]) -> EngineReading:
         if WAITING not in samples and RUNNING not in samples:

@@ -1,6 +1,6 @@
 """Triton Inference Server with the TensorRT-LLM backend: its /metrics reader, its log lines, its families."""
 
-from oomguard.exporter.engines.base import HEADER_CLOCK, EnginePlugin, FamilyRow, LogGrammar
+from oomguard.exporter.engines.base import HEADER_CLOCK, EnginePlugin, LogGrammar
 from oomguard.exporter.engines.triton import cmdline
 from oomguard.exporter.engines.triton.reader import TritonReader
 
@@ -19,19 +19,6 @@ PLUGIN = EnginePlugin(
         outside=(r"HTTP request: ", r"Process for \w+", r"New request handler for "),
     ),
     simulator="oomguard.simulate.engines.triton",
-    families_table=(
-        FamilyRow(
-            "`oomguard_engine_kv_cache_usage_ratio`",
-            '`nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used"}` / `{...="max"}`; '
-            '`{...="fraction"}` where those are missing',
-        ),
-        FamilyRow("`oomguard_engine_requests_running`", '`nv_trt_llm_request_metrics{request_type="active"}`'),
-        FamilyRow("`oomguard_engine_requests_waiting`", '`nv_trt_llm_request_metrics{request_type="waiting"}`'),
-        FamilyRow(
-            "`oomguard_engine_kv_cache_blocks`, `oomguard_engine_kv_cache_block_size_tokens`",
-            '`nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"}`, `{...="tokens_per"}`',
-        ),
-    ),
     aggregation_note=(
         "Triton's `model` label is the `model_name`; its `version`s are summed (blocks and requests).\n"
         "The reservation, `kv_cache_free_gpu_mem_fraction`, is a share of the memory free after the\n"

@@ -12,6 +12,7 @@ from collections import defaultdict
 from typing import ClassVar
 
 from oomguard.common.promtext import ExpositionError, Sample, finite
+from oomguard.exporter.engines.base import FamilyRow
 from oomguard.exporter.model import EngineReading, ModelReading
 
 KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
@@ -34,6 +35,21 @@ class TritonReader:
     # Served on the HTTP port (8000), not on the metrics port: a 404 there with a good /metrics body counts as up.
     health_path: ClassVar[str] = "/v2/health/ready"
     families: ClassVar[frozenset[str]] = frozenset({KV_BLOCKS, REQUESTS})
+    # The "Engine families read" table of docs/metrics.md: each oomguard metric and the families (or requests)
+    # it comes from; every family in `families` is named in it (tests/engines/test_families_documented.py).
+    families_table: ClassVar[tuple[FamilyRow, ...]] = (
+        FamilyRow(
+            "`oomguard_engine_kv_cache_usage_ratio`",
+            '`nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used"}` / `{...="max"}`; '
+            '`{...="fraction"}` where those are missing',
+        ),
+        FamilyRow("`oomguard_engine_requests_running`", '`nv_trt_llm_request_metrics{request_type="active"}`'),
+        FamilyRow("`oomguard_engine_requests_waiting`", '`nv_trt_llm_request_metrics{request_type="waiting"}`'),
+        FamilyRow(
+            "`oomguard_engine_kv_cache_blocks`, `oomguard_engine_kv_cache_block_size_tokens`",
+            '`nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"}`, `{...="tokens_per"}`',
+        ),
+    )
 
     def read(self, samples: dict[str, list[Sample]]) -> EngineReading:
         if KV_BLOCKS not in samples and REQUESTS not in samples:

@@ -1,6 +1,6 @@
 """vLLM: its /metrics reader (V0 and V1 names), its log lines, its simulator, its families."""
 
-from oomguard.exporter.engines.base import HEADER_CLOCK, EnginePlugin, FamilyRow, Knob, Knobs, LogGrammar
+from oomguard.exporter.engines.base import HEADER_CLOCK, EnginePlugin, Knob, Knobs, LogGrammar
 from oomguard.exporter.engines.vllm import cmdline
 from oomguard.exporter.engines.vllm.reader import VllmReader
 
@@ -31,31 +31,6 @@ PLUGIN = EnginePlugin(
         outside_sources=(r"(?:request_)?logger\.py",),
     ),
     simulator="oomguard.simulate.engines.vllm",
-    families_table=(
-        FamilyRow(
-            "`oomguard_engine_kv_cache_usage_ratio`",
-            "`vllm:kv_cache_usage_perc` (0.9+), `vllm:gpu_cache_usage_perc` (before)",
-        ),
-        FamilyRow("`oomguard_engine_requests_waiting`", "`vllm:num_requests_waiting`"),
-        FamilyRow("`oomguard_engine_requests_running`", "`vllm:num_requests_running`"),
-        FamilyRow("`oomguard_engine_preemptions_total`", "`vllm:num_preemptions_total`"),
-        FamilyRow(
-            "`oomguard_engine_prefix_cache_queries_tokens_total`",
-            "`vllm:prefix_cache_queries_total`, `vllm:gpu_prefix_cache_queries_total`",
-        ),
-        FamilyRow(
-            "`oomguard_engine_prefix_cache_hits_tokens_total`",
-            "`vllm:prefix_cache_hits_total`, `vllm:gpu_prefix_cache_hits_total`",
-        ),
-        FamilyRow(
-            "`oomguard_engine_gpu_memory_utilization_ratio`, `..._kv_cache_blocks`, "
-            "`..._kv_cache_block_size_tokens`, `..._kv_cache_memory_bytes`",
-            "labels `gpu_memory_utilization`, `num_gpu_blocks`, `block_size`, `kv_cache_memory_bytes` "
-            "of `vllm:cache_config_info`",
-        ),
-        FamilyRow("`oomguard_engine_process_start_time_seconds`", "`process_start_time_seconds` (API server process)"),
-        FamilyRow("`oomguard_engine_sleep_state`", "`vllm:engine_sleep_state` (0.11+; sleep mode)"),
-    ),
     aggregation_note=(
         "vLLM's `engine` label (data-parallel rank) is aggregated away: gauges of counts and\n"
         "counters are summed, the KV cache usage ratio is averaged, `num_gpu_blocks` and\n"

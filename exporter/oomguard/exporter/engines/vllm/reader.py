@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 from oomguard.common.promtext import ExpositionError, Sample, finite
-from oomguard.exporter.engines.base import mean, total
+from oomguard.exporter.engines.base import FamilyRow, mean, total
 from oomguard.exporter.model import SLEEP_STATES, EngineReading, ModelReading
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -52,6 +52,33 @@ class VllmReader:
             START_TIME,
             SLEEP_STATE,
         }
+    )
+    # The "Engine families read" table of docs/metrics.md: each oomguard metric and the families (or requests)
+    # it comes from; every family in `families` is named in it (tests/engines/test_families_documented.py).
+    families_table: ClassVar[tuple[FamilyRow, ...]] = (
+        FamilyRow(
+            "`oomguard_engine_kv_cache_usage_ratio`",
+            "`vllm:kv_cache_usage_perc` (0.9+), `vllm:gpu_cache_usage_perc` (before)",
+        ),
+        FamilyRow("`oomguard_engine_requests_waiting`", "`vllm:num_requests_waiting`"),
+        FamilyRow("`oomguard_engine_requests_running`", "`vllm:num_requests_running`"),
+        FamilyRow("`oomguard_engine_preemptions_total`", "`vllm:num_preemptions_total`"),
+        FamilyRow(
+            "`oomguard_engine_prefix_cache_queries_tokens_total`",
+            "`vllm:prefix_cache_queries_total`, `vllm:gpu_prefix_cache_queries_total`",
+        ),
+        FamilyRow(
+            "`oomguard_engine_prefix_cache_hits_tokens_total`",
+            "`vllm:prefix_cache_hits_total`, `vllm:gpu_prefix_cache_hits_total`",
+        ),
+        FamilyRow(
+            "`oomguard_engine_gpu_memory_utilization_ratio`, `..._kv_cache_blocks`, "
+            "`..._kv_cache_block_size_tokens`, `..._kv_cache_memory_bytes`",
+            "labels `gpu_memory_utilization`, `num_gpu_blocks`, `block_size`, `kv_cache_memory_bytes` "
+            "of `vllm:cache_config_info`",
+        ),
+        FamilyRow("`oomguard_engine_process_start_time_seconds`", "`process_start_time_seconds` (API server process)"),
+        FamilyRow("`oomguard_engine_sleep_state`", "`vllm:engine_sleep_state` (0.11+; sleep mode)"),
     )
 
     def read(self, samples: dict[str, list[Sample]]) -> EngineReading:
