@@ -43,6 +43,7 @@ from typing import Any
 from aiohttp import web
 
 from oomguard.common.engine_client import EngineClient
+from oomguard.common.time_scale import TimeScale
 from oomguard.exporter.collection import Collection
 from oomguard.exporter.config import Config
 from oomguard.exporter.config_loader import load_config
@@ -243,6 +244,7 @@ class VirtualRun:
     def __init__(self, scenario: str, engine: str, workdir: Path, base: float, time_scale: float = 1.0) -> None:
         self.engine = engine
         self.time_scale = time_scale
+        self.scale = TimeScale(time_scale)  # what the exporter judges runs on it, as Runtime's clock
         self.clock = VirtualClock(base)
         self.log_path = workdir / f"{scenario}-{engine}-x{time_scale:g}.log"
         self.log_path.write_text("")
@@ -257,7 +259,7 @@ class VirtualRun:
         target = self.sim.target()
         config = load_config(None, {"events": {"kernel_log": False, "xid": False}, "state_dir": None})
         # As Runtime builds a simulation's: the event timings on its clock.
-        self.config: Config = events_on_clock(config.model_copy(update={"targets": (target,)}), time_scale)
+        self.config: Config = events_on_clock(config.model_copy(update={"targets": (target,)}), self.scale)
         self.target = target.name
 
     # -- the NVML the exporter reads -------------------------------------------------------------------
@@ -323,14 +325,14 @@ class VirtualRun:
         def make_scraper(t):  # type: ignore[no-untyped-def]
             scraper = TargetScraper(t, timeout=config.target_timeout(t), max_body_bytes=config.scrape.max_body_bytes,
                                     finder=finder, limits=config.target_limits(t),  # type: ignore[arg-type]
-                                    time_scale=self.time_scale)  # fmt: skip
+                                    clock=self.scale)  # fmt: skip
             if scraper.reservation is not None:  # its retry after a failed fetch, on the lives' clock
                 scraper.reservation.clock = self.clock.wall
             return scraper
 
         self.targets = TargetSet(make_scraper, config.targets)
         self.processes = ProcessLookup(finder, self.targets.local_ports(), self.source_runs)  # type: ignore[arg-type]
-        self.tracker = TrendTracker(trend_on_clock(config, self.time_scale))
+        self.tracker = TrendTracker(trend_on_clock(config, self.scale))
         self.events = EventRunner(config, clock=self.clock.wall)
         self.observer = TrendObserver(self.nvml, self.processes, self.targets.views, self.tracker)
         self.collection = Collection(

@@ -27,6 +27,7 @@ from typing import Any
 from oomguard import __version__
 from oomguard.common import descriptors
 from oomguard.common.engine_client import EngineClient
+from oomguard.common.time_scale import REAL, TimeScale
 from oomguard.exporter.collection import Collection
 from oomguard.exporter.config import Config, DcgmConfig, TargetConfig
 from oomguard.exporter.events.kubernetes import PodEvents
@@ -69,6 +70,9 @@ class Runtime:
         """`nvml_lib`: pynvml or a stand-in with its API; None for no GPUs. `start_simulation=False`
         leaves the simulated engine to be started by the caller (the drill starts it once Prometheus scrapes)."""
         self.simulation: Simulation | None = None
+        # The clock every judged duration runs on: the simulation's, built once here and handed to what judges
+        # (the scrapers, the trend's and the events' settings, the status page's sparkline); life's outside one.
+        self.clock: TimeScale = REAL
         self.sim_dcgm: SimulatedDcgmExporter | None = None
         self._own_log: Path | None = None
         if config.simulation.scenario:
@@ -91,10 +95,10 @@ class Runtime:
                     pod_gpus=self.simulation.gpus,
                 )  # fmt: skip
             # Every duration the exporter judges runs on the scenario's clock (simulate/clock.py).
-            config = events_on_clock(config, sim.time_scale)
+            self.clock = TimeScale(sim.time_scale)
+            config = events_on_clock(config, self.clock)
             log.info("simulation %r: engine at %s, its log in %s", sim.scenario, self.simulation.url, log_path)
         self.config = config
-        self.time_scale = config.simulation.time_scale if self.simulation is not None else 1.0
         self._nvml_lib = nvml_lib
         self._start_simulation = start_simulation
         self.source_runs = SourceRuns()
@@ -148,13 +152,13 @@ class Runtime:
                 max_body_bytes=config.scrape.max_body_bytes,
                 finder=finder,
                 limits=config.target_limits(t),
-                time_scale=self.time_scale,
+                clock=self.clock,
             )
 
         # The one set of targets: discovery changes it, on the event loop; the others read it.
         targets = self.targets = TargetSet(make_scraper, config.targets)
         processes = ProcessLookup(finder, targets.local_ports(), self.source_runs)
-        tracker = self.tracker = TrendTracker(trend_on_clock(config, self.time_scale)) if config.trend.enabled else None
+        tracker = self.tracker = TrendTracker(trend_on_clock(config, self.clock)) if config.trend.enabled else None
         # Reads the saved state file: not on the event loop.
         events = self._events = await asyncio.to_thread(partial(EventRunner, config, nvml=lib))
         discovery = self.discovery = (

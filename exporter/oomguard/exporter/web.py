@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
+from oomguard.common.time_scale import TimeScale
 from oomguard.exporter.collection import Collection
 from oomguard.exporter.exposition import render
 from oomguard.exporter.exposition.health import render_web_config
@@ -167,15 +168,15 @@ async def _status(request: web.Request) -> StatusView:
     snapshot = await _collection(request).snapshot()
     body = await request.app[RENDERED].of(snapshot)
     runtime = request.app[RUNTIME]
-    return await asyncio.to_thread(_view, body, snapshot, runtime.tracker, runtime.time_scale)
+    return await asyncio.to_thread(_view, body, snapshot, runtime.tracker, runtime.clock)
 
 
-def _view(body: bytes, snapshot: Snapshot, tracker: TrendTracker | None, time_scale: float) -> StatusView:
+def _view(body: bytes, snapshot: Snapshot, tracker: TrendTracker | None, clock: TimeScale) -> StatusView:
     """(in a thread: a cluster's exposition is megabytes) The view, with each GPU's sparkline from its trend's
     samples (the trend's clock is real time: the simulation's minutes are shorter)."""
     history: dict[tuple[str, str], list[float]] = {}
     if tracker is not None:
-        seconds = status_page.SPARK_MINUTES * 60 / time_scale
+        seconds = clock.real(status_page.SPARK_MINUTES * 60)
         for key in snapshot.nvml.gpus if snapshot.nvml is not None else ():
             history[key.key] = tracker.recent(TrendKey.of_gpu(key.key), seconds)
     return build(parse(body.decode("utf-8", "replace")), now=snapshot.collected_at, history=history)

@@ -1,5 +1,6 @@
-"""The simulation's clock: `serve --simulate` and the drill run a scenario `time_scale` times faster than life,
-and every duration the exporter judges runs on that clock too.
+"""The simulation's clock applied to the exporter's settings: `serve --simulate` and the drill run a scenario
+`time_scale` times faster than life, and every duration the exporter judges runs on that clock too
+(`common/time_scale.py`, `TimeScale`: the one place that knows how a duration is scaled).
 
 Judged durations are thresholds and windows: the trend's sample interval, windows and minimum climb, an
 incident's quiet spell and re-arm time, how long after a start its startup line still belongs to it, the
@@ -11,31 +12,27 @@ the real clock, and the drill's rules are scaled to match (bundle `time_scale`).
 
 from __future__ import annotations
 
+from oomguard.common.time_scale import TimeScale
 from oomguard.exporter.config import Config
 from oomguard.exporter.model import TrendSettings
 
 
-def judged_seconds(seconds: float, time_scale: float, floor: float = 0.0) -> float:
-    """A duration the exporter judges, on a clock `time_scale` times faster than life."""
-    return max(floor, seconds / time_scale)
-
-
-def events_on_clock(config: Config, time_scale: float) -> Config:
-    """The config with its event timings on the simulation's clock (unchanged at 1)."""
-    if time_scale == 1:
+def events_on_clock(config: Config, clock: TimeScale) -> Config:
+    """The config with its event timings on the simulation's clock (unchanged on life's)."""
+    if not clock.compressed:
         return config
     events = config.events
     # A quiet spell or re-arm shorter than two reads of the sources would split one death.
     floor = 2 * events.poll_interval_seconds
     scaled = events.model_copy(update={
-        "quiet_seconds": judged_seconds(events.quiet_seconds, time_scale, floor),
-        "rearm_seconds": judged_seconds(events.rearm_seconds, time_scale, floor),
+        "quiet_seconds": clock.real(events.quiet_seconds, floor),
+        "rearm_seconds": clock.real(events.rearm_seconds, floor),
     })  # fmt: skip
     return config.model_copy(update={"events": scaled})
 
 
-def trend_on_clock(config: Config, time_scale: float) -> TrendSettings:
+def trend_on_clock(config: Config, clock: TimeScale) -> TrendSettings:
     """The trend's settings on the simulation's clock (TrendSettings.time_scaled: its floors keep a window
     several samples wide)."""
     settings = config.trend.settings()
-    return settings if time_scale == 1 else settings.time_scaled(time_scale)
+    return settings.time_scaled(clock.factor) if clock.compressed else settings

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from oomguard.common.ports import free_port
 from oomguard.common.process_start import start_time
+from oomguard.common.time_scale import TimeScale
 from oomguard.exporter.config import TargetConfig
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from oomguard.simulate.scenarios import GPU_TOTAL_BYTES, IDLE_GPU_BYTES, SCENARIOS
@@ -57,7 +58,7 @@ class Simulation:
         self.engine = engine
         self.simulator = simulator
         self.told = told
-        self.time_scale = time_scale
+        self.clock = TimeScale(time_scale)  # the scenario's: its seconds pass `time_scale` times faster
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -89,13 +90,13 @@ class Simulation:
 
     def _refresh(self) -> None:
         first = self._first_launched_at
-        foreign = self.scenario.foreign_ratio((time.time() - first) * self.time_scale) if first is not None else 0.0
+        foreign = self.scenario.foreign_ratio(self.clock.simulated(time.time() - first)) if first is not None else 0.0
         child = self._child
         if child is None or child.returncode is not None:
             self.show(None, foreign=foreign)
             return
         # The start time is read to a clock tick against a boot time taken once: it can be a few ms in the future.
-        t = max(0.0, time.time() - (start_time(child.pid) or self._launched_at)) * self.time_scale
+        t = self.clock.simulated(max(0.0, time.time() - (start_time(child.pid) or self._launched_at)))
         self.show(t, pid=child.pid, life=self.restarts, foreign=foreign)
 
     def show(self, t: float | None, *, pid: int = 0, life: int = 0, foreign: float = 0.0) -> None:
@@ -146,7 +147,7 @@ class Simulation:
                 self._launched_at = time.time()
                 if self._first_launched_at is None:
                     self._first_launched_at = self._launched_at
-                foreign = self.scenario.foreign_ratio((self._launched_at - self._first_launched_at) * self.time_scale)
+                foreign = self.scenario.foreign_ratio(self.clock.simulated(self._launched_at - self._first_launched_at))
                 self._child = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
@@ -156,7 +157,7 @@ class Simulation:
                     "--port",
                     str(self.port),
                     "--time-scale",
-                    str(self.time_scale),
+                    str(self.clock.factor),
                     "--gpu-total-bytes",
                     str(self.gpu_total),
                     *self.told_args(),
@@ -172,7 +173,7 @@ class Simulation:
                     stderr.close()  # type: ignore[union-attr]
             self.restarts += 1
             log.info("simulated engine exited with %s; relaunching (restart %d)", code, self.restarts)
-            await asyncio.sleep(self.scenario.restart_delay / self.time_scale)
+            await asyncio.sleep(self.clock.real(self.scenario.restart_delay))
 
     async def _wait_or_kill(self, child: asyncio.subprocess.Process) -> int:
         """The child's exit code; a scenario's probe kills it (SIGKILL, nothing logged) once it has served a while."""
@@ -182,7 +183,7 @@ class Simulation:
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancellation that comes as the child exits,
             # and the supervisor would relaunch the engine after stop().
-            async with asyncio.timeout((self.scenario.load_seconds + kill_after) / self.time_scale):
+            async with asyncio.timeout(self.clock.real(self.scenario.load_seconds + kill_after)):
                 return await child.wait()
         except TimeoutError:
             child.kill()

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Mapping
 from oomguard.common import engine_client
 from oomguard.common.engine_client import BodyTooLarge, ConnectError, EngineClient, EngineHttpError, TlsError
 from oomguard.common.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits
+from oomguard.common.time_scale import REAL, TimeScale
 from oomguard.exporter.config import TargetConfig
 from oomguard.exporter.engines import ENGINES
 from oomguard.exporter.engines.base import Rejected, checked_value, figures_read, read_checked
@@ -52,9 +53,9 @@ class TargetScraper:
         max_body_bytes: int,
         finder: ProcessFinder | None = None,
         limits: Limits | None = None,
-        time_scale: float = 1.0,
+        clock: TimeScale = REAL,
     ) -> None:
-        """`time_scale`: the simulation's (simulate/clock.py); the windows and back-offs judged here run on it."""
+        """`clock`: the simulation's (common/time_scale.py); the windows and back-offs judged here run on it."""
         self.config = config
         self.name = config.label
         plugin = ENGINES[config.engine]
@@ -62,7 +63,7 @@ class TargetScraper:
         self.figures = plugin.figures
         # What the engine is asked besides /metrics and /health, where /metrics lacks it (side_requests.py).
         self.reservation = (
-            ReservationOnce(plugin.reservation, self.name, RESERVATION_RETRY_SECONDS / time_scale)
+            ReservationOnce(plugin.reservation, self.name, clock.real(RESERVATION_RETRY_SECONDS))
             if plugin.reservation is not None
             else None
         )
@@ -76,7 +77,7 @@ class TargetScraper:
         self.finder = finder if config.is_local else None
         self.errors_total: Counter[str] = Counter({kind: 0 for kind in ERROR_KINDS})
         self.values_rejected_total: Counter[str] = Counter({reason: 0 for reason in VALUE_REJECT_REASONS})
-        self.restarts = RestartTracker(announce_window=ANNOUNCE_WINDOW / time_scale)
+        self.restarts = RestartTracker(announce_window=clock.real(ANNOUNCE_WINDOW))
         self.status = TargetState(self.restarts, self.finder)
         self.asleep = False  # in the engine's sleep mode, as its last reading said
         self._log = ScrapeLog(self.name)
