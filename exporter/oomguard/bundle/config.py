@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
+from oomguard.common.time_scale import TimeScale
 from oomguard.exporter.config import ConfigError, StrictModel, explain, read_yaml
 
 Severity = Literal["critical", "warning", "info"]
@@ -181,9 +182,14 @@ class BundleConfig(StrictModel):
     runbook_base_url: str
     group_labels: tuple[str, ...]
     fleet_labels: tuple[str, ...]
-    time_scale: float = Field(gt=0)
+    time_scale: float = Field(gt=0, allow_inf_nan=False)
     prometheus_rule: PrometheusRuleConfig
     alerts: Alerts
+
+    @property
+    def clock(self) -> TimeScale:
+        """The clock the rules judge on (`time_scale`: a drill's compressed one; 1 in production)."""
+        return TimeScale(self.time_scale)
 
     @field_validator("prefix")
     @classmethod

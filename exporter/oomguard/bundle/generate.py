@@ -29,7 +29,7 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
     )  # fmt: skip
     selector = config.selector
-    scale = config.time_scale
+    clock = config.clock
 
     def s(extra: str = "") -> str:
         return "{" + ",".join(m for m in (selector, extra) if m) + "}"
@@ -39,14 +39,14 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
         return ", ".join(grouping(config, *labels))
 
     def secs(duration: str) -> int:
-        return max(1, round(seconds(duration) / scale))
+        return max(1, round(clock.real(seconds(duration))))
 
     def dur(duration: str) -> str:
-        return f"{secs(duration)}s" if scale != 1 else duration
+        return f"{secs(duration)}s" if clock.compressed else duration
 
     def scaled(value: float) -> str:
         """A threshold in seconds, in the bundle's time scale."""
-        return f"{float(value) / scale:g}"
+        return f"{clock.real(float(value)):g}"
 
     def value_of(metric: str, *labels: str) -> str:
         """A Prometheus template: the value of `metric` for the alert's own grouping labels and `labels`, humanized
@@ -64,8 +64,8 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
     env.filters["q"] = lambda value: json.dumps(str(value), ensure_ascii=False)
     # The alerts as their YAML keys (`a.queue_backlog.for`); the event kinds as named in common/kinds.py.
     env.globals.update(
-        s=s, by=by, secs=secs, dur=dur, scaled=scaled, runbook=runbook, pct=lambda r: f"{float(r) * 100:g} %",
-        value_of=value_of,
+        s=s, by=by, secs=secs, dur=dur, scaled=scaled, runbook=runbook,
+        pct=lambda r: f"{float(r) * 100:g} %", value_of=value_of,
         prefix=config.prefix, a=config.alerts.model_dump(by_alias=True), extra_labels=config.extra_labels,
         kinds=kinds, kind_matcher=kinds.kind_matcher,
     )  # fmt: skip

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oomguard.bundle.config import BundleConfig, load_bundle_config, seconds
+from oomguard.common.time_scale import TimeScale
 
 DEFAULTS = "the bundle's defaults"
 
@@ -113,6 +114,11 @@ class Thresholds:
             reservation_high=c.reservation_threshold,
             pages=tuple(Page(key, prefix + name, severities[key]) for key, name in _PAGES.items()),
         )
+
+    @property
+    def clock(self) -> TimeScale:
+        """The clock the thresholds judge on: a drill's compressed one, or life's."""
+        return TimeScale(self.time_scale)
 
     def page(self, key: str) -> Page:
         return next(p for p in self.pages if p.key == key)

@@ -198,6 +198,8 @@ def holding(gpus: list[GpuRow], targets: list[TargetRow], now: float, th: Thresh
     out: list[Holding] = []
     page = {p.key: p for p in th.pages}
     critical, soon = page["gpu_memory_critical"], page["exhausted_soon"]
+    # The thresholds' durations on the clock the readings run on (the rules' own: the bundle's time scale).
+    clock = th.clock
     for g in gpus:
         if g.headroom_used is not None and g.headroom_used > th.headroom_critical:
             out.append(Holding(critical.name, critical.severity, f"GPU {g.name}",
@@ -212,12 +214,12 @@ def holding(gpus: list[GpuRow], targets: list[TargetRow], now: float, th: Thresh
                                f"full in {duration(g.seconds_to_full)} at this pace "
                                f"(pages under {duration(th.exhausted_soon_seconds)})"))  # fmt: skip
     oom, storm = page["oom_event"], page["restart_storm"]
-    window = th.oom_window_seconds / th.time_scale
+    window = clock.real(th.oom_window_seconds)
     for t in targets:
         if t.last_oom_at is not None and now - t.last_oom_at <= window:
             out.append(Holding(oom.name, oom.severity, t.name,
                                f"{t.last_oom_kind} {duration(now - t.last_oom_at)} ago"))  # fmt: skip
-        storm_window = th.restart_storm_window_seconds / th.time_scale
+        storm_window = clock.real(th.restart_storm_window_seconds)
         if t.restarts >= th.restart_storm_count and t.last_restart_at is not None \
                 and now - t.last_restart_at <= storm_window:  # fmt: skip
             out.append(Holding(storm.name, storm.severity, t.name,
