@@ -11,7 +11,7 @@ from pathlib import Path
 
 from oomguard.bundle.thresholds import load_thresholds
 from oomguard.diagnose import report
-from oomguard.diagnose.clock import Clock
+from oomguard.diagnose.clock import clock_of
 from oomguard.diagnose.core import default_probe_delay, diagnose_data, exit_status
 from oomguard.diagnose.query import DiagnoseError, fetch_exporter, fetch_prometheus
 from oomguard.exporter.config import ConfigError
@@ -99,12 +99,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"oomguard diagnose: --bundle-config: {exc}", file=sys.stderr)
         return 2
     try:
-        clock = Clock(thresholds.time_scale if args.time_scale is None else args.time_scale)
+        clock = clock_of(thresholds.time_scale if args.time_scale is None else args.time_scale)
         if args.prometheus:
             end = parse_time(args.at)
             window = parse_duration(args.window)
             data = fetch_prometheus(args.prometheus, start=end - window, end=end, instance=args.instance,
-                                    timeout=args.timeout, time_scale=clock.scale)  # fmt: skip
+                                    timeout=args.timeout, time_scale=clock.factor)  # fmt: skip
         else:
             data = fetch_exporter(args.exporter, timeout=args.timeout)
     except DiagnoseError as exc:
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         probe_delay, probe_source = default_probe_delay(thresholds)
     diagnoses = diagnose_data(data, target=args.target, probe_delay=probe_delay, probe_source=probe_source,
-                              max_num_seqs=args.max_num_seqs, time_scale=clock.scale,
+                              max_num_seqs=args.max_num_seqs, time_scale=clock.factor,
                               thresholds=thresholds)  # fmt: skip
     if args.json:
         sys.stdout.write(report.to_json(diagnoses, source=data.source, start=data.start, end=data.end))

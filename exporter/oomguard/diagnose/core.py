@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from oomguard.bundle.thresholds import DEFAULTS, Thresholds, default_thresholds
-from oomguard.diagnose.clock import Clock
+from oomguard.diagnose.clock import clock_of
 from oomguard.diagnose.evidence import Facts, Item, evidence, gather, gpu_id
 from oomguard.diagnose.query import Data, fetch_exporter, fetch_prometheus
 from oomguard.diagnose.recommend import Recommendation, recommend
@@ -111,7 +111,7 @@ def diagnose_data(
     `probe_delay` is in simulated seconds. `thresholds`: the bundle configuration's (thresholds.py's
     `load_thresholds`), the shipped defaults' when None."""
     thresholds = thresholds or default_thresholds()
-    clock = Clock(thresholds.time_scale if time_scale is None else time_scale)
+    clock = clock_of(thresholds.time_scale if time_scale is None else time_scale)
     if probe_delay is None:
         probe_delay, probe_source = default_probe_delay(thresholds)
     probe_source = probe_source or "--probe-delay"
@@ -127,7 +127,7 @@ def diagnose_data(
                 "; check --target" if target else "; check that it is oomguard and that its collectors run"
             )
         summary = f"no oomguard series for {where} in {data.source}: {fix}"
-        return [Diagnosis(target, None, [], INSUFFICIENT, 0.0, summary, [], [], time_scale=clock.scale)]
+        return [Diagnosis(target, None, [], INSUFFICIENT, 0.0, summary, [], [], time_scale=clock.factor)]
     out = []
     for instance, name, gpus in subjects:
         facts = gather(data, instance, name, gpus, clock, thresholds)
@@ -136,7 +136,7 @@ def diagnose_data(
         items = evidence(facts, probe_delay, probe_source)
         recs = recommend(facts, verdict, probe_delay=probe_delay, probe_source=probe_source)
         out.append(Diagnosis(name, instance, gpus, verdict.name, verdict.confidence, verdict.summary, items, recs,
-                             verdict.criteria, facts, probe_delay, probe_source, clock.scale))  # fmt: skip
+                             verdict.criteria, facts, probe_delay, probe_source, clock.factor))  # fmt: skip
     return out
 
 
@@ -161,12 +161,12 @@ def diagnose_prometheus(
     seconds. `thresholds`: the bundle configuration's (its defaults' when None).
     """
     thresholds = thresholds or default_thresholds()
-    clock = Clock(thresholds.time_scale if time_scale is None else time_scale)
+    clock = clock_of(thresholds.time_scale if time_scale is None else time_scale)
     end = time.time() if at is None else at
     data = fetch_prometheus(url, start=end - window, end=end, instance=instance, timeout=timeout,
-                            time_scale=clock.scale)  # fmt: skip
+                            time_scale=clock.factor)  # fmt: skip
     return diagnose_data(data, target=target, probe_delay=probe_delay, probe_source=probe_source,
-                         max_num_seqs=max_num_seqs, time_scale=clock.scale, thresholds=thresholds)  # fmt: skip
+                         max_num_seqs=max_num_seqs, time_scale=clock.factor, thresholds=thresholds)  # fmt: skip
 
 
 def diagnose_exporter(

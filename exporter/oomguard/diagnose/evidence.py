@@ -5,7 +5,8 @@
 recommendations read; evidence items are what the report prints, each with its figure and time.
 
 Times are Unix seconds as Prometheus stamped them; durations in `Facts` are seconds of the scenario's clock
-(`Clock.simulated`: the same on a real history), and thresholds in seconds are judged on real time (`Clock.real`).
+(`TimeScale.simulated`: the same on a real history), and thresholds in seconds are judged on real time
+(`TimeScale.real`).
 
 The thresholds the shipped rules have (memory at the top, a saturated KV cache, a queue, the pages' conditions, the
 two-knob check) are the bundle configuration's (thresholds.py), carried in `Facts.thresholds`; those below are
@@ -30,9 +31,9 @@ from oomguard.bundle.thresholds import (
     default_thresholds,
 )
 from oomguard.common import kinds
+from oomguard.common.time_scale import REAL, TimeScale
 from oomguard.diagnose import capacity
 from oomguard.diagnose.capacity import Check, Setting
-from oomguard.diagnose.clock import REAL, Clock
 from oomguard.diagnose.query import Data, Series
 
 QUESTIONS = {
@@ -48,7 +49,7 @@ FOREIGN_GROWTH = 0.05  # another process grew by this share of the GPU...
 WITHIN_RESERVATION = 0.02  # ...while the engine stayed within its reservation but this share
 CLIMB_MIN_RISE = 0.03  # docs/trend.md's climb_min_rise_ratio
 CLIMB_MAX_FALLBACK = 0.02  # docs/trend.md's tolerance_ratio
-CLIMB_MIN_SECONDS = 600.0  # simulated seconds: judged as Clock.real(CLIMB_MIN_SECONDS)
+CLIMB_MIN_SECONDS = 600.0  # simulated seconds: judged as TimeScale.real(CLIMB_MIN_SECONDS)
 RESTART_DROP = 0.3  # a fall of this share of the GPU between two points is a process exiting
 
 # The per-GPU join (join.py's join_gpu), written where an engine's reservation on the GPU is known. Where it is
@@ -154,7 +155,7 @@ class Facts:
     up_fraction: float | None = None
     ever_up: bool | None = None
     states: Points = field(default_factory=list)  # 1 up, 0 loading/down
-    clock: Clock = REAL  # the clock the history was recorded on (a drill's is compressed)
+    clock: TimeScale = REAL  # the clock the history was recorded on (a drill's is compressed)
     # What the diagnosis read: GPU_JOIN, TARGET_LEVEL or GPU_USED (None without memory series); the series found
     # for this target or GPU, and those step 1 looked for and did not find.
     memory_evidence: str | None = None
@@ -380,7 +381,7 @@ def _lives(memory: Points) -> list[Points]:
     return lives
 
 
-def _climb(memory: Points, clock: Clock = REAL) -> tuple[float, float, float] | None:
+def _climb(memory: Points, clock: TimeScale = REAL) -> tuple[float, float, float] | None:
     """The largest climb of one life: >= 3 % over >= 10 (simulated) min, never falling back more than 2 %.
 
     Returns (rise, its length in simulated seconds, its start time)."""
@@ -508,7 +509,7 @@ def gather(
     instance: str | None,
     target: str | None,
     gpus: list[str],
-    clock: Clock = REAL,
+    clock: TimeScale = REAL,
     thresholds: Thresholds | None = None,
 ) -> Facts:
     """The facts of one target (its GPUs) or, with `target` None, of one GPU, read on `clock`, to be judged on
@@ -849,7 +850,7 @@ def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
         if facts.startup_seconds is not None:
             slower = facts.startup_seconds > probe_delay
             clock = facts.clock
-            real = (f" ({clock.real(facts.startup_seconds):.1f}s real at {clock.scale:g}x)"
+            real = (f" ({clock.real(facts.startup_seconds):.1f}s real at {clock.factor:g}x)"
                     if clock.compressed else "")  # fmt: skip
             items.append(Item(4, f"measured startup {facts.startup_seconds:.0f}s{real} "
                                  f"{'>' if slower else '<='} probe delay {probe_delay:g}s ({probe_source})",

@@ -226,7 +226,7 @@ def plot_figure(facts: Facts, title: str = ""):  # -> matplotlib.figure.Figure (
         queue_ax.axhline(held, color="tab:purple", linestyle="--", linewidth=1, zorder=REFERENCE_ZORDER,
                          label=f"KV cache holds ~{held:.0f} requests")  # fmt: skip
     queue_ax.set_ylabel("requests")
-    unit = f"simulated minutes ({facts.clock.scale:g}x)" if facts.clock.compressed else "minutes"
+    unit = f"simulated minutes ({facts.clock.factor:g}x)" if facts.clock.compressed else "minutes"
     queue_ax.set_xlabel(f"{unit} from the first OOM" if facts.oom_times else f"{unit} from the window's start")
     for ax in (memory_ax, kv_ax, queue_ax):
         for t in facts.oom_times:
@@ -260,7 +260,7 @@ def _sections(d: Diagnosis) -> list[tuple[str, list[str], list[list[str]] | None
         rows = [["time", "UTC", "what"]] + [[_rel(t, zero, d.facts), _when(t), what] for t, what in events]
         note = "T+0 is the first OOM." if d.facts.oom_times else "No OOM: T+0 is the window's start."
         if d.facts.clock.compressed:
-            note += (f" Times T+N in simulated minutes: the history ran on a clock {d.facts.clock.scale:g}x faster "
+            note += (f" Times T+N in simulated minutes: the history ran on a clock {d.facts.clock.factor:g}x faster "
                      "than life (a drill); the UTC column is the real time.")  # fmt: skip
         out.append(("Timeline", [note], rows if events else None))
     out.append(("Root cause", [f"Verdict: **{d.verdict}**, confidence {d.confidence:.2f} "
