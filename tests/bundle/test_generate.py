@@ -17,6 +17,7 @@ from oomguard.cli import main
 from oomguard.common import kinds
 from oomguard.common.kinds import kind_matcher
 from oomguard.exporter.config import ConfigError
+from oomguard.exporter.model import TrendSettings
 
 NAME = re.compile(r"^([A-Z]+[a-z0-9]+)+$")
 RECORD = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
@@ -98,6 +99,29 @@ def test_time_scale_shortens_every_duration(tmp_path: Path, default: dict[str, s
     assert scaled["OomGuardGpuMemoryHigh"]["for"] == "5s"  # 5m / 60
     assert "[10s]" in scaled["OomGuardOomEvent"]["expr"] and "offset 10s" in scaled["OomGuardOomEvent"]["expr"]
     assert "[15s]" in scaled["OomGuardRestartStorm"]["expr"]
+
+
+def test_time_scale_turns_a_pace_per_minute_into_the_real_clocks(tmp_path: Path, default: dict[str, str]) -> None:
+    """deriv() reads Prometheus' real timestamps: on a clock 30 times faster a leak of 0.06 % per simulated minute
+    rises 1.8 % per real minute, as the trend's own threshold on that clock has it (TrendSettings.time_scaled)."""
+    custom = tmp_path / "bundle.yaml"
+    custom.write_text("time_scale: 30\n")
+    fast = {a["alert"]: a for a in rules(render(load_bundle_config(custom))[ALERTS_FILE])}
+    life = {a["alert"]: a for a in rules(default[ALERTS_FILE])}
+    slopes = re.compile(r"deriv\([^]]*\]\) > ([0-9.e-]+) / 60")
+    assert slopes.findall(life["OomGuardGpuMemoryClimbingPredicted"]["expr"]) == ["0.0006", "0.0006"]
+    assert slopes.findall(fast["OomGuardGpuMemoryClimbingPredicted"]["expr"]) == ["0.018", "0.018"]
+    trend = TrendSettings().time_scaled(30.0)
+    assert float(slopes.findall(fast["OomGuardGpuMemoryClimbingPredicted"]["expr"])[0]) == pytest.approx(
+        trend.climb_min_slope_ratio_per_minute
+    )
+
+
+def test_an_infinite_time_scale_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bundle.yaml"
+    path.write_text("time_scale: .inf\n")
+    with pytest.raises(ConfigError, match="time_scale"):
+        load_bundle_config(path)
 
 
 GROUPINGS = re.compile(r"\b(by|on)\s*\(([^()]*)\)")

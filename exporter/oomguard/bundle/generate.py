@@ -48,6 +48,11 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
         """A threshold in seconds, in the bundle's time scale."""
         return f"{clock.real(float(value)):g}"
 
+    def per_real(value: float) -> str:
+        """A pace threshold written per unit of the scenario's time (a slope per minute), per real one; as
+        written in the bundle's time scale 1."""
+        return f"{clock.rate(float(value)):g}" if clock.compressed else str(value)
+
     def value_of(metric: str, *labels: str) -> str:
         """A Prometheus template: the value of `metric` for the alert's own grouping labels and `labels`, humanized
         as a duration (an absent label is matched as absent: `cluster=""`)."""
@@ -64,7 +69,7 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
     env.filters["q"] = lambda value: json.dumps(str(value), ensure_ascii=False)
     # The alerts as their YAML keys (`a.queue_backlog.for`); the event kinds as named in common/kinds.py.
     env.globals.update(
-        s=s, by=by, secs=secs, dur=dur, scaled=scaled, runbook=runbook,
+        s=s, by=by, secs=secs, dur=dur, scaled=scaled, per_real=per_real, runbook=runbook,
         pct=lambda r: f"{float(r) * 100:g} %", value_of=value_of,
         prefix=config.prefix, a=config.alerts.model_dump(by_alias=True), extra_labels=config.extra_labels,
         kinds=kinds, kind_matcher=kinds.kind_matcher,
