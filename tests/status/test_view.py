@@ -3,6 +3,8 @@ thresholds, and `oomguard top --once`'s frame of it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from oomguard.bundle.thresholds import default_thresholds
@@ -104,3 +106,21 @@ def test_families_the_view_does_not_read_are_passed_over() -> None:
     a line split)."""
     text = exposition(("0", 0.5, None, None)) + '# TYPE other_total counter\nother_total{x="1"} not-a-number\n'
     assert [g.gpu for g in build(parse(text), now=NOW).gpus] == ["0"]
+
+
+def test_on_a_drills_clock_the_pages_judge_as_its_rules_do() -> None:
+    """Thresholds of a bundle 30 times faster (a drill's): the rules compare the measured time to full (real
+    seconds) with the threshold turned into real seconds, and count an OOM within its window turned so; the view
+    judges alike."""
+    th = dataclasses.replace(default_thresholds(), time_scale=30.0)
+    rule_soon = th.exhausted_soon_seconds / 30  # GpuMemoryExhaustedSoon's `scaled(exhausted_soon.seconds)`
+    rule_oom_window = th.oom_window_seconds / 30
+    soon = build(parse(exposition(("0", 0.9, 0.2, rule_soon - 1))), now=NOW, thresholds=th)
+    assert [h.alert for h in soon.holding] == ["OomGuardGpuMemoryExhaustedSoon"]
+    assert soon.holding[0].why.endswith("(pages under 60s)")  # 30 simulated minutes
+    later = build(parse(exposition(("0", 0.9, 0.2, rule_soon + 1))), now=NOW, thresholds=th)
+    assert later.holding == []  # 61 real seconds, 30.5 simulated minutes (against an unscaled 30 minutes: a page)
+    recent = build(parse(exposition(("0", 0.5, None, None), oom_ago=rule_oom_window - 1)), now=NOW, thresholds=th)
+    assert [h.alert for h in recent.holding] == ["OomGuardOomEvent"]
+    old = build(parse(exposition(("0", 0.5, None, None), oom_ago=rule_oom_window + 1)), now=NOW, thresholds=th)
+    assert old.holding == []

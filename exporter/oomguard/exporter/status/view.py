@@ -200,6 +200,7 @@ def holding(gpus: list[GpuRow], targets: list[TargetRow], now: float, th: Thresh
     critical, soon = page["gpu_memory_critical"], page["exhausted_soon"]
     # The thresholds' durations on the clock the readings run on (the rules' own: the bundle's time scale).
     clock = th.clock
+    exhausted_soon = clock.real(th.exhausted_soon_seconds)
     for g in gpus:
         if g.headroom_used is not None and g.headroom_used > th.headroom_critical:
             out.append(Holding(critical.name, critical.severity, f"GPU {g.name}",
@@ -209,10 +210,10 @@ def holding(gpus: list[GpuRow], targets: list[TargetRow], now: float, th: Thresh
             out.append(Holding(critical.name, critical.severity, f"GPU {g.name}",
                                f"{ratio:.1%} of the GPU used, no reservation known "
                                f"(pages at {th.used_critical:.0%})"))  # fmt: skip
-        if g.seconds_to_full is not None and g.seconds_to_full < th.exhausted_soon_seconds:
+        if g.seconds_to_full is not None and g.seconds_to_full < exhausted_soon:
             out.append(Holding(soon.name, soon.severity, f"GPU {g.name}",
                                f"full in {duration(g.seconds_to_full)} at this pace "
-                               f"(pages under {duration(th.exhausted_soon_seconds)})"))  # fmt: skip
+                               f"(pages under {duration(exhausted_soon)})"))  # fmt: skip
     oom, storm = page["oom_event"], page["restart_storm"]
     window = clock.real(th.oom_window_seconds)
     for t in targets:
