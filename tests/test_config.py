@@ -207,6 +207,13 @@ def test_a_flag_over_a_bad_environment_value_wins(
     assert "  simulation.time_scale: must be a number (got 'abc')" in str(refused.value)
 
 
+@pytest.mark.parametrize("scale", [float("inf"), float("nan"), 0])
+def test_a_time_scale_that_is_no_clock_is_refused_naming_the_key(scale: float) -> None:
+    """An infinite scale would judge every duration as zero: refused where it is read, not when the runtime starts."""
+    with pytest.raises(ConfigError, match=r"simulation\.time_scale"):
+        load_config(None, {"simulation": {"scenario": "incident", "time_scale": scale}})
+
+
 def test_the_kubernetes_block_takes_its_node_from_the_downward_api(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -220,7 +220,10 @@ class SimulationConfig(StrictModel):
     scenario: str | None = Field(None, description="Run on a built-in simulation (`oomguard serve --help` lists them).")
     gpus: int = Field(1, ge=1, le=64, description="Number of simulated GPUs.")
     time_scale: float = Field(
-        1.0, gt=0, description="Speed of the simulated clock (10 = ten simulated seconds per second)."
+        1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Speed of the simulated clock (10 = ten simulated seconds per second).",
     )
     engine: str = Field(
         "vllm",
