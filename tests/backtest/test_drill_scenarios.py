@@ -2,7 +2,7 @@
 
 The histories are on the drill's clock (30x: a simulated minute is two seconds), sampled as the drill's exporter
 samples (every 0.1 s, three simulated seconds), with the bundle and the trend settings the drill runs with
-(`time_scale: 30`, TrendSettings.time_scaled) and Prometheus' evaluation every second: the backtest is the drill
+(`time_scale: 30`, simulate/clock.py) and Prometheus' evaluation every second: the backtest is the drill
 without real time, so each scenario must raise the alerts the drill expects of it (drill/scenarios.py: pager,
 ticket, fired but not delivered), none of those it keeps quiet, and its first page as early as the drill's
 (docs/drill.md, "Lead times on the current code"), within the drill clock's granularity.
@@ -25,8 +25,10 @@ from oomguard.backtest.rules import rule_set
 from oomguard.backtest.run import Options, judge_history, replay_history
 from oomguard.backtest.tsdb import Backfill, Prometheus
 from oomguard.bundle.config import load_bundle_config
+from oomguard.common.time_scale import TimeScale
 from oomguard.drill.scenarios import MEMORY_ALERTS, SCENARIOS
 from oomguard.exporter.config import TrendConfig
+from oomguard.simulate.clock import trend_settings_on_clock
 from tests.backtest.histories import T0, scenario_rows, write_csv
 
 SCALE = 30.0
@@ -52,7 +54,7 @@ def backtests(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Report]:
     (workdir / "bundle.yaml").write_text(f"time_scale: {SCALE:g}\n")
     options = Options(
         load_bundle_config(workdir / "bundle.yaml"),
-        trend=TrendConfig().settings().time_scaled(SCALE),
+        trend=trend_settings_on_clock(TrendConfig().settings(), TimeScale(SCALE)),
         evaluation_interval=1.0,
     )
     rules = rule_set(options.bundle, options.evaluation_interval)

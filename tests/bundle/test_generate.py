@@ -16,8 +16,10 @@ from oomguard.bundle.generate import ALERTS_FILE, PROMETHEUS_RULE_FILE, RECORDS_
 from oomguard.cli import main
 from oomguard.common import kinds
 from oomguard.common.kinds import kind_matcher
+from oomguard.common.time_scale import TimeScale
 from oomguard.exporter.config import ConfigError
 from oomguard.exporter.model import TrendSettings
+from oomguard.simulate.clock import trend_settings_on_clock
 
 NAME = re.compile(r"^([A-Z]+[a-z0-9]+)+$")
 RECORD = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
@@ -103,7 +105,7 @@ def test_time_scale_shortens_every_duration(tmp_path: Path, default: dict[str, s
 
 def test_time_scale_turns_a_pace_per_minute_into_the_real_clocks(tmp_path: Path, default: dict[str, str]) -> None:
     """deriv() reads Prometheus' real timestamps: on a clock 30 times faster a leak of 0.06 % per simulated minute
-    rises 1.8 % per real minute, as the trend's own threshold on that clock has it (TrendSettings.time_scaled)."""
+    rises 1.8 % per real minute, as the trend's own threshold on that clock has it (simulate/clock.py)."""
     custom = tmp_path / "bundle.yaml"
     custom.write_text("time_scale: 30\n")
     fast = {a["alert"]: a for a in rules(render(load_bundle_config(custom))[ALERTS_FILE])}
@@ -111,7 +113,7 @@ def test_time_scale_turns_a_pace_per_minute_into_the_real_clocks(tmp_path: Path,
     slopes = re.compile(r"deriv\([^]]*\]\) > ([0-9.e-]+) / 60")
     assert slopes.findall(life["OomGuardGpuMemoryClimbingPredicted"]["expr"]) == ["0.0006", "0.0006"]
     assert slopes.findall(fast["OomGuardGpuMemoryClimbingPredicted"]["expr"]) == ["0.018", "0.018"]
-    trend = TrendSettings().time_scaled(30.0)
+    trend = trend_settings_on_clock(TrendSettings(), TimeScale(30.0))
     assert float(slopes.findall(fast["OomGuardGpuMemoryClimbingPredicted"]["expr"])[0]) == pytest.approx(
         trend.climb_min_slope_ratio_per_minute
     )

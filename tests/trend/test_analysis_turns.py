@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from oomguard.common.time_scale import TimeScale
 from oomguard.exporter.config import Config
 from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.model import Observation, Trend, TrendKey
 from oomguard.exporter.trend import analysis
 from oomguard.exporter.trend.analysis import TrendSettings
 from oomguard.exporter.trend.sampler import TrendTracker
+from oomguard.simulate.clock import trend_settings_on_clock
 
 GIB = 1024**3
 
@@ -60,6 +62,6 @@ def test_every_sample_when_zero_and_at_most_a_quarter_of_the_short_window() -> N
     # A short window of 20 s: a spike is judged within 5 s whatever the setting.
     assert TrendSettings(analysis_interval_seconds=60.0, short_window_seconds=20.0).analysis_every == 2
     # At 30x: 10 simulated seconds are 0.33 s, three of the 0.1 s samples (the floor of the sample interval).
-    assert TrendSettings(analysis_interval_seconds=10.0).time_scaled(30.0).analysis_every == 3
+    assert trend_settings_on_clock(TrendSettings(analysis_interval_seconds=10.0), TimeScale(30.0)).analysis_every == 3
     config = load_config(None, {"trend": {"analysis_interval_seconds": 0}})
     assert config.trend.settings().analysis_every == 1

@@ -7,7 +7,7 @@ may import it, and it can be built by hand in a test.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 # -- fixed vocabularies (label values) -------------------------------------------------------
@@ -485,6 +485,8 @@ class TrendSettings:
     spike_rise_ratio: float = 0.15
     spike_level_ratio: float = 0.90
     saturated_ratio: float = 0.97
+    # Saturated: the median of the samples of this last span at saturated_ratio or above.
+    saturated_seconds: float = 30.0
     sawtooth_span_ratio: float = 0.04
     # A fall this large within one interval is a restart (memory freed at once), not churn: history restarts.
     restart_drop_ratio: float = 0.5
@@ -492,21 +494,6 @@ class TrendSettings:
     # the analysis of the series is spread over the ticks (each tick analyses its share), so one tick holds the
     # GIL for a share of the series, not for all of them (docs/trend.md, "Cost").
     analysis_interval_seconds: float = 0.0
-
-    def time_scaled(self, scale: float) -> TrendSettings:
-        """The same analysis on a clock `scale` times faster (the drill's): times divided, the slope
-        threshold multiplied. The floors keep a window several samples wide and a sample on the
-        exporter's own clock (a real process's fixed costs do not shrink with the scenario)."""
-        return replace(
-            self,
-            interval_seconds=max(0.1, self.interval_seconds / scale),
-            short_window_seconds=max(2.0, self.short_window_seconds / scale),
-            long_window_seconds=max(30.0, self.long_window_seconds / scale),
-            climb_min_seconds=max(3.0, self.climb_min_seconds / scale),
-            climb_soonest_seconds=max(3.0, self.climb_soonest_seconds / scale),
-            climb_min_slope_ratio_per_minute=self.climb_min_slope_ratio_per_minute * scale,
-            analysis_interval_seconds=self.analysis_interval_seconds / scale,
-        )
 
     @property
     def climb_soonest(self) -> float:

@@ -12,6 +12,8 @@ the real clock, and the drill's rules are scaled to match (bundle `time_scale`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from oomguard.common.time_scale import TimeScale
 from oomguard.exporter.config import Config
 from oomguard.exporter.model import TrendSettings
@@ -32,7 +34,24 @@ def events_on_clock(config: Config, clock: TimeScale) -> Config:
 
 
 def trend_on_clock(config: Config, clock: TimeScale) -> TrendSettings:
-    """The trend's settings on the simulation's clock (TrendSettings.time_scaled: its floors keep a window
-    several samples wide)."""
-    settings = config.trend.settings()
-    return settings.time_scaled(clock.factor) if clock.compressed else settings
+    """The trend's settings of the configuration on the simulation's clock (unchanged on life's)."""
+    return trend_settings_on_clock(config.trend.settings(), clock)
+
+
+def trend_settings_on_clock(settings: TrendSettings, clock: TimeScale) -> TrendSettings:
+    """The same analysis on the clock: its windows and spans judged in real seconds, the slope threshold per real
+    minute. The floors keep a window several samples wide and a sample on the exporter's own clock (a real
+    process's fixed costs do not shrink with the scenario)."""
+    if not clock.compressed:
+        return settings
+    return replace(
+        settings,
+        interval_seconds=clock.real(settings.interval_seconds, floor=0.1),
+        short_window_seconds=clock.real(settings.short_window_seconds, floor=2.0),
+        long_window_seconds=clock.real(settings.long_window_seconds, floor=30.0),
+        climb_min_seconds=clock.real(settings.climb_min_seconds, floor=3.0),
+        climb_soonest_seconds=clock.real(settings.climb_soonest_seconds, floor=3.0),
+        saturated_seconds=clock.real(settings.saturated_seconds, floor=1.0),
+        climb_min_slope_ratio_per_minute=clock.rate(settings.climb_min_slope_ratio_per_minute),
+        analysis_interval_seconds=clock.real(settings.analysis_interval_seconds),
+    )

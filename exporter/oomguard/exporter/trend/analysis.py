@@ -376,11 +376,11 @@ class Series:
         now: float,
     ) -> str:
         s = self.settings
-        # No median of the last 30 s reaches the mark when no value of the window does (the largest is
+        # No median of the last `saturated_seconds` reaches the mark when no value of the window does (the largest is
         # kept, sorted): most series are spared the sort.
         values = self._sorted if self.incremental else sorted(samples.window())
         if values[-1] >= s.saturated_ratio and (
-            median_of_sorted(sorted(samples.since(now - 30.0).window())) >= s.saturated_ratio
+            median_of_sorted(sorted(samples.since(now - s.saturated_seconds).window())) >= s.saturated_ratio
         ):
             return "saturated"
         if level >= s.spike_level_ratio and level - min(short.window()) >= s.spike_rise_ratio:
