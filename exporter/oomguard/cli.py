@@ -324,7 +324,7 @@ def _drill(args: argparse.Namespace) -> int:
                   f"{args.time_scale:g}x): {scenario.summary}")  # fmt: skip
         return 0
     if args.check:
-        from oomguard.bundle.config import load_bundle_config
+        from oomguard.bundle.bundle_config import load_bundle_config
         from oomguard.drill.check import check_deployment
 
         checked = check_deployment(args.check, load_bundle_config(), alertmanager_url=args.alertmanager)
@@ -368,7 +368,7 @@ def _drill(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from oomguard.bundle.config import defaults_text, load_bundle_config
+    from oomguard.bundle.bundle_config import defaults_text, load_bundle_config
     from oomguard.bundle.generate import write
 
     if args.print_defaults:

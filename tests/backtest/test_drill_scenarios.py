@@ -24,7 +24,7 @@ from oomguard.backtest.report import Report
 from oomguard.backtest.rules import rule_set
 from oomguard.backtest.run import Options, judge_history, replay_history
 from oomguard.backtest.tsdb import Backfill, Prometheus
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.common.time_scale import TimeScale
 from oomguard.drill.scenarios import MEMORY_ALERTS, SCENARIOS
 from oomguard.exporter.config import TrendConfig

@@ -12,7 +12,7 @@ from oomguard.backtest import BacktestError
 from oomguard.backtest.files import FileHistory
 from oomguard.backtest.ooms import read_ooms
 from oomguard.backtest.rules import AlertRule, _machine, references, rule_set, runs_of
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.bundle_config import load_bundle_config
 from tests.backtest.histories import T0, synthetic_rows, write_csv
 
 HEADER = "time,node,gpu,used_bytes,total_bytes\n"

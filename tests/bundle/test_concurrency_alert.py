@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, render
 
 NAME = "OomGuardConcurrencyOverKvCache"

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from support import REPO
 
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.dashboards import render
 from oomguard.drill.services import Prometheus, free_port
 from oomguard.exporter.config_loader import load_config

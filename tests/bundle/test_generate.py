@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel
 from support import REPO
 
-from oomguard.bundle.config import BundleConfig, defaults_text, load_bundle_config
+from oomguard.bundle.bundle_config import BundleConfig, defaults_text, load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, PROMETHEUS_RULE_FILE, RECORDS_FILE, render
 from oomguard.cli import main
 from oomguard.common import kinds

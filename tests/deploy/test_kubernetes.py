@@ -29,7 +29,7 @@ from support import FIXTURES, REPO
 
 from oomguard import __version__
 from oomguard.bundle import dashboards
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.generate import (
     ALERTS_FILE,
     KUBERNETES_DIR,

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from support import REPO
 
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.generate import (
     KUBERNETES_CLUSTER_DIR,
     KUBERNETES_PROMETHEUS_RULE_FILE,

@@ -17,7 +17,7 @@ import yaml
 from aiohttp import web
 from support import REPO
 
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
 from oomguard.common.ports import free_port
 from oomguard.drill.run import DEFAULT_ALERTMANAGER_CONFIG, drill_alertmanager_config

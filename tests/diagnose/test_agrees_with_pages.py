@@ -31,7 +31,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, render
 from oomguard.bundle.thresholds import load_thresholds
 from oomguard.diagnose.core import Diagnosis, diagnose_data, diagnose_prometheus

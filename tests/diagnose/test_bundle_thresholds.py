@@ -12,7 +12,7 @@ import re
 import pytest
 import yaml
 
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.thresholds import default_thresholds, load_thresholds
 from oomguard.cli import main
 from oomguard.common.ports import free_port

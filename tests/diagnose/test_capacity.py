@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.thresholds import default_thresholds
 from oomguard.cli import main
 from oomguard.diagnose import capacity, diagnose_prometheus

@@ -18,7 +18,7 @@ import yaml
 from aiohttp import ClientSession, web
 from support import FIXTURES, REPO
 
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
 from oomguard.common.ports import free_port
 from oomguard.drill.check import _matches, _route

@@ -1,4 +1,4 @@
-"""Fuzzing configuration files: the exporter's (config.load_config) and the bundle's (bundle.config).
+"""Fuzzing configuration files: the exporter's (config.load_config) and the bundle's (bundle.bundle_config).
 
 Whatever the file holds (random YAML-ish text, random nested mappings shaped like the models, bytes that
 are not UTF-8), and whatever the command line and environment override, the result is a valid
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from support import REPO
 
-from oomguard.bundle.config import BundleConfig, defaults_text, load_bundle_config
+from oomguard.bundle.bundle_config import BundleConfig, defaults_text, load_bundle_config
 from oomguard.exporter.config import Config, ConfigError
 from oomguard.exporter.config_loader import load_config
 from tests.fuzz.fuzz_strategies import with_invalid_utf8

@@ -99,7 +99,7 @@ def _run(args: argparse.Namespace):  # -> Report
     from oomguard.backtest.ooms import read_ooms
     from oomguard.backtest.report import Window
     from oomguard.backtest.run import Options, backtest
-    from oomguard.bundle.config import load_bundle_config
+    from oomguard.bundle.bundle_config import load_bundle_config
 
     def progress(line: str) -> None:
         if not args.quiet:

@@ -33,7 +33,7 @@ import yaml
 from oomguard.backtest import BacktestError
 from oomguard.backtest.replay import SELECTOR
 from oomguard.backtest.tsdb import Prometheus, find_binary
-from oomguard.bundle.config import BundleConfig, seconds
+from oomguard.bundle.bundle_config import BundleConfig, seconds
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
 from oomguard.common.excerpt import excerpt
 

@@ -21,7 +21,7 @@ from oomguard.backtest.replay import Replay, ReplaySummary, SeriesFilter
 from oomguard.backtest.report import Report, Window, judge, write_plots
 from oomguard.backtest.rules import RuleSet, backfill_records, evaluate, rule_set
 from oomguard.backtest.tsdb import Backfill, Prometheus
-from oomguard.bundle.config import BundleConfig
+from oomguard.bundle.bundle_config import BundleConfig
 from oomguard.exporter.model import TrendSettings
 
 # Steps read ahead to find the history's step (the trend samples at it) before the replay starts.

@@ -16,7 +16,7 @@ from oomguard.backtest.replay import ReplaySummary
 from oomguard.backtest.report import judge
 from oomguard.backtest.rules import Episode, RuleSet, evaluate, rule_set
 from oomguard.backtest.tsdb import Prometheus
-from oomguard.bundle.config import BundleConfig
+from oomguard.bundle.bundle_config import BundleConfig
 
 # alert key -> the settings tried, each a dict of its keys; the configuration's own is tried too (marked).
 GRID: dict[str, list[dict[str, Any]]] = {

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from oomguard.bundle.config import BundleConfig, grouping
+from oomguard.bundle.bundle_config import BundleConfig, grouping
 from oomguard.common.kinds import TARGET_OOM_KINDS, kind_matcher
 
 SCHEMA_VERSION = 39

@@ -9,7 +9,7 @@ import jinja2
 import yaml
 
 from oomguard.bundle import dashboards
-from oomguard.bundle.config import BundleConfig, grouping, seconds
+from oomguard.bundle.bundle_config import BundleConfig, grouping, seconds
 from oomguard.common import kinds
 
 ALERTS_FILE = "oomguard-alerts.yaml"

@@ -1,4 +1,4 @@
-"""The thresholds that judge "does a page hold": the bundle configuration's (bundle/config.py), the numbers the
+"""The thresholds that judge "does a page hold": the bundle configuration's (bundle/bundle_config.py), the numbers the
 shipped rules are made of, read by diagnose and the status page.
 
 One source of truth: no threshold the rules have is written again in diagnose or the status page. `oomguard
@@ -30,7 +30,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from oomguard.bundle.config import BundleConfig, load_bundle_config, seconds
+from oomguard.bundle.bundle_config import BundleConfig, load_bundle_config, seconds
 from oomguard.common.time_scale import TimeScale
 
 DEFAULTS = "the bundle's defaults"

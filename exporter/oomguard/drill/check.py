@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from oomguard.bundle.config import BundleConfig
+from oomguard.bundle.bundle_config import BundleConfig
 from oomguard.bundle.dashboards import render as render_dashboards
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
 from oomguard.exporter.exposition import METRICS

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from oomguard.bundle.config import load_bundle_config
+from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
 from oomguard.common.kinds import LOG_OOM_KINDS, kind_matcher
 from oomguard.common.ports import free_port
