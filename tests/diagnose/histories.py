@@ -98,6 +98,23 @@ def _loading(s: float, load: float, serving: float) -> Moment:
     return Moment(use, up=False, loading=True, kv=0.0, running=0.0)
 
 
+def _relaunched(
+    durations: list[float], delay: float, load: float, serving_use: float, serve: Callable[[int, float, float], Moment]
+) -> Callable[[float], Moment]:
+    """The moments of an engine that lives `durations` separated by `delay` down: each life loads for `load` s up to
+    `serving_use` of the GPU, then serves: `serve(life index, t, seconds serving)`."""
+
+    def moment(t: float) -> Moment:
+        life, s, alive = _lives(t, durations, delay)
+        if not alive:
+            return Moment(0.0, up=False, kv=0.0, running=0.0)
+        if s < load:
+            return _loading(s, load, serving_use)
+        return serve(life, t, s - load)
+
+    return moment
+
+
 def _churn(s: float) -> tuple[float, float, float]:
     c = (s % 40.0) / 40.0
     return 0.25 + 0.35 * c, float(int(2 * c)), float(4 + int(6 * c))
@@ -112,13 +129,7 @@ def incident() -> History:
     first = load + 60 + 560
     durations = [first] + [load + 112] * 20
 
-    def moment(t: float) -> Moment:
-        life, s, alive = _lives(t, durations, delay)
-        if not alive:
-            return Moment(0.0, up=False, kv=0.0, running=0.0)
-        if s < load:
-            return _loading(s, load, 0.86)
-        serving = s - load
+    def serve(life: int, t: float, serving: float) -> Moment:
         spike_after, spike_len = (60.0, 600.0) if life == 0 else (0.0, 120.0)
         over = max(0.0, serving - spike_after)
         use = 0.86 + 0.14 * min(1.0, over / spike_len) + _jitter(t, 0.001)
@@ -129,8 +140,8 @@ def incident() -> History:
 
     deaths, launches = _deaths(durations, delay)
     return History(
-        "incident", 0.9, moment, events={"cuda_oom": deaths}, restarts=launches,
-        startup_seconds=[(load, load)], kv_pool_bytes=40 * GIB,
+        "incident", 0.9, _relaunched(durations, delay, load, 0.86, serve), events={"cuda_oom": deaths},
+        restarts=launches, startup_seconds=[(load, load)], kv_pool_bytes=40 * GIB,
         preemptions=lambda t: _preempt(t, durations, delay, load, [60.0] + [0.0] * 20),
     )  # fmt: skip
 
@@ -153,21 +164,15 @@ def slow_leak() -> History:
     load, delay = 25.0, 5.0
     durations = [load + 0.43 / (0.01 / 60), SPAN]
 
-    def moment(t: float) -> Moment:
-        _, s, alive = _lives(t, durations, delay)
-        if not alive:
-            return Moment(0.0, up=False, kv=0.0, running=0.0)
-        if s < load:
-            return _loading(s, load, 0.56)
-        serving = s - load
+    def serve(_: int, t: float, serving: float) -> Moment:
         use = 0.56 + 0.01 / 60 * serving + _jitter(t, 0.001)
         kv, waiting, running = _churn(serving)
         trend = "saturated" if use >= 0.97 else "climbing" if serving > 600 else "steady"
         return Moment(min(use, 0.995), kv=kv, waiting=waiting, running=running, trend=trend)
 
     deaths, launches = _deaths(durations, delay)
-    return History("slow-leak", 0.6, moment, events={"cuda_oom": deaths}, restarts=launches,
-                   startup_seconds=[(load, load)])  # fmt: skip
+    return History("slow-leak", 0.6, _relaunched(durations, delay, load, 0.56, serve), events={"cuda_oom": deaths},
+                   restarts=launches, startup_seconds=[(load, load)])  # fmt: skip
 
 
 def foreign_process() -> History:
@@ -190,17 +195,13 @@ def probe_kill(name: str = "probe-kill", load: float = 75.0, kill_after: float =
     delay = 10.0
     durations = [load + kill_after] * 100
 
-    def moment(t: float) -> Moment:
-        _, s, alive = _lives(t, durations, delay)
-        if not alive:
-            return Moment(0.0, up=False, kv=0.0, running=0.0)
-        if s < load:
-            return _loading(s, load, 0.62)
-        kv, waiting, running = _churn(s - load)
+    def serve(_: int, t: float, serving: float) -> Moment:
+        kv, waiting, running = _churn(serving)
         return Moment(0.62 + _jitter(t, 0.001), kv=kv, waiting=waiting, running=running, trend="sawtooth")
 
     _, launches = _deaths(durations, delay)
-    return History(name, 0.9, moment, restarts=launches, startup_seconds=[(load, load)])
+    return History(name, 0.9, _relaunched(durations, delay, load, 0.62, serve), restarts=launches,
+                   startup_seconds=[(load, load)])  # fmt: skip
 
 
 def startup_memory() -> History:
