@@ -22,28 +22,51 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 OOM_KINDS = kind_matcher(TARGET_OOM_KINDS)
 
 
-def _sel(config: BundleConfig, *extra: str) -> str:
-    """Every query's matchers: one variable per fleet label (cluster, ...), the job and the instance, then `extra`.
-    A fleet label absent from the series (a single Prometheus) is matched by the variable's All (.*)."""
-    fleet = [f'{label}=~"${label}"' for label in config.fleet_labels]
-    return "{" + ",".join([*fleet, 'job=~"$job"', 'instance=~"$instance"', *extra]) + "}"
+@dataclass(frozen=True)
+class Selectors:
+    """The matchers and groupings every query is built from.
 
+    `all`: one variable per fleet label (cluster, ...), the job and the instance; `target`: those and the picked
+    target; `gpu`: those and the picked node and GPU; `where(...)`: those and more matchers. A fleet label absent
+    from the series (a single Prometheus) is matched by its variable's All (.*)."""
 
-def _by(config: BundleConfig, *labels: str) -> str:
-    """A panel's by(): the fleet labels, so that two clusters' targets of the same name stay apart, then `labels`."""
-    return ", ".join(dict.fromkeys([*config.fleet_labels, *labels]))
+    config: BundleConfig
+
+    def where(self, *matchers: str) -> str:
+        fleet = [f'{label}=~"${label}"' for label in self.config.fleet_labels]
+        return "{" + ",".join([*fleet, 'job=~"$job"', 'instance=~"$instance"', *matchers]) + "}"
+
+    @property
+    def all(self) -> str:
+        return self.where()
+
+    @property
+    def target(self) -> str:
+        return self.where('target=~"$target"')
+
+    @property
+    def gpu(self) -> str:
+        return self.where('node=~"$node"', 'gpu=~"$gpu"')
+
+    def sum_by(self, labels: str, expr: str) -> str:
+        """`sum by (labels) (expr)`, the fleet labels first, so that two clusters' targets of one name stay apart."""
+        by = ", ".join(dict.fromkeys([*self.config.fleet_labels, *(label.strip() for label in labels.split(","))]))
+        return f"sum by ({by}) ({expr})"
+
+    def on(self, *labels: str) -> str:
+        """`on(...)` as the rules match: the fleet's labels, the group's (job, instance), then `labels`."""
+        return f"on({', '.join(grouping(self.config, *labels))})"
 
 
 def _judged(config: BundleConfig, alert: str) -> str:
     """GPUs past a memory alert's threshold, judged as the alert judges them (its `basis`, without its `for:`):
     the headroom the engines' reservation leaves where one is known, used/total elsewhere."""
     thresholds = getattr(config.alerts, alert)
-    selector = _sel(config)
-    on = ", ".join(grouping(config, "node", "gpu"))
+    sel = Selectors(config)
     return (
-        f"(oomguard_gpu_memory_headroom_used_ratio{selector} > {thresholds.headroom_threshold})"
-        f" or (oomguard_gpu_memory_used_ratio{selector} > {thresholds.threshold}"
-        f" unless on({on}) oomguard_gpu_memory_headroom_used_ratio{selector})"
+        f"(oomguard_gpu_memory_headroom_used_ratio{sel.all} > {thresholds.headroom_threshold})"
+        f" or (oomguard_gpu_memory_used_ratio{sel.all} > {thresholds.threshold}"
+        f" unless {sel.on('node', 'gpu')} oomguard_gpu_memory_headroom_used_ratio{sel.all})"
     )
 
 
@@ -288,14 +311,14 @@ def _variables(config: BundleConfig, with_target: bool, with_gpu: bool) -> list[
     variables.append(query_var("job", "Job", f"label_values(oomguard_build_info{build_info}, job)"))
     build_info = "{" + ",".join([*fleet, 'job=~"$job"']) + "}"
     variables.append(query_var("instance", "Instance", f"label_values(oomguard_build_info{build_info}, instance)"))
-    selector = _sel(config)
+    sel = Selectors(config)
     if with_target:
-        variables.append(query_var("target", "Target", f"label_values(oomguard_target_info{selector}, target)"))
+        variables.append(query_var("target", "Target", f"label_values(oomguard_target_info{sel.all}, target)"))
     if with_gpu:
         # The cluster mode's GPUs are on many nodes; a node agent's carry its one node, or none outside Kubernetes
         # (then the variable lists no value, and its All matches the absent label, as a fleet label's does).
-        variables.append(query_var("node", "Node", f"label_values(oomguard_gpu_info{selector}, node)"))
-        on_node = _sel(config, 'node=~"$node"')
+        variables.append(query_var("node", "Node", f"label_values(oomguard_gpu_info{sel.all}, node)"))
+        on_node = sel.where('node=~"$node"')
         variables.append(query_var("gpu", "GPU", f"label_values(oomguard_gpu_info{on_node}, gpu)"))
     return variables
 
@@ -353,7 +376,7 @@ def _dashboard(
 
 
 def _annotations(config: BundleConfig) -> list[dict[str, Any]]:
-    selector = _sel(config)
+    sel = Selectors(config)
 
     def annotation(name: str, expr: str, color: str, text: str) -> dict[str, Any]:
         return {
@@ -381,13 +404,13 @@ def _annotations(config: BundleConfig) -> list[dict[str, Any]]:
         annotation(
             "OOM events",
             # The counters exist at 0 from the start, so increase() sees the first event too.
-            f"increase(oomguard_target_events_total{_sel(config, OOM_KINDS)}[$__rate_interval]) > 0",
+            f"increase(oomguard_target_events_total{sel.where(OOM_KINDS)}[$__rate_interval]) > 0",
             "red",
             "{{kind}} in {{target}}",
         ),
         annotation(
             "Restarts",
-            f"increase(oomguard_target_restarts_total{selector}[$__rate_interval]) > 0",
+            f"increase(oomguard_target_restarts_total{sel.all}[$__rate_interval]) > 0",
             "orange",
             "{{target}} restarted",
         ),
@@ -399,8 +422,8 @@ def overview(config: BundleConfig) -> list[Panel]:
     alerts = config.alerts
     high, critical = alerts.gpu_memory_high.threshold, alerts.gpu_memory_critical.threshold
     ratio_steps = _thresholds(("green", None), ("orange", high), ("red", critical))
-    selector, climbing, ooms = _sel(config), _sel(config, 'state="climbing"'), _sel(config, OOM_KINDS)
-    by_target = _by(config, "instance", "target")
+    sel = Selectors(config)
+    climbing, ooms = sel.where('state="climbing"'), sel.where(OOM_KINDS)
     color_background = ("custom.cellOptions", {"type": "color-background"})
     return [
         Stat(
@@ -424,21 +447,21 @@ def overview(config: BundleConfig) -> list[Panel]:
         Stat(
             "Restarts in range",
             "Engine restarts in the time range; a loop of them is a restart storm.",
-            f"sum(increase(oomguard_target_restarts_total{selector}[$__range])) or vector(0)",
+            f"sum(increase(oomguard_target_restarts_total{sel.all}[$__range])) or vector(0)",
             _thresholds(("green", None), ("orange", 1), ("red", 3)),
         ),
         Table(
             "GPUs, worst first",
             "Every GPU: memory used (sorted, worst first), headroom, the share of the headroom an engine's reservation leaves that is in use (only on reserved GPUs: what the memory alerts judge there), trend state and time to full while climbing.",
             (
-                Query(f"oomguard_gpu_memory_used_ratio{selector}", ref="used"),
+                Query(f"oomguard_gpu_memory_used_ratio{sel.all}", ref="used"),
                 Query(
-                    f"oomguard_gpu_memory_total_bytes{selector} - oomguard_gpu_memory_used_bytes{selector}",
+                    f"oomguard_gpu_memory_total_bytes{sel.all} - oomguard_gpu_memory_used_bytes{sel.all}",
                     ref="headroom",
                 ),
-                Query(f"oomguard_gpu_memory_headroom_used_ratio{selector}", ref="headroom_used"),
-                Query(f"oomguard_gpu_memory_trend_state{selector} == 1", ref="trend"),
-                Query(f"oomguard_gpu_memory_seconds_to_full{selector}", ref="to_full"),
+                Query(f"oomguard_gpu_memory_headroom_used_ratio{sel.all}", ref="headroom_used"),
+                Query(f"oomguard_gpu_memory_trend_state{sel.all} == 1", ref="trend"),
+                Query(f"oomguard_gpu_memory_seconds_to_full{sel.all}", ref="to_full"),
             ),
             {"unit": "percentunit", "thresholds": ratio_steps},
             (
@@ -454,12 +477,15 @@ def overview(config: BundleConfig) -> list[Panel]:
             "Targets, worst first",
             "Every engine: memory of its GPUs (sorted, worst first), headroom, waiting requests, OOMs and restarts in the time range.",
             (
-                Query(f"oomguard_target_gpu_memory_used_ratio{selector}", ref="used"),
-                Query(f"instance_target:oomguard_target_memory_headroom:ratio{selector}", ref="headroom"),
-                Query(f"instance_target:oomguard_engine_requests_waiting:sum{selector}", ref="waiting"),
-                Query(f"sum by ({by_target}) (increase(oomguard_target_events_total{ooms}[$__range]))", ref="ooms"),
+                Query(f"oomguard_target_gpu_memory_used_ratio{sel.all}", ref="used"),
+                Query(f"instance_target:oomguard_target_memory_headroom:ratio{sel.all}", ref="headroom"),
+                Query(f"instance_target:oomguard_engine_requests_waiting:sum{sel.all}", ref="waiting"),
                 Query(
-                    f"sum by ({by_target}) (increase(oomguard_target_restarts_total{selector}[$__range]))",
+                    sel.sum_by("instance, target", f"increase(oomguard_target_events_total{ooms}[$__range])"),
+                    ref="ooms",
+                ),
+                Query(
+                    sel.sum_by("instance, target", f"increase(oomguard_target_restarts_total{sel.all}[$__range])"),
                     ref="restarts",
                 ),
             ),
@@ -470,7 +496,7 @@ def overview(config: BundleConfig) -> list[Panel]:
         Graph(
             "GPU memory used",
             "Every GPU's memory used against the warning and critical lines: a climb that never falls back is a leak, a jump to the top is over-provisioning.",
-            (Query(f"oomguard_gpu_memory_used_ratio{selector}", "{{instance}} GPU {{gpu}} {{node}}"),),
+            (Query(f"oomguard_gpu_memory_used_ratio{sel.all}", "{{instance}} GPU {{gpu}} {{node}}"),),
             "percentunit",
             (24, 8),
             thresholds=ratio_steps,
@@ -484,8 +510,7 @@ def _gpu_memory_row(config: BundleConfig) -> list[Panel]:
     alerts = config.alerts
     high = alerts.gpu_memory_high.threshold
     critical = alerts.gpu_memory_critical.threshold
-    of_target = _sel(config, 'target=~"$target"')
-    of_gpu = _sel(config, 'node=~"$node"', 'gpu=~"$gpu"')
+    sel = Selectors(config)
     stacked = ("custom.stacking", {"mode": "normal", "group": "used"})
     line = (("custom.stacking", {"mode": "none", "group": "lines"}), ("custom.fillOpacity", 0), ("custom.lineWidth", 2))
 
@@ -497,7 +522,7 @@ def _gpu_memory_row(config: BundleConfig) -> list[Panel]:
         Graph(
             "GPU memory used",
             f"Used memory of each GPU as a share of its total, with the {high:.0%} and {critical:.0%} lines: the memory alerts' judgement on a GPU with no known engine reservation. A GPU an engine reserves (vLLM: gpu_memory_utilization x total, from its start) sits at its reservation, idle or busy: judge it on the headroom panel.",
-            (Query(f"oomguard_gpu_memory_used_ratio{of_gpu}", "GPU {{gpu}} {{node}}"),),
+            (Query(f"oomguard_gpu_memory_used_ratio{sel.gpu}", "GPU {{gpu}} {{node}}"),),
             "percentunit",
             (12, 8),
             thresholds=_thresholds(("green", None), ("orange", high), ("red", critical)),
@@ -506,7 +531,7 @@ def _gpu_memory_row(config: BundleConfig) -> list[Panel]:
         Graph(
             "Headroom used beyond the reservation",
             f"On a GPU an engine reserves: the memory outside the reservation (the engines' use beyond it, and every other process) as a share of the headroom the reservation leaves (total - reserved). The memory alerts judge this there: warning above {alerts.gpu_memory_high.headroom_threshold:.0%}, page above {alerts.gpu_memory_critical.headroom_threshold:.0%}; above 100 % the reservation cannot be honoured.",
-            (Query(f"oomguard_gpu_memory_headroom_used_ratio{of_gpu}", "GPU {{gpu}} {{node}}"),),
+            (Query(f"oomguard_gpu_memory_headroom_used_ratio{sel.gpu}", "GPU {{gpu}} {{node}}"),),
             "percentunit",
             (12, 8),
             thresholds=_headroom_steps(config),
@@ -516,13 +541,13 @@ def _gpu_memory_row(config: BundleConfig) -> list[Panel]:
             "One panel per GPU (on a GPU no engine reserves, only the total shows). Stacked: the use within the reservation (used - unreserved used: the engines' preallocated weights and KV pool, flat whether the KV cache is empty or full) and the use beyond it (what can still grow: activations, other processes, a leak), adding up to NVML's used. Lines: the reservation and the total. Memory runs out when the orange part fills the gap between the reservation and the total.",
             (
                 Query(
-                    f"oomguard_gpu_memory_used_bytes{of_gpu} - oomguard_gpu_memory_unreserved_used_bytes{of_gpu}",
+                    f"oomguard_gpu_memory_used_bytes{sel.gpu} - oomguard_gpu_memory_unreserved_used_bytes{sel.gpu}",
                     "within the reservation",
                     "A",
                 ),
-                Query(f"oomguard_gpu_memory_unreserved_used_bytes{of_gpu}", "beyond the reservation", "B"),
-                Query(f"oomguard_gpu_memory_engine_reserved_bytes{of_gpu}", "reservation", "C"),
-                Query(f"oomguard_gpu_memory_total_bytes{of_gpu}", "total", "D"),
+                Query(f"oomguard_gpu_memory_unreserved_used_bytes{sel.gpu}", "beyond the reservation", "B"),
+                Query(f"oomguard_gpu_memory_engine_reserved_bytes{sel.gpu}", "reservation", "C"),
+                Query(f"oomguard_gpu_memory_total_bytes{sel.gpu}", "total", "D"),
             ),
             "bytes",
             (24, 8),
@@ -540,9 +565,9 @@ def _gpu_memory_row(config: BundleConfig) -> list[Panel]:
             "GPU memory: used, reserved by the driver, total",
             "Bytes used, reserved by the driver (NVML's reserved memory, not an engine's reservation), and total, per GPU.",
             (
-                Query(f"oomguard_gpu_memory_used_bytes{of_gpu}", "used GPU {{gpu}} {{node}}", "A"),
-                Query(f"oomguard_gpu_memory_reserved_bytes{of_gpu}", "reserved GPU {{gpu}} {{node}}", "B"),
-                Query(f"oomguard_gpu_memory_total_bytes{of_gpu}", "total GPU {{gpu}} {{node}}", "C"),
+                Query(f"oomguard_gpu_memory_used_bytes{sel.gpu}", "used GPU {{gpu}} {{node}}", "A"),
+                Query(f"oomguard_gpu_memory_reserved_bytes{sel.gpu}", "reserved GPU {{gpu}} {{node}}", "B"),
+                Query(f"oomguard_gpu_memory_total_bytes{sel.gpu}", "total GPU {{gpu}} {{node}}", "C"),
             ),
             "bytes",
             (12, 8),
@@ -551,9 +576,9 @@ def _gpu_memory_row(config: BundleConfig) -> list[Panel]:
             "Target memory against the engine's budget",
             "Memory of the target's GPUs against the engine's budget (gpu_memory_utilization x total): above the budget is memory the KV cache cannot explain.",
             (
-                Query(f"oomguard_target_gpu_memory_used_bytes{of_target}", "{{target}} used", "A"),
-                Query(f"oomguard_target_memory_budget_bytes{of_target}", "{{target}} budget", "B"),
-                Query(f"oomguard_target_process_gpu_memory_bytes{of_target}", "{{target}} own processes", "C"),
+                Query(f"oomguard_target_gpu_memory_used_bytes{sel.target}", "{{target}} used", "A"),
+                Query(f"oomguard_target_memory_budget_bytes{sel.target}", "{{target}} budget", "B"),
+                Query(f"oomguard_target_process_gpu_memory_bytes{sel.target}", "{{target}} own processes", "C"),
             ),
             "bytes",
             (12, 8),
@@ -563,7 +588,7 @@ def _gpu_memory_row(config: BundleConfig) -> list[Panel]:
             "GPU memory of each compute process: who holds the memory.",
             (
                 Query(
-                    f"oomguard_gpu_process_memory_used_bytes{of_gpu}",
+                    f"oomguard_gpu_process_memory_used_bytes{sel.gpu}",
                     "GPU {{gpu}} {{node}} pid {{pid}} {{process_name}}",
                 ),
             ),
@@ -576,7 +601,7 @@ def _gpu_memory_row(config: BundleConfig) -> list[Panel]:
 def _trend_row(config: BundleConfig) -> list[Panel]:
     """The target dashboard's row "Trend"."""
     alerts = config.alerts
-    of_gpu = _sel(config, 'node=~"$node"', 'gpu=~"$gpu"')
+    sel = Selectors(config)
     return [
         Row("Trend"),
         Graph(
@@ -585,7 +610,7 @@ def _trend_row(config: BundleConfig) -> list[Panel]:
             (
                 Query(
                     "oomguard_gpu_memory_slope_bytes_per_second"
-                    + _sel(config, 'node=~"$node"', 'gpu=~"$gpu"', 'window="long"'),
+                    + sel.where('node=~"$node"', 'gpu=~"$gpu"', 'window="long"'),
                     "GPU {{gpu}} {{node}}",
                 ),
             ),
@@ -595,14 +620,14 @@ def _trend_row(config: BundleConfig) -> list[Panel]:
         Graph(
             "Trend state",
             "The trend state of each GPU's memory (1 = current): steady, sawtooth, climbing (leak), spike (over-provisioning), saturated.",
-            (Query(f"oomguard_gpu_memory_trend_state{of_gpu} == 1", "GPU {{gpu}} {{node}} {{state}}"),),
+            (Query(f"oomguard_gpu_memory_trend_state{sel.gpu} == 1", "GPU {{gpu}} {{node}} {{state}}"),),
             "none",
             (8, 7),
         ),
         Graph(
             "Time to full",
             "At the current pace, time until each GPU is full; shown only while climbing or spiking.",
-            (Query(f"oomguard_gpu_memory_seconds_to_full{of_gpu}", "GPU {{gpu}} {{node}}"),),
+            (Query(f"oomguard_gpu_memory_seconds_to_full{sel.gpu}", "GPU {{gpu}} {{node}}"),),
             "s",
             (8, 7),
             thresholds=_thresholds(
@@ -615,13 +640,13 @@ def _trend_row(config: BundleConfig) -> list[Panel]:
 def _engine_row(config: BundleConfig) -> list[Panel]:
     """The target dashboard's row "Engine"."""
     alerts = config.alerts
-    of_target = _sel(config, 'target=~"$target"')
+    sel = Selectors(config)
     return [
         Row("Engine"),
         Graph(
             "KV cache usage",
             "Share of the engine's KV cache blocks in use: at the top, requests wait and get preempted.",
-            (Query(f"oomguard_engine_kv_cache_usage_ratio{of_target}", "{{target}} {{model_name}}"),),
+            (Query(f"oomguard_engine_kv_cache_usage_ratio{sel.target}", "{{target}} {{model_name}}"),),
             "percentunit",
             (8, 7),
             thresholds=_thresholds(("green", None), ("red", alerts.kv_cache_saturated.threshold)),
@@ -631,8 +656,8 @@ def _engine_row(config: BundleConfig) -> list[Panel]:
             "Requests waiting and running",
             "The engine's queue: waiting that stays up means concurrency is over-provisioned.",
             (
-                Query(f"instance_target:oomguard_engine_requests_waiting:sum{of_target}", "{{target}} waiting", "A"),
-                Query(f"instance_target:oomguard_engine_requests_running:sum{of_target}", "{{target}} running", "B"),
+                Query(f"instance_target:oomguard_engine_requests_waiting:sum{sel.target}", "{{target}} waiting", "A"),
+                Query(f"instance_target:oomguard_engine_requests_running:sum{sel.target}", "{{target}} running", "B"),
             ),
             "none",
             (8, 7),
@@ -643,7 +668,7 @@ def _engine_row(config: BundleConfig) -> list[Panel]:
             "Requests preempted per second because the KV cache was full.",
             (
                 Query(
-                    f"sum by ({_by(config, 'target')}) (rate(oomguard_engine_preemptions_total{of_target}[$__rate_interval]))",
+                    sel.sum_by("target", f"rate(oomguard_engine_preemptions_total{sel.target}[$__rate_interval])"),
                     "{{target}}",
                 ),
             ),
@@ -657,7 +682,7 @@ def _events_and_restarts_row(config: BundleConfig) -> list[Panel]:
     """The target dashboard's row "Events and restarts"."""
     alerts = config.alerts
     probe = float(alerts.startup_slower_than_probe.probe_initial_delay_seconds)
-    of_target = _sel(config, 'target=~"$target"')
+    sel = Selectors(config)
     return [
         Row("Events and restarts"),
         Graph(
@@ -665,12 +690,12 @@ def _events_and_restarts_row(config: BundleConfig) -> list[Panel]:
             "Events counted from the engine's logs, cgroup and kernel, and restarts, per interval.",
             (
                 Query(
-                    f"sum by ({_by(config, 'target', 'kind')}) (increase(oomguard_target_events_total{of_target}[$__rate_interval]))",
+                    sel.sum_by("target, kind", f"increase(oomguard_target_events_total{sel.target}[$__rate_interval])"),
                     "{{target}} {{kind}}",
                     "A",
                 ),
                 Query(
-                    f"sum by ({_by(config, 'target')}) (increase(oomguard_target_restarts_total{of_target}[$__rate_interval]))",
+                    sel.sum_by("target", f"increase(oomguard_target_restarts_total{sel.target}[$__rate_interval])"),
                     "{{target}} restarts",
                     "B",
                 ),
@@ -683,10 +708,10 @@ def _events_and_restarts_row(config: BundleConfig) -> list[Panel]:
             "Startup time against the probe delay",
             f"Measured startup (process start to first /health 200) against the grace its probe gives it: a pod's own (initialDelaySeconds + failureThreshold x periodSeconds of its startupProbe, else its livenessProbe), else the bundle's probe_initial_delay_seconds ({probe:g} s, the red area). Startup above its grace: the probe kills the engine while it loads.",
             (
-                Query(f"oomguard_target_startup_seconds{of_target}", "{{target}} startup", "A"),
+                Query(f"oomguard_target_startup_seconds{sel.target}", "{{target}} startup", "A"),
                 Query(
-                    f"oomguard_target_probe_grace_seconds{of_target}"
-                    f" or on({', '.join(grouping(config, 'target'))}) (0 * oomguard_target_startup_seconds{of_target} + {probe:g})",
+                    f"oomguard_target_probe_grace_seconds{sel.target}"
+                    f" or {sel.on('target')} (0 * oomguard_target_startup_seconds{sel.target} + {probe:g})",
                     "{{target}} grace",
                     "B",
                 ),
@@ -701,21 +726,20 @@ def _events_and_restarts_row(config: BundleConfig) -> list[Panel]:
 
 def _monitor_health_row(config: BundleConfig) -> list[Panel]:
     """The target dashboard's row "Monitor health"."""
-    selector = _sel(config)
-    of_target = _sel(config, 'target=~"$target"')
+    sel = Selectors(config)
     return [
         Row("Monitor health"),
         Graph(
             "Target state",
             "Each target's state (1 = current): up, loading (not down: the model is loading), down.",
-            (Query(f"oomguard_target_state{of_target} == 1", "{{target}} {{state}}"),),
+            (Query(f"oomguard_target_state{sel.target} == 1", "{{target}} {{state}}"),),
             "none",
             (8, 7),
         ),
         Graph(
             "Source success",
             "1 when oomguard's NVML and target sources completed in the last collection.",
-            (Query(f"oomguard_source_success{selector}", "{{instance}} {{source}}"),),
+            (Query(f"oomguard_source_success{sel.all}", "{{instance}} {{source}}"),),
             "none",
             (8, 7),
             max=1,
@@ -725,7 +749,9 @@ def _monitor_health_row(config: BundleConfig) -> list[Panel]:
             "Failed reads of each target by kind (timeout, refused, http_status, too_large, parse).",
             (
                 Query(
-                    f"sum by ({_by(config, 'target', 'kind')}) (rate(oomguard_target_scrape_errors_total{of_target}[$__rate_interval]))",
+                    sel.sum_by(
+                        "target, kind", f"rate(oomguard_target_scrape_errors_total{sel.target}[$__rate_interval])"
+                    ),
                     "{{target}} {{kind}}",
                 ),
             ),
