@@ -219,6 +219,9 @@ def test_default_command_non_root_local_discovery_state_volume(built: Built) -> 
 
         body = wait_for_200(built.podman, container, fetch, "http /metrics").decode()
         assert re.search(r'(?m)^oomguard_source_success\{source="local_discovery"\} 1', body), body[:2000]
+        # The status page's template is a data file of the package: in the image only if the wheel carries it.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+            assert response.status == 200 and "<h1>oomguard 0.1.0</h1>" in response.read().decode()
         health = built.podman("healthcheck", "run", container, check=False)
         assert health.returncode == 0, health
         assert built.podman("exec", container, "id", "-u").stdout.strip() == "10001"
