@@ -24,7 +24,9 @@ from oomguard.exporter.engines import ENGINES
 from oomguard.exporter.events.catalogue import load_catalogue
 from oomguard.exporter.events.detector import IncidentDetector
 from oomguard.exporter.exposition import render
+from oomguard.exporter.model import Snapshot, TargetReading
 from oomguard.exporter.runtime import Runtime
+from oomguard.simulate.scenarios import Scenario
 
 
 def http_get(port: int, path: str) -> tuple[int | None, str]:
@@ -94,6 +96,26 @@ def came_back_up(states: list[str]) -> bool:
     is down, then loading; or loading alone when the orchestrator relaunched the engine between two looks (its
     back-off is half a second at 60x), so a test cannot count on seeing down."""
     return len(states) >= 4 and states[1] == "up" and states[-1] == "up"
+
+
+async def states_through_restart(
+    runtime: Runtime, scenario: Scenario, scale: float, look: Callable[[Snapshot, TargetReading], None]
+) -> list[str]:
+    """Reads the started `runtime`'s one target every 0.2 s, calling `look(snapshot, target)` on each reading, until
+    it came back up after its OOM (came_back_up) or the first life, the orchestrator's back-off, the second load
+    and 15 s of slack have passed; returns each change of its state once."""
+    states: list[str] = []
+    deadline = time.time() + ((scenario.oom_at or 0) + scenario.restart_delay + scenario.load_seconds) / scale + 15
+    while time.time() < deadline:
+        snapshot = await runtime.collection.snapshot()
+        (target,) = snapshot.targets
+        if not states or states[-1] != target.state:
+            states.append(target.state)
+        look(snapshot, target)
+        if came_back_up(states):
+            break
+        await asyncio.sleep(0.2)
+    return states
 
 
 async def counts_after_stop(runtime: Runtime, log: Path, engine: str, target: str) -> dict[str, tuple[float, int]]:

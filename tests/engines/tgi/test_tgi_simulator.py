@@ -3,17 +3,24 @@ the end), and `serve --simulate` running it through the OOM and the relaunch."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import pytest
-from simulated_engines import came_back_up, counts_after_stop, http_get, log_events, run_life, simulated_runtime
+from simulated_engines import (
+    came_back_up,
+    counts_after_stop,
+    http_get,
+    log_events,
+    run_life,
+    simulated_runtime,
+    states_through_restart,
+)
 from support import value
 
 from oomguard.common.promtext import FamilyExtractor
 from oomguard.exporter.engines.tgi.reader import TgiReader
 from oomguard.exporter.exposition import render
+from oomguard.exporter.model import Snapshot, TargetReading
 from oomguard.simulate.engines.tgi import max_total_tokens, tgi_metrics_text
 from oomguard.simulate.scenarios import GIB, SCENARIOS
 
@@ -74,26 +81,19 @@ async def test_serve_simulate_runs_tgi_through_its_oom_and_restart(tmp_path: Pat
     assert [t.name for t in runtime.config.targets] == ["sim-tgi"]
     await runtime.start()
     try:
-        states: list[str] = []
         peak_waiting = 0.0
-        text = ""
-        # the first life, the orchestrator's back-off, the second load, and some slack
-        deadline = time.time() + ((QUICK.oom_at or 0) + QUICK.restart_delay + QUICK.load_seconds) / scale + 15
-        while time.time() < deadline:
-            snapshot = await runtime.collection.snapshot()
-            text = render(snapshot).decode()
-            (target,) = snapshot.targets
-            if not states or states[-1] != target.state:
-                states.append(target.state)
+
+        def look(snapshot: Snapshot, target: TargetReading) -> None:
+            nonlocal peak_waiting
             # Its /metrics read: the state is /health's word, and a relaunch that starts listening between the
             # two requests of a scrape is up with its /metrics refused.
             if target.up:
+                text = render(snapshot).decode()
                 peak_waiting = max(peak_waiting, value(text, "oomguard_engine_requests_waiting", target="sim-tgi",
                                                        model_name=""))  # fmt: skip
                 assert value(text, "oomguard_engine_requests_running", target="sim-tgi", model_name="") >= 4
-            if came_back_up(states):
-                break
-            await asyncio.sleep(0.2)
+
+        states = await states_through_restart(runtime, QUICK, scale, look)
         assert states[:2] == ["loading", "up"], states
         assert came_back_up(states), states
         assert peak_waiting > 10, peak_waiting

@@ -3,20 +3,27 @@ without memory, and `serve --simulate` running it through its OOM and a restart.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from simulated_engines import came_back_up, counts_after_stop, http_get, log_events, run_life, simulated_runtime
+from simulated_engines import (
+    came_back_up,
+    counts_after_stop,
+    http_get,
+    log_events,
+    run_life,
+    simulated_runtime,
+    states_through_restart,
+)
 from support import value
 
 from oomguard.common.process_start import start_time
 from oomguard.common.promtext import FamilyExtractor
 from oomguard.exporter.engines.triton.reader import TritonReader
 from oomguard.exporter.exposition import render
-from oomguard.exporter.model import EngineReading
+from oomguard.exporter.model import EngineReading, Snapshot, TargetReading
 from oomguard.simulate.engines.triton import kv_blocks, triton_metrics_text
 from oomguard.simulate.scenarios import GIB, SCENARIOS, EngineFigures, Scenario
 
@@ -102,14 +109,10 @@ async def test_serve_simulate_runs_triton_through_its_oom_and_restart(tmp_path: 
     assert [t.name for t in runtime.config.targets] == ["sim-triton"]
     await runtime.start()
     try:
-        states: list[str] = []
         peak_waiting = peak_kv = 0.0
-        deadline = time.time() + ((QUICK.oom_at or 0) + QUICK.restart_delay + QUICK.load_seconds) / scale + 15
-        while time.time() < deadline:
-            snapshot = await runtime.collection.snapshot()
-            (target,) = snapshot.targets
-            if not states or states[-1] != target.state:
-                states.append(target.state)
+
+        def look(snapshot: Snapshot, target: TargetReading) -> None:
+            nonlocal peak_waiting, peak_kv
             if target.state == "up" and target.up:
                 assert target.health_status == 404  # the metrics port's answer, counted as up with a good body
                 text = render(snapshot).decode()
@@ -117,9 +120,8 @@ async def test_serve_simulate_runs_triton_through_its_oom_and_restart(tmp_path: 
                 assert value(text, "oomguard_engine_requests_running", **labels) >= 4
                 peak_waiting = max(peak_waiting, value(text, "oomguard_engine_requests_waiting", **labels))
                 peak_kv = max(peak_kv, value(text, "oomguard_engine_kv_cache_usage_ratio", **labels))
-            if came_back_up(states):
-                break
-            await asyncio.sleep(0.2)
+
+        states = await states_through_restart(runtime, QUICK, scale, look)
         assert states[:2] == ["loading", "up"], states
         assert came_back_up(states), states
         assert peak_waiting > 10 and peak_kv == 1.0, (peak_waiting, peak_kv)
