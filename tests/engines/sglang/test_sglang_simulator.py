@@ -8,13 +8,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from simulated_engines import simulated_runtime
 
 from oomguard.common.promtext import FamilyExtractor
 from oomguard.exporter.config import ConfigError
 from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.engines import ENGINE_NAMES, ENGINES
 from oomguard.exporter.engines.sglang.reader import SglangReader
-from oomguard.exporter.runtime import Runtime
 from oomguard.simulate.engines.sglang import sglang_metrics_text
 from oomguard.simulate.scenarios import GIB, SCENARIOS
 
@@ -47,15 +47,7 @@ def test_only_engines_with_a_simulator_can_be_simulated(monkeypatch: pytest.Monk
 
 async def test_serve_simulate_runs_sglang(tmp_path: Path) -> None:
     """Loading (503) then up, its reservation from /server_info in the joins, as the vLLM simulation does."""
-    config = load_config(
-        None,
-        {
-            "simulation": {"scenario": "default-steady", "engine": "sglang", "time_scale": 20},
-            "trend": {"enabled": False},
-            "events": {"kernel_log": False, "xid": False},
-        },
-    )
-    runtime = Runtime(config, simulation_log=tmp_path / "engine.log")
+    runtime = simulated_runtime("sglang", "default-steady", 20, tmp_path / "engine.log")
     assert [t.name for t in runtime.config.targets] == ["sim-sglang"]
     await runtime.start()
     try:
