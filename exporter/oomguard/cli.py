@@ -17,6 +17,7 @@ from typing import Any
 
 from oomguard import __version__
 from oomguard.common.excerpt import excerpt
+from oomguard.common.time_scale import factor_argument
 from oomguard.drill.scenarios import SCENARIOS as DRILLS
 from oomguard.drill.scenarios import find as find_drill
 from oomguard.exporter.config import ConfigError, parse_listen_address
@@ -147,7 +148,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also write oomguard diagnose's incident report of the drill: FILE.md (PNG beside) or FILE.html",
     )
-    drill.add_argument("--time-scale", type=float, default=30.0, help="simulated seconds per real second (default 30)")
+    drill.add_argument(
+        "--time-scale",
+        type=factor_argument,
+        default=30.0,
+        metavar="X",
+        help="simulated seconds per real second (default 30)",
+    )
     drill.add_argument(
         "--mode",
         choices=["node", "cluster"],

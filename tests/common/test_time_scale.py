@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 
 import pytest
 
-from oomguard.common.time_scale import REAL, TimeScale
+from oomguard.common.time_scale import REAL, TimeScale, factor_argument
 
 
 def test_a_compressed_clock_judges_a_scenarios_durations_in_fewer_real_seconds() -> None:
@@ -50,3 +51,14 @@ def test_one_clock_is_a_value_handed_around_unchanged() -> None:
         clock.factor = 1  # type: ignore[misc]
     assert clock == TimeScale(30.0) and hash(clock) == hash(TimeScale(30.0))
     assert REAL == TimeScale() == TimeScale(1)
+
+
+@pytest.mark.parametrize("text", ["0", "-30", "inf", "nan", "-inf", "fast", ""])
+def test_a_flag_that_gives_no_clock_is_refused_as_argparse_refuses(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=r"a number above 0 is needed, .* \(got "):
+        factor_argument(text)
+
+
+@pytest.mark.parametrize(("text", "factor"), [("30", 30.0), ("0.5", 0.5), ("1e3", 1000.0)])
+def test_a_flag_that_gives_a_clock_is_its_factor(text: str, factor: float) -> None:
+    assert factor_argument(text) == factor and isinstance(factor_argument(text), float)

@@ -14,6 +14,7 @@ was recorded on. A leaf: it imports nothing of oomguard's.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
 
@@ -52,4 +53,16 @@ class TimeScale:
 
 REAL = TimeScale()  # life's clock: every duration as written
 
-__all__ = ["REAL", "TimeScale"]
+
+def factor_argument(text: str) -> float:
+    """A `--time-scale` flag's value, as argparse's `type`: a factor the clock takes (the drill's, a simulated
+    engine's), else argparse's own one-line error naming the flag and what to give, before anything starts."""
+    try:
+        return TimeScale(float(text)).factor
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"a number above 0 is needed, simulated seconds per real second (got {text!r})"
+        ) from None
+
+
+__all__ = ["REAL", "TimeScale", "factor_argument"]

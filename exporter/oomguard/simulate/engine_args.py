@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from oomguard.common.time_scale import factor_argument
 from oomguard.simulate.scenarios import GIB, SCENARIOS
 
 
@@ -15,7 +16,7 @@ def simulator_parser(description: str | None, told: tuple[str, str] | None = Non
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="sim-llama-3-8b")
-    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--time-scale", type=factor_argument, default=1.0, help="simulated seconds per real second")
     # In the environment, not the command line: an orchestrator relaunches with the same command line.
     parser.add_argument(
         "--life", type=int, default=int(os.environ.get("OOMGUARD_SIM_LIFE", "0")),
