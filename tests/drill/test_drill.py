@@ -25,6 +25,7 @@ import pytest
 from support import REPO
 
 from oomguard.cli import main
+from oomguard.common.time_scale import TimeScale
 from oomguard.drill.run import DrillReport, _report, drill_alertmanager_config, expected_seconds, run
 from oomguard.drill.scenarios import NOT_DELIVERED, SCENARIOS
 from oomguard.drill.webhook import Notification, WebhookReceiver
@@ -125,7 +126,8 @@ def _report_of(scenario: str, arrived: dict[str, str]) -> DrillReport:
     webhook = WebhookReceiver([Notification(10.0, receiver, "firing", "OomGuard" + name, {})
                                for name, receiver in arrived.items()])  # fmt: skip
     prometheus = _Recorded(["OomGuard" + name for name in arrived])
-    return _report(SCENARIOS[scenario], prometheus, webhook, "OomGuard", 0.0, 60.0, 30.0)  # type: ignore[arg-type]
+    clock = TimeScale(30.0)
+    return _report(SCENARIOS[scenario], prometheus, webhook, "OomGuard", 0.0, 60.0, clock)  # type: ignore[arg-type]
 
 
 def test_an_alert_that_arrived_unasked_is_unexpected_and_fails_the_drill() -> None:
@@ -171,6 +173,34 @@ def test_drill_command_list_and_unknown(capsys: pytest.CaptureFixture[str]) -> N
     incident = SCENARIOS["incident"]
     assert f"about {expected_seconds(incident, 60.0):.0f} s at 60x" in capsys.readouterr().out
     assert main(["drill", "--scenario", "nope"]) == 2
+
+
+@pytest.mark.parametrize("bad", ["0", "-30", "inf", "nan", "fast"])
+def test_a_time_scale_that_is_no_clock_is_refused_by_the_command_line(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused as argparse refuses a bad flag (exit 2, one line naming it and what to give), before anything
+    starts: not a ZeroDivisionError, nor a drill whose every wait is infinite or NaN."""
+    for argv in (["drill", "--list", "--time-scale", bad], ["drill", "--scenario", "probe-kill", "--time-scale", bad]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err.splitlines()[-1] == (
+            "oomguard drill: error: argument --time-scale: a number above 0 is needed, simulated seconds per real "
+            f"second (got {bad!r})"
+        )
+
+
+def test_a_time_scale_that_is_no_clock_is_one_line_from_diagnose(capsys: pytest.CaptureFixture[str]) -> None:
+    """diagnose refuses it too, before it reads anything: one line naming the flag, exit 2, no traceback."""
+    for bad in ("0", "-30", "inf", "nan"):
+        assert main(["diagnose", "--exporter", "http://127.0.0.1:1", "--time-scale", bad]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        [line] = captured.err.splitlines()
+        assert line.startswith(f"oomguard diagnose: --time-scale {float(bad)!r}: ") and "a number above 0" in line
 
 
 @pytest.mark.parametrize("tls", [False, True])

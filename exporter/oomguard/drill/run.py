@@ -22,6 +22,7 @@ from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
 from oomguard.common.kinds import LOG_OOM_KINDS, kind_matcher
 from oomguard.common.ports import free_port
+from oomguard.common.time_scale import TimeScale
 from oomguard.diagnose import DiagnoseError, diagnose_prometheus
 from oomguard.diagnose import report as diagnose_report
 from oomguard.drill.scenarios import MEMORY_ALERTS, DrillScenario
@@ -63,7 +64,7 @@ def _quiet(_line: str) -> None:
 
 def expected_seconds(scenario: DrillScenario, time_scale: float = DEFAULT_TIME_SCALE) -> float:
     """The drill's expected wall-clock time: its simulated minutes at `time_scale`, and the fixed costs."""
-    return scenario.minutes * 60 / time_scale + FIXED_SECONDS
+    return TimeScale(time_scale).real(scenario.minutes * 60) + FIXED_SECONDS
 
 
 def prerequisites(*, tls: bool = False) -> None:
@@ -288,24 +289,25 @@ async def run_drill(
     `tls`: the chain under a throwaway CA and password (drill/tls.py), checked at the end.
     `progress`: called with a line at each phase, each arriving alert and every PROGRESS_EVERY seconds.
     """
+    clock = TimeScale(time_scale)  # the scenario's: what the drill waits, tells and reports runs on it
     progress(
         f"starting Prometheus, Alertmanager and the exporter{' (https, basic auth)' if tls else ''}"
         f"{' (the cluster mode: GPUs from a simulated dcgm-exporter)' if mode == 'cluster' else ''}; "
-        f"{scenario.minutes:g} simulated minutes at {time_scale:g}x: "
-        f"about {expected_seconds(scenario, time_scale):.0f} s in all"
+        f"{scenario.minutes:g} simulated minutes at {clock.factor:g}x: "
+        f"about {expected_seconds(scenario, clock.factor):.0f} s in all"
     )
     # The runtime puts the trend and the events on the scenario's clock (simulate/clock.py), as `serve --simulate`.
     config = load_config(None, {
         "state_dir": str(workdir / "state"),
         "simulation": {
-            "scenario": scenario.simulation, "time_scale": time_scale, "engine": scenario.engine,
+            "scenario": scenario.simulation, "time_scale": clock.factor, "engine": scenario.engine,
             "gpu_source": "dcgm" if mode == "cluster" else "nvml",
         },
         "events": {"kernel_log": False},
     })  # fmt: skip
     runtime = Runtime(config, start_simulation=False, simulation_log=workdir / "engine.log")
     assert runtime.simulation is not None
-    overrides = {"time_scale": time_scale, **scenario.bundle}
+    overrides = {"time_scale": clock.factor, **scenario.bundle}
     secure = await asyncio.to_thread(make_drill_tls, workdir / "tls") if tls else None
     try:
         async with alerting_chain(
@@ -317,17 +319,17 @@ async def run_drill(
             # A drill may play another drill's simulation on its engine (sglang-incident plays incident-quick).
             played = "" if scenario.simulation == scenario.name else f", playing the simulation {scenario.simulation!r}"
             progress(f"engine launched ({scenario.engine}{played}): the drill {scenario.name!r} runs")
-            await _run_scenario(scenario, chain, started, time_scale, progress)
+            await _run_scenario(scenario, chain, started, clock, progress)
             await asyncio.sleep(3)  # the last notifications in flight (group_wait 1s, evaluation 1s)
             end = time.time()
             progress("scenario over: reading the timeline and the alerts from Prometheus")
             report = await asyncio.to_thread(
-                _report, scenario, chain.prometheus, chain.webhook, chain.prefix, started, end, time_scale
+                _report, scenario, chain.prometheus, chain.webhook, chain.prefix, started, end, clock
             )
-            _tell_arrivals(chain, started, time_scale, progress)  # the last ones, in flight at the end: all told
+            _tell_arrivals(chain, started, clock, progress)  # the last ones, in flight at the end: all told
             progress("oomguard diagnose on the drill's Prometheus")
             await asyncio.to_thread(
-                _diagnose, report, scenario, chain.prometheus.url, started, end, time_scale, diagnosis_report
+                _diagnose, report, scenario, chain.prometheus.url, started, end, clock, diagnosis_report
             )
             if secure is not None:
                 progress("checking the https chain: passwords, certificates, what Prometheus reached")
@@ -340,18 +342,18 @@ async def run_drill(
 
 
 async def _run_scenario(
-    scenario: DrillScenario, chain: Chain, started: float, scale: float, progress: Progress
+    scenario: DrillScenario, chain: Chain, started: float, clock: TimeScale, progress: Progress
 ) -> None:
     """Waits out the scenario's simulated minutes, telling each alert that arrives, and where the drill stands
     every PROGRESS_EVERY seconds: a user watches an 80-second drill, not a silent terminal."""
-    end = started + scenario.minutes * 60 / scale
+    end = started + clock.real(scenario.minutes * 60)
     next_beat = time.monotonic() + PROGRESS_EVERY
     while (left := end - time.time()) > 0:
         await asyncio.sleep(min(1.0, left))
-        _tell_arrivals(chain, started, scale, progress)
+        _tell_arrivals(chain, started, clock, progress)
         if time.monotonic() >= next_beat:
             next_beat += PROGRESS_EVERY
-            minute = (time.time() - started) * scale / 60
+            minute = clock.simulated(time.time() - started) / 60
             firing = await asyncio.to_thread(_firing, chain.prometheus)
             delivered = sorted({n.alertname for n in chain.webhook.notifications if n.status == "firing"})
             progress(
@@ -360,13 +362,13 @@ async def _run_scenario(
             )
 
 
-def _tell_arrivals(chain: Chain, started: float, scale: float, progress: Progress) -> None:
+def _tell_arrivals(chain: Chain, started: float, clock: TimeScale, progress: Progress) -> None:
     """A line for each firing notification not told yet (chain.told counts those told)."""
     arrived = chain.webhook.notifications[chain.told :]
     chain.told += len(arrived)
     for note in arrived:
         if note.status == "firing":
-            minute = (note.at - started) * scale / 60
+            minute = clock.simulated(note.at - started) / 60
             progress(f"simulated minute {minute:.1f}: {note.alertname} reached {note.receiver}")
 
 
@@ -379,7 +381,7 @@ def _firing(prometheus: Prometheus) -> list[str]:
 
 
 def _diagnose(
-    report: DrillReport, scenario: DrillScenario, prometheus_url: str, start: float, end: float, scale: float,
+    report: DrillReport, scenario: DrillScenario, prometheus_url: str, start: float, end: float, clock: TimeScale,
     report_path: Path | None = None,
 ) -> None:  # fmt: skip
     """What `oomguard diagnose --prometheus URL --time-scale X` says of the drill, into its report."""
@@ -387,7 +389,7 @@ def _diagnose(
     source = "the drill's probe_initial_delay_seconds" if probe is not None else None
     try:
         # From a little before the engine's launch: its load is part of the story.
-        diagnoses = diagnose_prometheus(prometheus_url, at=end, window=end - start + 10, time_scale=scale,
+        diagnoses = diagnose_prometheus(prometheus_url, at=end, window=end - start + 10, time_scale=clock.factor,
                                         probe_delay=probe, probe_source=source)  # fmt: skip
     except DiagnoseError as exc:
         report.problems.append(f"oomguard diagnose could not run: {exc}")
@@ -409,7 +411,7 @@ def _first_time(prometheus: Prometheus, expr: str, start: float, end: float) -> 
 
 def _report(
     scenario: DrillScenario, prometheus: Prometheus, webhook: WebhookReceiver, prefix: str,
-    start: float, end: float, scale: float,
+    start: float, end: float, clock: TimeScale,
 ) -> DrillReport:  # fmt: skip
     sel = '{job="oomguard"}'
     oom_values = prometheus.query_range(
@@ -422,7 +424,7 @@ def _report(
     reference = oom_times[0] if oom_times else start
 
     def minutes(t: float) -> float:
-        return (t - reference) * scale / 60
+        return clock.simulated(t - reference) / 60
 
     timeline = [(minutes(start), "drill starts")]
     if crossing is not None:
@@ -484,9 +486,9 @@ def _report(
         elif not memory or min(memory) >= oom_times[0]:
             problems.append("no memory alert arrived before the first OOM event")
         else:
-            lead = (oom_times[0] - min(memory)) * scale / 60
+            lead = clock.simulated(oom_times[0] - min(memory)) / 60
     return DrillReport(
-        scenario.name, scenario.summary, scale, "the first OOM event" if oom_times else "the start of the drill",
+        scenario.name, scenario.summary, clock.factor, "the first OOM event" if oom_times else "the start of the drill",
         timeline, results, lead, problems,
     )  # fmt: skip
 
