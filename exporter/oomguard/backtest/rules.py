@@ -303,4 +303,4 @@ def backfill_records(
 def for_seconds(config: BundleConfig, alert: str) -> float:
     """An alert's `for:` in the bundle's configuration, in seconds (its time scale applied)."""
     value = getattr(config.alerts, alert).for_
-    return max(1, round(seconds(value) / config.time_scale))
+    return max(1, round(config.clock.real(seconds(value))))
