@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from oomguard.common.process_start import start_time
+from oomguard.common.time_scale import TimeScale
 from oomguard.simulate.engine_args import simulator_parser
 from oomguard.simulate.scenarios import SCENARIOS, Scenario
 
@@ -33,15 +34,16 @@ class SimulatedEngine:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.scenario: Scenario = SCENARIOS[args.scenario]
+        self.time_scale = TimeScale(args.time_scale)  # the scenario's clock (--time-scale, refused by argparse if bad)
         self.launched = start_time(os.getpid()) or time.time()
         self._runner: web.AppRunner | None = None
 
     def now(self) -> float:
         """Simulated seconds since the process started."""
-        return (time.time() - self.launched) * self.args.time_scale
+        return self.time_scale.simulated(time.time() - self.launched)
 
     async def sleep(self, simulated_seconds: float) -> None:
-        await asyncio.sleep(max(0.0, simulated_seconds) / self.args.time_scale)
+        await asyncio.sleep(self.time_scale.real(max(0.0, simulated_seconds)))
 
     @staticmethod
     def log(text: str) -> None:
