@@ -171,7 +171,9 @@ def test_the_readme_names_every_dependency_and_engine() -> None:
     names = [re.match(r"[A-Za-z0-9_.-]+", dependency)[0] for dependency in dependencies]
     assert [name for name in names if f"`{name}`" not in readme] == []
     engines = sorted(
-        p.name for p in (REPO / "exporter" / "oomguard" / "engines").iterdir() if (p / "__init__.py").exists()
+        p.name
+        for p in (REPO / "exporter" / "oomguard" / "exporter" / "engines").iterdir()
+        if (p / "__init__.py").exists()
     )
     assert [engine for engine in engines if f"`{engine}/`" not in readme] == []
     assert "llama.cpp next" not in readme and "; llama.cpp next" not in readme
