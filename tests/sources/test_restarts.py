@@ -125,3 +125,15 @@ def test_is_new_life_compares_with_the_life_last_seen_up() -> None:
     assert not r.is_new_life(50.0, 10)  # the same process: a dead engine's 503 (vLLM), down
     assert not r.is_new_life(None, None)
     assert r.is_new_life(150.0, 11)  # a restart listening while it loads (llama.cpp, SGLang)
+
+
+def test_a_start_time_that_steps_within_the_tolerance_is_followed_never_a_restart() -> None:
+    """The wall clock stepped against the boot clock (NTP, a VM paused) moves a process's computed start time a
+    little at each step: the same life, however many steps add up past the tolerance, as long as its pid holds
+    and no start time is unknown."""
+    r = RestartTracker()
+    for step in range(10):
+        r.observe(100.0 + step * 60, "up", 50.0 + step * 0.3, None)  # 2.7 s in all, 0.3 at a time
+    assert r.restarts_total == 0
+    r.observe(800.0, "up", 700.0, None)  # a real new life is still one
+    assert r.restarts_total == 1 and r.last_restart_at == 700.0

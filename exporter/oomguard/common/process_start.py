@@ -29,6 +29,24 @@ def start_ticks(pid: int) -> int | None:
 
 
 _boot_time: float | None = None
+# /proc/uptime counts in hundredths: a boot time read again within this of the last is the same one. Beyond it the
+# wall clock was stepped against the boot clock (NTP, a VM paused or migrated): taken again, or every start time
+# computed from then on would be off by the step, and two processes (the simulator and the exporter) would disagree.
+BOOT_TIME_RESYNC_SECONDS = 0.02
+
+
+def boot_time() -> float | None:
+    """When the host booted, Unix time: the same value at every call while the wall clock keeps pace with the boot
+    clock, taken again when it was stepped."""
+    global _boot_time
+    try:
+        with open("/proc/uptime") as f:
+            fresh = time.time() - float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _boot_time
+    if _boot_time is None or abs(fresh - _boot_time) > BOOT_TIME_RESYNC_SECONDS:
+        _boot_time = fresh
+    return _boot_time
 
 
 def start_time(pid: int) -> float | None:
@@ -36,17 +54,15 @@ def start_time(pid: int) -> float | None:
 
     psutil's create_time() adds the boot time, which /proc/stat gives in whole seconds: up to
     a second off, too coarse to measure a model's load time. Here the boot time comes from
-    /proc/uptime, once: recomputed on each call it would jitter by the time between the two
-    reads, and a start time that moves looks like a restart.
+    /proc/uptime, kept while it agrees within BOOT_TIME_RESYNC_SECONDS: recomputed into each
+    value it would jitter by the time between the two reads (a start time that moves looks like
+    a restart), kept for ever it would carry every later step of the wall clock into a
+    startup's length.
     """
-    global _boot_time
     started_ticks = start_ticks(pid)
     if started_ticks is None:
         return None
-    if _boot_time is None:
-        try:
-            with open("/proc/uptime") as f:
-                _boot_time = time.time() - float(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-    return _boot_time + started_ticks / os.sysconf("SC_CLK_TCK")
+    booted = boot_time()
+    if booted is None:
+        return None
+    return booted + started_ticks / os.sysconf("SC_CLK_TCK")

@@ -89,6 +89,11 @@ class RestartTracker:
             self._life = life
             self._announced_at = self._log_pid = None
             self._record_startup(now, start_time)
+        elif known:
+            # The same life, as read now: a start time that moved within the tolerance (the wall clock stepped
+            # against the boot clock, process_start.py) is followed, so that steps never add up to a restart.
+            old_start, old_pid = self._life
+            self._life = (start_time if start_time is not None else old_start, pid if pid is not None else old_pid)
         self._not_up_since = None
 
     def is_new_life(self, start_time: float | None, pid: int | None) -> bool:
