@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import support
 from prometheus_client.exposition import generate_latest
-from support import promtool_check_metrics
+from support import promtool_check_metrics, samples
 
 from oomguard.common.kinds import HOST_EVENT_KINDS, LOG_EVENT_KINDS
 from oomguard.exporter.exposition import METRICS, families, render
@@ -126,6 +127,7 @@ def busy_snapshot() -> Snapshot:
         xid_last={0: 1.7e9 + 10},
         xid_read_errors=0,
         dcgm_refusals={("gpu-a", "tenant", "fake-dcgm", "owner"): 1},
+        dcgm_node_pods={"gpu-a": 1},
         log_streams=LogStreams(open=84, limit=84, waiting=216, refused_total=216),
     )
     # The joins are part of a collection: done here as the collection does them.
@@ -201,3 +203,45 @@ def test_values_are_written_as_prometheus_client_writes_them_cached_or_not() -> 
         encoder._value_text(i + 0.5)
     assert len(encoder._VALUES) <= encoder._VALUES_MAX
     assert encoder._VALUES[0.0] == "0.0\n"  # ...also after the cache started over
+
+
+def test_label_values_hold_no_character_a_line_splitter_or_a_terminal_acts_on(promtool: str) -> None:
+    """A model's or a process's name is the engine's or the tenant's: the text format escapes only backslash, quote
+    and line feed, and prometheus_client writes CR, NEL, U+2028, ESC raw, which `str.splitlines()` breaks at and a
+    terminal acts on. Each is written as its visible escape; Prometheus' parsers read the value back as that text."""
+    from oomguard.common.visible import ACTING, visible
+
+    hostile = "".join(map(chr, [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029, *range(0x202A, 0x202F),
+                                *range(0x2066, 0x206A)])) + '\\"end'  # fmt: skip
+    snapshot = busy_snapshot()
+    target = snapshot.targets[0]
+    reading = dataclasses.replace(target.engine_reading, models=(ModelReading(hostile, 0.5, 1.0, 2.0, 3.0),))
+    gpu = dataclasses.replace(snapshot.nvml.gpus[0], processes=(GpuProcess(4242, hostile, GIB),))
+    snapshot = dataclasses.replace(
+        snapshot,
+        targets=(dataclasses.replace(target, engine_reading=reading), *snapshot.targets[1:]),
+        nvml=dataclasses.replace(snapshot.nvml, gpus=(gpu, *snapshot.nvml.gpus[1:])),
+    )
+    text = render(snapshot).decode()
+    assert not ACTING.search(text.replace("\n", "")), ascii(ACTING.search(text.replace("\n", "")))
+    assert text.splitlines() == text.split("\n")[:-1]
+    assert promtool_check_metrics(promtool, text.encode()) == ""
+    shown = "".join(c if c == "\n" else visible(c) for c in hostile)  # a line feed keeps the format's own escape
+    read = {(name, dict(labels).get("model_name", dict(labels).get("process_name"))) for name, labels in samples(text)}
+    assert ("oomguard_engine_requests_waiting", shown) in read
+    assert ("oomguard_gpu_process_memory_used_bytes", shown) in read
+
+
+def test_a_used_figure_above_the_total_reads_as_full_never_above_one() -> None:
+    """A used figure above the total (dcgm-exporter's used MiB, rounded up, against the exact bytes of a full GPU;
+    a driver's glitch) is published as read, and its ratios, documented 0-1, as 1."""
+    gpu = GpuReading(0, True, uuid="GPU-1", total_bytes=80.0 * GIB, used_bytes=90.0 * GIB, processes=())
+    target = TargetReading("vllm-0", "vllm", "http://127.0.0.1:8000", (0,), True, "up", 0.01)
+    nvml = NvmlReading(up=True, gpus=(gpu,))
+    snapshot = Snapshot(nvml=nvml, targets=(target,), sources={"nvml": SourceResult(True, 0.004)}, collected_at=1.7e9)
+    memory = join_targets(snapshot.nvml, snapshot.targets)
+    snapshot = dataclasses.replace(snapshot, memory=memory, gpu_memory=join_gpus(nvml, snapshot.targets, memory))
+    text = render(snapshot).decode()
+    assert support.value(text, "oomguard_gpu_memory_used_bytes", gpu="0") == 90.0 * GIB
+    assert support.value(text, "oomguard_gpu_memory_used_ratio", gpu="0") == 1.0
+    assert support.value(text, "oomguard_target_gpu_memory_used_ratio", target="vllm-0") == 1.0

@@ -3,7 +3,9 @@
 Written by hand rather than through prometheus_client's generate_latest, which validates
 and escapes every name on every sample: most of the render time for names declared once.
 `metric_families` gives the same samples as prometheus_client objects, and a test holds
-the two outputs byte-equal.
+the two outputs byte-equal, but for one thing: a label value's control characters, line
+separators and bidi controls, which prometheus_client writes raw, are written here as
+visible escapes (`_escape`, and docs/security.md, "What a string reaches").
 """
 
 from __future__ import annotations
@@ -14,15 +16,22 @@ from collections.abc import Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from oomguard.common.visible import ACTING, escape
 from oomguard.exporter.exposition.spec import POD_LABELS, MetricSpec
 
 NO_POD = ("",) * len(POD_LABELS)  # a configured target's pod labels
 
 
 def _escape(value: str) -> str:
-    if "\\" in value or '"' in value or "\n" in value:
-        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-    return value
+    """The text format's escapes (backslash, quote, line feed), and the characters it has none for, which a label
+    value from an engine or a pod may hold: CR, VT, FF, FS, NEL, U+2028 and U+2029 end a line for
+    `str.splitlines()`, ESC and C1 drive a terminal that shows /metrics. Prometheus reads them raw, and would read
+    `\\r` as a backslash and an r (promtool refuses it): each is written as its visible escape, a backslash
+    (itself escaped) and its code, `\\\\u2028`, which Prometheus stores as the text `\\u2028`."""
+    if value.isprintable() and "\\" not in value and '"' not in value:
+        return value
+    value = value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return ACTING.sub(lambda match: "\\" + escape(match[0]), value)
 
 
 # "name{labels} " by metric, label values and (for a per-target metric) the target's pod labels, apart: the same

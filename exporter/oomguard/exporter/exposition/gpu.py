@@ -102,6 +102,13 @@ METRICS = (
 )  # fmt: skip
 
 
+def used_ratio(used_bytes: float, total_bytes: float) -> float:
+    """used / total of a GPU, 0 to 1 as its metrics say: a used figure above the total (dcgm-exporter's used MiB,
+    rounded up, against the exact bytes of a full GPU; a driver's glitch) reads as full, never as 112 % of a GPU.
+    The bytes are published as read. The status view's share is this one."""
+    return min(max(used_bytes, 0.0), total_bytes) / total_bytes
+
+
 def add(out: Exposition, nvml: NvmlReading) -> None:
     driver = nvml.driver_version
     for node, figure, family, unit in nvml.dcgm_families:
@@ -119,7 +126,7 @@ def add(out: Exposition, nvml: NvmlReading) -> None:
         out.add(GPU_MEMORY_FREE_BYTES, g, gpu.free_bytes)
         out.add(GPU_MEMORY_RESERVED_BYTES, g, gpu.reserved_bytes)
         if gpu.total_bytes and gpu.used_bytes is not None:
-            out.add(GPU_MEMORY_USED_RATIO, g, gpu.used_bytes / gpu.total_bytes)
+            out.add(GPU_MEMORY_USED_RATIO, g, used_ratio(gpu.used_bytes, gpu.total_bytes))
         out.add(GPU_UTILIZATION_RATIO, g, gpu.utilization_ratio)
         if gpu.up and not gpu.error:
             # A source without per-process lists (dcgm-exporter) says 0: the process series are absent, not 0.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from oomguard.exporter.exposition.encoder import Exposition
+from oomguard.exporter.exposition.gpu import used_ratio
 from oomguard.exporter.exposition.spec import CONDITIONAL, metric
 from oomguard.exporter.model import GpuMemory, TargetMemory, TargetReading
 
@@ -154,7 +155,7 @@ def add(out: Exposition, target: TargetReading, memory: TargetMemory | None) -> 
         return
     out.add(TARGET_GPU_MEMORY_USED_BYTES, (t,), memory.used_bytes)
     out.add(TARGET_GPU_MEMORY_TOTAL_BYTES, (t,), memory.total_bytes)
-    out.add(TARGET_GPU_MEMORY_USED_RATIO, (t,), memory.used_bytes / memory.total_bytes)
+    out.add(TARGET_GPU_MEMORY_USED_RATIO, (t,), used_ratio(memory.used_bytes, memory.total_bytes))
     out.add(TARGET_PROCESS_GPU_MEMORY_BYTES, (t,), memory.own_bytes)
     out.add(TARGET_MEMORY_BUDGET_BYTES, (t,), memory.budget_bytes)
     out.add(TARGET_MEMORY_OVER_BUDGET_BYTES, (t,), memory.over_budget_bytes)
