@@ -124,3 +124,19 @@ def test_on_a_drills_clock_the_pages_judge_as_its_rules_do() -> None:
     assert [h.alert for h in recent.holding] == ["OomGuardOomEvent"]
     old = build(parse(exposition(("0", 0.5, None, None), oom_ago=rule_oom_window + 1)), now=NOW, thresholds=th)
     assert old.holding == []
+
+
+def test_a_used_figure_above_the_total_reads_as_full() -> None:
+    view = build(parse(exposition(("0", 1.125, None, None))), now=NOW)
+    assert view.gpus[0].used_ratio == 1.0 and view.gpus[0].used_bytes == 1.125 * 80 * GIB
+    assert view.holding[0].why.startswith("100.0% of the GPU used")
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85", "\r", "\x0c", "\x0b", "\x1c", "\x1d", "\x1e"])
+def test_a_label_value_is_split_at_line_feeds_only(char: str) -> None:
+    """The text format ends a line at a line feed alone; a label value may hold any other character raw (an engine's,
+    or an older exporter's), which `str.splitlines()` would end a line at."""
+    text = exposition(("0", 0.5, None, None)).replace('model_name="m"', f'model_name="m{char}m"')
+    samples = parse(text)
+    assert ("oomguard_engine_requests_waiting", {"target": "llm", "model_name": f"m{char}m"}, 12.0) in samples
+    assert build(samples, now=NOW).targets[0].waiting == 12

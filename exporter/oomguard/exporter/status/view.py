@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from oomguard.bundle.thresholds import Thresholds, default_thresholds
+from oomguard.exporter.exposition.gpu import used_ratio
 
 Sample = tuple[str, dict[str, str], float]
 RowOf = Callable[[dict[str, str]], Any]  # a series' labels -> the row it fills
@@ -44,7 +45,9 @@ class GpuRow:
 
     @property
     def used_ratio(self) -> float | None:
-        return self.used_bytes / self.total_bytes if self.used_bytes is not None and self.total_bytes else None
+        if self.used_bytes is None or not self.total_bytes:
+            return None
+        return used_ratio(self.used_bytes, self.total_bytes)
 
     @property
     def name(self) -> str:
@@ -115,10 +118,14 @@ OOM_KINDS = ("cuda_oom", "startup_memory", "container_oom_killed", "cgroup_oom_k
 
 def parse(text: str) -> list[Sample]:
     """The samples of the families the view reads (a cluster's exposition is megabytes, most of it other families:
-    those lines are passed over before the parser); raises ValueError on text that is not the Prometheus format."""
-    wanted = [line for line in text.splitlines() if line and line[0] != "#" and _name(line) in READ]
-    if not wanted and text.strip() and not any(line.startswith("#") for line in text.splitlines()):
-        wanted = text.splitlines()  # not an exposition at all: the parser says why
+    those lines are passed over before the parser); raises ValueError on text that is not the Prometheus format.
+
+    Lines end at a line feed alone, as the format's do: a label value may hold CR, NEL or U+2028 raw, where
+    `str.splitlines()` would end a line (and a model's name took the page down)."""
+    lines = text.split("\n")
+    wanted = [line for line in lines if line and line[0] != "#" and _name(line) in READ]
+    if not wanted and text.strip() and not any(line.startswith("#") for line in lines):
+        wanted = lines  # not an exposition at all: the parser says why
     body = "\n".join(wanted) + "\n"
     return [(s.name, dict(s.labels), float(s.value)) for f in text_string_to_metric_families(body) for s in f.samples]
 
