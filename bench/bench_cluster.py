@@ -315,7 +315,7 @@ def _serve_exporter(api_port: int, state: str, with_pods: bool, shards: int, sha
         "state_dir": state,
         "events": {"kernel_log": False, "xid": False},
         "kubernetes": kubernetes,
-        "dcgm": {"discover": True, "port": DCGM_PORT},
+        "dcgm": {"discover": True, "port": DCGM_PORT, "namespaces": ["gpu-operator"]},
     }
     if mode == "trace":
         settings["scrape"] = {"timeout_seconds": 60.0}

@@ -235,13 +235,13 @@ def test_the_cluster_mode_needs_no_node_and_says_what_it_watches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)
-    path = write(tmp_path, "kubernetes: {port: http, scope: cluster}\ndcgm: {discover: true}\n")
+    path = write(tmp_path, "kubernetes: {port: http, scope: cluster}\ndcgm: {discover: true, namespaces: [gpu-ops]}\n")
     config = load_config(path)
     assert config.local_node == "" and config.dcgm is not None and config.dcgm.port == 9400
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
     assert "pods of every node matching any label, port http" in out and "through the API (pods/log)" in out
-    assert "GPUs: every node's, from its dcgm-exporter pod (app=nvidia-dcgm-exporter in every namespace" in out
+    assert "GPUs: every node's, from its dcgm-exporter pod (app=nvidia-dcgm-exporter in gpu-ops" in out
     # A node agent that may not read NVML reads its node's dcgm-exporter.
     monkeypatch.setenv("NODE_NAME", "gpu-node-1")
     path = write(tmp_path, "dcgm: {urls: ['http://127.0.0.1:9400/metrics']}\n")
@@ -259,7 +259,15 @@ def test_the_cluster_mode_needs_no_node_and_says_what_it_watches(
         ("kubernetes: {node_name: n}\n", "kubernetes.port: is required: add it"),
         ("kubernetes: {port: http, scope: cluster}\n", "add dcgm: {discover: true} to read every node's GPUs"),
         ("kubernetes: {port: http, scope: region}\n", "kubernetes.scope"),
-        ("kubernetes: {port: http, node_name: n}\ndcgm: {discover: true}\n", "it needs kubernetes.scope: cluster"),
+        (
+            "kubernetes: {port: http, node_name: n}\ndcgm: {discover: true, namespaces: [gpu-operator]}\n",
+            "it needs kubernetes.scope: cluster",
+        ),
+        ("kubernetes: {port: http, scope: cluster}\ndcgm: {discover: true}\n", "dcgm.namespaces: is empty"),
+        (
+            "kubernetes: {port: http, scope: cluster}\ndcgm: {discover: true, namespaces: [gpu], daemonsets: []}\n",
+            "dcgm.daemonsets: is empty",
+        ),
         ("dcgm: {}\n", "give dcgm-exporter's urls (a node agent) or discover: true (the cluster mode)"),
         ("dcgm: {urls: ['gpu-node:9400']}\n", "is not an http(s) URL"),
     ],
@@ -425,7 +433,7 @@ def test_a_targets_port_is_its_urls_or_its_schemes() -> None:
         url_port("http://127.0.0.1:99999")
 
 
-CLUSTER = "kubernetes:\n  scope: cluster\n  port: http\ndcgm:\n  discover: true\n"
+CLUSTER = "kubernetes:\n  scope: cluster\n  port: http\ndcgm:\n  discover: true\n  namespaces: [gpu-operator]\n"
 
 
 def test_a_shard_from_the_statefulset_pods_name_or_flags_and_a_wrong_one_named(

@@ -45,11 +45,13 @@ class Collection:
         settings: SettingsReader | None = None,
         local_node: str = "",
         dcgm_refusals: Callable[[], dict[tuple[str, str, str, str], int]] | None = None,
+        dcgm_node_pods: Callable[[], dict[str, int]] | None = None,
         log_streams: Callable[[], LogStreams | None] | None = None,
     ) -> None:
         """`attribute`: gives discovered targets their pod and its processes on the GPUs (sources/kubernetes/);
         `settings`: gives local targets their engine's settings from their process's command line (sources/local/);
         `dcgm_refusals`: the pods refused as a node's dcgm-exporter (sources/kubernetes/trusted_dcgm.py);
+        `dcgm_node_pods`: the pods taken as each node's dcgm-exporter at the last read (the same);
         `log_streams`: the cluster mode's log streams against their budget (sources/kubernetes/log_budget.py)."""
         self.source_runs = source_runs
         self.client = client
@@ -62,6 +64,7 @@ class Collection:
         self.settings = settings
         self.local_node = local_node  # the exporter's node: its configured targets' and its NVML GPUs'
         self.dcgm_refusals = dcgm_refusals
+        self.dcgm_node_pods = dcgm_node_pods
         self.log_streams = log_streams
         self._in_flight: asyncio.Future[Snapshot] | None = None
         self.last: Snapshot | None = None
@@ -113,6 +116,7 @@ class Collection:
             xid_read_errors=seen.xid_read_errors if seen else None,
             node=self.local_node,
             dcgm_refusals=dict(self.dcgm_refusals()) if self.dcgm_refusals else None,
+            dcgm_node_pods=dict(self.dcgm_node_pods()) if self.dcgm_node_pods else None,
             log_streams=self.log_streams() if self.log_streams else None,
         )
         self.last = snapshot

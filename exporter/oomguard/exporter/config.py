@@ -477,12 +477,17 @@ class DcgmConfig(StrictModel):
         "app=nvidia-dcgm-exporter", description="Which pods are dcgm-exporter (the GPU Operator's label)."
     )
     namespaces: tuple[str, ...] = Field(
-        (), description="Where its pods run (the GPU Operator's: gpu-operator); empty: every namespace."
+        (),
+        validate_default=True,
+        description="Where its pods run (the GPU Operator's: gpu-operator): only these are watched, and a pod is "
+        "taken only from one of them; required with discover (a tenant can make a DaemonSet of any name in its own "
+        "namespace).",
     )
     daemonsets: tuple[str, ...] = Field(
         ("nvidia-dcgm-exporter",),
-        description="A pod is taken as dcgm-exporter only when a DaemonSet of one of these names controls it (a "
-        "tenant's pod with the label is refused); empty: any pod with the label.",
+        validate_default=True,
+        description="A pod is taken as dcgm-exporter only when a DaemonSet of one of these names, in one of "
+        "`namespaces`, controls it (a tenant's pod with the label is refused); required with discover.",
     )
     port: int = Field(9400, ge=1, le=65535, description="dcgm-exporter's port on its pod.")
     timeout_seconds: float = Field(5.0, gt=0, description="Longest wait for one dcgm-exporter's answer.")
@@ -502,6 +507,23 @@ class DcgmConfig(StrictModel):
             if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
                 raise ValueError(f"{url!r} is not an http(s) URL; give dcgm-exporter's, e.g. http://HOST:9400/metrics")
         return value
+
+    # Whom the cluster mode trusts for a node's GPU figures holds with nothing configured: any tenant can create a
+    # DaemonSet named like the GPU Operator's in its own namespace, so "every namespace" is never the default.
+    @field_validator("namespaces", "daemonsets")
+    @classmethod
+    def _needed_to_discover(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        if value or not info.data.get("discover"):
+            return value
+        if info.field_name == "namespaces":
+            raise ValueError(
+                "is empty: name the namespaces where the GPU Operator runs dcgm-exporter (namespaces: "
+                "[gpu-operator]); a pod in any other namespace, a tenant's, is never taken as a node's dcgm-exporter"
+            )
+        raise ValueError(
+            "is empty: name the DaemonSets whose pods are dcgm-exporter (daemonsets: [nvidia-dcgm-exporter]); "
+            "without one, any pod with the label would decide its node's GPU figures"
+        )
 
     @model_validator(mode="after")
     def _one_way(self) -> DcgmConfig:

@@ -91,11 +91,9 @@ def describe(config: Config) -> list[str]:
 def _gpus(config: Config) -> str:
     dcgm = config.dcgm
     if dcgm is not None and dcgm.discover:
-        where = ", ".join(dcgm.namespaces) or "every namespace"
         return (
-            f"GPUs: every node's, from its dcgm-exporter pod ({dcgm.label_selector} in {where}, port {dcgm.port}"
-            + (f", controlled by DaemonSet {' or '.join(dcgm.daemonsets)}" if dcgm.daemonsets else ", any controller")
-            + "); no per-process memory, no XIDs"
+            f"GPUs: every node's, from its dcgm-exporter pod ({dcgm.label_selector} in {', '.join(dcgm.namespaces)}, "
+            f"port {dcgm.port}, controlled by DaemonSet {' or '.join(dcgm.daemonsets)}); no per-process memory, no XIDs"
         )
     if dcgm is not None:
         return f"GPUs: this node's, from dcgm-exporter at {', '.join(dcgm.urls)}; no per-process memory, no XIDs"

@@ -630,4 +630,6 @@ class Snapshot:
     xid_read_errors: int | None = None  # None: XID events are off
     # (node, namespace, pod, reason) -> times a pod was refused as a node's dcgm-exporter; None: none discovered
     dcgm_refusals: dict[tuple[str, str, str, str], int] | None = None
+    # node -> the pods taken as its dcgm-exporter (2 and more: a conflict, the node read from none); None: none found
+    dcgm_node_pods: dict[str, int] | None = None
     log_streams: LogStreams | None = None  # None: no log followed through the API (not the cluster mode)

@@ -187,6 +187,7 @@ class Runtime:
             tracker=tracker, events=events, attribute=discovery.attribute if discovery else None,
             settings=SettingsReader(), local_node=config.local_node,
             dcgm_refusals=discovery.dcgm_refusals if discovery and config.dcgm and config.dcgm.discover else None,
+            dcgm_node_pods=discovery.dcgm_node_pods if discovery and config.dcgm and config.dcgm.discover else None,
             log_streams=discovery.log_streams if discovery and discovery.cluster else None,
         )  # fmt: skip
         # What exists at start lives as long as the runtime: keep it out of the garbage collector's

@@ -56,7 +56,8 @@ def dcgm_body(node: str, gpus: list[tuple[int, int, int, str]]) -> str:
 
 
 def cluster_config(dcgm_port: int) -> dict[str, Any]:
-    return {"scope": "cluster", "top": {"dcgm": {"discover": True, "port": dcgm_port, "timeout_seconds": 1.0}}}
+    dcgm = {"discover": True, "port": dcgm_port, "timeout_seconds": 1.0, "namespaces": ["gpu-operator"]}
+    return {"scope": "cluster", "top": {"dcgm": dcgm}}
 
 
 async def test_two_nodes_gpus_from_their_dcgm_exporters_joined_to_their_pods(tmp_path: Path) -> None:
@@ -292,29 +293,32 @@ def test_pods_dcgm_exporter_does_not_map_are_said_once(caplog: pytest.LogCapture
 async def test_a_pod_posing_as_dcgm_exporter_changes_no_figure_and_is_told(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, fake_first: bool
 ) -> None:
-    """A tenant's pod labelled app=nvidia-dcgm-exporter on gpu-a, in its own namespace (the watch takes every
-    namespace here: dcgm.namespaces unset), serves GPU 0 at 2 % used where the real one is at 92 %: refused
+    """A pod labelled app=nvidia-dcgm-exporter on gpu-a, in the GPU Operator's namespace but under a ReplicaSet (who
+    may create pods there, not the DaemonSet), serves GPU 0 at 2 % used where the real one is at 92 %: refused
     whatever the listing order, the real figure stays, the refusal is counted and said once. Then a second pod of
-    the GPU Operator's DaemonSet claims gpu-a: a conflict, the node read from neither."""
+    the GPU Operator's DaemonSet claims gpu-a: a conflict, the node read from neither, and said by a gauge while it
+    lasts (its memory alerts cannot fire). A tenant's own namespace is not even watched:
+    tests/hostile/test_hostile_cluster.py."""
     port, dcgm_port = free_port("127.0.0.2"), free_port("127.0.0.4")
     real = Dcgm("127.0.0.4", dcgm_port, dcgm_body("gpu-a", [(0, 74 * 1024, 6 * 1024, "vllm-a")]))
     fake = Dcgm("127.0.0.6", dcgm_port, dcgm_body("gpu-a", [(0, 2 * 1024, 78 * 1024, "vllm-a")]))
     engine = Engine("127.0.0.2", port)
     for server in (engine.server, real.server, fake.server):
         await server.start()
-    pose = dcgm_pod("fake-dcgm", "127.0.0.6", "gpu-a", namespace="tenant", owner=("ReplicaSet", "fake-dcgm"))
+    pose = dcgm_pod("fake-dcgm", "127.0.0.6", "gpu-a", owner=("ReplicaSet", "fake-dcgm"))
     pods = [pose, dcgm_pod("dcgm-a", "127.0.0.4", "gpu-a")]
     try:
         async with Cluster(tmp_path, **cluster_config(dcgm_port)) as k8s:
             await k8s.api.put("pods", objects.pod("vllm-a", "127.0.0.2", port, node="gpu-a"))
             for pod in pods if fake_first else pods[::-1]:
                 await k8s.api.put("pods", pod)
-            refused = {"node": "gpu-a", "namespace": "tenant", "pod": "fake-dcgm", "reason": "owner"}
+            refused = {"node": "gpu-a", "namespace": "gpu-operator", "pod": "fake-dcgm", "reason": "owner"}
             await wait_for(lambda: k8s.value("oomguard_dcgm_pods_refused_total", **refused), "the pose refused")
             await wait_for(lambda: k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-a", gpu="0"), "gpu-a read")
             for _ in range(3):  # several collections: the pose is never taken, in between either
                 assert await k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-a", gpu="0") == 74 * 1024 * MIB
             assert await k8s.value("oomguard_dcgm_pods_refused_total", **refused) == 1.0
+            assert await k8s.value("oomguard_dcgm_node_pods", node="gpu-a") == 1.0
             said = [r for r in caplog.records if "fake-dcgm refused as the dcgm-exporter of node gpu-a" in r.message]
             assert len(said) == 1 and "not by a DaemonSet named nvidia-dcgm-exporter" in said[0].message
 
@@ -324,10 +328,14 @@ async def test_a_pod_posing_as_dcgm_exporter_changes_no_figure_and_is_told(
             await wait_for(lambda: k8s.value("oomguard_dcgm_pods_refused_total", pod="dcgm-a2", **conflict), "told")
             assert await k8s.value("oomguard_dcgm_pods_refused_total", pod="dcgm-a", **conflict) == 1.0
             assert await k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-a", gpu="0") is None
+            # What a page reads: the node has no GPU figure because two pods claim it, for as long as they do.
+            for _ in range(2):
+                assert await k8s.value("oomguard_dcgm_node_pods", node="gpu-a") == 2.0
             # One goes: the node is read again, from the one left.
             await k8s.api.delete("pods", "gpu-operator", "dcgm-a2")
             await wait_for(lambda: k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-a", gpu="0"), "gpu-a again")
             assert await k8s.value("oomguard_gpu_memory_used_bytes", node="gpu-a", gpu="0") == 74 * 1024 * MIB
+            assert await k8s.value("oomguard_dcgm_node_pods", node="gpu-a") == 1.0
     finally:
         for server in (engine.server, real.server, fake.server):
             await server.stop()

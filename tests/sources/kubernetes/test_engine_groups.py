@@ -126,7 +126,7 @@ def test_a_claim_takes_its_workers_gpus_on_their_nodes_and_nothing_else() -> Non
 
 
 def cluster_config(dcgm_port: int, **more: Any) -> dict[str, Any]:
-    top = {"dcgm": {"discover": True, "port": dcgm_port, "timeout_seconds": 1.0}}
+    top = {"dcgm": {"discover": True, "port": dcgm_port, "timeout_seconds": 1.0, "namespaces": ["gpu-operator"]}}
     return {"scope": "cluster", "namespaces": ["inference"], "top": top, **more}
 
 

@@ -155,9 +155,22 @@ DCGM_PODS_REFUSED = metric(
     "",
     "node namespace pod reason",
     "Times a pod was refused as its node's dcgm-exporter (the cluster mode): reason owner (no DaemonSet of "
-    "dcgm.daemonsets controls it: a pod that poses as one), conflict (its node claimed by two pods: read from "
-    'neither). Appears with the first refusal; past 256 pods, under pod "".',
+    "dcgm.daemonsets controls it, or it runs outside dcgm.namespaces: a pod that poses as one), conflict (its node "
+    "claimed by two pods: read from neither, oomguard_dcgm_node_pods 2). Appears with the first refusal; past 256 "
+    'pods, under pod "".',
     presence=EVENT,
+)
+DCGM_NODE_PODS = metric(
+    SECTION,
+    "dcgm_node_pods",
+    "gauge",
+    "",
+    "node",
+    "The pods taken as the node's dcgm-exporter at the last read (the cluster mode: in dcgm.namespaces, "
+    "controlled by a DaemonSet of dcgm.daemonsets): 1, its GPUs read from it; 2 and more, a conflict: the node is "
+    "read from none of them, its GPU series are absent and its memory alerts cannot fire. A series per node with "
+    "such a pod, of this exporter's shard.",
+    presence=CONDITIONAL,
 )
 LOG_STREAMS_OPEN = metric(
     SECTION,
@@ -209,7 +222,7 @@ _WEB_CONFIG_DECLARED = frozenset(WEB_CONFIG_METRICS)
 METRICS = (
     BUILD_INFO, SOURCE_SUCCESS, SOURCE_DURATION_SECONDS, NVML_UP, TARGET_UP, TARGET_STATE,
     TARGET_SCRAPE_DURATION_SECONDS, TARGET_SCRAPE_ERRORS, TARGET_VALUES_REJECTED, TARGET_HEALTH_STATUS_CODE,
-    TARGET_HEALTH_LATENCY_SECONDS, *LOG_STREAM_METRICS, DCGM_PODS_REFUSED,
+    TARGET_HEALTH_LATENCY_SECONDS, *LOG_STREAM_METRICS, DCGM_PODS_REFUSED, DCGM_NODE_PODS,
     *WEB_CONFIG_METRICS,
 )  # fmt: skip
 
@@ -228,6 +241,8 @@ def add_exporter(out: Exposition, snapshot: Snapshot) -> None:
         out.add(LOG_STREAMS_REFUSED, (), float(streams.refused_total))
     for labels, times in sorted((snapshot.dcgm_refusals or {}).items()):
         out.add(DCGM_PODS_REFUSED, labels, float(times))
+    for node, pods in sorted((snapshot.dcgm_node_pods or {}).items()):
+        out.add(DCGM_NODE_PODS, (node,), float(pods))
 
 
 def add_target(out: Exposition, target: TargetReading) -> None:

@@ -66,7 +66,8 @@ class KubernetesDiscovery:
         # hash, so every shard lists every engine pod and keeps its own nodes'.
         self.shard = Shard(self.k8s.shard or 0, self.k8s.shards)
         self._dcgm: dict[tuple[str, str], DcgmEndpoint] = {}  # the dcgm-exporter pods taken, by (namespace, name)
-        self._dcgm_trusted = TrustedDcgm(config.dcgm.daemonsets if config.dcgm is not None else ())
+        dcgm = config.dcgm
+        self._dcgm_trusted = TrustedDcgm(dcgm.daemonsets, dcgm.namespaces) if dcgm is not None else TrustedDcgm((), ())
         self.dcgm_port = config.dcgm.port if config.dcgm is not None else 0
         self._log_followers: dict[str, asyncio.Task[None]] = {}  # the cluster mode's, by pod name
         self._unmapped = UnmappedPods()
@@ -134,7 +135,7 @@ class KubernetesDiscovery:
         dcgm = self.config.dcgm
         if dcgm is not None and dcgm.discover:
             params = {"labelSelector": dcgm.label_selector, "fieldSelector": fields}
-            for namespace in dcgm.namespaces or (None,):
+            for namespace in dcgm.namespaces:  # required (config.py): never every namespace
                 path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
                 self.watches.append(
                     ListWatch(
@@ -154,6 +155,10 @@ class KubernetesDiscovery:
     def dcgm_refusals(self) -> dict[tuple[str, str, str, str], int]:
         """(node, namespace, pod, reason) -> how often it was refused as its node's dcgm-exporter."""
         return self._dcgm_trusted.refusals
+
+    def dcgm_node_pods(self) -> dict[str, int]:
+        """Node -> the pods taken as its dcgm-exporter at the last read: 2 and more, a node read from none."""
+        return self._dcgm_trusted.claims
 
     async def _dcgm_listed(self, items: list[Obj], namespace: str | None) -> None:
         self._dcgm = {key: e for key, e in self._dcgm.items() if namespace is not None and key[0] != namespace}

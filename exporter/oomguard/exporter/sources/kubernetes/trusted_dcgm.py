@@ -2,13 +2,16 @@
 
 A node's GPU memory is what its dcgm-exporter says, so a pod that poses as one decides that node's pages: it can
 hide real pressure (GPUs at 2 % where they are at 98 %) or fake it. Any tenant can create a pod with the label
-`app=nvidia-dcgm-exporter`. So a pod is taken only when a DaemonSet of a configured name controls it (its
-controller `ownerReference`; `dcgm.daemonsets`, the GPU Operator's `nvidia-dcgm-exporter` by default), on top of
-the namespaces the watch is given (`dcgm.namespaces`: the shipped manifests name the GPU Operator's). And a node
-claimed by two pods is read from neither: which of them is the real one cannot be told from here, and one node's
-GPUs merged from two bodies, or taken from whichever was listed last, is a figure nobody can trust. Each refusal is
-said once, at WARNING, and counted by node, pod and reason (`oomguard_dcgm_pods_refused_total`), which the
-`OomGuardDcgmPodRefused` alert watches.
+`app=nvidia-dcgm-exporter`, and a DaemonSet of any name in its own namespace (or a pod with a hand-written
+ownerReference naming one). So a pod is taken only when it runs in a namespace the exporter is told
+(`dcgm.namespaces`: required, the GPU Operator's) and a DaemonSet of a configured name controls it (its controller
+`ownerReference`, which names an owner of the pod's own namespace; `dcgm.daemonsets`, the GPU Operator's
+`nvidia-dcgm-exporter` by default). The watch lists those namespaces only; the pod's namespace is checked here
+again, whatever a listing returns. And a node claimed by two pods is read from neither: which of them is the real
+one cannot be told from here, and one node's GPUs merged from two bodies, or taken from whichever was listed last,
+is a figure nobody can trust. Such a node has no GPU figure at all, so its memory alerts cannot fire:
+`oomguard_dcgm_node_pods{node}` (the pods taken for each node, 2 and more a conflict) is what a page reads. Each
+refusal is said once, at WARNING, and counted by node, pod and reason (`oomguard_dcgm_pods_refused_total`).
 """
 
 from __future__ import annotations
@@ -34,15 +37,23 @@ def controller(obj: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 class TrustedDcgm:
-    def __init__(self, daemonsets: tuple[str, ...]) -> None:
+    def __init__(self, daemonsets: tuple[str, ...], namespaces: tuple[str, ...]) -> None:
+        """Nothing is trusted where either is empty (the configuration refuses that: config.py)."""
         self.daemonsets = daemonsets
+        self.namespaces = namespaces
         self.refusals: dict[tuple[str, str, str, str], int] = {}  # (node, namespace, pod, reason) -> times
+        self.claims: dict[str, int] = {}  # node -> the pods taken for it at the last round (2 and more: read from none)
         self._refused: dict[Key, str] = {}  # the pods refused now, and why: counted once while they stay so
 
     def owned(self, obj: Mapping[str, Any], key: Key, node: str) -> bool:
-        """Whether a DaemonSet of a configured name controls the pod; a refusal is said and counted once."""
+        """Whether the pod runs in a configured namespace under a DaemonSet of a configured name (an ownerReference
+        names an owner in the pod's own namespace); a refusal is said and counted once."""
         owner = controller(obj)
-        if not self.daemonsets or (owner is not None and owner[0] == "DaemonSet" and owner[1] in self.daemonsets):
+        if key[0] not in self.namespaces:
+            what = f"in namespace {key[0][:80]!r}, not one of {', '.join(self.namespaces)} (dcgm.namespaces)"
+            self._refuse(key, node, OWNER, "%s", what)
+            return False
+        if owner is not None and owner[0] == "DaemonSet" and owner[1] in self.daemonsets:
             if self._refused.get(key) == OWNER:
                 del self._refused[key]
             return True
@@ -60,6 +71,7 @@ class TrustedDcgm:
         claims: dict[str, list[Key]] = {}
         for key, endpoint in taken.items():
             claims.setdefault(endpoint.node, []).append(key)
+        self.claims = {node: len(keys) for node, keys in claims.items()}
         out = []
         for node, keys in claims.items():
             if len(keys) == 1:
