@@ -3,11 +3,13 @@ thresholds, and `oomguard top --once`'s frame of it."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import pytest
 
 from oomguard.bundle.thresholds import default_thresholds
+from oomguard.exporter.status import top
 from oomguard.exporter.status.top import frame
 from oomguard.exporter.status.view import MAX_GPUS, build, parse
 
@@ -140,3 +142,12 @@ def test_a_label_value_is_split_at_line_feeds_only(char: str) -> None:
     samples = parse(text)
     assert ("oomguard_engine_requests_waiting", {"target": "llm", "model_name": f"m{char}m"}, 12.0) in samples
     assert build(samples, now=NOW).targets[0].waiting == 12
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://a b", "http://:9847", "http://127.0.0.1:99999"])
+def test_top_says_an_unusable_address_in_one_line(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    top.add_arguments(parser)
+    assert top.main(parser.parse_args([url, "--once"])) == 2
+    err = capsys.readouterr().err
+    assert "is not a usable address" in err and len(err.strip().splitlines()) == 1, err

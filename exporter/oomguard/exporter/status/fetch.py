@@ -134,17 +134,21 @@ class _TlsConnection(http.client.HTTPSConnection):
 def get(url: str, headers: dict[str, str], context: ssl.SSLContext | None, timeout: float, max_bytes: int) -> bytes:
     """The body of a 200 answer to GET `url`, at most `max_bytes`, within `timeout` seconds in all; FetchError
     otherwise (a redirect, another status, a cut or late answer, no server)."""
-    parts = urllib.parse.urlsplit(url)
     deadline = Deadline.after(timeout)
     try:
+        parts = urllib.parse.urlsplit(url)
         host, port = parts.hostname or "", parts.port
+        if not host:
+            raise ValueError("no host")
         if parts.scheme == "https":
             tls = context or tls_context(ssl.create_default_context())
             connection: http.client.HTTPConnection = _TlsConnection(host, port or 443, deadline, tls)
         else:
             connection = _Connection(host, port or 80, deadline)
-    except ValueError as exc:  # a port that is no number
-        raise FetchError(f"{visible(excerpt(url))} is not a usable address ({exc})") from None
+    except (ValueError, http.client.HTTPException) as exc:  # a port that is no number, a space in the host, ...
+        raise FetchError(
+            f"{visible(excerpt(url))} is not a usable address ({exc}); write the exporter's, e.g. http://host:9847"
+        ) from None
     try:
         connection.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
                            headers={"User-Agent": f"oomguard-top/{__version__}", **headers})  # fmt: skip
