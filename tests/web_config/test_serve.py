@@ -169,7 +169,7 @@ async def test_top_reads_the_status_over_mutual_tls_with_basic_auth(serve, pki: 
         return argparse.Namespace(**(base | changes))
 
     def read(a: argparse.Namespace) -> dict:
-        return top.fetch(top._request(a), top._tls(a), 5.0)
+        return top.fetch(*top._request(a), top._tls(a), 5.0)
 
     view = await asyncio.to_thread(read, args())
     assert isinstance(view["gpus"], list) and "thresholds" in view
