@@ -30,8 +30,9 @@ def test_a_resumed_stream_repeats_its_last_second_and_only_that_is_dropped() -> 
     assert lines(reader, ("2026-12-05T12:00:01.1Z", "a"), ("2026-12-05T12:00:02.5Z", "b"),
                  ("2026-12-05T12:00:02.5Z", "c")) == [True, True, True]  # fmt: skip
     assert reader.poll() == ["a", "b", "c"]
-    # The stream drops; the next one starts at the second of the last line, which the API includes.
-    assert reader.new_stream() == {"sinceTime": "2026-12-05T12:00:02Z"}
+    # The stream drops; the next one starts an hour before the last line's second (the kubelet includes it, and
+    # sends every line stamped from then: a node's clock that stepped back since is covered).
+    assert reader.new_stream() == {"sinceTime": "2026-12-05T11:00:02Z"}
     got = lines(
         reader,
         ("2026-12-05T12:00:02.1Z", "before b, seen"),
@@ -58,7 +59,7 @@ def test_a_pod_found_at_start_is_read_from_now_on_the_nodes_clock(monkeypatch: p
     mono[0] += 42.5  # the stream dropped before any line came: asked again for all it may have missed
     assert reader.new_stream() == {"sinceSeconds": "43"}
     assert lines(reader, ("2026-12-05T12:00:01Z", "a line an hour behind the exporter's clock")) == [True]
-    assert reader.new_stream() == {"sinceTime": "2026-12-05T12:00:01Z"}  # then from the node's own stamps
+    assert reader.new_stream() == {"sinceTime": "2026-12-05T11:00:01Z"}  # then from the node's own stamps
 
 
 def test_the_nodes_clock_stepping_back_loses_and_repeats_nothing() -> None:
@@ -74,7 +75,7 @@ def test_the_nodes_clock_stepping_back_loses_and_repeats_nothing() -> None:
     assert reader.state()["high"] == "2026-12-05T13:00:01.000000000Z"
     # The stream drops; asked again from the last line's second, the API sends every line stamped at or after it:
     # those before the step, then those after it.
-    assert reader.new_stream() == {"sinceTime": "2026-12-05T12:00:03Z"}
+    assert reader.new_stream() == {"sinceTime": "2026-12-05T11:00:03Z"}
     again = [*before, ("2026-12-05T12:00:03Z", "c"), ("2026-12-05T12:00:04Z", "d, new")]
     assert lines(reader, *again) == [False, False, False, True]
     # The same from a restarted exporter's saved position.
@@ -86,6 +87,59 @@ def test_the_nodes_clock_stepping_back_loses_and_repeats_nothing() -> None:
     assert lines(reader, ("2026-12-05T13:00:02Z", "e")) == [True]
     reader.poll()
     assert "high" not in reader.state()
+
+
+def test_a_step_back_the_reader_never_saw_is_read_after_the_position_whatever_the_stamps() -> None:
+    """The stream dropped before any line after the step came: the request asked again an hour before the position
+    is sent the lines before it (repeats) and the position, then the lines written after the step, stamped earlier:
+    new, by their place in the file. A turn that follows a busy one asks from the position itself."""
+    reader = ApiLogReader(from_start=True)
+    reader.new_stream()
+    taken = [("2026-12-05T13:00:00Z", "a"), ("2026-12-05T13:00:01Z", "b")]
+    assert lines(reader, *taken) == [True, True]
+    assert reader.new_stream(lookback=False) == {"sinceTime": "2026-12-05T13:00:01Z"}
+    assert reader.new_stream() == {"sinceTime": "2026-12-05T12:00:01Z"}
+    after = [("2026-12-05T12:00:05Z", "Traceback"), ("2026-12-05T12:00:05.1Z", "OOM after the step")]
+    assert lines(reader, ("2026-12-05T12:59:59Z", "before a"), *taken, *after) == [False, False, False, True, True]
+    assert reader.poll() == ["a", "b", "Traceback", "OOM after the step"]
+    assert reader.state()["high"] == "2026-12-05T13:00:01.000000000Z"
+    assert reader.stats.read_errors == 0  # an hour back at most: nothing could be skipped
+
+
+def test_the_current_containers_lines_after_the_previous_one_held_the_position_are_new() -> None:
+    """The position is the last line of a container that died; the clock stepped back before its successor
+    started. The previous container's log, read first, holds the position; the current one's lines, stamped
+    before it, all come after it."""
+    reader = ApiLogReader(from_start=True)
+    reader.new_stream()
+    lines(reader, ("2026-12-05T13:00:00Z", "started"), ("2026-12-05T13:00:01Z", "OOM, the container dies"))
+    reader.poll()
+    reader.new_stream(previous=True)
+    assert lines(reader, ("2026-12-05T13:00:00Z", "started"), ("2026-12-05T13:00:01Z", "OOM, the container dies")) == [
+        False,
+        False,
+    ]
+    reader.new_stream()
+    successor = [("2026-12-05T12:00:10Z", "started again"), ("2026-12-05T12:00:11Z", "OOM")]
+    assert lines(reader, *successor) == [True, True]
+    # Where the position is not in the previous container's log (no restart since), the current one's repeats
+    # are dropped as before.
+    reader.new_stream(previous=True)
+    assert lines(reader, ("2026-12-05T13:00:00Z", "started"), ("2026-12-05T13:00:01Z", "OOM, the container dies")) == [
+        False,
+        False,
+    ]
+    reader.new_stream()
+    assert lines(reader, *successor, ("2026-12-05T12:00:12Z", "new")) == [False, False, True]
+
+
+def test_a_step_back_beyond_the_lookback_is_said_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    reader = ApiLogReader(from_start=True)
+    reader.new_stream()
+    lines(reader, ("2026-12-05T13:00:00Z", "a"), ("2026-12-05T10:00:00Z", "three hours back"))
+    lines(reader, ("2026-12-05T13:00:00Z", "c"), ("2026-12-05T09:00:00Z", "again"))
+    assert reader.stats.read_errors == 1 and "stepped back by 10800 s" in reader.stats.last_error
+    assert len([r for r in caplog.records if "stepped back" in r.getMessage()]) == 1
 
 
 def test_lines_without_a_timestamp_are_counted_malformed_not_taken() -> None:
@@ -102,7 +156,7 @@ def test_the_position_is_saved_and_restored() -> None:
     state = reader.state()
     assert state == {"last": "2026-12-05T12:00:02.500000000Z", "same": 2}
     again = ApiLogReader(state=state)  # an exporter restarted: not "from now", from where it was
-    assert again.new_stream() == {"sinceTime": "2026-12-05T12:00:02Z"}
+    assert again.new_stream() == {"sinceTime": "2026-12-05T11:00:02Z"}
     assert lines(again, ("2026-12-05T12:00:02.5Z", "b"), ("2026-12-05T12:00:02.5Z", "c"),
                  ("2026-12-05T12:00:02.6Z", "new")) == [False, False, True]  # fmt: skip
 

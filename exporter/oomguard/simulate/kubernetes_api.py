@@ -5,9 +5,14 @@ Lists (`GET /api/v1/pods`, `/api/v1/namespaces/NS/pods`, the same for events) an
 resourceVersion; `?watch=1` streams newline-delimited JSON events (ADDED, MODIFIED, DELETED, BOOKMARK,
 ERROR) from the given resourceVersion, chunked, until `timeoutSeconds` or the test ends it. `pods/log`
 serves each container's lines with the kubelet's timestamps (`timestamps=true`, RFC 3339 with nanoseconds),
-from `sinceTime` (whole seconds, included) or `sinceSeconds` (back from the node's clock, which `node_offset` sets
-apart from this machine's), following (`follow=true`) until the container ends or the test drops
-the stream; `previous=true` the container before the current one (400 when there is none). Field
+following (`follow=true`) until the container ends or the test drops the stream; `previous=true` the container
+before the current one (400 when there is none). `sinceTime` and `sinceSeconds` filter as the kubelet does
+(pkg/kubelet/kuberuntime/logs/logs.go: NewLogOptions, logWriter.write): one instant, fixed when the request
+comes (`sinceSeconds` back from the node's clock, which `node_offset` sets apart from this machine's; `sinceTime`
+as the API passes it on, in whole seconds), and every line whose own stamp (the runtime's, by the node's clock) is
+before it is skipped, wherever it is in the file and in a followed stream too: a line written after the node's
+clock stepped back is skipped when its stamp is before the instant. Both at once, or `sinceSeconds` under 1, are
+refused (422) as the API server's validation does (ValidatePodLogOptions). Field
 selectors (`a.b=c`, `a.b!=c`, comma-separated) and label selectors (`k=v`) are matched by equality, as the
 API does for these. Faults on demand: 403 for everything, 410 Gone (as the HTTP status or as an
 ERROR event), a watch closed early.
@@ -16,6 +21,7 @@ ERROR event), a watch closed early.
 from __future__ import annotations
 
 import asyncio
+import calendar
 import copy
 import json
 import time
@@ -173,10 +179,18 @@ class StandIn:
             which = "previous terminated" if previous else "running"
             return _status(400, "BadRequest", f'container "{key[2]}" in pod "{key[1]}": no {which} container')
         container = containers[-2] if previous else containers[-1]
-        since = request.query.get("sinceTime", "")  # RFC 3339 seconds: included
-        since_key = since[:-1] if since else ""
-        if seconds := request.query.get("sinceSeconds"):  # back from the node's clock, in whole seconds
-            since_key = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.node_clock() - int(seconds)))
+        since_time, since_seconds = request.query.get("sinceTime"), request.query.get("sinceSeconds")
+        if since_time is not None and since_seconds is not None:
+            return _status(
+                422, "Invalid", "PodLogOptions: at most one of `sinceTime` or `sinceSeconds` may be specified"
+            )
+        since = 0  # the instant, in nanoseconds: a line stamped before it is skipped
+        if since_seconds is not None:
+            if not since_seconds.isdigit() or int(since_seconds) < 1:
+                return _status(422, "Invalid", f"PodLogOptions: sinceSeconds: Invalid value: {since_seconds}")
+            since = int(self.node_clock() * 1e9) - int(since_seconds) * 1_000_000_000
+        elif since_time is not None:
+            since = _rfc3339_nanos(since_time) // 1_000_000_000 * 1_000_000_000  # passed on in whole seconds
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})
         response.enable_chunked_encoding()
         await response.prepare(request)
@@ -186,7 +200,7 @@ class StandIn:
             while position < len(lines):
                 at, text = lines[position]
                 position += 1
-                if at[:19] >= since_key:
+                if _rfc3339_nanos(at) >= since:
                     stamp = f"{at} " if request.query.get("timestamps") == "true" else ""
                     await response.write(f"{stamp}{text}\n".encode())
             if not follow or container[2] or self._log_epoch != epoch:
@@ -251,6 +265,13 @@ class StandIn:
                         await asyncio.wait_for(self._condition().wait(), left)
                     except TimeoutError:
                         return response
+
+
+def _rfc3339_nanos(text: str) -> int:
+    """`2026-12-05T12:00:01.123456789Z` (or without a fraction) as nanoseconds since the epoch."""
+    head, _, fraction = text.rstrip("Z").partition(".")
+    seconds = calendar.timegm(time.strptime(head, "%Y-%m-%dT%H:%M:%S"))
+    return seconds * 1_000_000_000 + int(fraction.ljust(9, "0")[:9] or 0)
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:

@@ -385,3 +385,40 @@ async def test_two_shards_read_disjoint_nodes_and_together_every_one(tmp_path: P
                     assert await k8s.value("oomguard_gpu_memory_used_bytes", **gpu) is None
             # No refusal: another shard's dcgm-exporter is not a pose, only not this shard's to read.
             assert not [k for k in await k8s.metrics() if k[0] == "oomguard_dcgm_pods_refused_total"]
+
+
+async def test_a_node_clock_stepping_back_an_hour_loses_no_oom(tmp_path: Path) -> None:
+    """The node's clock steps back an hour: the container runtime stamps the lines written after the step an hour
+    earlier than those before it, and the kubelet skips every line stamped before a request's `sinceTime`, in an
+    open stream too (pkg/kubelet/kuberuntime/logs/logs.go, as the stand-in does). Three lives, each ending in an OOM:
+    the first before the step; the second after it, in the stream open since before it; the third in a new
+    container, written while no stream was open. Each counted once."""
+    async with engine_up() as engine, Cluster(tmp_path, scope="cluster", top={"nvml": {"enabled": False}}) as k8s:
+        api = k8s.api
+        await api.put("pods", objects.pod("vllm-a", "127.0.0.2", engine.server.port, node="gpu-a", uid=UID))
+        await wait_for(lambda: [r for r in api.log_requests if r.get("follow")], "the log followed")
+        await api.log("llm", "vllm-a", "vllm", STARTED, container_id="a" * 64)
+        await api.log("llm", "vllm-a", "vllm", TRACEBACK)
+        await api.log("llm", "vllm-a", "vllm", OOM)
+        await wait_for(lambda: _equals(lambda: ooms_of(k8s), 1.0), "the OOM before the step")
+        # The engine starts again in a new container; the stream drops and is asked again, from the position.
+        await api.end_container("llm", "vllm-a", "vllm")
+        await api.log("llm", "vllm-a", "vllm", STARTED, container_id="b" * 64)
+        streams = len(api.log_requests)
+        await api.drop_log_streams()
+        await wait_for(lambda: [r for r in api.log_requests[streams:] if r.get("follow")], "the stream asked again")
+        await asyncio.sleep(0.3)  # it is open, and has sent what there was
+        api.node_offset -= 3600.0  # the node's clock steps back an hour
+        await api.log("llm", "vllm-a", "vllm", TRACEBACK)
+        await api.log("llm", "vllm-a", "vllm", OOM)
+        await wait_for(lambda: _equals(lambda: ooms_of(k8s), 2.0), "the OOM after the step, in the open stream")
+        # The stream drops; the engine dies and starts again meanwhile, and its new container logs an OOM.
+        await api.drop_log_streams()
+        await api.end_container("llm", "vllm-a", "vllm")
+        await api.log("llm", "vllm-a", "vllm", STARTED, container_id="c" * 64)
+        await api.log("llm", "vllm-a", "vllm", TRACEBACK)
+        await api.log("llm", "vllm-a", "vllm", OOM)
+        await wait_for(lambda: _equals(lambda: ooms_of(k8s), 3.0), "the OOM written while no stream was open")
+        await asyncio.sleep(0.5)  # the runner's polls: nothing counted twice
+        assert await ooms_of(k8s) == 3.0
+        assert api.log_requests[-1]["sinceTime"] < api.log_requests[streams]["sinceTime"]  # back with the clock

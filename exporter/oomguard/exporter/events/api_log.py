@@ -4,26 +4,36 @@ The stream itself is read on the event loop (sources/kubernetes/pod_logs.py), wh
 timestamp the API puts before it (`timestamps=true`: RFC 3339, nanoseconds), to `ApiLogReader.offer`; the runner's
 poll takes the lines in its thread, like a file follower's.
 
-Resuming without losing or repeating a line: a dropped stream is asked again from `sinceTime`, which the API
-takes in whole seconds and includes, so the new stream repeats the last second. The reader keeps the timestamp of
-the last line it took and how many lines carried exactly it; at the start of a resumed stream, a line older than
-that, or one of those already taken at it, is a repeat and is dropped; once a newer line came, nothing more is.
-The position is saved with the other event state, so an exporter that restarts goes on from it. One position
-serves the engine container across its restarts: a container's lines are all later than its predecessor's (one
-node's clock), so the previous container's last lines (`previous=true`, where a crash's traceback is) and the new
-one's are each taken once, whichever is read first.
+Resuming without losing or repeating a line: a dropped stream is asked again from `sinceTime`. The kubelet skips
+every line whose own stamp (the container runtime's, by the node's clock) is before that instant, wherever the line
+is in the file and in a followed stream too (pkg/kubelet/kuberuntime/logs/logs.go: the logWriter compares each
+line's timestamp with `since`, fixed when the request comes); the API passes the instant on in whole seconds. So a
+resumed request asks from LOOKBACK_SECONDS before the position: a node's clock that steps back by up to that much
+(NTP, a VM resumed, a hand) stamps the lines written after the step earlier than the position, and asked from the
+position itself the kubelet would never send them, in the stream asked again nor in the one open at the step
+(their stamps are before its instant). The lines a resumed request sends again are dropped by their place in the
+file, not by their stamps: the reader keeps the stamp of the last line it took, how many lines carried exactly it,
+and the latest stamp it took (`high`, where the clock stepped back); in a resumed request every line is a repeat
+until the position itself comes again (the last of those lines at exactly its stamp), or a line later than every
+stamp taken (the position is no longer in the file: rotated); what follows is new, whatever its stamp says. The
+position is saved with the other event state, so an exporter that restarts goes on from it.
+
+One position serves the engine container across its restarts, and the containers come in order: before each
+stream the previous container's log (`previous=true`, where a crash's traceback is) is read, then the current
+one's. Where the position came again in the previous container's, the current container's lines are all new (they
+were written after it, whatever their stamps); else the position is in the current container's, which is read as
+above.
 
 Every time here is the node's: the exporter's clock (an hour ahead, or behind) decides nothing. A pod found at
 start is read from now by asking for the lines of the last seconds (`sinceSeconds`, which the node counts back
-from its own clock), the seconds counted on the exporter's monotonic clock. A node's clock that steps back is
-followed: its lines are taken (they are new, whatever their stamps say), the position moves back with them, and
-`high` remembers the latest stamp before the step: a stream resumed from the stepped-back position is sent the
-lines from before the step again first (their stamps are later), and those, up to the stamps' jump back, are
-dropped as repeats.
+from its own clock), the seconds counted on the exporter's monotonic clock. A step back larger than the look-back
+can lose the lines written right after it: a jump back of the stamps larger than LOOKBACK_SECONDS is said once
+and counted as a read error of the source.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -40,6 +50,12 @@ from oomguard.exporter.model import ReadStats
 # lines is not pushed out by them. Lines are at most 64 KiB (sources/kubernetes/pod_logs.py), so 500 followed
 # containers hold at most 500 MiB in the worst case, and a few KB each in the usual one.
 MAX_HELD_BYTES = 1024 * 1024
+# How far before the position a resumed request asks: the largest step back of a node's clock that loses no line.
+# What it costs is the lines of that hour sent again at each stream (every 30 minutes at most, or after a drop) and
+# each turn that follows a turn without a new line: at most the kubelet's current log file (it rotates at 10 MiB by
+# default, and a request reads no rotated file).
+LOOKBACK_SECONDS = 3600
+log = logging.getLogger(__name__)
 
 
 def parse_timestamp(text: str) -> tuple[int, int] | None:
@@ -91,19 +107,22 @@ class ApiLogReader:
         self._held: deque[list[Any]] = deque()  # [line, could it count (None: not asked yet), its time]
         self.stamps: list[float | None] = []  # the time of each line the last poll returned (the node's clock)
         self._held_bytes = 0
-        self._seen_again = 0  # lines at the stream's starting position seen again in it
+        self._seen_again = 0  # lines at the request's starting position seen again in it
         self.last: tuple[int, int] | None = None  # the stamp of the last line taken
         self.same = 0  # lines taken at exactly `last`
         self.high: tuple[int, int] | None = None  # the latest stamp taken before the node's clock stepped back
+        self._said_step = False  # a step back beyond the look-back said (once)
         # Without a position, a pod found at start is read from now: since when (time.monotonic()); None: whole.
         self._from_now = None if from_start else time.monotonic()
         if isinstance(state, dict):
             self._restore(state)  # a saved position goes on from where it was
         if self.last is not None:
             self._from_now = None
-        self._resumed: tuple[tuple[int, int] | None, int] = (self.last, self.same)  # where this stream started
-        self._replay: tuple[int, int] | None = None  # this stream's lines up to it, before a jump back, are repeats
-        self._previous: tuple[int, int] | None = None  # the stamp of the line before, in this stream
+        # Where this request started (the last stamp taken, how many at it, the latest stamp taken): its lines are
+        # repeats until the position passes; None: whatever comes is new.
+        self._resumed: tuple[tuple[int, int], int, tuple[int, int]] | None = None
+        self._passed = False  # the position itself came again in this request (not only a later line)
+        self._request_previous = False  # this request is of the previous container's log
         # The position of the last line the poller took: what is saved, so that lines held for the poller when
         # the exporter stops are read again by the next one, not skipped.
         self._polled: tuple[tuple[int, int] | None, int, tuple[int, int] | None] = (self.last, self.same, self.high)
@@ -135,8 +154,7 @@ class ApiLogReader:
             if at is None:
                 self.stats.lines_malformed += 1
                 return False
-            previous, self._previous = self._previous, at
-            if self._repeat(at, previous):
+            if self._repeat(at):
                 return False
             self._take(at)
             self._held.append([message, None, at[0] + at[1] / 1e9])
@@ -172,40 +190,54 @@ class ApiLogReader:
     def _take(self, at: tuple[int, int]) -> None:
         """The position follows the line taken, back too when the node's clock stepped back."""
         if self.last is not None and at < self.last:
-            self.high = max(self.high or self.last, self.last)  # the step: lines up to `high` come again first
+            self.high = max(self.high or self.last, self.last)  # the step: the latest stamp taken, kept
+            back = self.last[0] - at[0]
+            if back > LOOKBACK_SECONDS and not self._said_step:
+                self._said_step = True
+                self.stats.read_errors += 1
+                self.stats.last_error = (
+                    f"the node's clock stepped back by {back} s, more than the {LOOKBACK_SECONDS} s a resumed request "
+                    "looks back: lines written right after the step may have been skipped by the kubelet"
+                )
+                log.warning("kubernetes: pod log: %s", self.stats.last_error)
         elif self.high is not None and at > self.high:
-            self.high = None  # the clock has passed the step: nothing older comes again
+            self.high = None  # the clock has passed the step
         if at == self.last:
             self.same += 1
         else:
             self.last, self.same = at, 1
 
-    def _repeat(self, at: tuple[int, int], previous: tuple[int, int] | None) -> bool:
-        """Taken before this stream: at its start, before the first line newer than where it resumed, a line older
-        than that, or one of the lines taken at exactly that time (the first `same` of them that come again); after
-        a step back of the node's clock, first the lines from before the step (up to `high`, until the stamps jump
-        back)."""
-        if self._replay is not None:
-            if (previous is None or at >= previous) and at <= self._replay:
-                return True
-            self._replay = None  # the jump back (or past the step): the lines after the step follow
-        resumed_at, resumed_same = self._resumed
-        if resumed_at is None or at > resumed_at:
-            self._resumed = (None, 0)  # a newer line came: whatever follows in this stream is new
+    def _repeat(self, at: tuple[int, int]) -> bool:
+        """Taken before this request: every line until the position comes again (the `same`-th line at exactly the
+        last stamp taken), or until a line later than every stamp taken (the position is gone from the file, which
+        rotated); none after, whatever its stamp (the node's clock may have stepped back since)."""
+        if self._resumed is None:
             return False
-        if at < resumed_at:
-            return True
-        self._seen_again += 1
-        return self._seen_again <= resumed_same
+        last, same, latest = self._resumed
+        if at > latest:
+            self._resumed = None  # past everything taken: this and what follows is new
+            return False
+        if at == last:
+            self._seen_again += 1
+            if self._seen_again >= same:
+                self._resumed, self._passed = None, True  # the position itself: what follows is new
+        return True
 
-    def new_stream(self) -> dict[str, str]:
-        """A stream (re)starts: what to ask from (`sinceTime`, or `sinceSeconds` for a pod read from now that has
-        written nothing yet); {} to read the container's log from its start."""
+    def new_stream(self, *, previous: bool = False, lookback: bool = True) -> dict[str, str]:
+        """A request (re)starts, of the previous container's log (`previous`) or of the current one's: what to ask
+        from (`sinceTime`, LOOKBACK_SECONDS before the position unless `lookback` is False, or `sinceSeconds` for a
+        pod read from now that has written nothing yet); {} to read the container's log from its start."""
         with self._lock:
-            self._resumed, self._seen_again, self._previous = (self.last, self.same), 0, None
-            self._replay = self.high if self.last is not None and self.high is not None else None
+            # The previous container's request, just read, held the position: the current container's lines all
+            # come after it.
+            after_position = not previous and self._request_previous and self._passed
+            self._request_previous, self._passed, self._seen_again = previous, False, 0
+            self._resumed = None
+            if self.last is not None and not after_position:
+                self._resumed = (self.last, self.same, max(self.last, self.high or self.last))
             if self.last is not None:
-                return {"sinceTime": since_time(self.last)}
+                at = (max(0, self.last[0] - LOOKBACK_SECONDS), 0) if lookback else self.last
+                return {"sinceTime": since_time(at)}
             if self._from_now is not None:
                 return {"sinceSeconds": str(max(1, math.ceil(time.monotonic() - self._from_now)))}
             return {}

@@ -2,8 +2,9 @@
 
 One stream per engine container (`follow=true&timestamps=true`), on the event loop; its lines go to the target's
 `ApiLogReader` (events/api_log.py), which drops what a resumed stream repeats. The stream ends when the container
-stops, when the kubelet cuts it (after hours), or when the connection drops: it is asked again from the last
-second read (`sinceTime`). Before each stream the previous container's log is read from there too
+stops, when the kubelet cuts it (after hours), or when the connection drops: it is asked again from an hour before
+the last line read (`sinceTime`: the kubelet skips the lines stamped before it, and a node's clock may step back;
+events/api_log.py). Before each stream the previous container's log is read from there too
 (`previous=true`): a container that died while no stream was open (its last lines, a crash's traceback among
 them, are only there) is read once, before its successor; where there was no restart its lines are all repeats.
 The pod's status is not needed for this, and may lag the new container's first lines anyway. Only the last
@@ -18,7 +19,9 @@ RLIMIT_NOFILE, descriptors.py) before it opens, with the previous container's re
 it ends. A follower refused one waits for a slot and, meanwhile, reads its log by turns: every TURN_SECONDS, one
 short request without `follow` (the API sends what there is from the position and ends it), the previous
 container's first, each within the budget's few short reads at once. The same position and resume as a stream's,
-so nothing is lost and nothing counted twice: the lines come up to TURN_SECONDS (and the queue of turns) late. This
+so nothing is lost and nothing counted twice: the lines come up to TURN_SECONDS (and the queue of turns) late; a
+turn looks back the hour only after a turn that brought no new line (a node's clock that stepped back makes a log
+look quiet), so that a busy log is not sent an hour again every 10 s. This
 was chosen over only waiting for a slot: the slots come free when streams end (a container stopped, or renewed after
 STREAM_MAX_SECONDS), so a follower only waiting would read nothing for half an hour, and a container restarted twice
 meanwhile would lose its first life's end (the kubelet keeps one previous container).
@@ -50,7 +53,7 @@ class LogSink(Protocol):
 
     def offer(self, line: str) -> bool: ...
 
-    def new_stream(self) -> dict[str, str]: ...
+    def new_stream(self, *, previous: bool = False, lookback: bool = True) -> dict[str, str]: ...
 
     def ok(self) -> None: ...
 
@@ -81,6 +84,7 @@ class PodLogFollower:
         self.streams = 0  # streams opened (for the tests: a resume is seen)
         self.turns = 0  # short reads made while waiting for a stream
         self._said_forbidden = False
+        self._quiet_turn = True  # the last turn brought no new line: the next looks back the hour
 
     async def run(self) -> None:
         retry = RETRY_FIRST_SECONDS
@@ -128,9 +132,11 @@ class PodLogFollower:
                 if ticket.granted:
                     return
                 self.turns += 1
+                lookback, self._quiet_turn = self._quiet_turn, True
                 try:
-                    await self._catch_up(TURN_MAX_SECONDS)
-                    await self._read(TURN_MAX_SECONDS)
+                    taken = await self._catch_up(TURN_MAX_SECONDS, lookback=lookback)
+                    taken += await self._read(TURN_MAX_SECONDS, lookback=lookback)
+                    self._quiet_turn = taken == 0
                 except TimeoutError:
                     self.reader.error(f"GET {self.path}: no end within {TURN_MAX_SECONDS:g}s")
                 except ApiError as exc:
@@ -139,16 +145,18 @@ class PodLogFollower:
             if await ticket.wait(self.turn_seconds):
                 return
 
-    async def _catch_up(self, seconds: float | None = None) -> None:
-        """The previous container's lines after the position: a container that ended while no stream was open."""
+    async def _catch_up(self, seconds: float | None = None, *, lookback: bool = True) -> int:
+        """The previous container's lines after the position: a container that ended while no stream was open; how
+        many were new."""
         seconds = self.stream_max_seconds if seconds is None else seconds
         try:
-            await self._read(seconds, previous="true")
+            return await self._read(seconds, lookback=lookback, previous="true")
         except TimeoutError:
             self.reader.error(f"GET {self.path} (previous): no end within {seconds:g}s")
         except ApiError as exc:
             if exc.status != 400:  # 400: no previous container (none restarted yet): nothing to read
                 raise
+        return 0
 
     async def _follow(self) -> bool:
         """One stream, until it ends; whether to ask again at once: it brought new lines (it ended as streams
@@ -166,10 +174,11 @@ class PodLogFollower:
             log.debug("kubernetes: %s: %s", self.path, exc)
             return False
 
-    async def _read(self, seconds: float, **query: str) -> int:
-        """One request from the position (`sinceTime`, `sinceSeconds`), within `seconds`; the lines that were not
-        repeats."""
-        params = {"container": self.container, "timestamps": "true", **query, **self.reader.new_stream()}
+    async def _read(self, seconds: float, *, lookback: bool = True, **query: str) -> int:
+        """One request from the position (`sinceTime`, an hour before it unless not `lookback`; `sinceSeconds`),
+        within `seconds`; the lines that were not repeats."""
+        since = self.reader.new_stream(previous=query.get("previous") == "true", lookback=lookback)
+        params = {"container": self.container, "timestamps": "true", **query, **since}
         taken = 0
         async with asyncio.timeout(seconds):
             async for line in self.client.log_lines(self.path, params, MAX_LINE_BYTES):
