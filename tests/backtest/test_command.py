@@ -47,7 +47,7 @@ def test_the_json_report(everything: dict) -> None:
     [oom] = report["ooms"]
     assert oom["gpu"] == "3" and oom["first_page"]["alert"] == "OomGuardGpuMemoryExhaustedSoon"
     assert oom["first_page"]["lead_seconds"] > 10 * 60
-    assert report["summary"] == {"ooms": 1, "incidents": 1, "incidents_paged_before": 1,
+    assert report["summary"] == {"ooms": 1, "incidents": 1, "unforeseeable": 0, "incidents_paged_before": 1,
                                  "median_first_page_lead_seconds": oom["first_page"]["lead_seconds"]}  # fmt: skip
     assert report["outside_incidents"]["pages"] == 0
     assert report["outside_incidents"]["gpu_days"] == pytest.approx(4 * 3 / 24, rel=0.01)

@@ -29,7 +29,7 @@ def test_a_csv_history_is_read_a_step_at_a_time(tmp_path: Path) -> None:
     assert len(found) == 24 and all(len(s.gpus) == 2 for s in found)
     first = found[0]
     assert first.t == T0 and first.gpus[0].gpu == "0" and first.gpus[0].node == "node-1"
-    assert first.gpus[0].total == 85e9 and first.gpus[0].target == "vllm-0"
+    assert first.gpus[0].total == 85e9 and first.gpus[0].targets == ["vllm-0"]
     assert first.engines["vllm-0"].gpu_memory_utilization == 0.9 and first.engines["vllm-0"].running == 5
     assert not history.problems.lines()
 

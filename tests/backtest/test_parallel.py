@@ -81,10 +81,10 @@ def test_and_the_same_coverage(reports: tuple[Report, Report]) -> None:
 
 def test_an_engine_and_its_gpus_go_to_one_worker() -> None:
     dealer = Dealer(2)
-    step = Step(T0, [GpuRow("n", "0", target="tp"), GpuRow("n", "1", target="tp"), GpuRow("n", "2"),
-                     GpuRow("n", "3", target="b")])  # fmt: skip
+    step = Step(T0, [GpuRow("n", "0", targets=["tp"]), GpuRow("n", "1", targets=["tp"]), GpuRow("n", "2"),
+                     GpuRow("n", "3", targets=["b"])])  # fmt: skip
     parts = dealer.deal(step)
     assert [[g.gpu for g in part.gpus] for part in parts] == [["0", "1", "3"], ["2"]]
     # Later, GPU 2 gets an engine: it stays with its worker, and so does the engine.
-    later = dealer.deal(Step(T0 + 15, [GpuRow("n", "2", target="c")]))
+    later = dealer.deal(Step(T0 + 15, [GpuRow("n", "2", targets=["c"])]))
     assert [len(part.gpus) for part in later] == [0, 1]

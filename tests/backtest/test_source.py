@@ -105,7 +105,7 @@ async def test_the_dcgm_preset_reads_the_gpus_and_the_engines_on_them(stand_in) 
     first = steps[0]
     by_gpu = {g.gpu: g for g in first.gpus}
     assert by_gpu["0"].node == "node-1" and by_gpu["0"].used == 72_000 * MIB and by_gpu["0"].free == 9_000 * MIB
-    assert by_gpu["0"].target == "llm/vllm-0" and by_gpu["1"].target == ""
+    assert by_gpu["0"].targets == ["llm/vllm-0"] and by_gpu["1"].targets == []
     engine = first.engines["llm/vllm-0"]
     assert (engine.kv_cache_usage, engine.waiting, engine.running, engine.preemptions_total) == (0.5, 2, 7, 3)
     assert engine.gpu_memory_utilization == 0.9  # a label of vllm:cache_config_info

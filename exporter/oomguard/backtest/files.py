@@ -2,8 +2,9 @@
 
 One row is one GPU at one time: `time`, `gpu` (and `node`), `used_bytes` with `total_bytes` or `free_bytes` (or the
 same in MiB, `used_mib`...), optionally `reserved_bytes`, the engine using it (`target`) and that engine's figures
-(`kv_cache_usage`, `waiting`, `running`, `preemptions_total`, `gpu_memory_utilization`, `engine`, `state`). Rows of
-the same time are one reading of the fleet; times must not go back (a row whose time does, a clock step, is
+(`kv_cache_usage`, `waiting`, `running`, `preemptions_total`, `gpu_memory_utilization`, `engine`, `state`,
+`sleep_state`). Rows of the same time are one reading of the fleet (a GPU shared by several engines: a row each);
+times must not go back (a row whose time does, a clock step, is
 dropped and counted, as Prometheus drops an out-of-order sample).
 
 The file is streamed: read a row at a time, never whole, within MAX_FILE_BYTES (of text, after decompression) and
@@ -27,6 +28,7 @@ from oomguard.backtest.history import (
     ENGINE_FIGURES,
     ENGINE_SETTINGS,
     RATIO_FIGURES,
+    SLEEP_STATE_NAMES,
     TARGET_STATES,
     EngineRow,
     GpuRow,
@@ -55,7 +57,7 @@ _ALIASES = {
     "time": "time", "timestamp": "time", "t": "time",
     "node": "node", "hostname": "node", "host": "node",
     "gpu": "gpu", "gpu_index": "gpu", "index": "gpu", "uuid": "gpu",
-    "target": "target", "engine": "engine", "state": "state",
+    "target": "target", "engine": "engine", "state": "state", "sleep_state": "sleep_state",
 }  # fmt: skip
 KNOWN_COLUMNS = (*_ALIASES, *_MEMORY, *ENGINE_FIGURES, *ENGINE_SETTINGS)
 
@@ -236,8 +238,16 @@ class FileHistory:
             if gpu is not None:
                 key = (gpu.node, gpu.gpu)
                 if key in seen:
-                    self.problems.duplicates += 1
-                    step.gpus[seen[key]] = gpu
+                    held = step.gpus[seen[key]]
+                    if gpu.targets and gpu.targets[0] not in held.targets and held.targets:
+                        # Another engine on the same GPU (a shared GPU: a row each): the GPU's figures are one.
+                        target = gpu.targets[0]
+                        held.add_target(target, gpu.engine_used.get(target))
+                        if (gpu.used, gpu.total, gpu.free) != (held.used, held.total, held.free):
+                            self.problems.disagreeing += 1
+                    else:
+                        self.problems.duplicates += 1
+                        step.gpus[seen[key]] = gpu
                 else:
                     if len(step.gpus) >= MAX_ROWS_A_STEP:
                         raise _fix(
@@ -279,6 +289,7 @@ class FileHistory:
         node = _text(next((row[k] for k in plan.node if row[k] not in (None, "")), None))
         gpu = GpuRow(node=node if len(node) <= 120 else excerpt(node, 120),
                      gpu=gpu_name if len(gpu_name) <= 120 else excerpt(gpu_name, 120))  # fmt: skip
+        engine_used = None
         for column, figure, factor in plan.memory:
             raw = row[column]
             if raw is None or raw == "":
@@ -287,7 +298,10 @@ class FileHistory:
             if value is None:
                 self._bad(column, raw, line)
                 continue
-            setattr(gpu, figure, value * factor)
+            if figure == "engine_used":
+                engine_used = value * factor
+            else:
+                setattr(gpu, figure, value * factor)
         figures: dict[str, float] = {}
         for name in plan.figures:
             raw = row[name]
@@ -303,12 +317,18 @@ class FileHistory:
         state = _text(row["state"]).lower() if plan.state else ""
         if state and state not in TARGET_STATES:
             raise _fix(self.path, line, f"state {excerpt(state, 40)!r}: one of {', '.join(TARGET_STATES)}, or empty")
+        sleep = _text(row["sleep_state"]).lower() if plan.sleep else ""
+        if sleep:
+            if sleep not in SLEEP_STATE_NAMES:
+                raise _fix(self.path, line, f"sleep_state {excerpt(sleep, 40)!r}: one of awake, weights_offloaded, "
+                                            "discard_all (or the sleep level 0, 1, 2), or empty")  # fmt: skip
+            sleep = SLEEP_STATE_NAMES[sleep]
         engine = None
         if figures or target or state:
             target = target or (f"{node}/{gpu_name}" if node else f"gpu{gpu_name}")
-            gpu.target = target
+            gpu.add_target(target, engine_used)
             name = (_text(row["engine"]) if plan.engine else "") or "vllm"
-            engine = EngineRow(target=target, engine=name, state=state, **figures)
+            engine = EngineRow(target=target, engine=name, state=state, sleep_state=sleep, **figures)
         return gpu, engine
 
     def _bad(self, column: str, raw: Any, line: int) -> None:
@@ -323,7 +343,7 @@ class FileHistory:
 class _Plan:
     """A set of columns' roles: the names of each alias present, the memory columns with their unit, the figures."""
 
-    __slots__ = ("engine", "figures", "gpu", "memory", "node", "state", "target", "time")
+    __slots__ = ("engine", "figures", "gpu", "memory", "node", "sleep", "state", "target", "time")
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         present = set(keys)
@@ -334,6 +354,7 @@ class _Plan:
         self.memory = tuple((n, figure, factor) for n, (figure, factor) in _MEMORY.items() if n in present)
         self.figures = tuple(n for n in (*ENGINE_FIGURES, *ENGINE_SETTINGS) if n in present)
         self.target, self.state, self.engine = ("target" in present, "state" in present, "engine" in present)
+        self.sleep = "sleep_state" in present
 
 
 def _text(value: Any) -> str:

@@ -22,6 +22,12 @@ RATIO_FIGURES = ("kv_cache_usage", "gpu_memory_utilization")
 # An engine's settings as started (oomguard_engine_setting), which ConcurrencyOverKvCache reads.
 ENGINE_SETTINGS = ("max_num_seqs",)
 TARGET_STATES = ("up", "loading", "down")
+# The figures an engine gives only while it serves (its /metrics answers once loaded).
+LIVE_FIGURES = ("kv_cache_usage", "waiting", "running", "preemptions_total")
+# vLLM's sleep state as a history may give it: its `vllm:engine_sleep_state` label, or the sleep level (0 awake, 1
+# weights offloaded, 2 everything discarded).
+SLEEP_STATE_NAMES = {"awake": "awake", "0": "awake", "weights_offloaded": "weights_offloaded",
+                     "1": "weights_offloaded", "discard_all": "discard_all", "2": "discard_all"}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -34,10 +40,18 @@ class GpuRow:
     total: float | None = None
     free: float | None = None
     reserved: float | None = None  # the driver's and firmware's (NVML v2, DCGM_FI_DEV_FB_RESERVED), not an engine's
-    target: str = ""  # the engine using it ("" none known)
-    # What the engine's own processes hold on it (NVML's per-process list): None where the history cannot tell (as
-    # with dcgm-exporter), and then everything on the GPU counts as the engine's.
-    engine_used: float | None = None
+    # The engines using it, none known: []. Several share a GPU (two vLLMs at 0.45 each): each is its own row of a
+    # file (the same time and GPU) or its own series in Prometheus (dcgm-exporter labels a shared GPU with each pod).
+    targets: list[str] = field(default_factory=list)
+    # What each engine's own processes hold on it (NVML's per-process list), by target: where the history cannot
+    # tell (dcgm-exporter), everything on the GPU beyond the reservations counts as its engines'.
+    engine_used: dict[str, float] = field(default_factory=dict)
+
+    def add_target(self, target: str, engine_used: float | None = None) -> None:
+        if target and target not in self.targets:
+            self.targets.append(target)
+        if target and engine_used is not None:
+            self.engine_used[target] = engine_used
 
 
 @dataclass(slots=True)
@@ -46,7 +60,8 @@ class EngineRow:
 
     target: str
     engine: str = "vllm"
-    state: str = ""  # up, loading, down; "" : up where it gives figures, else down
+    state: str = ""  # up, loading, down; "" : not told (replay.py infers a load, else up where it gives figures)
+    sleep_state: str = ""  # vLLM's sleep mode (model.SLEEP_STATES); "" : not told
     kv_cache_usage: float | None = None
     waiting: float | None = None
     running: float | None = None
@@ -56,6 +71,10 @@ class EngineRow:
 
     def has_figures(self) -> bool:
         return any(getattr(self, name) is not None for name in ENGINE_FIGURES)
+
+    def serving(self) -> bool:
+        """Figures only a serving engine's /metrics gives (its reservation alone may come from its command line)."""
+        return any(getattr(self, name) is not None for name in LIVE_FIGURES)
 
 
 @dataclass(slots=True)
@@ -73,7 +92,8 @@ class Problems:
 
     out_of_order: int = 0  # rows whose time went back (a clock stepped back): dropped, as Prometheus drops them
     first_out_of_order: str = ""
-    duplicates: int = 0  # a GPU twice in one step: the last one kept
+    duplicates: int = 0  # a GPU twice in one step for the same engine (or none): the last one kept
+    disagreeing: int = 0  # a shared GPU's rows of one time with other memory figures: the first one's kept
     rejected: dict[str, int] = field(default_factory=dict)  # column -> values that were no reading (NaN, < 0, > 1)
     ignored_columns: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
@@ -90,8 +110,13 @@ class Problems:
             )
         if self.duplicates:
             out.append(
-                f"{self.duplicates:,} {_rows(self.duplicates)} named a GPU already read at the same time: "
-                "the last one kept"
+                f"{self.duplicates:,} {_rows(self.duplicates)} named a GPU already read at the same time for the same "
+                "engine: the last one kept"
+            )
+        if self.disagreeing:
+            out.append(
+                f"{self.disagreeing:,} {_rows(self.disagreeing)} of a GPU shared by several engines gave other memory "
+                "figures than the GPU's first row of the same time: the first row's kept"
             )
         for column, n in sorted(self.rejected.items()):
             out.append(

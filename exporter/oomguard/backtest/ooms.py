@@ -1,11 +1,14 @@
 """The OOMs the alerts are judged against: a file (from logs, Kubernetes events, by hand), or oomguard's own events.
 
 The file: one OOM a line, its time first (Unix seconds or RFC 3339), then optionally where it happened, as
-`gpu=3`, `node=gpu-node-7`, `target=vllm-llama` (or bare: the GPU, then the node). `#` starts a comment.
+`gpu=3`, `node=gpu-node-7`, `target=vllm-llama` (or bare: the GPU, then the node), and the word `unforeseeable` for
+an OOM no monitor could have seen coming (one allocation far beyond any before it): it is not counted among the
+incidents to page ahead of, and a page in the hour before it is a page for nothing. `#` starts a comment.
 
     2024-05-01T12:03:00Z gpu=3 node=gpu-node-7
     1714565000 3 gpu-node-7
     2024-05-02T08:00:00+02:00 target=vllm-llama
+    2024-05-03T17:40:00Z gpu=1 node=gpu-node-2 unforeseeable   # a 200k-token prompt
 
 An OOM with no place is the whole fleet's: every alert is judged against it.
 """
@@ -22,6 +25,7 @@ from oomguard.common.excerpt import excerpt
 
 MAX_FILE_BYTES = 16 * 1024**2  # a million OOMs is no incident list
 MAX_LINE_BYTES = 4096
+UNFORESEEABLE = "unforeseeable"  # the word that marks an OOM so
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class Oom:
     node: str = ""
     target: str = ""
     source: str = ""  # where it was read: "file line 3", "oomguard_target_events_total"
+    unforeseeable: bool = False  # no monitor could have seen it coming: nothing is expected to page before it
 
     def place(self) -> str:
         parts = [f"GPU {self.gpu}" if self.gpu else "", f"node {self.node}" if self.node else "",
@@ -61,10 +66,16 @@ def read_ooms(path: Path) -> list[Oom]:
         try:
             t = parse_time(fields[0], "time")
         except BacktestError as exc:
-            raise BacktestError(f"{path} line {number}: {exc}; a line is `TIME [gpu=G] [node=N] [target=T]`") from None
+            raise BacktestError(
+                f"{path} line {number}: {exc}; a line is `TIME [gpu=G] [node=N] [target=T] [unforeseeable]`"
+            ) from None
         places: dict[str, str] = {}
         bare = []
+        unforeseeable = False
         for field in fields[1:]:
+            if field.lower() == UNFORESEEABLE:
+                unforeseeable = True
+                continue
             key, eq, value = field.partition("=")
             if eq:
                 if key not in ("gpu", "node", "target"):
@@ -80,6 +91,6 @@ def read_ooms(path: Path) -> list[Oom]:
             )
         for key, value in zip(("gpu", "node"), bare, strict=False):
             places.setdefault(key, value)
-        out.append(Oom(t, source=f"{path.name} line {number}", **places))
+        out.append(Oom(t, source=f"{path.name} line {number}", unforeseeable=unforeseeable, **places))
     out.sort(key=lambda o: o.t)
     return out

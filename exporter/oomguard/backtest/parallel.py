@@ -61,7 +61,9 @@ class Dealer:
         parts = [Step(step.t) for _ in range(self.jobs)]
         for row in step.gpus:
             gpu = f"gpu:{row.node}/{row.gpu}"
-            worker = self._worker(f"engine:{row.target}", gpu) if row.target else self._worker(gpu)
+            # A GPU goes with its engines (several on a shared GPU: the first one's worker takes them all).
+            keys = [f"engine:{target}" for target in row.targets]
+            worker = self._worker(*keys, gpu) if keys else self._worker(gpu)
             parts[worker].gpus.append(row)
         for name, engine in step.engines.items():
             parts[self._worker(f"engine:{name}")].engines[name] = engine
@@ -205,6 +207,8 @@ def merge(summaries: list[ReplaySummary]) -> ReplaySummary:
         targets=targets,
         samples=sum(s.samples for s in summaries),
         trend_errors=sum(s.trend_errors for s in summaries),
+        loads_inferred=sum(s.loads_inferred for s in summaries),
+        engines_inferred=set().union(*(s.engines_inferred for s in summaries)),
     )
 
 

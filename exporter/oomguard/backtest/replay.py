@@ -27,11 +27,12 @@ import psutil
 
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import EngineRow, GpuRow, Step
+from oomguard.backtest.loading import LoadInference
 from oomguard.exporter import exposition
 from oomguard.exporter.exposition import engine, events, gpu, health, joined, trend
 from oomguard.exporter.exposition.encoder import Exposition
 from oomguard.exporter.exposition.spec import MetricSpec
-from oomguard.exporter.join import join_gpus, join_targets
+from oomguard.exporter.join import join_gpus, join_targets, reservation
 from oomguard.exporter.model import (
     GPU_SOURCES,
     EngineReading,
@@ -102,6 +103,8 @@ class ReplaySummary:
     targets: dict[str, set[GpuKey]]  # each engine's GPUs, over the history
     samples: int  # samples written
     trend_errors: int
+    loads_inferred: int = 0  # loads inferred where the history has no state (loading.py)
+    engines_inferred: set[str] = field(default_factory=set)  # the engines they were inferred for
 
 
 class SeriesFilter:
@@ -295,6 +298,8 @@ class Replay:
         self.steps = 0
         self.start = self.end = 0.0
         self.lookback = lookback
+        self.loads = LoadInference(lookback)
+        self._reported: dict[str, float] = {}  # each engine's reservation as it last reported it
 
     # -- one step -------------------------------------------------------------------------------------
     def _gpu_index(self, node: str, name: str) -> tuple[int, int | None]:
@@ -325,10 +330,10 @@ class Replay:
         if total is not None and total <= 0:
             total = None
         processes = None
-        if row.target and row.engine_used is not None:
-            # NVML's per-process list as the node agent reads it: the engine's process with its bytes; the rest of the
-            # GPU's use is everyone else's.
-            processes = (GpuProcess(self._pid(row.target), row.target, row.engine_used),)
+        if row.engine_used:
+            # NVML's per-process list as the node agent reads it: each engine's process with its bytes; the rest of
+            # the GPU's use is everyone else's.
+            processes = tuple(GpuProcess(self._pid(target), target, used) for target, used in row.engine_used.items())
         return GpuReading(
             index=index,
             up=True,
@@ -338,7 +343,7 @@ class Replay:
             reserved_bytes=reserved,
             processes=processes,
             node=row.node,
-            pods=((NAMESPACE, row.target),) if row.target else (),
+            pods=tuple((NAMESPACE, target) for target in row.targets),
             mig=MigInstance("", instance) if instance is not None else None,
         )
 
@@ -351,9 +356,13 @@ class Replay:
     def _target(self, engine: EngineRow, nodes: list[str], own: bool = False) -> TargetReading:
         figures = engine.has_figures()
         state = engine.state or ("up" if figures else "down")
+        if engine.gpu_memory_utilization is not None:
+            self._reported[engine.target] = engine.gpu_memory_utilization
         reading = None
         settings = {}
         told = engine.gpu_memory_utilization if state == "loading" else None
+        if told is None and state == "loading" and engine.target in self.loads.inferred:
+            told = self._reported.get(engine.target)  # its command line's, as it reported it the life before
         if told is None:
             told = self.default_utilization
         if told is not None:
@@ -369,7 +378,8 @@ class Replay:
                 requests_running=engine.running,
                 preemptions_total=engine.preemptions_total,
             )
-            reading = EngineReading(models=(model,), memory_utilization_ratio=engine.gpu_memory_utilization)
+            reading = EngineReading(models=(model,), memory_utilization_ratio=engine.gpu_memory_utilization,
+                                    sleep_state=engine.sleep_state or None)  # fmt: skip
         node = nodes[0] if nodes else ""
         members = tuple(PodRef(NAMESPACE, engine.target, "", node=other) for other in nodes[1:])
         pod = PodRef(NAMESPACE, engine.target, "", node=node, members=members)
@@ -394,19 +404,19 @@ class Replay:
         gpus = tuple(self._reading(row) for row in step.gpus)
         engines = dict(step.engines)
         nodes_of: dict[str, list[str]] = {}
-        own = {row.target for row in step.gpus if row.target and row.engine_used is not None}
+        own = {target for row in step.gpus for target in row.engine_used}
         for row in step.gpus:
-            if row.target:
-                nodes = nodes_of.setdefault(row.target, [])
+            for target in row.targets:
+                nodes = nodes_of.setdefault(target, [])
                 if row.node not in nodes:
                     nodes.append(row.node)
-                engines.setdefault(row.target, EngineRow(row.target))
+                engines.setdefault(target, EngineRow(target))
         if self.default_utilization is not None:
             # A GPU with no engine named on it is given one, so that the reservation told holds for it too.
-            bare = [(row, gpu) for row, gpu in zip(step.gpus, gpus, strict=True) if not row.target]
+            bare = [(row, gpu) for row, gpu in zip(step.gpus, gpus, strict=True) if not row.targets]
             if bare:
                 gpus = tuple(
-                    replace(gpu, pods=((NAMESPACE, _bare_name(row)),)) if not row.target else gpu
+                    replace(gpu, pods=((NAMESPACE, _bare_name(row)),)) if not row.targets else gpu
                     for row, gpu in zip(step.gpus, gpus, strict=True)
                 )
                 for row, _ in bare:
@@ -415,6 +425,7 @@ class Replay:
                     nodes_of.setdefault(name, [row.node])
         if len(self.targets) + len(engines) > MAX_TARGETS and any(n not in self.targets for n in engines):
             raise BacktestError(f"more than {MAX_TARGETS:,} engines in the history: backtest a part of it at a time")
+        engines = self.loads.infer(step, engines)
         targets = tuple(self._target(engine, nodes_of.get(name, []), name in own) for name, engine in engines.items())
         return NvmlReading(up=True, gpus=gpus), targets
 
@@ -499,12 +510,18 @@ class Replay:
             targets=self.targets,
             samples=self.samples,
             trend_errors=self.tracker.errors_total,
+            loads_inferred=self.loads.spells,
+            engines_inferred=set(self.loads.engines),
         )
 
     def _set(self, step: Step, prepared: tuple[NvmlReading, tuple[TargetReading, ...]]) -> None:
         nvml, targets = prepared
         self._nvml.reading = nvml
-        self._views = [TargetView(t.name, (), None, t.state, False, t.pod) for t in targets]
+        self._views = [
+            TargetView(t.name, (), None, t.state, t.engine_reading is not None and t.engine_reading.asleep, t.pod,
+                       reservation(t))
+            for t in targets
+        ]  # fmt: skip
 
     def _publish(self, t: float, nvml: NvmlReading, targets: tuple[TargetReading, ...]) -> None:
         """The step's snapshot as a scrape's collection makes it, its exposition filtered and emitted."""

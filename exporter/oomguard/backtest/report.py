@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from oomguard.backtest import BacktestError
+from oomguard.backtest.notifications import Notifications
 from oomguard.backtest.ooms import Oom
 from oomguard.backtest.replay import ReplaySummary
 from oomguard.backtest.rules import Episode
@@ -45,8 +46,9 @@ class Lead:
 @dataclass
 class OomResult:
     oom: Oom
-    leads: list[Lead]  # each alert's earliest firing before the OOM (since the OOM before it, within the window)
+    leads: list[Lead]  # each alert's earliest firing counted for the OOM (judge's rules)
     relapse_of: Oom | None = None  # within `after` of an earlier OOM of its place: that incident's relapse
+    early: list[Lead] = field(default_factory=list)  # pages that fired before the incident and still fired: outside
 
     @property
     def first_page(self) -> Lead | None:
@@ -69,6 +71,9 @@ class Outcome:
     false_pages: int
     false_tickets: int
     gpu_days: float
+    flapping_pages: int = 0  # of the false pages, those that were the same alert firing again within 10 minutes
+    flapping_tickets: int = 0
+    unforeseeable: int = 0  # incidents marked unforeseeable (not among `incidents`)
 
     @property
     def false_pages_per_gpu_day(self) -> float | None:
@@ -98,6 +103,7 @@ class Report:
     plots: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     episodes: dict[str, list[Episode]] = field(default_factory=dict)  # every alert's, fired or pending only
+    notifications: Notifications | None = None  # what the shipped routing would have sent (notifications.py)
 
     # -- text -----------------------------------------------------------------------------------------
     def text(self) -> str:
@@ -120,17 +126,22 @@ class Report:
         else:
             o = self.outcome
             lead = f", a median {_minutes(o.median_page_lead)} ahead" if o.median_page_lead is not None else ""
+            unforeseeable = f" ({o.unforeseeable} more marked unforeseeable)" if o.unforeseeable else ""
             lines.append(
-                f"OOMs: {o.ooms} in {o.incidents} incident{'s' * (o.incidents != 1)}, paged before their first OOM: "
-                f"{o.paged} of {o.incidents}{lead}"
+                f"OOMs: {o.ooms} in {o.incidents} incident{'s' * (o.incidents != 1)}{unforeseeable}, paged within the "
+                f"hour before their first OOM: {o.paged} of {o.incidents}{lead}"
             )
         for result in self.ooms:
             page = result.first_page
             head = f"  {_time(result.oom.t)}  {result.oom.place()}: "
             if result.relapse_of is not None:
                 head += f"(a relapse, {_minutes(result.oom.t - result.relapse_of.t)} after the OOM before it) "
+            if result.oom.unforeseeable:
+                head += "(unforeseeable: a page before it counts as one for nothing) "
             if page is not None:
                 head += f"paged {_minutes(page.lead_seconds)} before ({page.alert})"
+            elif result.early:
+                head += "paged only long before (counted outside incidents)"
             elif any(lead.receiver for lead in result.leads):
                 head += "no page before it, only tickets"
             elif result.leads:
@@ -141,15 +152,24 @@ class Report:
             # Info alerts reach no one (the JSON has them): the lines are what would have reached someone.
             for lead in sorted((x for x in result.leads if x.receiver), key=lambda lead: -lead.lead_seconds):
                 lines.append(f"      {lead.alert:<36} {lead.receiver:<7} {_minutes(lead.lead_seconds)} before")
+            for lead in sorted(result.early, key=lambda lead: -lead.lead_seconds):
+                lines.append(f"      {lead.alert:<36} {lead.receiver:<7} {_minutes(lead.lead_seconds)} before: early, "
+                             "counted outside incidents")  # fmt: skip
         o = self.outcome
         lines += ["", f"Outside incidents ({o.gpu_days:.2f} GPU-days judged):"]
-        for receiver, count, rate in (
-            ("pages", o.false_pages, o.false_pages_per_gpu_day),
-            ("tickets", o.false_tickets, o.false_tickets_per_gpu_day),
+        for receiver, count, rate, flapping in (
+            ("pages", o.false_pages, o.false_pages_per_gpu_day, o.flapping_pages),
+            ("tickets", o.false_tickets, o.false_tickets_per_gpu_day, o.flapping_tickets),
         ):
-            by = _count_by_alert([e for e in self.false_alarms if e.receiver == receiver.rstrip("s")])
+            mine = [e for e in self.false_alarms if e.receiver == receiver.rstrip("s")]
+            by = _count_by_alert([e for e in mine if not e.flap])
             per = f" ({rate:.2f} per GPU-day)" if rate is not None else ""
-            lines.append(f"  {receiver}: {count}{per}" + (f": {by}" if by else ""))
+            lines.append(f"  {receiver}: {count}{per}" + (f", first firings: {by}" if by else ""))
+            if flapping:
+                lines.append(f"    of them {flapping} flaps (fired again within {FLAP_SECONDS / 60:.0f} min of "
+                             f"resolving): {_count_by_alert([e for e in mine if e.flap])}")  # fmt: skip
+        if self.notifications is not None:
+            lines += ["", *self.notifications.text()]
         never = [c for c in s.gpus.values() if c.measured == 0]
         total_only = [c for c in s.gpus.values() if c.measured and not c.headroom]
         if never:
@@ -192,9 +212,11 @@ class Report:
                     "target": r.oom.target,
                     "source": r.oom.source,
                     "relapse_of": None if r.relapse_of is None else r.relapse_of.t,
+                    "unforeseeable": r.oom.unforeseeable,
                     "first_page": _lead(r.first_page),
                     "first_alert": _lead(r.first_alert),
                     "alerts": [_lead(lead) for lead in sorted(r.leads, key=lambda lead: -lead.lead_seconds)],
+                    "early_pages": [_lead(lead) for lead in sorted(r.early, key=lambda lead: -lead.lead_seconds)],
                 }
                 for r in self.ooms
             ],
@@ -204,11 +226,24 @@ class Report:
                 "pages_per_gpu_day": o.false_pages_per_gpu_day,
                 "tickets": o.false_tickets,
                 "tickets_per_gpu_day": o.false_tickets_per_gpu_day,
+                "flapping_pages": o.flapping_pages,
+                "flapping_tickets": o.flapping_tickets,
                 "alerts": [_episode(e) for e in self.false_alarms],
             },
+            "notifications": None if self.notifications is None else self.notifications.json(),
+            # Every episode that fired, each with how it was counted: a lead of the OOM at `oom`, its aftermath, an
+            # early page before it, or outside incidents.
+            "episodes": [
+                _episode(e)
+                for e in sorted(
+                    (e for eps in self.episodes.values() for e in eps if e.fired_at is not None),
+                    key=lambda e: (e.fired_at, e.alert),
+                )
+            ],
             "summary": {
                 "ooms": o.ooms,
                 "incidents": o.incidents,
+                "unforeseeable": o.unforeseeable,
                 "incidents_paged_before": o.paged,
                 "median_first_page_lead_seconds": o.median_page_lead,
             },
@@ -250,7 +285,8 @@ def _lead(lead: Lead | None) -> dict[str, Any] | None:
 
 def _episode(e: Episode) -> dict[str, Any]:
     return {"alert": e.alert, "receiver": e.receiver, "severity": e.severity, "active_at": e.active_at,
-            "fired_at": e.fired_at, "resolved_at": e.resolved_at, "labels": e.labels}  # fmt: skip
+            "fired_at": e.fired_at, "resolved_at": e.resolved_at, "counted_as": e.counted_as, "oom": e.oom,
+            "flap": e.flap, "labels": e.labels}  # fmt: skip
 
 
 def _count_by_alert(episodes: list[Episode]) -> str:
@@ -315,47 +351,81 @@ class Places:
         return bool(mine & oom_keys)
 
 
+FLAP_SECONDS = 600.0  # an alert that fires again this soon after resolving, on the same series, is a flap
+
+
 def judge(
     episodes: dict[str, list[Episode]], ooms: list[Oom], summary: ReplaySummary, window: Window
 ) -> tuple[list[OomResult], list[Episode], Outcome]:
-    """Each OOM's leads: the alerts of its place that fired since the OOM before it there (a relapse's warning is
-    what fired after the last death, not the first incident's page again), and at most `window.before` ahead. An
-    OOM within `window.after` of an earlier one of its place is that incident's relapse: the incident's paging is
+    """Each episode counted once: as a warning of an OOM (a lead), as its aftermath, or as an alarm for nothing.
+
+    - A page is an OOM's lead where it fired within `window.before` ahead of it, at its place, since the OOM before it
+      there (what fired before that was that one's warning). A page that fired earlier and kept firing woke someone
+      when nothing was within the hour: it counts outside incidents, and the OOM lists it as early.
+    - A ticket is an OOM's lead however early it fired (a ticket is meant to say days ahead), since the OOM before it
+      there, as long as it still fired at the incident's start (`window.before` ahead).
+    - An OOM marked unforeseeable excuses nothing before it: a page in its hour before came by chance.
+    - What fired within `window.after` past an OOM of its place is its aftermath (the restart loop).
+    - Everything else fired outside incidents: the alarms for nothing, flaps among them (FLAP_SECONDS).
+
+    An OOM within `window.after` of an earlier one of its place is that incident's relapse: the incident's paging is
     judged at its first OOM."""
     places = Places(summary)
     fired = sorted((e for eps in episodes.values() for e in eps if e.fired_at is not None), key=lambda e: e.fired_at)
+    for e in fired:
+        e.counted_as, e.oom, e.flap = "", None, False
     oom_keys = [places.of_oom(oom) for oom in ooms]
     results = []
+    counted: set[int] = set()  # id() of the episodes counted as a lead
     for index, (oom, keys) in enumerate(zip(ooms, oom_keys, strict=True)):
         earlier = [o for o, k in zip(ooms[:index], oom_keys[:index], strict=True) if _overlap(keys, k) and o.t < oom.t]
-        since = max([oom.t - window.before, *(o.t for o in earlier)])
+        previous = max((o.t for o in earlier), default=None)
         relapse_of = next((o for o in reversed(earlier) if oom.t - o.t <= window.after), None)
+        start = oom.t - window.before
         earliest: dict[str, Lead] = {}
+        early: dict[str, Lead] = {}
         for e in fired:
             assert e.fired_at is not None
-            if e.fired_at > oom.t:
+            if e.fired_at > oom.t or not e.receiver:
                 continue
-            # Fired ahead of the window: the earlier OOM's warning where there is one, else this one's while it still
-            # fires in the window (a page that has fired for hours warned of this OOM all the same).
-            if e.fired_at < since and (earlier or (e.resolved_at is not None and e.resolved_at < since)):
-                continue
+            if previous is not None and e.fired_at <= previous:
+                continue  # the OOM before it's
             if not places.meet(e.labels, oom, keys):
                 continue
-            held = earliest.get(e.alert)
-            if held is None or e.fired_at < held.fired_at:
-                earliest[e.alert] = Lead(e.alert, e.receiver, e.fired_at, oom.t - e.fired_at, e.labels)
-        results.append(OomResult(oom, list(earliest.values()), relapse_of))
+            lead = Lead(e.alert, e.receiver, e.fired_at, oom.t - e.fired_at, e.labels)
+            if e.receiver == "page":
+                if e.fired_at < start:
+                    if e.resolved_at is None or e.resolved_at >= start:
+                        _keep_earliest(early, lead)  # paged hours ahead: counted outside, shown here
+                        e.oom = e.oom if e.oom is not None else oom.t
+                    continue
+                if oom.unforeseeable:
+                    continue  # nothing to see: a page for nothing (counted outside), not a lead
+            elif e.resolved_at is not None and e.resolved_at < start:
+                continue  # a ticket that ended before the incident began warned of nothing here
+            if id(e) not in counted:
+                counted.add(id(e))
+                e.counted_as, e.oom = "lead", oom.t
+            _keep_earliest(earliest, lead)
+        results.append(OomResult(oom, list(earliest.values()), relapse_of, list(early.values())))
     false = []
     for e in fired:
         assert e.fired_at is not None
-        inside = any(
-            oom.t - window.before <= e.fired_at <= oom.t + window.after and places.meet(e.labels, oom, keys)
-            for oom, keys in zip(ooms, oom_keys, strict=True)
-        )
-        if not inside and e.receiver in ("page", "ticket"):
+        if id(e) in counted or e.receiver not in ("page", "ticket"):
+            continue
+        after = next(
+            (oom for oom, keys in zip(ooms, oom_keys, strict=True)
+             if oom.t <= e.fired_at <= oom.t + window.after and places.meet(e.labels, oom, keys)),
+            None,
+        )  # fmt: skip
+        if after is not None:
+            e.counted_as, e.oom = "aftermath", after.t
+        else:
+            e.counted_as = "early" if e.oom is not None else "outside"
             false.append(e)
+    flapped = flaps(false)
     gpu_days = sum(c.judged_seconds for c in summary.gpus.values()) / DAY
-    firsts = [r for r in results if r.relapse_of is None]
+    firsts = [r for r in results if r.relapse_of is None and not r.oom.unforeseeable]
     leads = [r.first_page.lead_seconds for r in firsts if r.first_page is not None]
     outcome = Outcome(
         ooms=len(ooms),
@@ -365,8 +435,33 @@ def judge(
         false_pages=sum(1 for e in false if e.receiver == "page"),
         false_tickets=sum(1 for e in false if e.receiver == "ticket"),
         gpu_days=gpu_days,
+        flapping_pages=sum(1 for e in false if e.receiver == "page" and id(e) in flapped),
+        flapping_tickets=sum(1 for e in false if e.receiver == "ticket" and id(e) in flapped),
+        unforeseeable=sum(1 for r in results if r.relapse_of is None and r.oom.unforeseeable),
     )
+    for e in false:
+        e.flap = id(e) in flapped
     return results, false, outcome
+
+
+def _keep_earliest(held: dict[str, Lead], lead: Lead) -> None:
+    found = held.get(lead.alert)
+    if found is None or lead.fired_at < found.fired_at:
+        held[lead.alert] = lead
+
+
+def flaps(episodes: list[Episode]) -> set[int]:
+    """id() of the episodes that fired within FLAP_SECONDS of the same alert's episode before them on the same
+    series resolving: the alert flapping at its line, not a new alarm."""
+    last: dict[tuple[str, tuple[tuple[str, str], ...]], float | None] = {}
+    out = set()
+    for e in sorted(episodes, key=lambda e: e.fired_at or e.active_at):
+        key = (e.alert, tuple(sorted(e.labels.items())))
+        resolved = last.get(key)
+        if key in last and resolved is not None and e.fired_at is not None and e.fired_at - resolved <= FLAP_SECONDS:
+            out.add(id(e))
+        last[key] = e.resolved_at
+    return out
 
 
 def _overlap(a: set[GpuKey] | None, b: set[GpuKey] | None) -> bool:

@@ -81,6 +81,11 @@ class Episode:
     active_at: float
     fired_at: float | None  # None: pending only, never fired
     resolved_at: float | None  # None: still active at the end of the history
+    # Set by the report's judge: how it was counted (lead, early, aftermath, outside) and for which OOM (its time),
+    # and whether it fired again soon after the same series' episode resolved (a flap).
+    counted_as: str = ""
+    oom: float | None = None
+    flap: bool = False
 
     @property
     def receiver(self) -> str:

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import Problems, Step
+from oomguard.backtest.notifications import Routing, notify
 from oomguard.backtest.ooms import Oom
 from oomguard.backtest.parallel import jobs_for, replay_parallel
 from oomguard.backtest.replay import Replay, ReplaySummary, SeriesFilter
@@ -92,7 +93,7 @@ def replay_history(
         raise BacktestError(f"{source}: no readings in the history (or in the window asked for)")
     lookback = max(1.0, LOOKBACK_STEPS * step) if step > 0 else max(1.0, options.evaluation_interval)
     settings, series = trend_settings(options.trend, step), SeriesFilter(rules.wanted)
-    units = {row.target or f"{row.node}/{row.gpu}" for s in head for row in s.gpus} | {
+    units = {(row.targets or [f"{row.node}/{row.gpu}"])[0] for s in head for row in s.gpus} | {
         e for s in head for e in s.engines
     }
     jobs = jobs_for(options.jobs, len(units), getattr(history, "large", False))
@@ -119,6 +120,12 @@ def replay_history(
             sampler_log.disabled = was
     progress(f"{summary.steps:,} readings replayed, {summary.samples:,} samples written")
     problems = history.problems.lines()
+    if summary.loads_inferred:
+        problems.append(
+            f"{summary.loads_inferred} engine loads inferred ({len(summary.engines_inferred)} engines; the history "
+            "does not say their state): a ramp from an empty GPU, until the engine served or its memory settled, is "
+            "left out of the trend, as the live exporter leaves a loading engine out"
+        )
     if summary.trend_errors:
         problems.append(f"{summary.trend_errors} trend samples failed (counted, as the exporter counts them)")
     return Replayed(source, summary, step, lookback, problems)
@@ -141,6 +148,7 @@ def judge_history(
         ooms=results, false_alarms=false, summary=summary, outcome=outcome, problems=list(replayed.problems),
     )  # fmt: skip
     report.episodes = episodes
+    report.notifications = notify([e for eps in episodes.values() for e in eps], Routing.shipped(), end)
     if not ooms:
         report.notes.append("no OOMs in the window: give them with --ooms FILE (one time a line)")
     if options.sweep:

@@ -305,6 +305,9 @@ class PrometheusHistory:
             for series in result:
                 if not isinstance(series["metric"], dict) or not isinstance(series["values"], list):
                     raise TypeError
+                # [time, "value"] pairs, the time a number in the window: checked here, so that nothing the server
+                # sends reaches the replay as anything else.
+                series["values"] = [_pair(pair, start, end, self.step) for pair in series["values"]]
             return result
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise BacktestError(
@@ -333,17 +336,19 @@ class PrometheusHistory:
                 row = gpus.setdefault(t, {}).get((node, gpu))
                 if row is None:
                     row = gpus[t][(node, gpu)] = GpuRow(node=node, gpu=gpu)
-                setattr(row, field.removesuffix("_bytes"), value)
                 target = _joined(labels, g.target_labels)
-                if target:
-                    row.target = target
+                if field == "engine_used_bytes":
+                    row.add_target(target, value)  # each engine's own (a series each)
+                    continue
+                # A GPU shared by several pods is a series each, with the same figures (dcgm-exporter's).
+                setattr(row, field.removesuffix("_bytes"), value)
+                row.add_target(target)
         if self.mapping.gpu_targets is not None:
             m = self.mapping.gpu_targets
             for labels, t, _ in self._values(m.query, start, end, "gpu_targets"):
                 row = gpus.get(t, {}).get((_first(labels, m.node_label), _first(labels, m.gpu_label)))
-                target = _joined(labels, m.target_labels)
-                if row is not None and target:
-                    row.target = target
+                if row is not None:
+                    row.add_target(_joined(labels, m.target_labels))
         engines: dict[float, dict[str, EngineRow]] = {}
         for name in (*ENGINE_FIGURES, *ENGINE_SETTINGS):
             for labels, t, value in self._values(getattr(e, name), start, end, name):
@@ -357,12 +362,12 @@ class PrometheusHistory:
                 setattr(engine, name, value)
         for t in sorted(set(gpus) | set(engines)):
             rows = list(gpus.get(t, {}).values())
-            known = {row.target for row in rows if row.target}
+            known = {target for row in rows for target in row.targets}
             # An engine's figures count where its GPUs are known (the join needs them); others are said once.
             step_engines = {k: v for k, v in engines.get(t, {}).items() if k in known}
-            for row in rows:
-                if row.target and row.target not in step_engines:
-                    step_engines[row.target] = EngineRow(row.target)
+            for target in known:
+                if target not in step_engines:
+                    step_engines[target] = EngineRow(target)
             yield Step(t, rows, step_engines)
 
     def _values(
@@ -379,7 +384,7 @@ class PrometheusHistory:
                     if label is None and raw not in ("NaN", "+Inf", "-Inf"):
                         self.problems.reject(what)
                     continue
-                yield labels, round(float(t), 3), value
+                yield labels, t, value
 
     # -- OOMs -----------------------------------------------------------------------------------------
     def ooms(self) -> list[Oom]:
@@ -413,6 +418,17 @@ class PrometheusHistory:
             at = until + self.step
         out.sort(key=lambda o: o.t)
         return out
+
+
+def _pair(pair: Any, start: float, end: float, step: float) -> tuple[float, Any]:
+    """One [time, "value"] of a range query's answer, its time a finite number within the window asked for (a
+    step's slack either side); anything else a TypeError (the answer is not Prometheus')."""
+    if not isinstance(pair, list | tuple) or len(pair) != 2 or isinstance(pair[0], bool):
+        raise TypeError
+    t = pair[0]
+    if not isinstance(t, int | float) or not math.isfinite(t) or not start - step <= t <= end + step:
+        raise TypeError
+    return round(float(t), 3), pair[1]
 
 
 def _first(labels: dict[str, str], names: tuple[str, ...]) -> str:
