@@ -24,10 +24,16 @@ import yaml
 from hostile_cases import Case, assert_documented
 from support import REPO, Clock, settle
 
+from oomguard.backtest.source import load_mapping
+from oomguard.bundle.bundle_config import load_bundle_config
+from oomguard.cli import main
+from oomguard.common.bounded_yaml import MAX_ALIAS_NODES
 from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.events.runner import MAX_STATE_BYTES, STATE_FILE, EventRunner
 from oomguard.exporter.runtime import Runtime
+from oomguard.exporter.sources.kubernetes.api import from_kubeconfig
 from oomguard.exporter.web import make_app
+from oomguard.exporter.web_config import load_web_config
 
 CASES = [
     Case("state", "a state file of a wrong shape or type: `counts` a list, a count `\"x\"`, -3, `Infinity` or "
@@ -50,6 +56,16 @@ CASES = [
          "test_a_planted_symlink_is_not_read"),
     Case("config", "a 10 MB string as a value or a key of the configuration", "the error quotes its first "
          "200 characters and its length: `... (10000000 characters)`", "test_a_huge_config_string_gives_a_short_error"),
+    Case("config", "a YAML alias bomb (billion laughs: 6 levels of 9 aliases, 387 bytes) as `serve --config`, the "
+         "bundle configuration, the web configuration, `backtest --mapping` or the kubeconfig (one of 9 levels, "
+         "under 500 bytes, took 83 s and 3 GB as a mapping, 38 s and 380 MB as a configuration)",
+         "refused before anything is built of it "
+         "(the nodes its aliases add counted on the composed document, at most 100,000): one line naming the file, "
+         "`an alias bomb` and the limit; `serve`, `check-config` exit 1, `backtest` 2",
+         "test_a_yaml_alias_bomb_is_refused_before_it_is_built"),
+    Case("config", "an alias inside the node it names (`targets: &a [*a]`) in any of those files",
+         "refused the same way: `an alias refers to the node that holds it`",
+         "test_a_yaml_alias_inside_its_anchor_is_refused"),
 ]  # fmt: skip
 
 
@@ -282,3 +298,88 @@ def test_a_huge_config_string_gives_a_short_error(tmp_path: Path, where: str) ->
     assert "targets[0]" in result.stderr
     if where == "value":
         assert "known engines: vllm" in result.stderr  # the fix is still named
+
+
+# -- YAML alias bombs ------------------------------------------------------------------------------------------
+LAUGH = "laugh-2b7e"  # the bomb's one string: a document holding it was built into Python objects
+
+
+def alias_bomb(levels: int = 6, width: int = 9) -> str:
+    """`levels` lists of `width` aliases of the list before: width^levels strings from a few hundred bytes (9^6 =
+    531,441 from 387 bytes, over MAX_ALIAS_NODES; 9 levels are 387 million). Placed (BOMBED) where each file's
+    reader walks whatever it finds before its error (a list where a mapping or text belongs)."""
+    lines = [f"l0: &l0 [{', '.join([LAUGH] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+# Each file a user or a tenant gives oomguard that is YAML: where the bomb goes in it, and its reader.
+BOMBED = {
+    "serve --config": ("targets: *l5\n", lambda path: load_config(path)),
+    "bundle configuration": ("alerts: *l5\n", lambda path: load_bundle_config(path)),
+    "web configuration": ("basic_auth_users: *l5\n", lambda path: load_web_config(path)),
+    "backtest --mapping": ("gpu: {used_bytes: *l5}\n", lambda path: load_mapping("dcgm", path)),
+    "kubeconfig": ("current-context: *l5\ncontexts: *l5\n", lambda path: from_kubeconfig(path)),
+}
+
+
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The first line of each YAML document that a loader built into Python objects, in the test."""
+    made: list[str] = []
+    construct = yaml.constructor.BaseConstructor.construct_document
+
+    def counting(self: yaml.constructor.BaseConstructor, node: yaml.Node) -> object:
+        made.append(node.start_mark.buffer.split("\n", 1)[0] if node.start_mark.buffer else "")
+        return construct(self, node)
+
+    monkeypatch.setattr(yaml.constructor.BaseConstructor, "construct_document", counting)
+    return made
+
+
+def refusal(text: str, reader: Callable[[Path], object], tmp_path: Path) -> tuple[Path, str]:
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text)
+    with pytest.raises(Exception) as raised:  # each reader's own error: ConfigError, BacktestError, ApiError
+        reader(path)
+    assert not isinstance(raised.value, RecursionError | MemoryError | AttributeError | TypeError), raised.value
+    message = str(raised.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message, message
+    return path, message
+
+
+@pytest.mark.parametrize("where", list(BOMBED))
+def test_a_yaml_alias_bomb_is_refused_before_it_is_built(where: str, tmp_path: Path, built: list[str]) -> None:
+    placed, reader = BOMBED[where]
+    _, message = refusal(alias_bomb() + placed, reader, tmp_path)
+    assert "an alias bomb" in message and f"{MAX_ALIAS_NODES:,}" in message, message
+    assert not [line for line in built if LAUGH in line], "the bomb was built before it was refused"
+
+
+@pytest.mark.parametrize("where", list(BOMBED))
+def test_a_yaml_alias_inside_its_anchor_is_refused(where: str, tmp_path: Path, built: list[str]) -> None:
+    placed, reader = BOMBED[where]
+    text = f"first: {LAUGH}\n" + placed.replace("*l5", "&l5 [*l5]", 1)
+    _, message = refusal(text, reader, tmp_path)
+    assert "an alias refers to the node that holds it" in message, message
+    assert not [line for line in built if LAUGH in line], "the document was built before it was refused"
+
+
+def test_the_commands_refuse_an_alias_bomb_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What a user sees: one line on stderr naming the file, and the exit status; nothing started."""
+    config, web = tmp_path / "oomguard.yaml", tmp_path / "web-config.yml"
+    config.write_text(alias_bomb() + BOMBED["serve --config"][0])
+    web.write_text(alias_bomb() + BOMBED["web configuration"][0])
+    mapping = tmp_path / "mapping.yaml"
+    mapping.write_text(alias_bomb() + BOMBED["backtest --mapping"][0])
+    runs = [
+        (config, 1, ["check-config", str(config)]),
+        (config, 1, ["serve", "--config", str(config)]),
+        (web, 1, ["serve", "--simulate", "steady", "--web.config.file", str(web)]),
+        (mapping, 2, ["backtest", "--prometheus", "http://127.0.0.1:9", "--start", "1700000000",
+                      "--end", "1700003600", "--mapping", str(mapping)]),
+    ]  # fmt: skip
+    for path, status, argv in runs:
+        assert main(argv) == status, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(path) in err and "an alias bomb" in err, (argv, err)

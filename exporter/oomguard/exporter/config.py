@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from oomguard.common import bounded_yaml
 from oomguard.common.excerpt import LIMIT, excerpt
 from oomguard.common.ports import url_port
 from oomguard.common.promtext import LABEL_LIMIT, LABEL_VALUE_LENGTH_LIMIT, SAMPLE_LIMIT, Limits
@@ -789,10 +790,13 @@ def read_text(path: Path, what: str) -> str:
 
 
 def read_yaml(path: Path, what: str) -> Any:
-    """The YAML document of a configuration file; a ConfigError naming the file when it is not YAML."""
+    """The YAML document of a configuration file; a ConfigError naming the file when it is not YAML, or when its
+    aliases would expand it without bound (bounded_yaml.py), before anything is built of it."""
     text = read_text(path, what)
     try:
-        return yaml.safe_load(text)
+        return bounded_yaml.load(text)
+    except bounded_yaml.YamlRefused as exc:
+        raise ConfigError(f"{path}: the {what} is refused: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {excerpt(str(exc), 5 * LIMIT)}") from None
     except RecursionError:  # PyYAML's parser recurses once per level: [[[[... 500 deep

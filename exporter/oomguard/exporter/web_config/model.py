@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
+from oomguard.common import bounded_yaml
 from oomguard.exporter.config import ConfigError, StrictModel, explain
 
 ClientAuthType = Literal[
@@ -196,7 +197,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 (byte {exc.start} is {raw[exc.start]:#04x}); save it as UTF-8") from None
     try:
-        loaded = yaml.safe_load(text)
+        loaded = bounded_yaml.load(text)
+    except bounded_yaml.YamlRefused as exc:
+        raise ConfigError(f"{path}: the web configuration file is refused: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     except RecursionError:

@@ -25,6 +25,7 @@ import aiohttp
 import yaml
 
 from oomguard import __version__
+from oomguard.common import bounded_yaml
 from oomguard.exporter.sources.kubernetes.log_budget import LogStreamBudget
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -93,10 +94,14 @@ def _file_or_data(entry: dict[str, Any], key: str, base: Path) -> str | None:
 
 
 def from_kubeconfig(path: Path) -> Connection:
-    try:
-        config = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+    try:  # bounded_yaml: an alias bomb is refused before it is built, as every YAML file oomguard is given
+        config = bounded_yaml.load(path.read_text()) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ApiError(0, f"{path}: cannot read the kubeconfig: {exc}") from None
+    except RecursionError:
+        raise ApiError(0, f"{path}: cannot read the kubeconfig: YAML nested hundreds of levels deep") from None
+    if not isinstance(config, dict):
+        raise ApiError(0, f"{path}: the kubeconfig's top level must be a mapping (clusters:, contexts:, users:)")
     context = _named(config.get("contexts"), config.get("current-context", ""), "context", path)
     cluster = _named(config.get("clusters"), context.get("cluster", ""), "cluster", path)
     user = _named(config.get("users"), context.get("user", ""), "user", path) if context.get("user") else {}
