@@ -32,6 +32,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from oomguard.common import descriptors
 from oomguard.exporter.web_config.state import WebConfigState
@@ -96,15 +97,39 @@ class Throttled:
 
 
 class _Handler(RequestHandler):
-    """aiohttp's request handler, telling the gate when its connection ends, and with no versions in the
-    Server header of the errors it answers itself (400 for a malformed request)."""
+    """aiohttp's request handler, telling the gate when its connection ends, with no versions in the Server
+    header of the errors it answers itself (400 for a malformed request), and answering what a client sent before
+    it closed its side (see eof_received)."""
 
     release: Any = None
+    sent_all = False  # the client closed its side: no request comes after those received
 
     def handle_error(self, request: Any, status: int = 500, exc: Any = None, message: Any = None) -> web.StreamResponse:
         response = super().handle_error(request, status, exc, message)
         response.headers["Server"] = SERVER_HEADER
         return response
+
+    def eof_received(self) -> bool:
+        """The client closed its side after its requests (a half-close: `nc -N`, a pipelining client's shutdown).
+        aiohttp lets asyncio close the connection here, which loses every request received and not answered yet:
+        under basic auth the one whose check waits for bcrypt, and those queued behind it (a handler that does not
+        wait has answered before the close is read). So the connection stays open for the answers, then closes, as
+        Go's server (the exporter toolkit's) does. Over TLS, asyncio's ssl layer closes at once whatever this says."""
+        self.sent_all = True
+        if self._waiter is not None and not self._waiter.done():
+            self.force_close()  # waiting for a request: every one received is answered
+        elif not self._messages:
+            self.close()  # the last one is being answered: close after it
+        # else: finish_response closes after the last one queued
+        return self.transport is not None and self.transport.get_extra_info("sslcontext") is None
+
+    async def finish_response(
+        self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        answered = await super().finish_response(request, resp, start_time)
+        if self.sent_all and not self._messages:
+            self.close()  # the client's last request is answered
+        return answered
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self.release is not None:
