@@ -84,3 +84,38 @@ def test_the_ha_pairs_pods_carry_their_replica(layout: tuple[str, list[dict[str,
     assert replicas == ([None] if name == "sharded" else ["a", "b"])
     selectors = [s["spec"]["selector"]["matchLabels"] for s in statefulsets(objects)]
     assert len({tuple(sorted(s.items())) for s in selectors}) == len(selectors)  # no two claim the same pods
+
+
+def test_the_shards_hand_over_through_one_configmap_the_only_object_they_may_write(
+    layout: tuple[str, list[dict[str, Any]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that changes shard takes its log positions along through the ConfigMap the exporters name
+    (kubernetes.handover), in their own namespace: get and patch on that one object is the only write granted."""
+    _, objects = layout
+    statefulset = statefulsets(objects)[0]
+    namespace = statefulset["metadata"]["namespace"]
+    configmap = one(objects, "ConfigMap", "oomguard-shards")
+    assert (
+        configmap["metadata"]["namespace"] == namespace
+        and not configmap.get("data")
+        and not configmap.get("binaryData")
+    )  # shipped empty: the exporters fill it, and a new apply leaves what they wrote
+    writes = [(o["metadata"]["name"], r) for o in objects if o["kind"] in ("Role", "ClusterRole") for r in o["rules"]
+              if set(r["verbs"]) - {"get", "list", "watch"}]  # fmt: skip
+    assert writes == [
+        ("oomguard-shards", {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["oomguard-shards"],
+                             "verbs": ["get", "patch"]}),
+    ]  # fmt: skip
+    assert one(objects, "Role", "oomguard-shards")["metadata"]["namespace"] == namespace
+    binding = one(objects, "RoleBinding", "oomguard-shards")
+    assert binding["metadata"]["namespace"] == namespace and binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": statefulset["spec"]["template"]["spec"]["serviceAccountName"],
+         "namespace": namespace}
+    ]  # fmt: skip
+    pod = statefulset["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    path = tmp_path / "oomguard.yaml"
+    path.write_text(one(objects, "ConfigMap", volumes["config"]["configMap"]["name"])["data"]["oomguard.yaml"])
+    monkeypatch.setenv("POD_NAME", f"{statefulset['metadata']['name']}-1")
+    config = load_config(path, {"kubernetes.shards": 4})
+    assert config.kubernetes is not None and config.kubernetes.handover == configmap["metadata"]["name"]

@@ -375,6 +375,13 @@ class KubernetesConfig(StrictModel):
         description="This exporter's shard, 0 to shards-1; empty: the ordinal that ends $POD_NAME (a StatefulSet "
         "pod's name: oomguard-2 is shard 2).",
     )
+    handover: str = Field(
+        "oomguard-shards",
+        description="A sharded cluster mode (shards > 1, or a StatefulSet's pod: $POD_NAME ends in an ordinal): the "
+        "ConfigMap, in the exporter's own namespace, through which a node that changes shard takes its log "
+        'positions along (deploy/kubernetes-sharded ships it; docs/kubernetes.md, "Resharding"); empty: none, a '
+        "node that changes shard is read from now by its new shard.",
+    )
 
     @field_validator("engine")
     @classmethod

@@ -230,6 +230,8 @@ class Runtime:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         await asyncio.to_thread(self._close_blocking)
+        if self.discovery is not None:
+            await self.discovery.close()  # after the event sources: a sharded node is let go where they stopped
         if self._client is not None:
             await self._client.close()
         if self.simulation is not None:

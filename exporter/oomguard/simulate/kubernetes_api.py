@@ -60,9 +60,14 @@ def _matches(obj: Obj, fields: str, labels: str) -> bool:
 
 @dataclass
 class StandIn:
-    kinds: dict[str, str] = field(default_factory=lambda: {"pods": "Pod", "events": "Event"})
-    objects: dict[str, dict[tuple[str, str], Obj]] = field(default_factory=lambda: {"pods": {}, "events": {}})
-    history: dict[str, list[tuple[int, str, Obj]]] = field(default_factory=lambda: {"pods": [], "events": []})
+    kinds: dict[str, str] = field(default_factory=lambda: {"pods": "Pod", "events": "Event", "configmaps": "ConfigMap"})
+    objects: dict[str, dict[tuple[str, str], Obj]] = field(
+        default_factory=lambda: {"pods": {}, "events": {}, "configmaps": {}}
+    )
+    history: dict[str, list[tuple[int, str, Obj]]] = field(
+        default_factory=lambda: {"pods": [], "events": [], "configmaps": []}
+    )
+    patches: list[tuple[str, Obj]] = field(default_factory=list)  # (path, body) of each PATCH answered
     version: int = 100
     oldest_kept: int = 0  # a watch from a resourceVersion older than this is Gone
     forbidden: bool = False
@@ -85,6 +90,8 @@ class StandIn:
         for resource in self.kinds:
             app.router.add_get(f"/api/v1/{resource}", self._handler(resource))
             app.router.add_get(f"/api/v1/namespaces/{{namespace}}/{resource}", self._handler(resource))
+        app.router.add_get("/api/v1/namespaces/{namespace}/configmaps/{name}", self._get_configmap)
+        app.router.add_patch("/api/v1/namespaces/{namespace}/configmaps/{name}", self._patch_configmap)
         return app
 
     # -- the test's side ------------------------------------------------------------------------
@@ -208,6 +215,41 @@ class StandIn:
             async with self._condition():
                 if position == len(container[1]) and not container[2] and self._log_epoch == epoch:
                     await self._condition().wait()
+
+    # -- a ConfigMap: get, and a JSON merge patch of its data (RFC 7386), as the API applies one --------------------
+    async def _get_configmap(self, request: web.Request) -> web.Response:
+        self.requests.append(request.path_qs)
+        if self.forbidden:
+            return _status(403, "Forbidden", 'configmaps is forbidden: cannot get resource "configmaps"')
+        obj = self.objects["configmaps"].get((request.match_info["namespace"], request.match_info["name"]))
+        if obj is None:
+            return _status(404, "NotFound", f'configmaps "{request.match_info["name"]}" not found')
+        return web.json_response(obj)
+
+    async def _patch_configmap(self, request: web.Request) -> web.Response:
+        self.requests.append(request.path_qs)
+        if self.forbidden:
+            return _status(403, "Forbidden", 'configmaps is forbidden: cannot patch resource "configmaps"')
+        if request.content_type != "application/merge-patch+json":
+            return _status(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: "
+                           f"{request.content_type}")  # fmt: skip
+        key = (request.match_info["namespace"], request.match_info["name"])
+        if key not in self.objects["configmaps"]:
+            return _status(404, "NotFound", f'configmaps "{key[1]}" not found')
+        body = json.loads(await request.read())
+        self.patches.append((request.path, body))
+        obj = copy.deepcopy(self.objects["configmaps"][key])
+        for section in ("data", "binaryData"):
+            for name, value in (body.get(section) or {}).items():
+                if value is None:
+                    obj.setdefault(section, {}).pop(name, None)
+                else:
+                    obj.setdefault(section, {})[name] = value
+        size = sum(len(k) + len(v) for section in ("data", "binaryData") for k, v in (obj.get(section) or {}).items())
+        if size > 1024 * 1024:  # the API server's limit of a ConfigMap
+            return _status(422, "Invalid", f'ConfigMap "{key[1]}" is invalid: []: Too long: must have at most '
+                           "1048576 bytes")  # fmt: skip
+        return web.json_response(await self.put("configmaps", obj))
 
     def _handler(self, resource: str) -> Any:
         async def handle(request: web.Request) -> web.StreamResponse:

@@ -11,6 +11,7 @@ exporter does not count it again.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -22,12 +23,14 @@ from oomguard.common.kinds import CONTAINER_OOM_KILLED, KUBERNETES_EVENT_KINDS, 
 from oomguard.exporter.config import EventsConfig, TargetConfig
 from oomguard.exporter.events.api_log import ApiLogReader
 from oomguard.exporter.events.registry import pod_api_log, pod_log
-from oomguard.exporter.events.source import POSITIONS, source_health
+from oomguard.exporter.events.runner import BadState, check_state
+from oomguard.exporter.events.source import INCIDENTS, POSITIONS, source_health
 from oomguard.exporter.model import Event, EventSourceHealth, ReadStats, Termination
 
 if TYPE_CHECKING:
     from oomguard.exporter.events.runner import EventRunner
 
+_log = logging.getLogger(__name__)
 Obj = dict[str, Any]  # an API object as JSON
 # The kubelet's messages: `Liveness probe failed: ...`, `Container vllm failed startup probe, will be restarted`.
 _PROBE_FAILED = re.compile(r"^(Liveness|Startup) probe failed", re.IGNORECASE)
@@ -52,9 +55,10 @@ def probe_kind(event: Obj) -> str | None:
 class PodApiEvents:
     kinds: tuple[str, ...] = KUBERNETES_EVENT_KINDS
 
-    def __init__(self, target: str, name: str, saved: dict[str, Any] | None = None) -> None:
+    def __init__(self, target: str, name: str, saved: dict[str, Any] | None = None, uid: str = "") -> None:
         self.target = target
         self.name = name  # "k8s-api:NAMESPACE/POD"
+        self.uid = uid  # the pod's, saved with the position: whose it is (a pod replaced under its name is another)
         self.stats = ReadStats()  # lines_read: API events and terminations received
         last = saved.get("last_termination") if isinstance(saved, dict) else None
         self.last_termination: str | None = last if isinstance(last, str) else None  # a wrong type: none counted yet
@@ -75,7 +79,9 @@ class PodApiEvents:
         return source_health(self, self.stats)
 
     def state(self) -> dict[str, Any]:
-        return {POSITIONS: {"last_termination": self.last_termination}} if self.last_termination else {}
+        if not self.last_termination:
+            return {POSITIONS: {"uid": self.uid}} if self.uid else {}
+        return {POSITIONS: {"last_termination": self.last_termination, **({"uid": self.uid} if self.uid else {})}}
 
     def close(self) -> list[Event]:
         return self.poll(0.0)
@@ -117,7 +123,7 @@ class PodEvents:
         exporter started: a baseline."""
         target = target or pod_name
         source = f"k8s-api:{pod_name}"
-        api = PodApiEvents(target, source, self._runner.saved.of(target, source).get(POSITIONS))
+        api = PodApiEvents(target, source, self._runner.saved.of(target, source).get(POSITIONS), uid)
         if api.last_termination is None and not watched and ended is not None:
             api.last_termination = ended.key
         self._pods[pod_name] = _Pod(target, namespace, name, uid, container, api, [])
@@ -134,6 +140,34 @@ class PodEvents:
     def remove(self, pod_name: str) -> None:
         """The pod is no target's any more (then `unfollow` it)."""
         self._pods.pop(pod_name, None)
+
+    # -- a node handed from one shard to another (sources/kubernetes/handover.py) ------------------------------
+    def seed(self, target: str, pod_name: str, states: dict[str, dict[str, Any]]) -> None:
+        """What the pod's sources resume from, handed over by the shard that read them last (source name -> its
+        state), before `add` and `follow_api` build them under `target`: checked as a state file is first."""
+        for source, state in checked_states(states, pod_name).items():
+            self._runner.saved.put(target, source, state)
+
+    def states(self, pod_name: str) -> dict[str, dict[str, Any]]:
+        """The pod's sources' states as last saved or seen (after the runner closed them: where they stopped)."""
+        pod = self._pods.get(pod_name)
+        if pod is None:
+            return {}
+        out = {pod.api.name: pod.api.state()}  # its API events' (kept here, whether followed or not)
+        for source in pod.sources:
+            state = self._runner.state_of(pod.target, source.name)
+            if state is not None and source is not pod.api:
+                out[source.name] = state
+        return out
+
+    def saved_states(self, namespace: str, name: str, uid: str, container: str) -> dict[str, dict[str, Any]] | None:
+        """What the state file held of a pod's sources at start (None: nothing, or another pod's of that name)."""
+        api = self._runner.saved.find(f"k8s-api:{namespace}/{name}")
+        log = self._runner.saved.find(f"k8s-log:{namespace}/{name}/{container}")
+        saved_uid = (api.get(POSITIONS) or {}).get("uid") if isinstance(api.get(POSITIONS), dict) else None
+        if not (api or log) or saved_uid not in (None, uid):
+            return None
+        return {f"k8s-api:{namespace}/{name}": api, f"k8s-log:{namespace}/{name}/{container}": log}
 
     def follow(self, pod_name: str, config: TargetConfig, *, from_start: bool) -> None:
         """The pod's event sources given to the runner under its target (`config`): its API events and its engine
@@ -223,6 +257,21 @@ class PodEvents:
             if pod.uid == uid and pod.name == involved.get("name") and pod.namespace == involved.get("namespace"):
                 return pod if meta.get("namespace") == pod.namespace else None
         return None
+
+
+def checked_states(states: dict[str, dict[str, Any]], pod: str) -> dict[str, dict[str, Any]]:
+    """A release's states checked as a state file is (events/runner.py): one that is not what an exporter writes is
+    dropped, with a warning, and its source starts as if nothing was handed over."""
+    out = {}
+    for source, state in states.items():
+        sections = {s: {f"{pod}|{source}": v} for s, v in state.items() if s in (POSITIONS, INCIDENTS)}
+        try:
+            check_state(sections)
+        except BadState as exc:
+            _log.warning("kubernetes: the state handed over for %s's %s is refused (%s)", pod, source, exc)
+            continue
+        out[source] = {s: v for s, v in state.items() if s in (POSITIONS, INCIDENTS)}
+    return out
 
 
 def _count(event: Obj) -> int:

@@ -50,6 +50,28 @@ class SavedState:
             if section not in (COUNTS, GPU_COUNTS) and isinstance(entries, dict) and key in entries
         }
 
+    def put(self, target: str, source: str, state: Mapping[str, Any]) -> None:
+        """What the source `source` of `target` resumes from when it is built: a state handed over from another
+        exporter (sources/kubernetes/handover.py), in place of what this one saved."""
+        key = f"{target}|{source}"
+        data = dict(self.data)
+        for section, entries in list(data.items()):
+            if section not in (COUNTS, GPU_COUNTS) and isinstance(entries, dict) and key in entries:
+                data[section] = {k: v for k, v in entries.items() if k != key}
+        for section, value in state.items():
+            data[section] = {**(data.get(section) or {}), key: value}
+        self.data = data
+
+    def find(self, source: str) -> dict[str, Any]:
+        """What the source `source` saved, under whichever target (a pod's sources are named after the pod)."""
+        for section, entries in self.data.items():
+            if section in (COUNTS, GPU_COUNTS) or not isinstance(entries, dict):
+                continue
+            for key in entries:
+                if key.partition("|")[2] == source:
+                    return self.of(key.partition("|")[0], source)
+        return {}
+
 
 TargetBuilder = Callable[[TargetConfig, EventsConfig, SavedState], list[EventSource]]
 HostBuilder = Callable[[EventsConfig, SavedState, Any], list[EventSource]]

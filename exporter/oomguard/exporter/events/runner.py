@@ -144,6 +144,15 @@ class EventRunner:
             self._save()
             self._publish()
 
+    def state_of(self, target: str, source: str) -> dict[str, Any] | None:
+        """The state of `target`'s source `source` as last saved or seen (None: no such source): what a close left,
+        for the sharded cluster mode's hand-over of a node (sources/kubernetes/handover.py)."""
+        with self._lock:
+            for s, state in zip(self.sources, self._states, strict=True):
+                if s.target == target and s.name == source:
+                    return state
+        return None
+
     def _give_clock(self, sources: list[EventSource]) -> None:
         for source in sources:
             if hasattr(source, "monotonic"):
@@ -291,7 +300,7 @@ SCALAR_POSITIONS: dict[str, dict[str, tuple[type, ...]]] = {
     "cgroup:": {"oom_kill": (int,)},
     "kernel:": {"last_seq": (int,), "boot_id": (str,), "kills": (list,)},  # each kill checked by KillDedupe
     "journald:": {"cursor": (str,)},
-    "k8s-api:": {"last_termination": (str,)},
+    "k8s-api:": {"last_termination": (str,), "uid": (str,)},
 }
 
 

@@ -48,6 +48,7 @@ class Connection:
     token: str = ""
     token_file: str = ""
     source: str = ""  # where it came from, for the log
+    namespace: str = "default"  # the exporter's own: its service account's, or the kubeconfig context's
     _token_read_at: float = field(default=0.0, repr=False)
 
     def authorization(self) -> str:
@@ -67,7 +68,11 @@ def connect(kubeconfig: str = "") -> Connection:
     if host and port and (SERVICE_ACCOUNT / "token").exists():
         context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
         server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-        return Connection(server, context, token_file=str(SERVICE_ACCOUNT / "token"), source="service account")
+        namespace_file = SERVICE_ACCOUNT / "namespace"
+        namespace = namespace_file.read_text().strip() if namespace_file.exists() else "default"
+        return Connection(
+            server, context, token_file=str(SERVICE_ACCOUNT / "token"), source="service account", namespace=namespace
+        )
     home = Path.home() / ".kube" / "config"
     if home.exists():
         return from_kubeconfig(home)
@@ -124,7 +129,10 @@ def from_kubeconfig(path: Path) -> Connection:
                 tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
             tls.load_cert_chain(cert, key)
     token_file = str(path.parent / user["tokenFile"]) if user.get("tokenFile") else ""
-    return Connection(server, tls, token=user.get("token", ""), token_file=token_file, source=str(path))
+    return Connection(
+        server, tls, token=user.get("token", ""), token_file=token_file, source=str(path),
+        namespace=str(context.get("namespace") or "default"),
+    )  # fmt: skip
 
 
 class ApiClient:
@@ -165,6 +173,20 @@ class ApiClient:
                 return await response.json(content_type=None)
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             raise ApiError(0, f"GET {path}: {exc or type(exc).__name__}") from None
+
+    async def patch(self, path: str, body: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386) of one object: the keys it names set, those it sets to null removed."""
+        try:
+            async with self.session.patch(
+                self.connection.server + path,
+                data=json.dumps(body).encode(),
+                headers={**await self._headers(), "Content-Type": "application/merge-patch+json"},
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as response:
+                await _raise_for_status(response, path, "PATCH")
+                return await response.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+            raise ApiError(0, f"PATCH {path}: {exc or type(exc).__name__}") from None
 
     async def watch(self, path: str, params: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
         """The watch's events (type, object), one JSON document a line, until the server ends it."""
@@ -216,10 +238,10 @@ class ApiClient:
         await self.log_session.close()
 
 
-async def _raise_for_status(response: aiohttp.ClientResponse, path: str) -> None:
+async def _raise_for_status(response: aiohttp.ClientResponse, path: str, method: str = "GET") -> None:
     if response.status == 200:
         return
     message = ""
     with contextlib.suppress(ValueError, aiohttp.ClientError, AttributeError):  # a Status object, where there is one
         message = (await response.json(content_type=None)).get("message", "")
-    raise ApiError(response.status, f"GET {path}: HTTP {response.status} {message}".rstrip())
+    raise ApiError(response.status, f"{method} {path}: HTTP {response.status} {message}".rstrip())

@@ -10,8 +10,10 @@ While the API fails the known targets stay and are scraped; the failure is `oomg
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -24,6 +26,8 @@ from oomguard.exporter.sources.dcgm import DcgmEndpoint
 from oomguard.exporter.sources.kubernetes import cgroup
 from oomguard.exporter.sources.kubernetes.api import ApiClient, ApiError, connect
 from oomguard.exporter.sources.kubernetes.groups import PodGroup
+from oomguard.exporter.sources.kubernetes.handover import GRACE_SECONDS, REFRESH_SECONDS, Decision, Handover, record_key
+from oomguard.exporter.sources.kubernetes.handover import SOURCE as HANDOVER
 from oomguard.exporter.sources.kubernetes.pod_logs import PodLogFollower
 from oomguard.exporter.sources.kubernetes.pods import PodTarget, pod_target
 from oomguard.exporter.sources.kubernetes.shards import Shard
@@ -84,6 +88,17 @@ class KubernetesDiscovery:
         self._finding: dict[str, asyncio.Task[None]] = {}  # group key -> the request for its leader (node mode)
         self._said_no_leader: set[str] = set()
         self._followed: set[str] = set()  # the attached workers whose sources were given to the runner
+        # A sharded cluster mode hands a node that changes shard over through the API (handover.py): the nodes this
+        # exporter reads and how each was taken; those another shard count's shard still reads, with their pods as
+        # last seen (read once it lets them go); how each pod of a node taken resumes (pod UID -> watched, whole);
+        # the nodes held at the last run and no more, with their pods' saved states, until the first list is done.
+        self._handover: Handover | None = None
+        self._taken: dict[str, Decision] = {}
+        self._waiting: dict[str, dict[str, Obj]] = {}
+        self._handed: dict[str, tuple[bool, bool]] = {}
+        self._releasing: dict[str, dict[str, dict[str, Any]]] = {}
+        self._handover_tasks: list[asyncio.Task[None]] = []
+        self._handover_wake = asyncio.Event()  # a node began to wait: read the records again soon
 
     # -- running --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -103,13 +118,29 @@ class KubernetesDiscovery:
                 await asyncio.sleep(retry)
                 retry = min(retry * 2, self.k8s.retry_max_seconds)
         try:
+            if self._sharded():
+                await self._start_handover(self._client)
             await asyncio.gather(*(w.run() for w in self._make_watches(self._client)))
         finally:
-            tasks = [*self._log_followers.values(), *self._finding.values()]
+            tasks = [*self._log_followers.values(), *self._finding.values(), *self._handover_tasks]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self._client.close()
+
+    async def close(self) -> None:
+        """Once the event runner has closed the sources (runtime.py): the nodes read are handed over, at the last
+        line read (a sharded cluster mode), and the API client closed."""
+        if self._client is None:
+            return
+        if self._handover is not None and self._handover.usable:
+            for node in self._taken:
+                self._handover.release(node, self._pod_states(node))
+            await self._write_handover()
+            if self._taken:
+                log.info("kubernetes: %d nodes let go, at the last line read of each pod, for the shard that reads "
+                         "them next", len(self._taken))  # fmt: skip
+        await self._client.close()
+        self._client = None
 
     def _make_watches(self, client: ApiClient) -> list[ListWatch]:
         # Filtered by the server: a node's pods (an indexed field), the engines' labels; finished pods make no target.
@@ -190,14 +221,28 @@ class KubernetesDiscovery:
 
     # -- pods -----------------------------------------------------------------------------------
     async def _pods_listed(self, items: list[Obj], namespace: str | None) -> None:
+        first = not self._listed
         seen = set()
         for obj in items:
             seen.add(await self._pod_changed(obj))
+            if self._releasing:
+                self._note_released_pod(obj)
         for name in [
             n for n in self._seen if n not in seen and (namespace is None or n.partition("/")[0] == namespace)
         ]:
             await self._pod_gone(name)  # gone while the watch was down
+        for stash in self._waiting.values():
+            for name in [n for n in stash if n not in seen and (namespace is None or n.partition("/")[0] == namespace)]:
+                del stash[name]
         self._pods_listed_in.add(namespace)
+        if first and self._listed and self._handover is not None and self._handover.usable:
+            for node, pods in self._releasing.items():  # held at the last run, another shard's now
+                self._handover.release(node, pods)
+            if self._releasing:
+                log.info("kubernetes: %d nodes read at the last run are another shard's now: let go at the last line "
+                         "read", len(self._releasing))  # fmt: skip
+            self._releasing = {}
+            await self._write_handover()
 
     @property
     def _listed(self) -> bool:
@@ -207,6 +252,8 @@ class KubernetesDiscovery:
         meta = obj.get("metadata") or {}
         name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         if kind == "DELETED":
+            for stash in self._waiting.values():
+                stash.pop(name, None)
             if name in self._seen and self._uid_of(name) in (None, meta.get("uid")):
                 await self._pod_gone(name)
             return
@@ -222,7 +269,7 @@ class KubernetesDiscovery:
     def _owns_node(self, node: str) -> bool:
         """Whether this exporter reads `node`'s GPUs: its own node (the node mode), or a node of its shard."""
         if self.cluster:
-            return self.shard.owns(node)
+            return self.shard.owns(node) and self._node_taken(node)
         return not self.k8s.node_name or node == self.k8s.node_name
 
     async def _pod_changed(self, obj: Obj) -> str:
@@ -233,6 +280,9 @@ class KubernetesDiscovery:
         if pod is None or pod.target in self.static:
             if name in self._seen and (pod is None and meta.get("uid") == self._uid_of(name)):
                 await self._pod_gone(name)  # finished, or lost its address: no target
+            return name
+        if self.cluster and self.shard.owns(pod.node) and not self._node_taken(pod.node):
+            self._waiting[pod.node][name] = obj  # another shard count's shard reads its node still
             return name
         group = pod.group
         if group is None:
@@ -354,7 +404,7 @@ class KubernetesDiscovery:
         if own and (known is None or not was_own):
             self.pod_events.add(
                 pod.target, namespace=pod.namespace, name=pod.name, uid=pod.uid, container=pod.container,
-                ended=pod.last_termination, watched=self._listed,
+                ended=pod.last_termination, watched=self._resumes(pod, pod.target)[0],
             )  # fmt: skip
         elif not own and was_own:
             self.pod_events.remove(pod.target)
@@ -390,7 +440,7 @@ class KubernetesDiscovery:
                 continue
             self.pod_events.add(
                 name, namespace=worker.namespace, name=worker.name, uid=worker.uid, container=worker.container,
-                ended=worker.last_termination, watched=self._listed, target=target,
+                ended=worker.last_termination, watched=self._resumes(worker, target)[0], target=target,
             )  # fmt: skip
             self._attached[name] = (target, worker)
         return detached
@@ -422,10 +472,15 @@ class KubernetesDiscovery:
         name = pod.target
         if (old := self._log_followers.pop(name, None)) is not None:
             old.cancel()
-        reader = await asyncio.to_thread(self.pod_events.follow_api, name, config, from_start=self._listed)
+        whole = self._resumes(pod, config.label)[1]
+        reader = await asyncio.to_thread(self.pod_events.follow_api, name, config, from_start=whole)
         now = self.known.get(name) if not pod.worker else self._attached.get(name, ("", None))[1]
         if reader is None or self._client is None or now is None or now.uid != pod.uid:
             return  # removed or replaced while this waited for its thread (its replacement follows its own log)
+        decision = self._taken.get(pod.node)
+        if decision is not None and decision.kind == "lost":
+            reader.error(f"its node {pod.node} was held by {decision.holder}, gone without letting it go: read as if "
+                         "no position was saved (OOMs it logged meanwhile may be lost, or counted again)")  # fmt: skip
         follower = PodLogFollower(
             self._client, reader, namespace=pod.namespace, pod=pod.name, container=pod.container,
             retry_max_seconds=self.k8s.retry_max_seconds,
@@ -444,6 +499,147 @@ class KubernetesDiscovery:
         for worker in detached:
             await asyncio.to_thread(self.pod_events.unfollow, worker, name)
         log.info("kubernetes: target %s gone", name)
+
+    # -- a sharded cluster mode's hand-over of the nodes that change shard (handover.py) -------------------------
+    def _sharded(self) -> bool:
+        pod = os.environ.get("POD_NAME", "")
+        statefulset = record_key(pod, 0) == pod
+        return self.cluster and bool(self.k8s.handover) and (self.shard.count > 1 or statefulset)
+
+    async def _start_handover(self, client: ApiClient) -> None:
+        """The records read before the first list, so that no node is read before it is known whose it is; a
+        ConfigMap that cannot be read (missing, no RBAC) is said, and the nodes read as if there were none."""
+        key = record_key(os.environ.get("POD_NAME", ""), self.shard.index)
+        handover = self._handover = Handover(
+            client, namespace=client.connection.namespace, name=self.k8s.handover, key=key, shard=self.shard
+        )
+        retry = 0.5
+        while True:
+            started = time.perf_counter()
+            try:
+                await handover.load()
+            except ApiError as exc:
+                self.source_runs.record(HANDOVER, False, time.perf_counter() - started)
+                if exc.status in (401, 403, 404):
+                    log.error("kubernetes: %s: %s: a node that changes shard is read from now, its OOMs meanwhile "
+                              "lost; give the service account get and patch on it (deploy/kubernetes-sharded)",
+                              handover.where, exc)  # fmt: skip
+                    break
+                log.warning("kubernetes: %s: %s (tried again in %.1fs)", handover.where, exc, retry)
+                await asyncio.sleep(retry)
+                retry = min(retry * 2, self.k8s.retry_max_seconds)
+                continue
+            self.source_runs.record(HANDOVER, True, time.perf_counter() - started)
+            self._releasing = {node: {} for node in handover.previously_held()}
+            break
+        self._handover_tasks.append(asyncio.ensure_future(self._follow_handover()))
+
+    def _node_taken(self, node: str) -> bool:
+        """Whether this exporter reads `node` now (one of its shard's): taken at once unless a shard of another
+        shard count holds it, then once it lets it go (_follow_handover)."""
+        if self._handover is None or not self._handover.usable or node in self._taken:
+            return True
+        if node in self._waiting:
+            return False
+        decision = self._handover.decide(node)
+        if decision.kind == "wait":
+            self._waiting[node] = {}
+            self._handover_wake.set()
+            log.info("kubernetes: node %s is read by %s (another shard count) until it lets it go", node,
+                     decision.holder)  # fmt: skip
+            return False
+        self._take(node, decision)
+        return True
+
+    def _take(self, node: str, decision: Decision) -> None:
+        assert self._handover is not None
+        if decision.kind == "take" and decision.holder != self._handover.key:
+            log.info("kubernetes: node %s taken over from %s, at the last line it read of each pod", node,
+                     decision.holder)  # fmt: skip
+        elif decision.kind == "lost":
+            log.warning("kubernetes: node %s was held by %s, gone for %.0fs without letting it go: its pods are read "
+                        "as if no position was saved", node, decision.holder, GRACE_SECONDS)  # fmt: skip
+        self._taken[node] = decision
+        self._handover.hold(node, decision.seq)
+        self._handover_wake.set()  # written soon: a shard that reshards next sees who holds it
+
+    def _resumes(self, pod: PodTarget, target: str) -> tuple[bool, bool]:
+        """How a pod's sources start: (watched: its container's end not a baseline, whole: its log from its start).
+        A pod of a node handed over resumes from the release's states, seeded here once; one the release does not
+        name came after the releaser let go: its end and its log are all new."""
+        decision = self._taken.get(pod.node)
+        if decision is None or decision.kind != "take":
+            return self._listed, self._listed
+        if pod.uid not in self._handed:
+            states = decision.pods.get(pod.uid)
+            if states is None:
+                self._handed[pod.uid] = (True, True)
+            else:
+                self.pod_events.seed(target, pod.target, states)
+                self._handed[pod.uid] = (True, False)
+        return self._handed[pod.uid]
+
+    def _pod_states(self, node: str) -> dict[str, dict[str, Any]]:
+        """Pod UID -> its sources' states, of the pods of `node` this exporter follows (at its stop)."""
+        out = {pod.uid: self.pod_events.states(target) for target, pod in self.known.items()
+               if pod.node == node and target not in self._elsewhere}  # fmt: skip
+        out |= {w.uid: self.pod_events.states(name) for name, (_, w) in self._attached.items() if w.node == node}
+        return out
+
+    def _note_released_pod(self, obj: Obj) -> None:
+        """A pod of a node held at the last run and no more: its saved states, to let go."""
+        pod = pod_target(obj, self.k8s.port, self.k8s.engine)
+        if pod is None or pod.node not in self._releasing:
+            return
+        states = self.pod_events.saved_states(pod.namespace, pod.name, pod.uid, pod.container)
+        if states is not None:
+            self._releasing[pod.node][pod.uid] = states
+
+    async def _follow_handover(self) -> None:
+        """The records read again: the nodes waited for taken once let go (their pods as last seen processed), this
+        exporter's releases that were taken since dropped."""
+        assert self._handover is not None
+        handover = self._handover
+        while handover.usable:
+            if self._waiting:
+                await asyncio.sleep(min(self.k8s.retry_max_seconds, 2.0))
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._handover_wake.wait(), REFRESH_SECONDS)
+            self._handover_wake.clear()
+            started = time.perf_counter()
+            try:
+                await handover.load()
+            except ApiError as exc:
+                self.source_runs.record(HANDOVER, False, time.perf_counter() - started)
+                log.warning("kubernetes: %s: %s", handover.where, exc)
+                continue
+            self.source_runs.record(HANDOVER, True, time.perf_counter() - started)
+            for node in list(self._waiting):
+                decision = handover.decide(node)
+                if decision.kind == "wait":
+                    continue
+                stash = self._waiting.pop(node)
+                self._take(node, decision)
+                for obj in stash.values():
+                    await self._pod_changed(obj)
+                for group in {p.group for p in self._leaders.values() if p.node == node and p.group is not None}:
+                    await self._sync_group(group)
+            handover.drop_superseded()
+            await self._write_handover()
+
+    async def _write_handover(self) -> None:
+        if self._handover is None or not self._handover.usable:
+            return
+        started = time.perf_counter()
+        try:
+            await self._handover.write()
+        except ApiError as exc:
+            self.source_runs.record(HANDOVER, False, time.perf_counter() - started)
+            log.error("kubernetes: %s: cannot write this exporter's record (%s): the shard that reads its nodes next "
+                      "cannot go on from its positions", self._handover.where, exc)  # fmt: skip
+        else:
+            self.source_runs.record(HANDOVER, True, time.perf_counter() - started)
 
     # -- the kubelet's Events of pods: counted in events/kubernetes.py --------------------------------------
     async def _events_list(self, items: list[Obj], namespace: str | None) -> None:
