@@ -16,7 +16,17 @@ from oomguard.exporter.events.runner import STATE_FILE
 from oomguard.exporter.sources.kubernetes.shards import shard_of
 from oomguard.simulate import kubernetes_objects as objects
 from oomguard.simulate.kubernetes_api import StandIn
-from tests.sources.kubernetes.k8s_harness import OOM, TRACEBACK, Cluster, engine_up, wait_for
+from tests.sources.kubernetes.k8s_harness import (
+    OOM,
+    TRACEBACK,
+    Cluster,
+    Dcgm,
+    dcgm_pod,
+    engine_up,
+    free_port,
+    wait_for,
+)
+from tests.sources.kubernetes.test_cluster_mode import dcgm_body
 
 STARTED = "INFO 12-05 12:00:00 [api_server.py:1885] vLLM API server version 0.11.0"
 HANDOVER = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "oomguard-shards", "namespace": "default"}}
@@ -39,14 +49,15 @@ class Shards:
     """The StatefulSet's exporters: shard i on its own state volume (folder i), started and stopped as a rolling
     update does, all against one API."""
 
-    def __init__(self, tmp: Path, api: StandIn) -> None:
+    def __init__(self, tmp: Path, api: StandIn, top: dict[str, Any] | None = None) -> None:
         self.tmp, self.api = tmp, api
+        self.top = top or {"nvml": {"enabled": False}}
         self.running: dict[int, Cluster] = {}
 
     async def start(self, shard: int, shards: int) -> None:
         folder = self.tmp / str(shard)
         folder.mkdir(exist_ok=True)
-        config: dict[str, Any] = {"scope": "cluster", "top": {"nvml": {"enabled": False}}}
+        config: dict[str, Any] = {"scope": "cluster", "top": self.top}
         cluster = Cluster(folder, api=self.api, shards=shards, shard=shard, **config)
         await cluster.__aenter__()
         self.running[shard] = cluster
@@ -136,16 +147,24 @@ async def test_a_shard_scaled_away_that_was_killed_is_waited_for_then_its_nodes_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """3 shards to 2, and shard 2 killed before it let its nodes go: shard 1 of 2 waits for it (GRACE_SECONDS),
-    then reads the node as if no position was saved, and its log source says so (a read error)."""
-    monkeypatch.setattr("oomguard.exporter.sources.kubernetes.handover.GRACE_SECONDS", 1.0)
+    neither reading the node's pods nor its GPUs meanwhile, then reads them as if no position was saved, and the
+    pod's log source says so (a read error)."""
+    monkeypatch.setattr("oomguard.exporter.sources.kubernetes.handover.GRACE_SECONDS", 3.0)
     api = StandIn()
     await api.put("configmaps", HANDOVER)
     node = next(n for n in (f"gpu-{i:03d}" for i in range(100)) if (shard_of(n, 3), shard_of(n, 2)) == (2, 1))
-    shards = Shards(tmp_path, api)
+    dcgm_port = free_port("127.0.0.4")
+    dcgm = Dcgm("127.0.0.4", dcgm_port, dcgm_body(node, [(0, 40 * 1024, 40 * 1024, "vllm-0")]))
+    top = {"dcgm": {"discover": True, "port": dcgm_port, "timeout_seconds": 1.0, "namespaces": ["gpu-operator"]}}
+    shards = Shards(tmp_path, api, top)
+    gpu = {"node": node, "gpu": "0"}
     async with engine_up() as engine:
+        await dcgm.server.start()
+        await api.put("pods", dcgm_pod("dcgm-0", "127.0.0.4", node))
         await api.log("llm", "vllm-0", "vllm", STARTED, container_id="a" * 64)
         await api.put("pods", objects.pod("vllm-0", "127.0.0.2", engine.server.port, node=node))
         await shards.start(2, 3)
+        await wait_for(lambda: shards.running[2].value("oomguard_gpu_memory_used_bytes", **gpu), "shard 2 reads it")
         await wait_for(lambda: followed(api) == {"vllm-0"}, "the pod's log followed by shard 2")
         killed = shards.running[2].runtime.discovery
         assert killed is not None and killed._client is not None
@@ -154,8 +173,12 @@ async def test_a_shard_scaled_away_that_was_killed_is_waited_for_then_its_nodes_
         await shards.stop(2)
         await shards.start(1, 2)
         k8s = shards.running[1]
+        assert await k8s.value("oomguard_gpu_memory_used_bytes", **gpu) is None  # the holder's still, for now
+        assert k8s.targets() == []
         await wait_for(lambda: k8s.targets() == ["llm/vllm-0"], "the node read once its holder is deemed gone")
+        await wait_for(lambda: k8s.value("oomguard_gpu_memory_used_bytes", **gpu), "and its GPUs")
         source = {"target": "llm/vllm-0", "source": "k8s-log:llm/vllm-0/vllm", "namespace": "llm", "pod": "vllm-0",
                   "container": "vllm"}  # fmt: skip
         await wait_for(lambda: k8s.value("oomguard_event_source_read_errors_total", **source), "the loss said")
         await shards.stop(1)
+        await dcgm.server.stop()

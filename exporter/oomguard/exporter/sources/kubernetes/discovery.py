@@ -180,8 +180,9 @@ class KubernetesDiscovery:
 
     # -- dcgm-exporter's pods: where each node's GPUs are read (sources/dcgm.py) ----------------------------
     def dcgm_endpoints(self) -> list[DcgmEndpoint]:
-        """One per node: a node that two pods claim is read from neither (TrustedDcgm)."""
-        return self._dcgm_trusted.endpoints(self._dcgm)
+        """One per node: a node that two pods claim is read from neither (TrustedDcgm); a node another shard count's
+        shard still reads (a reshard rolling, handover.py) is read by that one alone, until it lets it go."""
+        return self._dcgm_trusted.endpoints({k: e for k, e in self._dcgm.items() if self._node_taken(e.node)})
 
     def dcgm_refusals(self) -> dict[tuple[str, str, str, str], int]:
         """(node, namespace, pod, reason) -> how often it was refused as its node's dcgm-exporter."""
