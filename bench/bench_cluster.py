@@ -149,6 +149,14 @@ def _serve_cluster(pods: int, nodes: int, conn: Connection) -> None:
     async def main() -> None:
         logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)  # a killed exporter's streams reset
         api = StandIn()
+        # The sharded layout's hand-over ConfigMap, as deploy/kubernetes-sharded ships it (the kubeconfig names no
+        # namespace: the exporter's is "default").
+        handover = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "oomguard-shards", "namespace": "default"},
+        }
+        await api.put("configmaps", handover)
         runners = []
         per_node: dict[int, list[str]] = {}
         for i in range(pods):

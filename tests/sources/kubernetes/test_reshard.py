@@ -107,11 +107,12 @@ async def test_a_reshard_from_2_to_3_and_back_counts_each_oom_once(tmp_path: Pat
             await api.put("pods", objects.pod(pod, "127.0.0.2", engine.server.port, node=node))
         # Two shards, then the StatefulSet rolled to three (podManagementPolicy Parallel: the new ordinal starts at
         # once; then each ordinal is replaced, the highest first), then back to two (the ordinal past the shards
-        # stopped first). An OOM in every pod between any two of these steps.
+        # stopped first), then one replaced. An OOM in every pod between any two of these steps.
         steps: list[tuple[str, int, int]] = [
             ("start", 0, 2), ("start", 1, 2),
             ("start", 2, 3), ("stop", 1, 0), ("start", 1, 3), ("stop", 0, 0), ("start", 0, 3),
             ("stop", 2, 0), ("stop", 1, 0), ("start", 1, 2), ("stop", 0, 0), ("start", 0, 2),
+            ("stop", 1, 0), ("start", 1, 2),  # and a shard replaced, its count unchanged
         ]  # fmt: skip
         try:
             for i, (what, shard, count) in enumerate(steps):
