@@ -133,12 +133,16 @@ class KubernetesDiscovery:
         if self._client is None:
             return
         if self._handover is not None and self._handover.usable:
-            for node in self._taken:
-                self._handover.release(node, self._pod_states(node))
+            # Every node held, those read with their pods' states, those of no pod this run with none (a pod there
+            # now is new to whoever reads it next); not those of the last run still to let go (the first list not
+            # done): their states are on this exporter's volume, and its next start lets them go.
+            held = [n for n, e in self._handover.mine.nodes.items() if e.held and n not in self._releasing]
+            for node in held:
+                self._handover.release(node, self._pod_states(node) if node in self._taken else {})
             await self._write_handover()
-            if self._taken:
+            if held:
                 log.info("kubernetes: %d nodes let go, at the last line read of each pod, for the shard that reads "
-                         "them next", len(self._taken))  # fmt: skip
+                         "them next", len(held))  # fmt: skip
         await self._client.close()
         self._client = None
 
