@@ -119,11 +119,14 @@ async def test_who_takes_a_node_and_from_where(
     clock[0] += handover_module.GRACE_SECONDS + 1
     lost = back.decide(moved)
     assert (lost.kind, lost.seq, lost.holder) == ("lost", 8, "shard-2")
-    # Shard 1 of 2, not scaled away, is waited for as long as it holds the node: it lets it go when it restarts.
+    # Shard 1 of 2, not scaled away, is waited for longer: it lets the node go when it restarts under 2 shards,
+    # unless its roll stalls (or its record cannot be written) past WAIT_MAX_SECONDS.
     await put_record(stand_in, "shard-1", Record(3, 1, {moved: Entry(8, True)}))
     await back.load()
-    clock[0] += 10 * handover_module.GRACE_SECONDS
+    clock[0] += handover_module.GRACE_SECONDS + 1
     assert back.decide(moved).kind == "wait"
+    clock[0] += handover_module.WAIT_MAX_SECONDS + 1
+    assert back.decide(moved).kind == "lost"
 
 
 async def test_without_the_configmap_the_shards_read_as_before_and_say_so(

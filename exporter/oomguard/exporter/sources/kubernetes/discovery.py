@@ -26,7 +26,7 @@ from oomguard.exporter.sources.dcgm import DcgmEndpoint
 from oomguard.exporter.sources.kubernetes import cgroup
 from oomguard.exporter.sources.kubernetes.api import ApiClient, ApiError, connect
 from oomguard.exporter.sources.kubernetes.groups import PodGroup
-from oomguard.exporter.sources.kubernetes.handover import GRACE_SECONDS, REFRESH_SECONDS, Decision, Handover, record_key
+from oomguard.exporter.sources.kubernetes.handover import REFRESH_SECONDS, Decision, Handover, record_key
 from oomguard.exporter.sources.kubernetes.handover import SOURCE as HANDOVER
 from oomguard.exporter.sources.kubernetes.pod_logs import PodLogFollower
 from oomguard.exporter.sources.kubernetes.pods import PodTarget, pod_target
@@ -562,8 +562,8 @@ class KubernetesDiscovery:
             log.info("kubernetes: node %s taken over from %s, at the last line it read of each pod", node,
                      decision.holder)  # fmt: skip
         elif decision.kind == "lost":
-            log.warning("kubernetes: node %s was held by %s, gone for %.0fs without letting it go: its pods are read "
-                        "as if no position was saved", node, decision.holder, GRACE_SECONDS)  # fmt: skip
+            log.warning("kubernetes: node %s was held by %s, which did not let it go in time: its pods are read as if "
+                        "no position was saved", node, decision.holder)  # fmt: skip
         self._taken[node] = decision
         self._handover.hold(node, decision.seq)
         self._handover_wake.set()  # written soon: a shard that reshards next sees who holds it

@@ -16,14 +16,17 @@ name), a record of the nodes it reads and of those it let go:
   a shard that read a node long ago does not go on from its own stale position;
 - a shard takes a node only when no shard of another count holds it: until then the old shard reads it, and the
   new one waits (it neither reads the node's pods nor counts them). A holder whose ordinal is past the new count
-  (a shard scaled away) that never released (it was killed) is waited for GRACE_SECONDS, then its pods are read
-  as if no position existed, and each says so (a read error of its log);
+  (a shard scaled away) that never released (it was killed) is waited for GRACE_SECONDS, any other for
+  WAIT_MAX_SECONDS (a roll that stalls, a record it cannot write), then its pods are read as if no position
+  existed, and each says so (a read error of its log);
 - a pod of a released node that the release does not name was never read by the releaser: read from its start.
 
 So a node is read by one shard at a time, and the next one goes on from the last line the previous one took:
 nothing lost, nothing counted twice (tests/sources/kubernetes/test_reshard.py, 2 -> 3 -> 2 shards). Each writer
 writes only its own key (a JSON merge patch of that key), so writers never conflict. A record is compressed JSON
-(zlib, base64 in binaryData): a pod's states take about 250 bytes before compression. What is read is bounded
+(zlib, base64 in binaryData): a pod's states take about 500 bytes, 150 once compressed (its UIDs and container ID
+do not compress), so the ConfigMap's 1 MiB holds the releases of about 7,000 pods at once; a write refused is
+said and counted (oomguard_source_success{source="shard_handover"} 0). What is read is bounded
 (what the API serves of a ConfigMap, at most 1 MiB, inflated to at most MAX_RECORD_BYTES) and checked before use,
 as a state file is (events/runner.py's check_state): whoever may write the ConfigMap (the exporter's own namespace's
 admins) could otherwise skip lines; that is the same trust as the state volume's.
@@ -47,7 +50,8 @@ from oomguard.exporter.sources.kubernetes.shards import Shard
 log = logging.getLogger(__name__)
 SOURCE = "shard_handover"  # the `source` label of oomguard_source_success
 GRACE_SECONDS = 120.0  # how long a holder scaled away is waited for (its pod's termination takes 30 s by default)
-MAX_RECORD_BYTES = 16 * 1024 * 1024  # one record inflated: a shard of 10,000 pods takes about 2.5 MB
+WAIT_MAX_SECONDS = 600.0  # how long any other holder is: a StatefulSet's roll replaces each shard in a minute or two
+MAX_RECORD_BYTES = 16 * 1024 * 1024  # one record inflated: a shard of 10,000 pods takes about 5 MB
 REFRESH_SECONDS = 30.0  # the records read again this often (superseded releases dropped), more often while waiting
 
 PodStates = dict[str, dict[str, Any]]  # a pod's sources: source name -> its state (sections, as a state file has)
@@ -180,8 +184,10 @@ class Handover:
         for key, record, entry in entries:
             if not entry.held or record.shards == self.shard.count:
                 continue  # released, or a stale hold of this shard count (it would not hold another shard's node)
-            # A shard scaled away releases as it stops, unless it was killed: waited for GRACE_SECONDS.
-            if record.shard >= self.shard.count and now - self._blocking_since.setdefault(key, now) > GRACE_SECONDS:
+            # A shard scaled away releases as it stops, unless it was killed: waited for GRACE_SECONDS; another, as it
+            # restarts under the new count, unless its roll stalls or its record cannot be written: WAIT_MAX_SECONDS.
+            limit = GRACE_SECONDS if record.shard >= self.shard.count else WAIT_MAX_SECONDS
+            if now - self._blocking_since.setdefault(key, now) > limit:
                 continue
             blockers.append(key)
         if blockers:
@@ -232,4 +238,15 @@ class Handover:
             log.warning(message, *args)
 
 
-__all__ = ["GRACE_SECONDS", "SOURCE", "Decision", "Entry", "Handover", "Record", "decode", "encode", "record_key"]
+__all__ = [
+    "GRACE_SECONDS",
+    "SOURCE",
+    "WAIT_MAX_SECONDS",
+    "Decision",
+    "Entry",
+    "Handover",
+    "Record",
+    "decode",
+    "encode",
+    "record_key",
+]
