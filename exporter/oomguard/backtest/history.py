@@ -154,6 +154,8 @@ def parse_duration(text: str, what: str) -> float:
 
 # Unix seconds above this are taken for milliseconds (1e11 s is the year 5138).
 MILLISECONDS_ABOVE = 1e11
+# A time after the year 9999 is no time (9.9e299 made a file name too long, 1e15 ms a window of 32,000 years).
+LATEST = 253_402_300_799.0  # 9999-12-31T23:59:59Z
 
 
 def parse_time(text: str | float | int, what: str) -> float:
@@ -170,7 +172,13 @@ def parse_time(text: str | float | int, what: str) -> float:
             return _rfc3339(raw, what)
     if not math.isfinite(value) or value <= 0:
         raise BacktestError(f"{what}: {excerpt(str(text))!r} is not a time; give Unix seconds or RFC 3339")
-    return value / 1000 if value > MILLISECONDS_ABOVE else value
+    value = value / 1000 if value > MILLISECONDS_ABOVE else value
+    if value > LATEST:
+        raise BacktestError(
+            f"{what}: {excerpt(str(text))!r} is after the year 9999, no time; give Unix seconds (milliseconds above "
+            "1e11) or RFC 3339"
+        )
+    return value
 
 
 def _rfc3339(raw: str, what: str) -> float:
