@@ -114,6 +114,8 @@ class Routing:
     inhibitions: list[Inhibition]
     receivers_sending_resolved: set[str]
     name: str
+    # The receivers with an integration: one without (the shipped `null`, where info alerts go) sends nothing.
+    receivers_notifying: set[str]
 
     @classmethod
     def shipped(cls) -> Routing:
@@ -135,7 +137,11 @@ class Routing:
             if any(c.get("send_resolved", True) for kind, configs in r.items() if kind.endswith("_configs")
                    for c in configs)
         }  # fmt: skip
-        return cls(Route.parse(raw["route"]), inhibitions, resolved, name)
+        notifying = {
+            r["name"] for r in raw.get("receivers", ()) if any(configs for kind, configs in r.items()
+                                                               if kind.endswith("_configs"))
+        }  # fmt: skip
+        return cls(Route.parse(raw["route"]), inhibitions, resolved, name, notifying)
 
 
 @dataclass
@@ -224,7 +230,7 @@ def notify(episodes: list[Episode], routing: Routing, end: float) -> Notificatio
             groups.setdefault(key, (route, []))[1].append(alert)
     sent: list[Sent] = []
     for route, members in groups.values():
-        if route.receiver:
+        if route.receiver in routing.receivers_notifying:
             sent += _group(route, members, muted, end, route.receiver in routing.receivers_sending_resolved)
     sent.sort(key=lambda s: s.at)
     return Notifications(routing.name, sent)
