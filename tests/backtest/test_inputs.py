@@ -180,3 +180,105 @@ def test_for_and_keep_firing_for_as_prometheus_applies_them(
         for e in episodes
     ]  # fmt: skip
     assert got == want
+
+
+SHARED = "time,node,gpu,used_bytes,total_bytes,engine_used_bytes,target,gpu_memory_utilization\n"
+
+
+def test_two_engines_on_one_gpu_are_one_gpu_row_with_both(tmp_path: Path) -> None:
+    """Several engines on one GPU are a row each, of the same time and GPU: one GpuRow with both targets and each
+    one's engine_used_bytes; rows that disagree on the GPU's figures keep the first's, counted and said."""
+    path = tmp_path / "h.csv"
+    path.write_text(
+        SHARED
+        + f"{T0},n,0,72e9,80e9,35e9,vllm-a,0.45\n{T0},n,0,72e9,80e9,37e9,vllm-b,0.45\n"
+        + f"{T0 + 15},n,0,73e9,80e9,35e9,vllm-a,0.45\n{T0 + 15},n,0,74e9,80e9,39e9,vllm-b,0.45\n"
+    )
+    found, history = steps(path)
+    assert [len(s.gpus) for s in found] == [1, 1]
+    first, second = found[0].gpus[0], found[1].gpus[0]
+    assert first.targets == ["vllm-a", "vllm-b"] and first.engine_used == {"vllm-a": 35e9, "vllm-b": 37e9}
+    assert (first.used, first.total) == (72e9, 80e9)
+    assert second.used == 73e9 and second.engine_used == {"vllm-a": 35e9, "vllm-b": 39e9}  # the first row's figures
+    assert set(found[0].engines) == {"vllm-a", "vllm-b"}
+    assert found[0].engines["vllm-b"].gpu_memory_utilization == 0.45
+    assert (history.problems.disagreeing, history.problems.duplicates) == (1, 0)
+    assert any("1 row of a GPU shared by several engines gave other memory figures" in line
+               for line in history.problems.lines())  # fmt: skip
+
+
+def test_the_same_engine_twice_on_a_gpu_at_one_time_is_a_duplicate_the_last_kept(tmp_path: Path) -> None:
+    path = tmp_path / "h.csv"
+    path.write_text(SHARED + f"{T0},n,0,72e9,80e9,35e9,vllm-a,0.45\n{T0},n,0,73e9,80e9,36e9,vllm-a,0.45\n")
+    [step], history = steps(path)
+    [gpu] = step.gpus
+    assert (gpu.used, gpu.targets, gpu.engine_used) == (73e9, ["vllm-a"], {"vllm-a": 36e9})
+    assert (history.problems.duplicates, history.problems.disagreeing) == (1, 0)
+
+
+def test_a_duplicate_row_of_a_shared_gpu_keeps_its_other_engines(tmp_path: Path) -> None:
+    """Engine a, engine b, then engine a again on GPU 0 at one time: a's last row is kept, b stays on the GPU."""
+    path = tmp_path / "h.csv"
+    path.write_text(
+        SHARED + f"{T0},n,0,72e9,80e9,35e9,vllm-a,0.45\n{T0},n,0,72e9,80e9,37e9,vllm-b,0.45\n"
+        f"{T0},n,0,72e9,80e9,36e9,vllm-a,0.45\n"
+    )
+    [step], history = steps(path)
+    [gpu] = step.gpus
+    assert sorted(gpu.targets) == ["vllm-a", "vllm-b"], gpu.targets
+    assert gpu.engine_used == {"vllm-a": 36e9, "vllm-b": 37e9}
+    assert history.problems.duplicates == 1
+
+
+@pytest.mark.parametrize(
+    ("cell", "state"),
+    [("awake", "awake"), ("weights_offloaded", "weights_offloaded"), ("discard_all", "discard_all"), ("0", "awake"),
+     ("1", "weights_offloaded"), ("2", "discard_all"), ("Discard_All", "discard_all"), ("", "")],
+)  # fmt: skip
+def test_the_sleep_state_column(tmp_path: Path, cell: str, state: str) -> None:
+    path = tmp_path / "h.csv"
+    path.write_text(
+        f"time,gpu,used_bytes,total_bytes,target,kv_cache_usage,sleep_state\n{T0},0,1e9,8e10,a,0.1,{cell}\n"
+    )
+    [step], _ = steps(path)
+    assert step.engines["a"].sleep_state == state
+
+
+def test_the_sleep_state_in_json_lines_is_a_name_or_a_level(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    rows = [
+        {"time": T0 + 15 * i, "gpu": 0, "used_bytes": used, "total_bytes": 8e10, "target": "a", "sleep_state": sleep}
+        for i, (used, sleep) in enumerate([(1e9, 1), (1e9, 2.0), (7e10, "awake")])
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    found, _ = steps(path)
+    assert [s.engines["a"].sleep_state for s in found] == ["weights_offloaded", "discard_all", "awake"]
+
+
+@pytest.mark.parametrize("cell", ["sleeping", "3", "-1", "asleep", "1.5"])
+def test_a_sleep_state_that_is_none_is_refused_in_one_line_naming_the_line(tmp_path: Path, cell: str) -> None:
+    path = tmp_path / "h.csv"
+    path.write_text(
+        f"time,gpu,used_bytes,total_bytes,target,sleep_state\n{T0},0,1e9,8e10,a,awake\n{T0 + 15},0,1e9,8e10,a,{cell}\n"
+    )
+    with pytest.raises(BacktestError) as caught:
+        steps(path)
+    said = str(caught.value)
+    assert "line 3" in said and f"sleep_state {cell!r}" in said and "awake, weights_offloaded, discard_all" in said
+    assert "\n" not in said
+
+
+def test_the_unforeseeable_word_in_the_ooms_file(tmp_path: Path) -> None:
+    path = tmp_path / "ooms.txt"
+    path.write_text(
+        "2024-05-03T17:40:00Z gpu=1 node=gpu-node-2 unforeseeable   # a 200k-token prompt\n"
+        "2024-05-03T18:00:00Z Unforeseeable 3 gpu-node-7\n"
+        "2024-05-03T19:00:00Z 4 gpu-node-8 UNFORESEEABLE\n"
+        "2024-05-03T20:00:00Z 5 gpu-node-9   # unforeseeable in a comment is a comment\n"
+        "2024-05-03T21:00:00Z target=unforeseeable\n"
+    )
+    ooms = read_ooms(path)
+    assert [(o.gpu, o.node, o.target, o.unforeseeable) for o in ooms] == [
+        ("1", "gpu-node-2", "", True), ("3", "gpu-node-7", "", True), ("4", "gpu-node-8", "", True),
+        ("5", "gpu-node-9", "", False), ("", "", "unforeseeable", False),
+    ]  # fmt: skip

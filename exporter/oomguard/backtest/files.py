@@ -247,6 +247,10 @@ class FileHistory:
                             self.problems.disagreeing += 1
                     else:
                         self.problems.duplicates += 1
+                        # The last row's kept, with the other engines of a shared GPU (their own rows) still on it.
+                        for other in held.targets:
+                            if other not in gpu.targets:
+                                gpu.add_target(other, held.engine_used.get(other))
                         step.gpus[seen[key]] = gpu
                 else:
                     if len(step.gpus) >= MAX_ROWS_A_STEP:
