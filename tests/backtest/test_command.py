@@ -3,11 +3,19 @@ input: exit 2, a message naming the problem and the fix, never a traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
+from support import REPO
 
 from oomguard.cli import main
 from oomguard.common.ports import free_port
@@ -111,3 +119,82 @@ def test_the_command_is_listed(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "backtest" in capsys.readouterr().out
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).children(recursive=True)
+    return []
+
+
+def name(process: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return process.name()
+    return ""
+
+
+@pytest.mark.parametrize(
+    ("stage", "signum"),
+    [("rules", signal.SIGTERM), ("rules", signal.SIGINT), ("replay on 2 processes", signal.SIGTERM)],
+)
+def test_a_signal_stops_what_the_backtest_started_and_removes_its_folder(
+    tmp_path: Path, stage: str, signum: signal.Signals
+) -> None:
+    """A service manager's stop (SIGTERM) or ^C (SIGINT) while the rules are evaluated by its Prometheus, or while
+    its workers replay and promtool backfills: nothing it started survives it, its temporary folder is removed, and it
+    says so in one line."""
+    history = tmp_path / "h.csv"
+    if stage == "rules":
+        # An hour of readings, then one a year later: the rules are evaluated over the year (some 20 s), time
+        # enough to be stopped in the middle.
+        rows = [f"{T0 + 15 * i},n,0,{1e9 + i * 1e6},8e10\n" for i in range(240)]
+        rows.append(f"{T0 + 366 * 86400},n,0,1e9,8e10\n")
+        argv = ["--history", str(history)]
+    else:  # 2 GPUs for 80 hours: a worker each, a block for promtool every 2 hours
+        rows = [f"{T0 + 15 * i},n,{g},{1e9 + i * 1e6},8e10\n" for i in range(20_000) for g in range(2)]
+        argv = ["--history", str(history), "--jobs", "2"]
+    history.write_text("time,node,gpu,used_bytes,total_bytes\n" + "".join(rows))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "oomguard", "backtest", *argv], cwd=REPO, text=True, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(temp)},
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True).start()  # type: ignore[union-attr]
+    started: list[psutil.Process] = []
+    try:
+        said: list[str] = []
+        # The moment to stop it: its Prometheus answering the rules, or a worker's promtool backfilling.
+        waited_for = "prometheus" if stage == "rules" else "promtool"
+        while not any(name(p) == waited_for for p in started):
+            with contextlib.suppress(queue.Empty):
+                said.append(lines.get(timeout=0.05))
+            if stage == "rules" and not any("evaluating" in line for line in said):
+                continue
+            started = descendants(process.pid)
+            assert process.poll() is None and not any("evaluating" in line for line in said[:-1]), said
+        [folder] = temp.iterdir()
+        assert folder.name.startswith("oomguard-backtest-")
+        process.send_signal(signum)
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the backtest did not end after {signum.name}")
+        while True:
+            try:
+                said.append(lines.get(timeout=10))
+            except queue.Empty:
+                break
+        assert process.returncode == 128 + signum, (process.returncode, said)
+        assert said[-1].startswith("oomguard backtest: ") and signum.name in said[-1], said
+        assert not any("Traceback" in line for line in said), said
+        assert not [name(p) for p in started if p.is_running()], "left running"
+        assert not list(temp.iterdir()), "its temporary folder was left behind"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for leaked in started:
+            with contextlib.suppress(psutil.Error):
+                leaked.kill()

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from oomguard.backtest import BacktestError
-from oomguard.backtest.files import FileHistory
+from oomguard.backtest import BacktestError, parallel
+from oomguard.backtest.files import MAX_ROWS_A_STEP, FileHistory
+from oomguard.backtest.history import GpuRow, Step
 from oomguard.backtest.ooms import read_ooms
 from oomguard.backtest.rules import AlertRule, _machine, references, rule_set, runs_of
+from oomguard.backtest.run import PEEK_ROWS, PEEK_STEPS, peek
 from oomguard.bundle.bundle_config import load_bundle_config
 from tests.backtest.histories import T0, synthetic_rows, write_csv
 
@@ -180,6 +184,36 @@ def test_for_and_keep_firing_for_as_prometheus_applies_them(
         for e in episodes
     ]  # fmt: skip
     assert got == want
+
+
+def fleet(gpus: int, taken: list[int]) -> Iterator[Step]:
+    """Steps of `gpus` GPUs every 15 s, without end; `taken` counts those read."""
+    rows = [GpuRow("n", str(i), 1e9, 8e10) for i in range(gpus)]
+    for i in itertools.count():
+        taken.append(i)
+        yield Step(T0 + 15 * i, gpus=rows)
+
+
+@pytest.mark.parametrize("gpus", [8, 2048, MAX_ROWS_A_STEP])
+def test_the_replay_reads_a_few_steps_ahead_of_a_large_fleet(gpus: int) -> None:
+    """To find the history's step, 64 steps are read ahead of the replay, and at most PEEK_ROWS rows (and the step
+    that passes them): 64 steps of the largest fleet a step may hold were a million rows held at once."""
+    taken: list[int] = []
+    head, step = peek(fleet(gpus, taken), PEEK_STEPS)
+    assert step == 15 and len(head) == len(taken)
+    assert len(head) == min(PEEK_STEPS, -(-PEEK_ROWS // gpus)), f"{len(head)} steps of {gpus} GPUs read ahead"
+
+
+@pytest.mark.parametrize("gpus", [8, MAX_ROWS_A_STEP])
+def test_the_steps_dealt_to_the_replay_workers_are_sent_a_few_at_a_time(gpus: int) -> None:
+    """Each batch sent to the workers (parallel.py) holds BATCH steps, or at most BATCH_ROWS rows and one step."""
+    taken: list[int] = []
+    batches = parallel.batches(fleet(gpus, taken), parallel.Dealer(2))
+    steps = min(parallel.BATCH, -(-parallel.BATCH_ROWS // gpus))
+    for _ in range(3):
+        sent = next(batches)
+        assert [len(part) for part in sent] == [steps, steps], f"{len(sent[0])} steps of {gpus} GPUs in a batch"
+    assert len(taken) == 3 * steps
 
 
 SHARED = "time,node,gpu,used_bytes,total_bytes,engine_used_bytes,target,gpu_memory_utilization\n"

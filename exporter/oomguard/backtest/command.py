@@ -1,15 +1,25 @@
 """`oomguard backtest`: arguments in, a report out; exit 0 when it ran, 2 when it could not (the message says why
-and what to do), never a traceback for bad input."""
+and what to do), never a traceback for bad input.
+
+SIGTERM (a service manager's stop, `kill`) and SIGINT (^C) stop it the way an error does: raised where it is, so
+that the Prometheus and promtool it started are stopped and its temporary folder removed on the way out (SIGTERM's
+default action ended the process at once and left them behind); then one line, and 128 + the signal's number.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import parse_duration, parse_time
+from oomguard.backtest.regular import MAX_YAML_BYTES, check_regular
 from oomguard.exporter.config import ConfigError
 
 DEFAULT_EVALUATION = "30s"
@@ -82,15 +92,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
-def run(args: argparse.Namespace) -> int:
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Stopped(BaseException):
+    """A stop signal, raised where the command is (a BaseException: no `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _: FrameType | None) -> None:
+    # The way out stops what was started (Prometheus' stop waits 10 s at most, then kills): a second signal does not
+    # cut it short and leave them behind.
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
+    tsdb = sys.modules.get("oomguard.backtest.tsdb")  # imported once the run needs a Prometheus
+    if tsdb is not None:
+        tsdb.Prometheus.end_all()
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
     try:
-        report = _run(args)
-    except (BacktestError, ConfigError) as exc:
-        print(f"oomguard backtest: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("oomguard backtest: interrupted", file=sys.stderr)
-        return 130
+        held = {signum: signal.signal(signum, _stop) for signum in STOP_SIGNALS}
+    except ValueError:  # not the main thread (a test's): signals are not this call's to take
+        yield
+        return
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+
+
+def run(args: argparse.Namespace) -> int:
+    with _stopped_by_signals():
+        try:
+            report = _run(args)
+        except (BacktestError, ConfigError) as exc:
+            print(f"oomguard backtest: {exc}", file=sys.stderr)
+            return 2
+        except Stopped as stop:
+            name = signal.Signals(stop.signum).name
+            print(f"oomguard backtest: stopped by {name}: its Prometheus and promtool stopped, its temporary folder "
+                  "removed", file=sys.stderr)  # fmt: skip
+            return 128 + stop.signum
+        except KeyboardInterrupt:  # SIGINT where its handler was not this command's
+            print("oomguard backtest: interrupted (SIGINT)", file=sys.stderr)
+            return 130
     sys.stdout.write(report.json() + "\n" if args.json else report.text())
     return 0
 
@@ -105,6 +157,8 @@ def _run(args: argparse.Namespace):  # -> Report
         if not args.quiet:
             print(f"backtest: {line}", file=sys.stderr, flush=True)
 
+    if args.bundle_config is not None:  # a FIFO, /dev/zero or a huge file: refused before it is read
+        check_regular(args.bundle_config, "bundle configuration", MAX_YAML_BYTES)
     bundle = load_bundle_config(args.bundle_config)
     utilization = args.gpu_memory_utilization
     if utilization is not None and not (0 < utilization <= 1 and math.isfinite(utilization)):
@@ -135,7 +189,8 @@ def _run(args: argparse.Namespace):  # -> Report
         for flag in ("start", "end", "mapping"):
             if getattr(args, flag) is not None:
                 raise BacktestError(f"--{flag} is for --prometheus; a history file is read whole")
-        return backtest(FileHistory(args.history), str(args.history), options, ooms=ooms, progress=progress)
+        history = FileHistory(args.history, evaluation_interval=evaluation)
+        return backtest(history, str(args.history), options, ooms=ooms, progress=progress)
     from oomguard.backtest.source import PrometheusHistory, load_mapping
 
     if args.start is None:
@@ -164,4 +219,5 @@ def _trend(path: Path | None):  # -> TrendSettings
         return TrendConfig().settings()
     from oomguard.exporter.config_loader import load_config
 
+    check_regular(path, "configuration", MAX_YAML_BYTES)
     return load_config(path).trend.settings()

@@ -7,8 +7,10 @@ same in MiB, `used_mib`...), optionally `reserved_bytes`, the engine using it (`
 times must not go back (a row whose time does, a clock step, is
 dropped and counted, as Prometheus drops an out-of-order sample).
 
-The file is streamed: read a row at a time, never whole, within MAX_FILE_BYTES (of text, after decompression) and
-MAX_LINE_BYTES a line. An error names the file, the line and the fix.
+The file is streamed: read a row at a time, never whole, within MAX_FILE_BYTES (of text, after decompression; a
+gzip's text within GZIP_RATIO times its compressed bytes beyond GZIP_FLOOR_BYTES) and MAX_LINE_BYTES a line; the
+distinct GPUs and engines within the replay's MAX_GPUS and MAX_TARGETS, counted as they are read; its span within
+source.MAX_STEPS steps, as --prometheus bounds its window. An error names the file, the line and the fix.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import gzip
 import io
 import json
 import os
+import statistics
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,6 +41,8 @@ from oomguard.backtest.history import (
     number,
     parse_time,
 )
+from oomguard.backtest.replay import MAX_GPUS, MAX_TARGETS
+from oomguard.backtest.source import MAX_STEPS
 from oomguard.common.excerpt import excerpt
 
 # A month of 64 GPUs every 15 s in CSV is about 1 GB: twice that is refused (split the file, or use --prometheus).
@@ -45,6 +51,12 @@ MAX_LINE_BYTES = 64 * 1024
 # GPUs (and engines) in one step: a fleet's reading at one time. More is a file whose times are not times.
 MAX_ROWS_A_STEP = 16_384
 MIB = 1024**2
+# A history compresses 10 to 35 times (measured: CSV 11 to 15, idle GPUs in JSON lines 31, empty columns 35); gzip
+# at most about 1,000 times. Text beyond the floor and more than GZIP_RATIO times the compressed bytes read is a
+# bomb: 2.3 GB of text in 5.6 MB of gzip was read up to MAX_FILE_BYTES, some 3 MB a second.
+GZIP_FLOOR_BYTES, GZIP_RATIO = 4 * MIB, 100
+# Intervals between the first steps of which the median is the history's step (run.peek's 64 steps).
+STEP_INTERVALS = 63
 LARGE_BYTES, LARGE_GZIP_BYTES = 4 * MIB, MIB
 
 # Column -> (field, multiplier); the names a column may have, lower case.
@@ -67,10 +79,11 @@ def _fix(path: Path, line: int, message: str) -> BacktestError:
 
 
 class _Counted(io.RawIOBase):
-    """Bytes read so far, refused past MAX_FILE_BYTES (a compressed file's size says nothing of its text's)."""
+    """Bytes read so far, refused past MAX_FILE_BYTES (a compressed file's size says nothing of its text's), and a
+    gzip's past GZIP_RATIO times the compressed bytes read (`packed`: the file under the gzip)."""
 
-    def __init__(self, raw: IO[bytes], path: Path, limit: int) -> None:
-        self.raw, self.path, self.limit, self.count = raw, path, limit, 0
+    def __init__(self, raw: IO[bytes], path: Path, limit: int, packed: IO[bytes] | None = None) -> None:
+        self.raw, self.path, self.limit, self.count, self.packed = raw, path, limit, 0, packed
 
     def readable(self) -> bool:
         return True
@@ -83,6 +96,14 @@ class _Counted(io.RawIOBase):
                 f"{self.path}: more than {self.limit:,} bytes of text (the limit of a history file): split it by time, "
                 "or read the history from Prometheus (--prometheus)"
             )
+        if self.packed is not None and self.count > GZIP_FLOOR_BYTES:
+            packed = self.packed.tell()
+            if self.count > GZIP_RATIO * packed:
+                raise BacktestError(
+                    f"{self.path}: its gzip decompresses to more than {GZIP_RATIO} times the compressed bytes read "
+                    f"({self.count:,} bytes of text from {packed:,}), where a history compresses 10 to 35 times: a "
+                    "gzip bomb? If it is a history, give it decompressed"
+                )
         return n
 
 
@@ -99,9 +120,10 @@ def _open(path: Path, limit: int) -> IO[str]:
         raw: IO[bytes] = open(path, "rb")  # noqa: SIM115 (closed by the caller's `with`)
     except OSError as exc:
         raise BacktestError(f"{path}: cannot read the history: {exc.strerror}") from None
+    packed = None
     if path.name.endswith(".gz"):
-        raw = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
-    counted = io.BufferedReader(_Counted(raw, path, limit))
+        packed, raw = raw, gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
+    counted = io.BufferedReader(_Counted(raw, path, limit, packed))
     return io.TextIOWrapper(counted, encoding="utf-8", newline="")
 
 
@@ -125,9 +147,12 @@ def _lines(handle: IO[str], path: Path) -> Iterator[tuple[int, str]]:
 class FileHistory:
     """The steps of a history file, streamed; `problems` fills as it is read."""
 
-    def __init__(self, path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> None:
+    def __init__(self, path: Path, *, max_bytes: int = MAX_FILE_BYTES, evaluation_interval: float = 30.0) -> None:
+        """`evaluation_interval`: the rules' grid over the history's span (the span is bounded on it where it is
+        finer than the history's step)."""
         self.path = path
         self.max_bytes = max_bytes
+        self.evaluation_interval = evaluation_interval
         self.problems = Problems()
         self._plans: dict[tuple[str, ...], _Plan] = {}
         self.format = "jsonl" if _is_jsonl(path) else "csv"
@@ -223,6 +248,9 @@ class FileHistory:
     def _steps(self, rows: Iterator[tuple[int, dict[str, Any]]]) -> Iterator[Step]:
         step: Step | None = None
         seen: dict[tuple[str, str], int] = {}
+        window = _Window(self.path, self.evaluation_interval)
+        gpus: set[tuple[str, str]] = set()  # every GPU and engine read so far: held within the replay's caps
+        engines: set[str] = set()
         for number_, row in rows:
             t = self._time(row, number_)
             if step is not None and t < step.t:
@@ -233,8 +261,19 @@ class FileHistory:
             if step is None or t != step.t:
                 if step is not None:
                     yield step
+                window.add(t, number_)
                 step, seen = Step(t), {}
             gpu, engine = self._row(row, number_)
+            if gpu is not None and (gpu.node, gpu.gpu) not in gpus:
+                if len(gpus) >= MAX_GPUS:
+                    raise _fix(self.path, number_, f"more than {MAX_GPUS:,} GPUs in the history: backtest a part of "
+                                                   "the fleet at a time (a file of its nodes)")  # fmt: skip
+                gpus.add((gpu.node, gpu.gpu))
+            if engine is not None and engine.target not in engines:
+                if len(engines) >= MAX_TARGETS:
+                    raise _fix(self.path, number_, f"more than {MAX_TARGETS:,} engines in the history: backtest a "
+                                                   "part of the fleet at a time (a file of its nodes)")  # fmt: skip
+                engines.add(engine.target)
             if gpu is not None:
                 key = (gpu.node, gpu.gpu)
                 if key in seen:
@@ -342,6 +381,41 @@ class FileHistory:
         except (TypeError, ValueError):
             raise _fix(self.path, line, f"{column} {excerpt(str(raw), 40)!r} is not a number") from None
         self.problems.reject(column)
+
+
+class _Window:
+    """The history's span, bounded as --prometheus bounds its window (source.MAX_STEPS steps): the rules are
+    evaluated over all of it, so one row years after the others would cost as if the years were read. The steps are
+    the history's (the median interval of its first steps, as run.peek finds it), or the evaluation's where finer."""
+
+    def __init__(self, path: Path, evaluation_interval: float) -> None:
+        self.path, self.evaluation = path, evaluation_interval
+        self.first: float | None = None
+        self.last = 0.0
+        self.intervals: list[float] = []
+        self.grid = evaluation_interval
+
+    def add(self, t: float, line: int) -> None:
+        """A step at `t` (after the last), read at `line`."""
+        if self.first is None:
+            self.first = self.last = t
+            return
+        if len(self.intervals) < STEP_INTERVALS:
+            self.intervals.append(t - self.last)
+            self.grid = min(statistics.median(self.intervals), self.evaluation)
+        self.last = t
+        steps = (t - self.first) / self.grid
+        if steps > MAX_STEPS:
+            raise _fix(
+                self.path, line, f"time {_when(t)} is {(t - self.first) / 86400:,.0f} days after the history's first "
+                f"({_when(self.first)}): {steps:,.0f} steps of {self.grid:g} s, over {MAX_STEPS:,} (the most a "
+                "backtest's window holds, as with --prometheus); is its time right? Otherwise split the history at the "
+                "gap and backtest each part"
+            )  # fmt: skip
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 class _Plan:

@@ -15,12 +15,12 @@ An OOM with no place is the whole fleet's: every alert is judged against it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import parse_time
+from oomguard.backtest.regular import read_regular
 from oomguard.common.excerpt import excerpt
 
 MAX_FILE_BYTES = 16 * 1024**2  # a million OOMs is no incident list
@@ -44,13 +44,7 @@ class Oom:
 
 
 def read_ooms(path: Path) -> list[Oom]:
-    try:
-        size = os.stat(path).st_size
-        if size > MAX_FILE_BYTES:
-            raise BacktestError(f"{path}: {size:,} bytes, over the limit of an OOM list ({MAX_FILE_BYTES:,})")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BacktestError(f"{path}: cannot read the OOM list: {exc.strerror}") from None
+    data = read_regular(path, "OOM list", MAX_FILE_BYTES)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

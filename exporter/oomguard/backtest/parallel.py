@@ -18,6 +18,7 @@ import contextlib
 import logging
 import multiprocessing
 import shutil
+import signal
 from collections.abc import Iterator
 from dataclasses import replace
 from multiprocessing.connection import Connection
@@ -27,10 +28,11 @@ from typing import Any
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import Step
 from oomguard.backtest.replay import GpuCoverage, Replay, ReplaySummary, SeriesFilter
-from oomguard.backtest.tsdb import Backfill
+from oomguard.backtest.tsdb import PROMTOOL_TIMEOUT, Backfill
 from oomguard.exporter.model import TrendSettings
 
 BATCH = 64  # steps sent to a worker at once: fewer, larger messages through its pipe
+BATCH_ROWS = 65_536  # and at most these GPU rows (and the step that passes them): 64 steps of 16,384 GPUs were 700 MiB
 MAX_JOBS = 4
 # Histories shorter than this are replayed in the main process: starting a worker (a Python with oomguard
 # imported) costs about half a second.
@@ -74,6 +76,11 @@ def _work(
     conn: Connection, settings: TrendSettings, wanted: dict, lookback: float, utilization: float | None, workdir: str
 ) -> None:
     """A worker: its share of each step, replayed into its own backfill; its summary (or its error) sent back."""
+    # Forked with the command's handlers (command.py): a worker is stopped by the process that started it (SIGTERM:
+    # it ends once its promtool is done, leaving nothing to write into the folder being removed), and ^C, which the
+    # terminal sends to every process of the group, is that process's to handle.
+    signal.signal(signal.SIGTERM, _stopped)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.getLogger("oomguard.exporter.trend.sampler").disabled = True
     backfill = Backfill(Path(workdir))
 
@@ -89,15 +96,28 @@ def _work(
                         gpu_memory_utilization=utilization)  # fmt: skip
         summary = replay.run(steps())
         backfill.finish()
-        conn.send(("ok", summary))
+        outcome: tuple[str, Any] = ("ok", summary)
     except BacktestError as exc:
         backfill.abort()
-        conn.send(("error", str(exc)))
-    except Exception as exc:
+        outcome = ("error", str(exc))
+    except Exception as exc:  # the parent gone too (EOFError)
         backfill.abort()
-        conn.send(("error", f"a replay worker failed: {type(exc).__name__}: {exc}"))
+        outcome = ("error", f"a replay worker failed: {type(exc).__name__}: {exc}")
+    except BaseException:  # stopped
+        backfill.abort()
+        conn.close()
+        raise
+    try:
+        conn.send(outcome)
+    except OSError:
+        pass  # the parent is gone, or has stopped listening: no one to tell
     finally:
         conn.close()
+
+
+def _stopped(signum: int, _: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the way out waits for promtool: not cut short
+    raise SystemExit(128 + signum)
 
 
 def replay_parallel(
@@ -120,15 +140,8 @@ def replay_parallel(
             process.start()
             child.close()
             workers.append((process, parent, folder))
-        dealer = Dealer(jobs)
-        batches: list[list[Step]] = [[] for _ in range(jobs)]
-        for step in steps:
-            for i, part in enumerate(dealer.deal(step)):
-                batches[i].append(part)
-            if len(batches[0]) >= BATCH:
-                _send(workers, batches)
-                batches = [[] for _ in range(jobs)]
-        _send(workers, batches)
+        for batch in batches(steps, Dealer(jobs)):
+            _send(workers, batch)
         _send(workers, None)
         summaries = [_result(process, conn) for process, conn, _ in workers]
     finally:
@@ -136,12 +149,30 @@ def replay_parallel(
             conn.close()
             if process.is_alive():
                 process.terminate()
-            process.join(5)
+        for process, _, _ in workers:  # each waits for its promtool (one block's backfill) before it ends
+            process.join(PROMTOOL_TIMEOUT + 10)
+            if process.is_alive():
+                process.kill()
+                process.join()
     for _, _, folder in workers:
         for block in (folder / "blocks").iterdir():
             block.rename(blocks / block.name)
         shutil.rmtree(folder, ignore_errors=True)
     return merge(summaries)
+
+
+def batches(steps: Iterator[Step], dealer: Dealer) -> Iterator[list[list[Step]]]:
+    """Each worker's share of the steps, BATCH steps (or BATCH_ROWS rows) at a time."""
+    batch: list[list[Step]] = [[] for _ in range(dealer.jobs)]
+    rows = 0
+    for step in steps:
+        for i, part in enumerate(dealer.deal(step)):
+            batch[i].append(part)
+        rows += len(step.gpus)
+        if len(batch[0]) >= BATCH or rows >= BATCH_ROWS:
+            yield batch
+            batch, rows = [[] for _ in range(dealer.jobs)], 0
+    yield batch
 
 
 def _send(workers: list[tuple[Any, Connection, Path]], batches: list[list[Step]] | None) -> None:

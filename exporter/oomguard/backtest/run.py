@@ -25,8 +25,11 @@ from oomguard.backtest.tsdb import Backfill, Prometheus
 from oomguard.bundle.bundle_config import BundleConfig
 from oomguard.exporter.model import TrendSettings
 
-# Steps read ahead to find the history's step (the trend samples at it) before the replay starts.
+# Steps read ahead to find the history's step (the trend samples at it) before the replay starts, at most PEEK_ROWS
+# GPU rows of them (and the step that passes it): 64 steps of the largest fleet a step holds (16,384 GPUs) were a
+# million rows, some 700 MiB, held at once.
 PEEK_STEPS = 64
+PEEK_ROWS = 65_536
 # A series is read this many steps after its last sample, then no more (tsdb.py: the stale marker's stand-in).
 LOOKBACK_STEPS = 1.5
 
@@ -60,8 +63,15 @@ class Options:
 
 
 def peek(steps: Iterator[Step], n: int) -> tuple[list[Step], float]:
-    """The first `n` steps (the caller replays them first) and the median interval between them."""
-    head = list(itertools.islice(steps, n))
+    """The first `n` steps, or those that pass PEEK_ROWS rows (the caller replays them first), and the median
+    interval between them."""
+    head: list[Step] = []
+    rows = 0
+    for step in itertools.islice(steps, n):
+        head.append(step)
+        rows += len(step.gpus)
+        if rows >= PEEK_ROWS:
+            break
     intervals = [b.t - a.t for a, b in itertools.pairwise(head) if b.t > a.t]
     return head, statistics.median(intervals) if intervals else 0.0
 

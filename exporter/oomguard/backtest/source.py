@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
 import urllib.error
 import urllib.parse
@@ -39,6 +38,7 @@ from oomguard.backtest.history import (
 )
 from oomguard.backtest.ooms import Oom
 from oomguard.backtest.parallel import PARALLEL_FROM_STEPS
+from oomguard.backtest.regular import check_regular
 from oomguard.common.excerpt import excerpt
 from oomguard.common.kinds import LOG_OOM_KINDS
 from oomguard.exporter.config import ConfigError, StrictModel, explain, read_yaml
@@ -182,12 +182,7 @@ def load_mapping(preset: str, path: Path | None) -> Mapping:
     """The preset's queries, with the mapping file's (if any) over them; the file may name its own preset."""
     override: dict[str, Any] = {}
     if path is not None:
-        try:
-            size = os.stat(path).st_size
-        except OSError as exc:
-            raise BacktestError(f"{path}: cannot read the mapping: {exc.strerror}") from None
-        if size > MAX_MAPPING_BYTES:
-            raise BacktestError(f"{path}: {size:,} bytes, over the limit of a mapping file ({MAX_MAPPING_BYTES:,})")
+        check_regular(path, "mapping", MAX_MAPPING_BYTES)  # a FIFO or /dev/zero: refused before it is read
         loaded = read_yaml(path, "backtest mapping")
         if loaded is not None and not isinstance(loaded, dict):
             raise BacktestError(f"{path}: the top level must be a mapping (keys gpu:, engine:, gpu_targets:, ooms:)")

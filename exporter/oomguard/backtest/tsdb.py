@@ -26,7 +26,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -135,6 +135,10 @@ class Backfill:
 class Prometheus:
     """The Debian package's Prometheus over the backfilled blocks, on loopback."""
 
+    # Those started and not stopped, for a stop signal to end at once (command.py): the queries in flight then fail
+    # at once instead of being answered, and the way out does not wait for them.
+    running: ClassVar[set[Prometheus]] = set()
+
     def __init__(self, workdir: Path, blocks: Path, lookback_seconds: float) -> None:
         self.workdir = workdir
         self.port = free_port()
@@ -157,6 +161,7 @@ class Prometheus:
                                      error=BacktestError)  # fmt: skip
 
     def start(self) -> None:
+        Prometheus.running.add(self)
         self.process.start(START_TIMEOUT, poll_seconds=0.05)
 
     def log_tail(self, lines: int = 20) -> str:
@@ -164,9 +169,24 @@ class Prometheus:
 
     def stop(self) -> None:
         self.process.stop()
+        Prometheus.running.discard(self)
+
+    @classmethod
+    def end_all(cls) -> None:
+        """Kills every Prometheus started and not stopped, without waiting (a signal handler's): what it holds is
+        the replay's, thrown away. Its `stop` then reaps it."""
+        for prometheus in list(cls.running):
+            process = prometheus.process.proc
+            if process is not None:
+                with contextlib.suppress(OSError):
+                    process.kill()
 
     def __enter__(self) -> Prometheus:
-        self.start()
+        try:
+            self.start()
+        except BaseException:  # a signal while it starts (command.py): stopped all the same
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *_: object) -> None:
