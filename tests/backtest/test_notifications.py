@@ -118,6 +118,16 @@ def test_the_same_page_firing_again_after_its_group_closed_is_a_new_notification
     assert at(found, "pager") == [(30.0, 1, False), (HOUR + 30.0, 1, False)]
 
 
+def test_an_alert_firing_again_before_the_next_tick_is_no_new_notification() -> None:
+    """Alertmanager identifies an alert by its labels: the same page resolved at 7 minutes and firing again at 8 is
+    the alert the receiver was told of at the group's tick (10.5 minutes), not a new one (a flap at its line)."""
+    found = sent([alert(CRITICAL, T, T + 7 * MINUTE), alert(CRITICAL, T + 8 * MINUTE, T + 50 * MINUTE)])
+    assert at(found, "pager") == [(30.0, 1, False)]
+    # Resolved before a tick, the group told so and closed: firing again later is a new group, a new notification.
+    found = sent([alert(CRITICAL, T, T + 4 * MINUTE), alert(CRITICAL, T + 8 * MINUTE, T + 50 * MINUTE)])
+    assert at(found, "pager") == [(30.0, 1, False), (8 * MINUTE + 30.0, 1, False)]
+
+
 def test_an_info_alert_reaches_no_one() -> None:
     """The shipped routing sends `info` to the receiver "null", which has no integration: nothing is sent."""
     low = alert("OomGuardLowHeadroomConfig", T, T + 5 * HOUR)

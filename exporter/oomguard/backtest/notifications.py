@@ -269,7 +269,9 @@ def _group(
         # A group is made by its first alert and lives while it holds any (firing, or resolved and not yet told).
         at = alerts[i].start + route.group_wait
         members: list[_Alert] = []
-        told: set[int] = set()  # firing alerts the receiver knows of
+        # The firing alerts the receiver knows of, by their labels: Alertmanager's identity of an alert (one that
+        # resolved and fired again on the same series between two ticks is the one it was told of).
+        told: set[tuple[tuple[str, str], ...]] = set()
         last_sent: float | None = None
         while True:
             while i < len(alerts) and alerts[i].start <= at:
@@ -278,7 +280,7 @@ def _group(
             if at > end:
                 break
             firing = [a for a in members if a.start <= at < a.end and not _is_muted(a, at, muted)]
-            ids = {id(a) for a in firing}
+            ids = {tuple(sorted(a.labels.items())) for a in firing}
             gone = told - ids
             update = bool(ids - told) or (bool(gone) and (resolved or not ids))
             repeat = bool(firing) and last_sent is not None and at - last_sent >= route.repeat_interval
