@@ -93,6 +93,7 @@ def test_the_sweep(everything: dict) -> None:
           "2024-05-01T01:00:00Z"], "cannot reach Prometheus at http://127.0.0.1:"),
         (["--history", "{files}/history.csv", "--evaluation-interval", "soon"], "--evaluation-interval 'soon': not a"),
         (["--history", "{files}/history.csv", "--gpu-memory-utilization", "90"], "a share of the GPU"),
+        (["--history", "{files}/history.csv", "--incident-before", "1e300"], "--incident-before 1e300: at most 7d"),
         (["--history", "{files}/history.csv", "--ooms", "{files}/history.csv"], "is not a time"),
         (["--history", "{files}/history.csv", "--bundle-config", "{files}/ooms.txt"], "top level must be a mapping"),
     ],

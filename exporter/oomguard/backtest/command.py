@@ -166,8 +166,8 @@ def _run(args: argparse.Namespace):  # -> Report
     evaluation = parse_duration(args.evaluation_interval, "--evaluation-interval")
     if evaluation < 1:
         raise BacktestError("--evaluation-interval: at least 1s")
-    window = Window(parse_duration(args.incident_before, "--incident-before"),
-                    parse_duration(args.incident_after, "--incident-after"))  # fmt: skip
+    window = Window(_incident(args.incident_before, "--incident-before"),
+                    _incident(args.incident_after, "--incident-after"))  # fmt: skip
     options = Options(
         bundle=bundle,
         bundle_name=str(args.bundle_config) if args.bundle_config else "the bundle's defaults",
@@ -203,6 +203,19 @@ def _run(args: argparse.Namespace):  # -> Report
         args.prometheus, mapping, start=start, end=end, step=step, timeout=parse_duration(args.timeout, "--timeout")
     )
     return backtest(history, history.describe(), options, ooms=ooms, ooms_from=history.ooms, progress=progress)
+
+
+# An incident is hours around its OOM; --plot reads each one's memory over it (a span of 1e300 s was a loop
+# without end).
+MAX_INCIDENT_SECONDS = 7 * 86400
+
+
+def _incident(text: str, flag: str) -> float:
+    seconds = parse_duration(text, flag)
+    if seconds > MAX_INCIDENT_SECONDS:
+        raise BacktestError(f"{flag} {text}: at most 7d (an incident is hours around its OOM; the default is "
+                            f"{DEFAULT_BEFORE if flag == '--incident-before' else DEFAULT_AFTER})")  # fmt: skip
+    return seconds
 
 
 def _now() -> float:
