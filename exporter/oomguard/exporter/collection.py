@@ -93,6 +93,7 @@ class Collection:
         # A source like the others: timed, its success recorded; a failure leaves the readings as they were.
         if self.settings is not None:
             targets = await self.source_runs.run(SETTINGS, self.settings.add(targets)) or targets
+        self.targets.note_reservations(targets)
         memory = join_targets(gpus, targets, self.local_node)
         tracker, events = self.tracker, self.events
         # As the last poll left them: no lock taken on the loop, no dict read while a poll changes it.

@@ -307,6 +307,30 @@ class TrendConfig(StrictModel):
         description="How often each series is analysed (its share of the ticks), at most a quarter of the short "
         "window; 0: every sample. Samples are taken every interval_seconds all the same.",
     )
+    creep_period_seconds: float = Field(
+        _TREND.creep_period_seconds, gt=0, description="The slow climb's point: each period's lowest reading."
+    )
+    creep_window_seconds: float = Field(
+        _TREND.creep_window_seconds, gt=0, description="How far back the slow climb is judged (bounded memory)."
+    )
+    creep_min_seconds: float = Field(
+        _TREND.creep_min_seconds, gt=0, description="A slow climb is called once it has lasted this long."
+    )
+    creep_min_rise_ratio: float = Field(
+        _TREND.creep_min_rise_ratio, gt=0, lt=1, description="... and risen by this share of what was left."
+    )
+    creep_tolerance_ratio: float = Field(
+        _TREND.creep_tolerance_ratio, gt=0, lt=1, description="A fall of the floor beyond this ends a slow climb."
+    )
+    creep_quiet_ratio: float = Field(
+        _TREND.creep_quiet_ratio,
+        gt=0,
+        lt=1,
+        description="Quiet enough to judge a slow climb: a quarter of the periods wobble less than this.",
+    )
+    creep_horizon_seconds: float = Field(
+        _TREND.creep_horizon_seconds, gt=0, description="A slower climb than one filling what is left in this is none."
+    )
 
     @model_validator(mode="after")
     def _windows(self) -> TrendConfig:
@@ -314,6 +338,11 @@ class TrendConfig(StrictModel):
             raise ValueError(
                 "need interval_seconds x 10 <= short_window_seconds < long_window_seconds, "
                 f"got {self.interval_seconds:g}, {self.short_window_seconds:g}, {self.long_window_seconds:g}"
+            )
+        if not self.creep_min_seconds < self.creep_window_seconds:
+            raise ValueError(
+                "need creep_min_seconds < creep_window_seconds (a slow climb is judged within the window), "
+                f"got {self.creep_min_seconds:g}, {self.creep_window_seconds:g}"
             )
         return self
 

@@ -364,6 +364,8 @@ class TargetView:
     state: str  # loading, up or down
     asleep: bool  # in the engine's sleep mode, as its last reading said
     pod: PodRef | None = None  # a discovered pod: its GPUs by its node and by dcgm-exporter's pod labels
+    # Its reservation (join.reservation) as its last scrape said: its GPUs' trend judges the use beyond it.
+    reservation: float | None = None
 
 
 # -- the engine's settings as started (its command line) ------------------------------------
@@ -494,6 +496,21 @@ class TrendSettings:
     # the analysis of the series is spread over the ticks (each tick analyses its share), so one tick holds the
     # GIL for a share of the series, not for all of them (docs/trend.md, "Cost").
     analysis_interval_seconds: float = 0.0
+    # The slow climb (docs/trend.md, "A slow climb in what is left"): a leak of tens of MiB an hour into the headroom
+    # a reservation leaves, judged over hours on the floor of each period (its lowest reading): a floor that rises
+    # steadily and never falls back, on a quiet series.
+    creep_period_seconds: float = 300.0
+    creep_window_seconds: float = 21600.0
+    creep_min_seconds: float = 2700.0
+    # Its rise, as a share of what was left (1 - level) where it began.
+    creep_min_rise_ratio: float = 0.005
+    # A floor that falls this far (share of capacity) below its highest ends the climb.
+    creep_tolerance_ratio: float = 0.005
+    # Quiet: at least a quarter of the periods wobble less than this (share of capacity) between their lowest and
+    # highest readings. A series that moves with its load never is: its slow rises are the load's (a daily cycle).
+    creep_quiet_ratio: float = 0.003
+    # Slower than filling what is left in this long is no climb worth a ticket.
+    creep_horizon_seconds: float = 10 * 86400.0
 
     @property
     def climb_soonest(self) -> float:
@@ -522,16 +539,24 @@ class TrendKey:
         return cls("gpu", key[1], "gpu", key[0])
 
 
+# What a trend's level is a share of: the headroom its engines' reservations leave (the use beyond them against it:
+# what can still grow and run the GPU out), or, with no reservation known, the whole capacity.
+TREND_BASES = ("headroom", "total")
+
+
 @dataclass(frozen=True, slots=True)
 class Observation:
     used_bytes: float
     capacity_bytes: float
+    basis: str = "total"  # one of TREND_BASES
+    total_bytes: float = 0.0  # on the headroom basis, the GPU's total (the scale of its noise); else the capacity
 
 
 @dataclass(frozen=True, slots=True)
 class TrendReading:
     trend: Trend
     capacity_bytes: float
+    basis: str = "total"
 
 
 # -- events ----------------------------------------------------------------------------------

@@ -54,4 +54,8 @@ def trend_settings_on_clock(settings: TrendSettings, clock: TimeScale) -> TrendS
         saturated_seconds=clock.real(settings.saturated_seconds, floor=1.0),
         climb_min_slope_ratio_per_minute=clock.rate(settings.climb_min_slope_ratio_per_minute),
         analysis_interval_seconds=clock.real(settings.analysis_interval_seconds),
+        creep_period_seconds=clock.real(settings.creep_period_seconds, floor=0.4),
+        creep_window_seconds=clock.real(settings.creep_window_seconds, floor=60.0),
+        creep_min_seconds=clock.real(settings.creep_min_seconds, floor=12.0),
+        creep_horizon_seconds=clock.real(settings.creep_horizon_seconds),
     )

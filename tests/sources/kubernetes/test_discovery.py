@@ -182,9 +182,10 @@ async def test_nvml_pids_are_attributed_to_their_pod_through_cgroups(tmp_path: P
             assert await k8s.value("oomguard_target_process_gpu_memory_bytes", **POD) == 50 * GIB
             assert await k8s.value("oomguard_target_gpu_info", node=objects.NODE, gpu="0", **POD) == 1.0
             assert await k8s.value("oomguard_target_gpu_info", node=objects.NODE, gpu="1", **POD) is None
-            # The trend sampler finds the pod's GPUs the same way.
+            # The trend sampler finds the pod's GPUs the same way. Its engine reserves 0.90 of the GPU, and 10 GiB of
+            # another process's are beyond what the reservation leaves (8 GiB): judged in its headroom, saturated.
             await wait_for(
-                lambda: k8s.value("oomguard_target_memory_trend_state", memory="gpu", state="steady", **POD),
+                lambda: k8s.value("oomguard_target_memory_trend_state", memory="gpu", state="saturated", **POD),
                 "the pod's GPU memory trend",
             )
 

@@ -132,4 +132,6 @@ def add(out: Exposition, snapshot: Snapshot) -> None:
         out.add(full_spec, labels, trend.seconds_to_full)
         budget = budgets.get(key.name)
         if key.kind == "target" and key.memory == "gpu" and budget is not None:
-            out.add(TARGET_MEMORY_SECONDS_TO_BUDGET, (key.name,), trend.seconds_to(budget))
+            # On the headroom basis the level is the use beyond the reservations: the budget is its 0.
+            on_basis = 0.0 if reading.basis == "headroom" else budget
+            out.add(TARGET_MEMORY_SECONDS_TO_BUDGET, (key.name,), trend.seconds_to(on_basis))

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from oomguard.exporter.config import TargetConfig
-from oomguard.exporter.model import PodRef, ProcessTree, TargetView
+from oomguard.exporter.join import reservation
+from oomguard.exporter.model import PodRef, ProcessTree, TargetReading, TargetView
 from oomguard.exporter.sources.targets import TargetScraper
 
 
@@ -26,6 +27,7 @@ class TargetSet:
         # and its name, which tell its GPUs).
         self._pods: dict[str, tuple[str, PodRef]] = {}
         self._member_uids: dict[str, tuple[str, ...]] = {}  # the workers' pods of an engine spanning pods
+        self._reservations: dict[str, float | None] = {}  # each target's reservation as its last scrape said
         for config in configs:
             self.add(config)
 
@@ -48,6 +50,7 @@ class TargetSet:
         self._by_name.pop(name, None)
         self._pods.pop(name, None)
         self._member_uids.pop(name, None)
+        self._reservations.pop(name, None)
 
     def retarget(self, name: str, config: TargetConfig) -> None:
         """The target at a new address (a pod replaced under its name): its counts go on, the new process is
@@ -92,9 +95,17 @@ class TargetSet:
                 state=s.status.state,
                 asleep=s.asleep,
                 pod=self._pods[name][1] if name in self._pods else None,
+                reservation=self._reservations.get(name),
             )
             for name, s in self._by_name.items()
         )
+
+    def note_reservations(self, readings: Iterable[TargetReading]) -> None:
+        """Each scraped target's reservation (its engine's, else its command line's): the trend sampler judges its
+        GPUs' use beyond it between scrapes."""
+        for t in readings:
+            if t.name in self._by_name:
+                self._reservations[t.name] = reservation(t)
 
     def owners(self, found: Mapping[int, ProcessTree | None]) -> Iterator[tuple[str, frozenset[int], str | None]]:
         """Each target's processes on this host (from the process lookup's `found`, by port) and its pod's UID:

@@ -22,6 +22,10 @@ from oomguard.exporter.model import Trend, TrendSettings
 CONSISTENT = 0.6
 # Share of the climb's span its rise must be spread over (a step up is not a leak).
 SPREAD = 0.35
+# A slow climb's second half must rise at least this share of its first half's pace to be called (an allocator's
+# warm-up decays: its second half is slower), and this share to be held once called.
+STEADY = 0.5
+HOLD_STEADY = 0.35
 
 
 def median_of_sorted(data: list[float]) -> float:
@@ -235,6 +239,170 @@ def spread(points: list[tuple[float, float]]) -> float:
     return (t90 - t10) / (t1 - t0)
 
 
+class Creep:
+    """The slow climb of one series, judged over hours (docs/trend.md, "A slow climb in what is left").
+
+    Each period (`creep_period_seconds`, at least four samples) leaves one point: the lowest reading in it (its
+    floor: a wobble above it, a transient allocation, does not count) and its wobble (highest minus lowest). The
+    points of `creep_window_seconds` are kept, as arrays. (Its wobble leaves out the period's own rise, first reading
+    to last: a leak's steps are no wobble.) A climb runs from the last point where the floor (a median
+    of three, so that one odd period neither starts nor ends it) fell more than `creep_tolerance_ratio` below its
+    highest since: a leak never falls back, a load does. It is called a climb where, over `creep_min_seconds` or
+    more, the series is quiet (a quarter of its periods wobble less than `creep_quiet_ratio`: a series that moves
+    with its load is judged by the faster rules, never here), its floor rises steadily (Kendall's tau of twelve
+    bucket medians, a rise spread over the span, its second half still rising at least half as fast as its first:
+    an allocator's warm-up decays, a leak does not), by `creep_min_rise_ratio` of what was left, at a pace
+    that fills what is left within `creep_horizon_seconds`. The judgement changes only when a point is added."""
+
+    __slots__ = (
+        "_first", "_floor", "_last", "_max", "_min", "_period_start", "_times", "_wobble", "called", "floor", "quiet",
+        "reach", "settings", "slope", "start", "tolerance",
+    )  # fmt: skip
+
+    def __init__(self, settings: TrendSettings, noise_scale: float = 1.0) -> None:
+        self.settings = settings
+        # Noise is judged at the total's scale (see Series): its ratios of the capacity, scaled.
+        self.tolerance = noise_ratio(settings.creep_tolerance_ratio, noise_scale)
+        self.quiet = noise_ratio(settings.creep_quiet_ratio, noise_scale)
+        self._times = array("d")
+        self._floor = array("d")
+        self._wobble = array("d")
+        self._period_start: float | None = None
+        self._min = self._max = self._first = self._last = 0.0
+        self.called = False  # latched: a climb was called and still holds
+        self.slope = 0.0  # its pace (share of capacity per second), while called
+        self.start = 0.0  # when it began, while called
+        self.floor = 0.0  # its newest floor, while called
+        self.reach = 0.0  # how far above its floor it goes in a typical hour (transient allocations), while called
+
+    @property
+    def period(self) -> float:
+        return max(self.settings.creep_period_seconds, 4 * self.settings.interval_seconds)
+
+    def add(self, t: float, ratio: float) -> bool:
+        """A sample; True where it closed a period (a point added: judge again)."""
+        if self._period_start is None:
+            self._period_start, self._min, self._max, self._first, self._last = t, ratio, ratio, ratio, ratio
+            return False
+        if t - self._period_start < self.period:
+            self._min, self._max, self._last = min(self._min, ratio), max(self._max, ratio), ratio
+            return False
+        self._times.append(self._period_start + self.period / 2)
+        self._floor.append(self._min)
+        # What moved besides the period's own rise: a leak's steps within a period are no wobble.
+        self._wobble.append(self._max - self._min - max(0.0, self._last - self._first))
+        keep = int(self.settings.creep_window_seconds / self.period) + 1
+        if len(self._times) > keep + 64:  # trimmed now and then, never beyond the window and a little
+            drop = len(self._times) - keep
+            del self._times[:drop], self._floor[:drop], self._wobble[:drop]
+        self._period_start, self._min, self._max, self._first, self._last = t, ratio, ratio, ratio, ratio
+        return True
+
+    def reset(self) -> None:
+        del self._times[:], self._floor[:], self._wobble[:]
+        self._period_start = None
+        self.called = False
+
+    def judge(self, level: float) -> None:
+        """After a point is added: whether the floor climbs, and at what pace."""
+        s = self.settings
+        n = len(self._times)
+        first = max(0, n - int(s.creep_window_seconds / self.period))
+        if n - first < 8:
+            self.called = False
+            return
+        smooth = _median_of_three(self._floor[first:n])
+        # The climb's start: the last fall of the floor beyond the tolerance below its highest since.
+        begin, highest = 0, smooth[0]
+        for i, floor in enumerate(smooth):
+            if floor < highest - self.tolerance:
+                begin, highest = i, floor
+            else:
+                highest = max(highest, floor)
+        times = self._times[first + begin : n]
+        floors = smooth[begin:]
+        span = times[-1] - times[0] + self.period
+        relaxed = self.called  # a climb already called is held while it still rises, however young its points
+        if len(floors) < 8 or (span < s.creep_min_seconds and not relaxed):
+            self.called = False
+            return
+        wobble = sorted(self._wobble[first + begin : n])
+        if wobble[len(wobble) // 4] > self.quiet:
+            self.called = False
+            return
+        slope = self._steady_slope(list(zip(times, floors, strict=True)), level, relaxed)
+        self.called = slope is not None
+        if slope is not None:
+            self.slope, self.start = slope, times[0] - self.period / 2
+            self.floor, self.reach = floors[-1], self._hourly_peak(first + begin, n)
+
+    def _hourly_peak(self, first: int, end: int) -> float:
+        """How far above its floor the series goes in an hour, one hour in four: the upper quartile of each hour's
+        largest wobble (a transient allocation) over the climb's last six hours. A leak runs the GPU out when such a
+        peak no longer fits, which the next few hours are likely to bring."""
+        per_hour = max(1, round(3600 / self.period))
+        peaks = sorted(
+            max(self._wobble[i : min(end, i + per_hour)]) for i in range(max(first, end - 6 * per_hour), end, per_hour)
+        )
+        return peaks[(3 * len(peaks)) // 4] if peaks else 0.0
+
+    def _steady_slope(self, points: list[tuple[float, float]], level: float, relaxed: bool) -> float | None:
+        s = self.settings
+        start, end = points[0][0], points[-1][0]
+        buckets = _bucket_medians(points, start, end)
+        if len(buckets) < 6:
+            return None
+        slope = theil_sen(buckets)
+        if slope is None or slope <= 0:
+            return None
+        rise = buckets[-1][1] - buckets[0][1]
+        left = max(1.0 - buckets[0][1], 1e-9)
+        if rise < s.creep_min_rise_ratio * left and not relaxed:
+            return None
+        if (1.0 - level) / slope > s.creep_horizon_seconds:
+            return None
+        if consistency(buckets) < (0.5 if relaxed else 0.7):
+            return None
+        if not relaxed and spread(buckets) < SPREAD:
+            return None
+        half = len(buckets) // 2
+        early, late = theil_sen(buckets[: half + 1]), theil_sen(buckets[half:])
+        if late is None or late < (HOLD_STEADY if relaxed else STEADY) * max(early or 0.0, slope):
+            return None
+        return slope
+
+
+# A noise threshold never exceeds this share of the capacity, however small the capacity is against the total.
+MAX_NOISE_RATIO = 0.25
+
+
+def noise_ratio(ratio: float, scale: float) -> float:
+    """A threshold of noise (a share of the total) as a share of a capacity `scale` times smaller (the headroom)."""
+    return min(MAX_NOISE_RATIO, ratio * max(1.0, scale))
+
+
+def _median_of_three(values: array) -> list[float]:
+    """Each value replaced by the median of it and its neighbours (the ends by the lower of the two there)."""
+    n = len(values)
+    if n < 3:
+        return list(values)
+    out = [min(values[0], values[1])]
+    for i in range(1, n - 1):
+        a, b, c = values[i - 1], values[i], values[i + 1]
+        out.append(max(min(a, b), min(max(a, b), c)))
+    out.append(min(values[-2], values[-1]))
+    return out
+
+
+def _bucket_medians(points: list[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
+    """Twelve equal buckets of [start, end]: each one's centre and the median of its values (those with any)."""
+    width = (end - start) / 12 or 1.0
+    groups: list[list[float]] = [[] for _ in range(12)]
+    for t, v in points:
+        groups[min(11, int((t - start) / width))].append(v)
+    return [(start + (i + 0.5) * width, median_of_sorted(sorted(g))) for i, g in enumerate(groups) if g]
+
+
 class Series:
     """The bounded history of one series and its climb, fed one sample at a time.
 
@@ -245,10 +413,18 @@ class Series:
     sorting every bucket again. The results are those of sorting afresh: `incremental=False` computes
     every statistic from scratch, each tick (the tests compare the two)."""
 
-    def __init__(self, settings: TrendSettings, *, incremental: bool = True, from_serving: bool = False) -> None:
+    def __init__(
+        self, settings: TrendSettings, *, incremental: bool = True, from_serving: bool = False, noise_scale: float = 1.0
+    ) -> None:
         """`from_serving`: the history begins with its engine up and serving (TrendTracker.forget), so a climb
-        from its start is not a load: it may be called sooner (TrendSettings.climb_share_of_time_to_full)."""
+        from its start is not a load: it may be called sooner (TrendSettings.climb_share_of_time_to_full).
+        `noise_scale`: the total over the capacity the series is a share of (the headroom a reservation leaves is
+        a tenth of the GPU at 0.90). What it judges as progress (a rise, a pace, the top) is a share of the
+        capacity; what it judges as noise (a fall that ends a climb, a sawtooth's span) is a share of the total, as
+        the bytes of a workspace or a transient do not shrink with the headroom."""
         self.settings = settings
+        self.tolerance = noise_ratio(settings.tolerance_ratio, noise_scale)
+        self.sawtooth_span = noise_ratio(settings.sawtooth_span_ratio, noise_scale)
         self.incremental = incremental
         self.from_serving = from_serving
         self.maxlen = int(settings.long_window_seconds / settings.interval_seconds) + 8
@@ -262,12 +438,16 @@ class Series:
         self.climb_start: float | None = None
         self.climb_floor = 0.0
         self.peak = 0.0
+        self._plateau = 0.0  # the level it last rose to (by a quarter of the tolerance)
+        self._plateau_since = 0.0  # and when
         # Once called a climb, it stays one while its floor still rises: no flapping at the
         # thresholds while noise (or cache churn) moves the level up and down.
         self.latched = False
         self.latched_slope = 0.0  # its pace when called (share of capacity per second)
         self._called_slope = 0.0
         self._whole_floor: list[tuple[float, float]] | None = None  # this tick's, computed at most once
+        self.creep = Creep(settings, noise_scale)
+        self._creep_due = False  # a point was added since the creep was last judged
 
     def __len__(self) -> int:
         """The samples held: never more than the long window's worth (`maxlen`)."""
@@ -309,11 +489,23 @@ class Series:
             del self._times[: self._head], self._values[: self._head]
             self._base += self._head
             self._head = 0
+        if self.creep.add(t, ratio):
+            self._creep_due = True
         # The climb follows a median of 3, so one odd reading neither ends nor starts it.
         self._recent.append(ratio)
         smooth = median_of_sorted(sorted(self._recent))
-        if self.climb_start is None or smooth < self.peak - s.tolerance_ratio:
+        step = self.tolerance / 4
+        if smooth > self._plateau + step:
+            self._plateau, self._plateau_since = smooth, t
+        if self.climb_start is None or smooth < self.peak - self.tolerance:
             self.climb_start, self.climb_floor, self.peak = t, smooth, smooth
+            self._plateau, self._plateau_since = smooth, t
+        elif t - self._plateau_since >= s.climb_soonest and not self.latched:
+            # Flat this long, and no climb called: whatever rose before (an allocator's steps hours ago) is over,
+            # and the climb begins where it leaves this plateau, not hours before (its latter half would be hours of
+            # flat). The slow climb (Creep) judges a staircase as a whole; a climb called keeps its start.
+            self.climb_start, self.climb_floor, self.peak = t, smooth, max(smooth, self._plateau)
+            self._plateau_since = t
         else:
             self.peak = max(self.peak, smooth)
 
@@ -325,6 +517,7 @@ class Series:
         self._recent.clear()
         self.climb_start = None
         self.latched = False
+        self.creep.reset()
         self.from_serving = False  # memory freed at once: a restart, whose load comes next
 
     def trend(self) -> Trend | None:
@@ -342,13 +535,29 @@ class Series:
         self._whole_floor = None
         slope_long = slope_of(stat_points(whole))
         climb_seconds = now - self.climb_start if self.climb_start is not None else 0.0
+        if self._creep_due:
+            self.creep.judge(level)
+            self._creep_due = False
         state = self._classify(samples, short, whole, level, climb_seconds, now)
-        rising = None  # the pace toward full: only for these two states, and only then computed
+        # The pace toward full, only where a climb or a spike is called (and only then computed): pinned near the
+        # top (saturated), a climb that was called goes on being one, and its time to full with it.
+        rising = None
+        top = level  # what reaches full first
         if state == "spike":
             rising = slope_short
-        elif state == "climbing":
-            rising = self._climb_slope(samples, whole, now)
-        seconds_to_full = (1.0 - level) / rising if rising and rising > 0 else None
+        elif state in ("climbing", "saturated"):
+            fast_age = climb_seconds  # the fast climb's, since it last left its floor
+            if self.creep.called:  # the slow climb's: its pace over hours, its length since it began
+                rising, climb_seconds = self.creep.slope, max(climb_seconds, now - self.creep.start)
+                # Full when its usual peak no longer fits: a leak runs out at the next transient allocation.
+                top = max(level, self.creep.floor + self.creep.reach)
+            # A fast climb's pace, where it has run long enough to be measured (minutes of samples, not the few
+            # since it last left a plateau), or where no slow climb is called: the faster of the two counts.
+            if self.latched and (rising is None or fast_age >= 2 * s.climb_min_seconds):
+                fast = self._climb_slope(samples, whole, now)
+                if fast is not None and (rising is None or fast > rising):
+                    rising, top = fast, level
+        seconds_to_full = max(0.0, 1.0 - top) / rising if rising and rising > 0 else None
         if state == "climbing" and rising:
             slope_long = rising
         return Trend(state, level, slope_short, slope_long, climb_seconds, seconds_to_full)
@@ -389,10 +598,10 @@ class Series:
         if climbing and not self.latched:
             self.latched_slope = self._called_slope
         self.latched = climbing
-        if climbing:
+        if climbing or self.creep.called:
             return "climbing"
         p5, p95 = values[int(0.05 * (len(values) - 1))], values[int(0.95 * (len(values) - 1))]
-        return "sawtooth" if p95 - p5 >= s.sawtooth_span_ratio else "steady"
+        return "sawtooth" if p95 - p5 >= self.sawtooth_span else "steady"
 
     def _is_climbing(
         self, samples: History, whole: list[tuple[float, float, float]], level: float, climb_seconds: float, now: float
@@ -402,7 +611,8 @@ class Series:
             # Over the time the climb, at the pace it was called at, takes to rise by half the minimum rise:
             # a slow leak is judged over many minutes, a warm-up ramp that has levelled off lets go soon.
             hold = s.climb_min_rise_ratio / 2 / self.latched_slope if self.latched_slope > 0 else s.climb_min_seconds
-            hold = min(max(hold, s.climb_soonest), s.long_window_seconds / 2)
+            # At least the minimum climb and a dozen samples: a staircase's floor shows its steps over that long.
+            hold = min(max(hold, s.climb_min_seconds, 12 * s.interval_seconds), s.long_window_seconds / 2)
             start = max(now - hold, samples.first)
             slope = robust_slope(samples.since(start), start, now, floor=True, slot="latched")
             return slope is not None and slope >= s.climb_min_slope_ratio_per_minute / 60 / 2

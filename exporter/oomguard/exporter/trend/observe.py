@@ -61,6 +61,8 @@ class TrendObserver:
             (v.name, claim(v.gpus, trees.get(v.port) if v.port is not None else pods.get(v.name), v.pod, node))
             for v in views
         ]
+        # The reservations that hold now: an engine's that is awake and loading or up (join.reservation's rule).
+        held = {v.name: v.reservation for v in views if v.reservation is not None and not v.asleep}
         asleep = {v.name for v in views if v.asleep}
         loading = {v.name for v in views if v.state == "loading"}
         woke, self._asleep = self._asleep - asleep, asleep
@@ -77,4 +79,5 @@ class TrendObserver:
             self.tracker.forget(keys)
         active = [t for t in targets if t[0] not in asleep | loading]
         quiet_gpus = gpus_of(loading) - gpus_of({t[0] for t in active})
-        return await asyncio.to_thread(observations, nvml, active, quiet_gpus)
+        reserving = [(name, c, held[name]) for name, c in targets if name in held]
+        return await asyncio.to_thread(observations, nvml, active, quiet_gpus, reserving)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 import psutil
 
-from oomguard.exporter.join import GpuClaim, by_node, claim_gpus, join, up_gpus
+from oomguard.exporter.join import GpuClaim, by_node, claim_gpus, join, join_gpu, up_gpus
 from oomguard.exporter.model import GpuKey, NvmlReading, Observation, TrendKey, TrendReading
 from oomguard.exporter.trend.analysis import Series, TrendSettings
 
@@ -32,6 +32,7 @@ class TrendTracker:
         self.settings = settings
         self._series: dict[TrendKey, Series] = {}
         self._capacity: dict[TrendKey, float] = {}
+        self._basis: dict[TrendKey, str] = {}  # what each series' level is a share of (model.TREND_BASES)
         self.latest: dict[TrendKey, TrendReading] = {}
         self.samples_total = 0
         self.errors_total = 0
@@ -46,6 +47,7 @@ class TrendTracker:
         for key in keys:
             self._series.pop(key, None)
             self._capacity.pop(key, None)
+            self._basis.pop(key, None)
             self.latest.pop(key, None)
             self._phase.pop(key, None)
 
@@ -59,21 +61,33 @@ class TrendTracker:
             if obs.capacity_bytes <= 0:
                 continue
             series = self._series.get(key)
+            held = self._capacity.get(key)
+            if series is not None and (
+                self._basis.get(key) != obs.basis or (held and abs(obs.capacity_bytes - held) > 0.1 * held)
+            ):
+                # Judged on another basis or capacity from now on (its engine's reservation now known, changed or
+                # gone): a new series, from its engine serving where a reservation holds.
+                series = None
+                if obs.basis == "headroom":
+                    self._from_serving.add(key)
             if series is None:
                 from_serving = key in self._from_serving
                 self._from_serving.discard(key)
-                series = self._series[key] = Series(self.settings, from_serving=from_serving)
+                scale = obs.total_bytes / obs.capacity_bytes if obs.total_bytes > obs.capacity_bytes else 1.0
+                series = self._series[key] = Series(self.settings, from_serving=from_serving, noise_scale=scale)
                 # Series are analysed in turn: spread them evenly over the ticks of one analysis interval.
                 self._phase[key] = self._next_phase
                 self._next_phase = (self._next_phase + 1) % self.settings.analysis_every
             series.add(t, obs.used_bytes / obs.capacity_bytes)
             self._capacity[key] = obs.capacity_bytes
+            self._basis[key] = obs.basis
         # A series not observed for a whole long window is gone (GPU removed, target renamed).
         for key in [
             k for k, s in self._series.items() if len(s) and s.last_time < t - self.settings.long_window_seconds
         ]:
             del self._series[key]
             del self._capacity[key]
+            self._basis.pop(key, None)
             self._phase.pop(key, None)
         every, tick = self.settings.analysis_every, self.samples_total
         latest = {}
@@ -81,11 +95,11 @@ class TrendTracker:
             previous = self.latest.get(key)
             # Not this series' turn: its last analysis stands (a new series is analysed at once).
             if previous is not None and every > 1 and tick % every != self._phase.get(key, 0):
-                latest[key] = TrendReading(previous.trend, self._capacity[key])
+                latest[key] = TrendReading(previous.trend, self._capacity[key], self._basis[key])
                 continue
             trend = series.trend()
             if trend is not None:
-                latest[key] = TrendReading(trend, self._capacity[key])
+                latest[key] = TrendReading(trend, self._capacity[key], self._basis[key])
         self.latest = latest
         self.samples_total += 1
 
@@ -135,20 +149,40 @@ def observations(
     nvml: NvmlReading | None,
     targets: list[tuple[str, GpuClaim]],
     skip_gpus: Collection[GpuKey] = (),
+    reserving: list[tuple[str, GpuClaim, float]] = (),  # type: ignore[assignment]
 ) -> dict[TrendKey, Observation]:
     """What one tick sees: GPUs (but `skip_gpus`), and per target its GPUs' memory (join.py) and its processes'
-    RSS."""
+    RSS. `reserving`: the targets whose reservation holds now, each with it: on their GPUs what is judged is the use
+    beyond the reservations against the headroom they leave (join.join_gpu, basis "headroom"), as the memory alerts
+    judge it; elsewhere used against total."""
     out: dict[TrendKey, Observation] = {}
     gpus = up_gpus(nvml.gpus) if nvml else {}
+    nodes = by_node(gpus)
+    engines_on: dict[GpuKey, list[tuple[float, dict[GpuKey, float] | None]]] = {}
+    for _, claim, ratio in reserving:
+        memory = join(claim, claim_gpus(claim, nodes))
+        for key in memory.gpus:
+            engines_on.setdefault(key, []).append((ratio, memory.own_by_gpu))
+    beyond: dict[GpuKey, Observation] = {}
+    for key, engines in engines_on.items():
+        gpu = gpus.get(key)
+        joined = join_gpu(gpu, engines) if gpu is not None else None
+        if joined is not None and joined.total_bytes - joined.reserved_bytes > 0:
+            beyond[key] = Observation(
+                joined.unreserved_used_bytes, joined.total_bytes - joined.reserved_bytes, "headroom", joined.total_bytes
+            )
     for key, gpu in gpus.items():
         if gpu.measured and key not in skip_gpus:
-            out[TrendKey.of_gpu(key)] = Observation(gpu.used_bytes or 0.0, gpu.total_bytes or 0.0)
+            out[TrendKey.of_gpu(key)] = beyond.get(key) or Observation(gpu.used_bytes or 0.0, gpu.total_bytes or 0.0)
     host_total = float(psutil.virtual_memory().total)
-    nodes = by_node(gpus)
     for name, claim in targets:
         memory = join(claim, claim_gpus(claim, nodes))
         process = claim.process
-        if memory.used_bytes is not None and memory.total_bytes:
+        mine = [beyond[key] for key in memory.gpus if key in beyond]
+        if mine and len(mine) == len(memory.gpus):
+            # Its worst GPU by the share of its headroom in use (tensor parallel runs out on one device).
+            out[TrendKey("target", name, "gpu")] = max(mine, key=lambda o: o.used_bytes / o.capacity_bytes)
+        elif memory.used_bytes is not None and memory.total_bytes:
             out[TrendKey("target", name, "gpu")] = Observation(memory.used_bytes, memory.total_bytes)
         if process is not None:
             out[TrendKey("target", name, "host")] = Observation(process.resident_bytes, host_total)
