@@ -78,9 +78,8 @@ def test_live_figures_end_the_load_first() -> None:
     """The engine's KV cache use (or its queue) from minute 8:30: it serves, its load is over then."""
 
     def figures(minute: float) -> EngineRow:
-        if minute >= 8.5:
-            return EngineRow("vllm", kv_cache_usage=0.1, gpu_memory_utilization=0.9)
-        return EngineRow("vllm", gpu_memory_utilization=0.9)  # its reservation alone: told on its command line
+        # No reservation told (an engine that does not reserve, or a history without it): its figures end the load.
+        return EngineRow("vllm", kv_cache_usage=0.1) if minute >= 8.5 else EngineRow("vllm")
 
     found = loading_minutes(LoadInference(LOOKBACK), history(lambda m: ramp(m, 0.005, 0.90, 3, 5), figures=figures))
     assert found == [5 + 0.25 * i for i in range(1, 14)], found  # 5:15 to 8:15
@@ -171,3 +170,17 @@ def test_a_shared_gpu_is_loading_for_each_of_its_engines_whose_state_is_unsaid()
         if minute == 4:
             assert inference.inferred == {"a"}
     assert inference.engines == {"a"}
+
+
+def test_a_reservation_held_ends_the_load_and_what_rises_after_is_no_load() -> None:
+    """Its reservation told (0.80, its command line's): the KV pool allocated at 8:00 ends the load, though its
+    memory then rises 0.5 % a minute (a leak right after the start: the trend must see it, not a longer load)."""
+
+    def figures(minute: float) -> EngineRow:
+        return EngineRow("vllm", gpu_memory_utilization=0.8)
+
+    found = loading_minutes(
+        LoadInference(LOOKBACK),
+        history(lambda m: ramp(m, 0.005, 0.80, 3, 5) + max(0.0, m - 8) * 0.005, figures=figures),
+    )
+    assert found and found[0] == 5.25 and found[-1] < 8.0, found

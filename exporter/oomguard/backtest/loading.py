@@ -6,7 +6,8 @@ fills the GPU by design (trend/observe.py). A history without states shows only 
 (the process gone: a deploy, an OOM, a gap in the history), then a ramp as the weights stream in and the KV pool is
 allocated. Read as serving, that ramp is a climb and a spike to the reservation. So here a ramp from near zero after
 the engine's GPUs were empty (or after a gap longer than the lookback, or at the history's start) is taken for its
-load, until the engine gives the figures only a serving engine gives (its KV cache, its queue), or its memory has
+load, until the engine gives the figures only a serving engine gives (its KV cache, its queue), holds its
+reservation (as the history last gave it: a reserving engine's load ends with its KV pool), or its memory has
 stopped rising for SETTLE seconds; the report says how many loads were inferred.
 """
 
@@ -40,6 +41,7 @@ class LoadInference:
         self.inferred: set[str] = set()  # the engines whose load is inferred at this step
         self.spells = 0  # loads inferred over the history
         self.engines: set[str] = set()  # the engines one was inferred for
+        self._reservation: dict[str, float] = {}  # each engine's reservation as the history last gave it
 
     def infer(self, step: Step, engines: dict[str, EngineRow]) -> dict[str, EngineRow]:
         """`engines` with `state="loading"` where a load is inferred (only those whose state the history leaves
@@ -67,6 +69,8 @@ class LoadInference:
         return out
 
     def _loading(self, name: str, engine: EngineRow, share: float, t: float) -> bool:
+        if engine.gpu_memory_utilization is not None:
+            self._reservation[name] = engine.gpu_memory_utilization
         held = self._engines.get(name)
         if held is None:
             held = self._engines[name] = _Engine(gone=share < GONE, last_seen=t)
@@ -88,7 +92,10 @@ class LoadInference:
             return False
         if share > held.peak + RISE:
             held.peak, held.last_rise = share, t
-        if engine.serving() or t - held.last_rise >= SETTLE:
+        # Over once it serves, once its memory settles, or once it holds its reservation (a reserving engine's load
+        # ends with its KV pool allocated: what rises after that is no load, a leak right after a start included).
+        reserved = self._reservation.get(name)
+        if engine.serving() or t - held.last_rise >= SETTLE or (reserved is not None and share >= reserved - RISE):
             held.loading_since = None
             return False
         return True

@@ -283,7 +283,9 @@ def _group(
             ids = {tuple(sorted(a.labels.items())) for a in firing}
             gone = told - ids
             update = bool(ids - told) or (bool(gone) and (resolved or not ids))
-            repeat = bool(firing) and last_sent is not None and at - last_sent >= route.repeat_interval
+            # Strictly after: Alertmanager compares with the time it sent, a moment after its flush, so a repeat
+            # comes at the first flush past repeat_interval (an hour and a group_interval with the shipped routing).
+            repeat = bool(firing) and last_sent is not None and at - last_sent > route.repeat_interval
             if firing and (update or repeat):
                 nothing = all(a.episode.counted_as in ("outside", "early") for a in firing)
                 out.append(Sent(route.receiver, at, len(firing), repeat and not update, nothing))

@@ -370,7 +370,7 @@ class Replay:
             settings["gpu_memory_utilization"] = EngineSetting(told, "flag")
         if engine.max_num_seqs is not None:
             settings["max_num_seqs"] = EngineSetting(engine.max_num_seqs, "flag")
-        if figures and state != "loading":  # a loading engine refuses /metrics: its figures are not read
+        if (figures or engine.sleep_state) and state != "loading":  # a loading engine refuses /metrics
             model = ModelReading(
                 model_name="",
                 kv_cache_usage_ratio=engine.kv_cache_usage,

@@ -360,8 +360,9 @@ def judge(
     """Each episode counted once: as a warning of an OOM (a lead), as its aftermath, or as an alarm for nothing.
 
     - A page is an OOM's lead where it fired within `window.before` ahead of it, at its place, since the OOM before it
-      there (what fired before that was that one's warning). A page that fired earlier and kept firing woke someone
-      when nothing was within the hour: it counts outside incidents, and the OOM lists it as early.
+      there (what fired before that was that one's warning, unless it kept firing through into this incident: the
+      same incident, never closed). A page that fired earlier and kept firing woke someone when nothing was within
+      the hour: it counts outside incidents, and the OOM lists it as early.
     - A ticket is an OOM's lead however early it fired (a ticket is meant to say days ahead), since the OOM before it
       there, as long as it still fired at the incident's start (`window.before` ahead).
     - An OOM marked unforeseeable excuses nothing before it: a page in its hour before came by chance.
@@ -388,11 +389,19 @@ def judge(
             assert e.fired_at is not None
             if e.fired_at > oom.t or not e.receiver:
                 continue
-            if previous is not None and e.fired_at <= previous:
-                continue  # the OOM before it's
             if not places.meet(e.labels, oom, keys):
                 continue
             lead = Lead(e.alert, e.receiver, e.fired_at, oom.t - e.fired_at, e.labels)
+            if previous is not None and e.fired_at <= previous:
+                # The OOM before it's, unless it never stopped firing since: the incident never closed (the engine
+                # relaunched into the same load and ran out again), and this OOM was paged all along. It counts here
+                # as it counted there: a lead, or an early page (outside incidents: never a lead too).
+                if e.resolved_at is None or e.resolved_at >= start:
+                    if id(e) in counted:
+                        _keep_earliest(earliest, lead)
+                    elif e.oom is not None:
+                        _keep_earliest(early, lead)
+                continue
             if e.receiver == "page":
                 if e.fired_at < start:
                     if e.resolved_at is None or e.resolved_at >= start:

@@ -181,7 +181,8 @@ def rules_from(
                     read_records[name] = records[name]
                     pending.append(records[name])
             else:
-                wanted.setdefault(name, []).extend(selectors)
+                held = wanted.setdefault(name, [])
+                held.extend(sel for sel in selectors if sel not in held)  # each selector once
     return RuleSet(alerts, read_records, wanted)
 
 
