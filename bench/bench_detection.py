@@ -52,6 +52,7 @@ class Tally:
     slow: int = 0
     slow_ticketed: int = 0
     pages_outside: int = 0
+    pages_healthy: int = 0  # of them, on GPUs that never ran out (the rest came hours before an OOM that came)
     flaps: int = 0
     tickets_healthy: int = 0
     misses: list[str] = field(default_factory=list)  # incidents not paged in time, slow ones not ticketed
@@ -104,20 +105,21 @@ def judge(tally: Tally, expected: Expected, report: dict) -> None:
         if oom["relapse_of"] is not None:
             continue
         alerts = oom["alerts"]
+        where = f"{expected.name} {oom['time'] - report['start']:.0f}s"
         if oom["time"] in unforeseeable:
             if not oom.get("unforeseeable"):  # a backtest that cannot be told: its leads are pages for nothing
                 pages += [a for a in alerts if a["receiver"] == "page"]
-            continue
-        tally.incidents += 1
-        page = oom["first_page"]
-        where = f"{expected.name} {oom['time'] - report['start']:.0f}s"
-        if page is not None and page["lead_seconds"] >= PAGE_LEAD:
-            tally.paged += 1
         else:
-            tally.misses.append(f"{where}: not paged 5 min ahead ({_lead(page)})")
-        if page is not None:
-            tally.leads.append(page["lead_seconds"])
-        if expected.slow:
+            tally.incidents += 1
+            page = oom["first_page"]
+            if page is not None and page["lead_seconds"] >= PAGE_LEAD:
+                tally.paged += 1
+            else:
+                tally.misses.append(f"{where}: not paged 5 min ahead ({_lead(page)})")
+            if page is not None:
+                tally.leads.append(page["lead_seconds"])
+        # A slow leak is ticketed ahead even where a burst finished it (its OOM unforeseeable to a page).
+        if expected.slow and _grown(expected, oom["time"]):
             tally.slow += 1
             early = max((a["lead_seconds"] for a in alerts if a["receiver"] in ("page", "ticket")), default=None)
             if early is not None and early >= TICKET_LEAD:
@@ -127,6 +129,7 @@ def judge(tally: Tally, expected: Expected, report: dict) -> None:
     outside = report["outside_incidents"]["alerts"]
     pages += [e for e in outside if e["receiver"] == "page"]
     tally.pages_outside += len(pages)
+    tally.pages_healthy += sum(1 for e in pages if not (_place(e["labels"], by_target) & oom_gpus))
     tally.flaps += flaps(pages)
     if pages:
         tally.noise[expected.name] = len(pages)
@@ -138,6 +141,11 @@ def judge(tally: Tally, expected: Expected, report: dict) -> None:
         tally.ticket_noise[expected.name] = len(tickets)
     for e in tickets:
         tally.tickets_by_alert[e["alert"]] = tally.tickets_by_alert.get(e["alert"], 0) + 1
+
+
+def _grown(expected: Expected, t: float) -> bool:
+    """Whether the OOM at `t` came of what grew (a leak, fragmentation, a foreign process), not of a spike alone."""
+    return any(o["time"] == t and o["cause"] in ("leak", "fragmentation", "foreign") for o in expected.ooms)
 
 
 def flaps(episodes: list[dict]) -> int:
@@ -169,7 +177,8 @@ def line(tally: Tally, seed: int) -> str:
         f"incidents paged >= 5 min ahead {tally.paged}/{tally.incidents} ({lead}); "
         f"slow leaks ticketed >= 1 h ahead {tally.slow_ticketed}/{tally.slow}; "
         f"pages outside incidents {tally.pages_outside * per100:.1f} per 100 GPU-days ({tally.pages_outside}, "
-        f"{tally.flaps} flaps); tickets on healthy GPUs {tally.tickets_healthy * healthy100:.1f} per 100 GPU-days "
+        f"{tally.flaps} flaps, {tally.pages_healthy} on GPUs that never ran out); tickets on healthy GPUs "
+        f"{tally.tickets_healthy * healthy100:.1f} per 100 GPU-days "
         f"({tally.tickets_healthy} in {tally.healthy_gpu_days:.1f} GPU-days)"
     )
 

@@ -56,9 +56,9 @@ def _one(folder: Path, spec: Spec, seed: int, step: float) -> Expected:
         raise LibraryError(f"{spec.name} (seed {seed}): healthy, yet {len(ooms)} OOMs, first {ooms[0]}")
     if spec.kind != "healthy" and not ooms:
         raise LibraryError(f"{spec.name} (seed {seed}): an {spec.kind} history with no OOM")
-    unforeseeable = {i for i, o in enumerate(ooms) if o.cause == "spike"}
-    if spec.kind == "incident" and len(unforeseeable) == len(ooms):
-        raise LibraryError(f"{spec.name} (seed {seed}): no foreseeable OOM")
+    unforeseeable = {i for i, o in enumerate(ooms) if o.sudden}
+    if spec.kind == "incident" and all(o.cause == "spike" for o in ooms):
+        raise LibraryError(f"{spec.name} (seed {seed}): no OOM of what grew, only spikes")
     ooms_file = folder / f"{spec.name}.ooms"
     write_ooms(ooms_file, ooms, unforeseeable)
     return Expected(

@@ -1,10 +1,11 @@
 """A fleet's GPUs and engines stepped through time: each engine's lives (loading, serving, asleep, dead), its memory
 on each of its GPUs from the shapes (shapes.py), the foreign processes beside it, and the OOMs that follow.
 
-An OOM is not scripted: it happens where a GPU's memory in use reaches its total less a margin (the next request's
-allocation that no longer fits, 0.2 % to 1.2 % of the GPU). The engine then dies (a tensor-parallel group with its
-rank), is relaunched by its orchestrator after a back-off (Kubernetes' crash loop: 10 s doubling to 5 minutes,
-reset after 10 minutes up), loads again, and whatever grew in the dead process starts again from nothing.
+An OOM is not scripted: it happens where a GPU's memory in use reaches its total less a margin (the driver's
+allocation granularity, 0 to 8 MiB): the allocation that no longer fits, a leak's step or a transient on top of it.
+The engine then dies (a tensor-parallel group with its rank), is relaunched by its orchestrator after a back-off
+(Kubernetes' crash loop: 10 s doubling to 5 minutes, reset after 10 minutes up), loads again, and whatever grew in the
+dead process starts again from nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from detection.shapes import (
 )
 
 Slot = tuple[str, str]  # (node, gpu name)
+# An OOM reached by a jump of more than this share of the GPU within this long gave no hour's warning.
+SUDDEN_SHARE = 0.05
+SUDDEN_SECONDS = 120.0
 
 
 @dataclass
@@ -110,7 +114,7 @@ class Engine:
         frag = self.fragmentation or (0.0, 0.0)
         self._frag = [Fragmentation(rng.randrange(1 << 30), *frag, start=self.fragmentation_start) for _ in range(n)]
         self._demand = [CachedDemand(rng.randrange(1 << 30), self.per_load) for _ in range(n)]
-        self._transients = [Transients(rng.randrange(1 << 30), rng.uniform(4, 20)) for _ in range(n)]
+        self._transients = [Transients(rng.randrange(1 << 30), self.total, rng.uniform(4, 20)) for _ in range(n)]
         # What NVML shows beyond the reservation from the start: the CUDA context and the libraries' workspaces
         # outside the engine's budget (90.3 to 90.7 % at 0.90).
         self._overhead = rng.uniform(0.003, 0.007) * self.total
@@ -200,11 +204,13 @@ class Engine:
         if self.phase == "asleep":
             running = waiting = kv = 0.0
         else:
+            # A healthy service is provisioned for its peak: its queue forms only when a burst lands on the peak
+            # (load above 1.15), its KV cache fills near 1.4; the incident's concurrency is far beyond (1.6).
             if pressured:
-                load = max(load, 1.2)
-            running = min(self.max_num_seqs, max(0.0, load) * 0.8 * self.max_num_seqs)
-            waiting = max(0.0, (load - 1.05) * self.max_num_seqs * 0.4)
-            kv = min(1.0, max(0.0, 0.08 + 0.75 * load + self._rng.gauss(0, 0.02)))
+                load = max(load, 1.6)
+            running = min(self.max_num_seqs, max(0.0, load) * 0.7 * self.max_num_seqs)
+            waiting = max(0.0, (load - 1.15) * self.max_num_seqs * 0.25)
+            kv = min(1.0, max(0.0, 0.05 + 0.65 * load + self._rng.gauss(0, 0.02)))
             if kv > 0.97:
                 self.preemptions += self._poisson(2.0 * step / MINUTE)
         self.figures = {
@@ -244,6 +250,7 @@ class OomEvent:
     gpu: str
     target: str
     cause: str  # what filled the GPU: leak, fragmentation, pressure, foreign, spike, startup
+    sudden: bool = False  # reached by a jump no monitor could foresee (a spike, a burst on top of a leak)
 
 
 @dataclass
@@ -282,6 +289,8 @@ class Fleet:
 
     def run(self, start: float, days: float, step: float) -> Iterator[list[Reading]]:
         held: dict[tuple[str, int], float] = {}  # (target, rank) -> its bytes at the step before
+        recent: dict[tuple[str, str], list[float]] = {}  # each GPU's used over the last SUDDEN_SECONDS
+        keep = max(1, round(SUDDEN_SECONDS / step))
         for i in range(int(days * DAY / step)):
             t = start + i * step
             for engine in self.engines:
@@ -291,29 +300,35 @@ class Fleet:
                 on = [(e, r, e.memory[r]) for e in self.engines for r, slot in enumerate(e.ranks) if slot == key]
                 foreign = sum(job.at(t - start, step) for job in gpu.foreign)
                 used = sum(b for _, _, b in on) + foreign
+                before = recent.setdefault(key, [])
                 if used >= gpu.total - gpu.margin:
                     grew = [e for e, r, b in on if b > held.get((e.target, r), 0.0) and e.phase != "down"]
                     alive = [e for e, _, b in on if b > 0 and e.phase != "down"]
                     victims = grew or alive[:1]
-                    used = self._oom(t, start, gpu, victims, used)
+                    # Reached by a jump of more than SUDDEN_SHARE of the GPU within SUDDEN_SECONDS: no monitor had
+                    # the hour's warning, whatever grew before it (a burst on top of a leak's days).
+                    sudden = bool(before) and used - min(before) > SUDDEN_SHARE * gpu.total
+                    used = self._oom(t, start, gpu, victims, used, sudden)
                     on = [(e, r, e.memory[r]) for e, r, _ in on]
+                before.append(used)
+                del before[:-keep]
                 readings.append(Reading(t, gpu, used, [(e, b) for e, _, b in on]))
             for engine in self.engines:
                 for r, b in enumerate(engine.memory):
                     held[(engine.target, r)] = b
             yield readings
 
-    def _oom(self, t: float, start: float, gpu: Gpu, victims: list[Engine], used: float) -> float:
+    def _oom(self, t: float, start: float, gpu: Gpu, victims: list[Engine], used: float, sudden: bool) -> float:
         """The allocation that did not fit: the engine that made it dies (a TP group whole), and the reading is the
         last NVML saw before it did. A foreign job that ran the GPU out is stopped by someone within the hour."""
         rel = t - start
         for engine in victims:
             cause = "startup" if engine.phase == "loading" else self._cause_of(engine, gpu, rel)
-            self.ooms.append(OomEvent(t, gpu.node, gpu.name, engine.target, cause))
+            self.ooms.append(OomEvent(t, gpu.node, gpu.name, engine.target, cause, sudden or cause == "spike"))
             engine.die(rel, crashed=True)
             if cause == "foreign":
                 for job in gpu.foreign:
                     if job.start <= rel < job.end:
                         job.end = min(job.end, rel + self._rng.uniform(20, 60) * MINUTE)
-        used = min(gpu.total - gpu.margin * self._rng.uniform(0.2, 0.9), used)
+        used = min(gpu.total - gpu.margin * self._rng.uniform(0.2, 0.9) - 2**20, used)
         return math.floor(used / 2**20) * 2**20 if used > LARGE_SEGMENT else used

@@ -63,7 +63,10 @@ class Built:
 
 # -- builders -------------------------------------------------------------------------------------------------
 def gpus(rng: random.Random, node: str, names: list[str], total: float) -> list[Gpu]:
-    return [Gpu(node, name, total, margin=total * rng.uniform(0.002, 0.012)) for name in names]
+    """An OOM where used reaches the total less the driver's allocation granularity (0 to 8 MiB): what runs a GPU
+    out is the allocation that no longer fits in what is free, a leak's step or a transient on top of it
+    (shapes.Transients)."""
+    return [Gpu(node, name, total, margin=rng.uniform(0, 8) * MiB) for name in names]
 
 
 def engine(rng: random.Random, target: str, slots: list[Gpu], weights: float, **kw: object) -> Engine:
