@@ -55,6 +55,13 @@ class _Sustained(_Alert):
     for_: Duration = Field(alias="for")
 
 
+class _Held(_Sustained):
+    """Once firing, keeps firing `keep_firing_for` after its condition stops (Prometheus 2.42 and later): memory
+    that hovers at a line is one alert, not one an hour."""
+
+    keep_firing_for: Duration
+
+
 class _Recent(_Alert):
     """Fires while its event happened within `window`."""
 
@@ -65,27 +72,36 @@ class ThresholdAlert(_Sustained):
     threshold: Ratio
 
 
-class GpuMemoryAlert(ThresholdAlert):
+class GpuMemoryAlert(_Held):
     """`threshold` judges used/total on a GPU without a known reservation, `headroom_threshold` the share of the
     headroom left by the engines' reservation that is in use, on a GPU with one."""
 
+    threshold: Ratio
     headroom_threshold: Ratio
 
 
-class OverBudgetAlert(_Sustained):
+class ClimbingAlert(_Held):
+    """A climb that fills later than `slow_beyond` is ticketed once it has lasted `slow_for`."""
+
+    slow_beyond: Duration
+    slow_for: Duration
+    new_high_margin: float = Field(ge=0, lt=1)  # on a GPU judged on its total: above the day before's highest by this
+
+
+class OverBudgetAlert(_Held):
     margin_ratio: float = Field(ge=0, lt=1)
 
 
-class ClimbingPredictedAlert(_Sustained):
-    min_level: Ratio
+class ClimbingPredictedAlert(_Held):
+    min_level: float = Field(ge=0, lt=1)
     window: Duration
     still_rising: Duration  # the slope must hold over this recent span too: a load's ramp is over, a leak is not
     horizon: Duration
-    min_slope_ratio_per_minute: float = Field(gt=0)
 
 
-class ExhaustedSoonAlert(_Sustained):
+class ExhaustedSoonAlert(_Held):
     seconds: float = Field(gt=0)
+    min_total_ratio: Ratio  # on a GPU judged on its total: paged only above this
 
 
 class RestartCountAlert(_Recent):
@@ -144,7 +160,7 @@ class Alerts(StrictModel):
     gpu_memory_high: GpuMemoryAlert
     gpu_memory_critical: GpuMemoryAlert
     over_budget: OverBudgetAlert
-    memory_climbing: _Sustained
+    memory_climbing: ClimbingAlert
     memory_climbing_predicted: ClimbingPredictedAlert
     exhausted_soon: ExhaustedSoonAlert
     oom_event: _Recent
@@ -163,6 +179,7 @@ class Alerts(StrictModel):
     nvml_down: _Sustained
     source_failing: _Sustained
     dcgm_pod_refused: _Recent
+    dcgm_node_conflict: _Sustained
     event_source_errors: EventSourceErrorsAlert
     event_source_reads_nothing: _Sustained
     engine_figure_missing: _Sustained

@@ -62,6 +62,24 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
         query = f'with printf "{metric}{{{matchers}}}" {args} | query'
         return "{{ " + query + " }}{{ . | first | value | humanizeDuration }}{{ end }}"
 
+    def when() -> str:
+        """A Prometheus template: ", around <time>" for an alert whose value is seconds to come (the time to full)."""
+        return (
+            ', around {{ with printf "time() + %f" $value | query }}{{ . | first | value | humanizeTimestamp }}'
+            "{{ end }}"
+        )
+
+    def full_at(metric: str, *labels: str) -> str:
+        """A Prometheus template: "At this pace full in <duration>. " where the alert's own series of `metric` (the
+        trend's time to full, which exists only while it climbs) has a value; nothing otherwise."""
+        names = grouping(config, *labels)
+        matchers = ",".join(f"{name}=%q" for name in names)
+        args = " ".join(f"$labels.{name}" for name in names)
+        return (
+            '{{ with printf "' + metric + "{" + matchers + '}" ' + args + " | query }}At this pace full in "
+            "{{ . | first | value | humanizeDuration }}. {{ end }}"
+        )
+
     def runbook(alert: str) -> str:
         return f"{config.runbook_base_url}#{alert.lower()}"
 
@@ -69,7 +87,7 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
     env.filters["q"] = lambda value: json.dumps(str(value), ensure_ascii=False)
     # The alerts as their YAML keys (`a.queue_backlog.for`); the event kinds as named in common/kinds.py.
     env.globals.update(
-        s=s, by=by, secs=secs, dur=dur, scaled=scaled, per_real=per_real, runbook=runbook,
+        s=s, by=by, secs=secs, dur=dur, scaled=scaled, per_real=per_real, runbook=runbook, when=when, full_at=full_at,
         pct=lambda r: f"{float(r) * 100:g} %", value_of=value_of,
         prefix=config.prefix, a=config.alerts.model_dump(by_alias=True), extra_labels=config.extra_labels,
         kinds=kinds, kind_matcher=kinds.kind_matcher,
