@@ -22,6 +22,8 @@ from oomguard.exporter.model import Trend, TrendSettings
 CONSISTENT = 0.6
 # Share of the climb's span its rise must be spread over (a step up is not a leak).
 SPREAD = 0.35
+# The slow climb's time to full: when the GPU has run out with these odds (a transient allocation no longer fitting).
+OOM_ODDS = 0.75
 # A slow climb's second half must rise at least this share of its first half's pace to be called (an allocator's
 # warm-up decays: its second half is slower), and this share to be held once called.
 STEADY = 0.5
@@ -255,8 +257,8 @@ class Creep:
     that fills what is left within `creep_horizon_seconds`. The judgement changes only when a point is added."""
 
     __slots__ = (
-        "_first", "_floor", "_last", "_max", "_min", "_period_start", "_times", "_wobble", "called", "floor", "quiet",
-        "reach", "settings", "slope", "start", "tolerance",
+        "_first", "_floor", "_intercept", "_last", "_max", "_min", "_peaks", "_period_start", "_times", "_wobble",
+        "called", "quiet", "settings", "slope", "start", "tolerance",
     )  # fmt: skip
 
     def __init__(self, settings: TrendSettings, noise_scale: float = 1.0) -> None:
@@ -272,8 +274,8 @@ class Creep:
         self.called = False  # latched: a climb was called and still holds
         self.slope = 0.0  # its pace (share of capacity per second), while called
         self.start = 0.0  # when it began, while called
-        self.floor = 0.0  # its newest floor, while called
-        self.reach = 0.0  # how far above its floor it goes in a typical hour (transient allocations), while called
+        self._intercept = 0.0  # its floor's line at time 0 (floor_at), while called
+        self._peaks: list[float] = []  # the wobbles of its last six hours, sorted, while called
 
     @property
     def period(self) -> float:
@@ -334,17 +336,39 @@ class Creep:
         self.called = slope is not None
         if slope is not None:
             self.slope, self.start = slope, times[0] - self.period / 2
-            self.floor, self.reach = floors[-1], self._hourly_peak(first + begin, n)
+            # The floor's line: its pace through the floors (each a period's lowest, the reading at its start on a
+            # rising series), where it stands at a given time: now, not where the last whole period began.
+            at = [t - self.period / 2 for t in times]
+            self._intercept = median_of_sorted(sorted(f - slope * t for t, f in zip(at, floors, strict=True)))
+            self._peaks = sorted(self._wobble[max(first + begin, n - int(6 * 3600 / self.period)) : n])
 
-    def _hourly_peak(self, first: int, end: int) -> float:
-        """How far above its floor the series goes in an hour, one hour in four: the upper quartile of each hour's
-        largest wobble (a transient allocation) over the climb's last six hours. A leak runs the GPU out when such a
-        peak no longer fits, which the next few hours are likely to bring."""
-        per_hour = max(1, round(3600 / self.period))
-        peaks = sorted(
-            max(self._wobble[i : min(end, i + per_hour)]) for i in range(max(first, end - 6 * per_hour), end, per_hour)
-        )
-        return peaks[(3 * len(peaks)) // 4] if peaks else 0.0
+    def floor_at(self, now: float) -> float:
+        """Where the climb's floor stands at `now`, on its line (while called)."""
+        return self._intercept + self.slope * now
+
+    def seconds_to_full(self, now: float) -> float:
+        """How long until the GPU runs out: its floor rises on its line, and in each period it goes above its floor
+        as it did in the periods of the last six hours (the wobbles seen: transient allocations). The first period
+        whose wobble no longer fits in what is left is the OOM: the time by which that has happened with the odds
+        OOM_ODDS. A leak runs the GPU out at the next transient allocation that does not fit, not when its floor
+        reaches the top; this is that time, from what the series has shown."""
+        left, slope, peaks = 1.0 - self.floor_at(now), self.slope, self._peaks
+        if left <= 0 or slope <= 0:
+            return 0.0
+        if not peaks or peaks[-1] <= 0:
+            return left / slope
+        # Until what is left is under the largest wobble seen, no period can run it out: start there.
+        t = max(0.0, (left - peaks[-1]) / slope)
+        survive, n = 1.0, len(peaks)
+        while True:
+            room = left - slope * t
+            if room <= 0:
+                return t
+            # The share of periods whose wobble would not fit now: this period's odds of the OOM.
+            survive *= bisect.bisect_right(peaks, room) / n
+            if survive <= 1.0 - OOM_ODDS:
+                return t
+            t += self.period
 
     def _steady_slope(self, points: list[tuple[float, float]], level: float, relaxed: bool) -> float | None:
         s = self.settings
@@ -424,6 +448,9 @@ class Series:
         the bytes of a workspace or a transient do not shrink with the headroom."""
         self.settings = settings
         self.tolerance = noise_ratio(settings.tolerance_ratio, noise_scale)
+        # A process exiting frees a share of the total: on the headroom basis its engine's reservation goes with it
+        # (a new series, another basis), and a transient that comes and goes is no restart.
+        self.restart_drop = settings.restart_drop_ratio * max(1.0, noise_scale)
         self.sawtooth_span = noise_ratio(settings.sawtooth_span_ratio, noise_scale)
         self.incremental = incremental
         self.from_serving = from_serving
@@ -476,7 +503,7 @@ class Series:
 
     def add(self, t: float, ratio: float) -> None:
         s = self.settings
-        if len(self) and self._values[-1] - ratio >= s.restart_drop_ratio:
+        if len(self) and self._values[-1] - ratio >= self.restart_drop:
             self.reset()
         if len(self) == self.maxlen:
             self._drop_oldest()
@@ -542,22 +569,22 @@ class Series:
         # The pace toward full, only where a climb or a spike is called (and only then computed): pinned near the
         # top (saturated), a climb that was called goes on being one, and its time to full with it.
         rising = None
-        top = level  # what reaches full first
+        seconds_to_full = None
         if state == "spike":
             rising = slope_short
         elif state in ("climbing", "saturated"):
             fast_age = climb_seconds  # the fast climb's, since it last left its floor
             if self.creep.called:  # the slow climb's: its pace over hours, its length since it began
                 rising, climb_seconds = self.creep.slope, max(climb_seconds, now - self.creep.start)
-                # Full when its usual peak no longer fits: a leak runs out at the next transient allocation.
-                top = max(level, self.creep.floor + self.creep.reach)
+                seconds_to_full = self.creep.seconds_to_full(now)
             # A fast climb's pace, where it has run long enough to be measured (minutes of samples, not the few
             # since it last left a plateau), or where no slow climb is called: the faster of the two counts.
             if self.latched and (rising is None or fast_age >= 2 * s.climb_min_seconds):
                 fast = self._climb_slope(samples, whole, now)
                 if fast is not None and (rising is None or fast > rising):
-                    rising, top = fast, level
-        seconds_to_full = max(0.0, 1.0 - top) / rising if rising and rising > 0 else None
+                    rising, seconds_to_full = fast, None
+        if seconds_to_full is None and rising and rising > 0:
+            seconds_to_full = max(0.0, 1.0 - level) / rising
         if state == "climbing" and rising:
             slope_long = rising
         return Trend(state, level, slope_short, slope_long, climb_seconds, seconds_to_full)
@@ -568,9 +595,13 @@ class Series:
         return self._whole_floor
 
     def _climb_slope(self, samples: History, whole: list[tuple[float, float, float]], now: float) -> float | None:
-        """The pace of the current climb, or of the floor under a sawtooth when that is what rises."""
+        """The pace of the current climb, or of the floor under a sawtooth when that is what rises. A climb of less
+        than `climb_soonest` (it fell back, or left a plateau, a moment ago) has no pace yet worth its name: a few
+        samples, one of them a step, would read as any pace at all."""
         assert self.climb_start is not None
-        slope = robust_slope(samples.since(self.climb_start), self.climb_start, now, slot="climb")
+        slope = None
+        if now - self.climb_start >= self.settings.climb_soonest:
+            slope = robust_slope(samples.since(self.climb_start), self.climb_start, now, slot="climb")
         floor = slope_of(self._floor_points(whole))
         candidates = [x for x in (slope, floor) if x is not None]
         return max(candidates) if candidates else None
