@@ -128,9 +128,9 @@ def test_inhibitions_guard_against_missing_equal_labels() -> None:
         assert rule["equal"], rule
         assert rule["equal"][0] == "cluster", f"{rule}: a page in one cluster must not silence another's"
         # cluster may be absent from both (a single Prometheus), and a GPU's node (outside Kubernetes): that is
-        # equal, the others required still tell the alerts apart
+        # equal, the others required still tell the alerts apart. A rule of a node's own alerts requires its node.
         for label in rule["equal"][1:]:
-            if label == "node":
+            if label == "node" and (label, "=~", ".+") not in source:
                 assert "gpu" in rule["equal"], f"{rule}: node tells GPUs apart, with gpu"
                 continue
             assert (label, "=~", ".+") in source, f'{rule}: source must require {label}=~".+"'
@@ -313,6 +313,23 @@ POSTED = {
         "alertname": "OomGuardGpuMemoryHigh", "severity": "warning", "cluster": "b", "instance": "n8:9847",
         "gpu": "0",
     },
+    # Two dcgm-exporters claim node gpu-b: the page silences the refusal of the second (the same news) on that node
+    # only; a pod refused for its owner there, and a conflict on another node, still reach the ticket queue.
+    "dcgm-conflict-b": {
+        "alertname": "OomGuardDcgmNodeConflict", "severity": "critical", "instance": "n9:9847", "node": "gpu-b",
+    },
+    "dcgm-refused-conflict-b": {
+        "alertname": "OomGuardDcgmPodRefused", "severity": "warning", "instance": "n9:9847", "node": "gpu-b",
+        "reason": "conflict",
+    },
+    "dcgm-refused-owner-b": {
+        "alertname": "OomGuardDcgmPodRefused", "severity": "warning", "instance": "n9:9847", "node": "gpu-b",
+        "reason": "owner",
+    },
+    "dcgm-refused-conflict-c": {
+        "alertname": "OomGuardDcgmPodRefused", "severity": "warning", "instance": "n9:9847", "node": "gpu-c",
+        "reason": "conflict",
+    },
 }  # fmt: skip
 SUPPRESSED_BY = {
     "high-gpu0": "critical-gpu0",
@@ -321,6 +338,7 @@ SUPPRESSED_BY = {
     "down-qwen": "oom-qwen",
     "high-under-dead-exporter": "exporter-down",
     "high-cluster-a": "critical-cluster-a",
+    "dcgm-refused-conflict-b": "dcgm-conflict-b",
 }
 
 
