@@ -18,8 +18,6 @@ from oomguard.common import kinds
 from oomguard.common.kinds import kind_matcher
 from oomguard.common.time_scale import TimeScale
 from oomguard.exporter.config import ConfigError
-from oomguard.exporter.model import TrendSettings
-from oomguard.simulate.clock import trend_settings_on_clock
 
 NAME = re.compile(r"^([A-Z]+[a-z0-9]+)+$")
 RECORD = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
@@ -103,20 +101,24 @@ def test_time_scale_shortens_every_duration(tmp_path: Path, default: dict[str, s
     assert "[15s]" in scaled["OomGuardRestartStorm"]["expr"]
 
 
-def test_time_scale_turns_a_pace_per_minute_into_the_real_clocks(tmp_path: Path, default: dict[str, str]) -> None:
-    """deriv() reads Prometheus' real timestamps: on a clock 30 times faster a leak of 0.06 % per simulated minute
-    rises 1.8 % per real minute, as the trend's own threshold on that clock has it (simulate/clock.py)."""
+def test_time_scale_judges_a_time_to_full_in_real_seconds(tmp_path: Path, default: dict[str, str]) -> None:
+    """deriv() reads Prometheus' real timestamps: on a clock 30 times faster what is left over its pace is a time to
+    full in real seconds, as the trend's oomguard_gpu_memory_seconds_to_full is (measured durations stay real,
+    simulate/clock.py). Its horizon, ExhaustedSoon's and the slow climb's thresholds are real seconds on that clock
+    too, and the slope is taken over the window and at the step of that clock."""
     custom = tmp_path / "bundle.yaml"
     custom.write_text("time_scale: 30\n")
     fast = {a["alert"]: a for a in rules(render(load_bundle_config(custom))[ALERTS_FILE])}
     life = {a["alert"]: a for a in rules(default[ALERTS_FILE])}
-    slopes = re.compile(r"deriv\([^]]*\]\) > ([0-9.e-]+) / 60")
-    assert slopes.findall(life["OomGuardGpuMemoryClimbingPredicted"]["expr"]) == ["0.0006", "0.0006"]
-    assert slopes.findall(fast["OomGuardGpuMemoryClimbingPredicted"]["expr"]) == ["0.018", "0.018"]
-    trend = trend_settings_on_clock(TrendSettings(), TimeScale(30.0))
-    assert float(slopes.findall(fast["OomGuardGpuMemoryClimbingPredicted"]["expr"])[0]) == pytest.approx(
-        trend.climb_min_slope_ratio_per_minute
-    )
+    horizon = re.compile(r"\)\) / deriv\(.*\[(\w+):(\w+)\]\) < ([0-9.e]+)\n")
+    assert horizon.findall(life["OomGuardGpuMemoryClimbingPredicted"]["expr"]) == [("1h", "1m", "86400")]
+    assert horizon.findall(fast["OomGuardGpuMemoryClimbingPredicted"]["expr"]) == [("120s", "2s", "2880")]
+    assert "[15m:1m]) > 0" in life["OomGuardGpuMemoryClimbingPredicted"]["expr"]
+    assert "[30s:2s]) > 0" in fast["OomGuardGpuMemoryClimbingPredicted"]["expr"]
+    clock = TimeScale(30.0)
+    for name, written in (("OomGuardGpuMemoryExhaustedSoon", 2700), ("OomGuardGpuMemoryClimbing", 21600)):
+        assert f'seconds_to_full{{job="oomguard"}} < {written}\n' in life[name]["expr"], name
+        assert f'seconds_to_full{{job="oomguard"}} < {clock.real(written):g}\n' in fast[name]["expr"], name
 
 
 def test_an_infinite_time_scale_is_refused(tmp_path: Path) -> None:
