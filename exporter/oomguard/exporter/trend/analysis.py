@@ -22,7 +22,8 @@ from oomguard.exporter.model import Trend, TrendSettings
 CONSISTENT = 0.6
 # Share of the climb's span its rise must be spread over (a step up is not a leak).
 SPREAD = 0.35
-# The slow climb's time to full: when the GPU has run out with these odds (a transient allocation no longer fitting).
+# The slow climb's time to full: when the GPU has run out with these odds (a transient allocation no longer fitting):
+# three in four, as a page must come before the OOM more often than after it (bench/bench_detection.py).
 OOM_ODDS = 0.75
 # A slow climb's second half must rise at least this share of its first half's pace to be called (an allocator's
 # warm-up decays: its second half is slower), and this share to be held once called.
@@ -257,8 +258,8 @@ class Creep:
     that fills what is left within `creep_horizon_seconds`. The judgement changes only when a point is added."""
 
     __slots__ = (
-        "_first", "_floor", "_intercept", "_last", "_max", "_min", "_peaks", "_period_start", "_times", "_wobble",
-        "called", "quiet", "settings", "slope", "start", "tolerance",
+        "_first", "_floor", "_judged_at", "_last", "_max", "_min", "_peaks", "_period_start", "_times", "_wobble",
+        "called", "floor", "quiet", "settings", "slope", "start", "tolerance",
     )  # fmt: skip
 
     def __init__(self, settings: TrendSettings, noise_scale: float = 1.0) -> None:
@@ -274,7 +275,8 @@ class Creep:
         self.called = False  # latched: a climb was called and still holds
         self.slope = 0.0  # its pace (share of capacity per second), while called
         self.start = 0.0  # when it began, while called
-        self._intercept = 0.0  # its floor's line at time 0 (floor_at), while called
+        self.floor = 0.0  # its newest floor, while called
+        self._judged_at = 0.0  # the end of the period that floor is of
         self._peaks: list[float] = []  # the wobbles of its last six hours, sorted, while called
 
     @property
@@ -336,23 +338,20 @@ class Creep:
         self.called = slope is not None
         if slope is not None:
             self.slope, self.start = slope, times[0] - self.period / 2
-            # The floor's line: its pace through the floors (each a period's lowest, the reading at its start on a
-            # rising series), where it stands at a given time: now, not where the last whole period began.
-            at = [t - self.period / 2 for t in times]
-            self._intercept = median_of_sorted(sorted(f - slope * t for t, f in zip(at, floors, strict=True)))
+            self.floor, self._judged_at = floors[-1], times[-1] + self.period / 2
             self._peaks = sorted(self._wobble[max(first + begin, n - int(6 * 3600 / self.period)) : n])
 
-    def floor_at(self, now: float) -> float:
-        """Where the climb's floor stands at `now`, on its line (while called)."""
-        return self._intercept + self.slope * now
-
     def seconds_to_full(self, now: float) -> float:
-        """How long until the GPU runs out: its floor rises on its line, and in each period it goes above its floor
-        as it did in the periods of the last six hours (the wobbles seen: transient allocations). The first period
-        whose wobble no longer fits in what is left is the OOM: the time by which that has happened with the odds
-        OOM_ODDS. A leak runs the GPU out at the next transient allocation that does not fit, not when its floor
+        """`_time_to_full` from when its floor was last measured, counted down to `now`."""
+        return max(0.0, self._time_to_full() - (now - self._judged_at))
+
+    def _time_to_full(self) -> float:
+        """How long until the GPU runs out: its floor rises at the climb's pace, and in each period it goes above its
+        floor as it did in the periods of the last six hours (the wobbles seen: transient allocations). The first
+        period whose wobble no longer fits in what is left is the OOM: the time by which that has happened with the
+        odds OOM_ODDS. A leak runs the GPU out at the next transient allocation that does not fit, not when its floor
         reaches the top; this is that time, from what the series has shown."""
-        left, slope, peaks = 1.0 - self.floor_at(now), self.slope, self._peaks
+        left, slope, peaks = 1.0 - self.floor, self.slope, self._peaks
         if left <= 0 or slope <= 0:
             return 0.0
         if not peaks or peaks[-1] <= 0:
