@@ -480,7 +480,7 @@ class TrendSettings:
     # need not last climb_min_seconds when that is much of the time it leaves: it is called once it has lasted
     # this share of its projected time to full, and at least climb_soonest_seconds (a warm-up step is over by then).
     climb_share_of_time_to_full: float = 1 / 3
-    climb_soonest_seconds: float = 180.0
+    climb_soonest_seconds: float = 150.0
     climb_min_rise_ratio: float = 0.03
     # Slower than this is not a leak but load drifting (a diurnal cycle of +-8 % peaks at 0.035 %/min).
     climb_min_slope_ratio_per_minute: float = 0.0006

@@ -641,8 +641,8 @@ class Series:
             # Over the time the climb, at the pace it was called at, takes to rise by half the minimum rise:
             # a slow leak is judged over many minutes, a warm-up ramp that has levelled off lets go soon.
             hold = s.climb_min_rise_ratio / 2 / self.latched_slope if self.latched_slope > 0 else s.climb_min_seconds
-            # At least the minimum climb and a dozen samples: a staircase's floor shows its steps over that long.
-            hold = min(max(hold, s.climb_min_seconds, 12 * s.interval_seconds), s.long_window_seconds / 2)
+            # At least the soonest climb and a dozen samples: a staircase's floor shows its steps over that long.
+            hold = min(max(hold, s.climb_soonest, 12 * s.interval_seconds), s.long_window_seconds / 2)
             start = max(now - hold, samples.first)
             slope = robust_slope(samples.since(start), start, now, floor=True, slot="latched")
             return slope is not None and slope >= s.climb_min_slope_ratio_per_minute / 60 / 2
