@@ -34,7 +34,7 @@ def test_the_thresholds_are_the_rules_numbers() -> None:
     assert (t.kv_saturated, t.queue_backlog) == (a.kv_cache_saturated.threshold, a.queue_backlog.threshold)
     assert t.probe_delay_seconds == a.startup_slower_than_probe.probe_initial_delay_seconds
     assert {p.name: p.severity for p in t.pages} == {
-        "OomGuardGpuMemoryCritical": "critical", "OomGuardTargetMemoryOverBudget": "critical",
+        "OomGuardGpuMemoryCritical": "critical", "OomGuardTargetMemoryOverBudget": "warning",
         "OomGuardGpuMemoryExhaustedSoon": "critical", "OomGuardOomEvent": "critical",
         "OomGuardRestartStorm": "critical",
     }  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 from oomguard.bundle.thresholds import default_thresholds
 from oomguard.exporter.status import top
 from oomguard.exporter.status.top import frame
-from oomguard.exporter.status.view import MAX_GPUS, build, parse
+from oomguard.exporter.status.view import MAX_GPUS, build, duration, parse
 
 GIB = 1024**3
 NOW = 1_800_000_000.0
@@ -119,9 +119,9 @@ def test_on_a_drills_clock_the_pages_judge_as_its_rules_do() -> None:
     rule_oom_window = th.oom_window_seconds / 30
     soon = build(parse(exposition(("0", 0.9, 0.2, rule_soon - 1))), now=NOW, thresholds=th)
     assert [h.alert for h in soon.holding] == ["OomGuardGpuMemoryExhaustedSoon"]
-    assert soon.holding[0].why.endswith("(pages under 60s)")  # 30 simulated minutes
+    assert soon.holding[0].why.endswith(f"(pages under {duration(rule_soon)})")  # 45 simulated minutes: 90 real s
     later = build(parse(exposition(("0", 0.9, 0.2, rule_soon + 1))), now=NOW, thresholds=th)
-    assert later.holding == []  # 61 real seconds, 30.5 simulated minutes (against an unscaled 30 minutes: a page)
+    assert later.holding == []  # 91 real seconds, 45.5 simulated minutes (against an unscaled 45 minutes: a page)
     recent = build(parse(exposition(("0", 0.5, None, None), oom_ago=rule_oom_window - 1)), now=NOW, thresholds=th)
     assert [h.alert for h in recent.holding] == ["OomGuardOomEvent"]
     old = build(parse(exposition(("0", 0.5, None, None), oom_ago=rule_oom_window + 1)), now=NOW, thresholds=th)
