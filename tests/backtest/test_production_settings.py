@@ -56,6 +56,10 @@ def test_at_production_settings_a_healthy_server_pages_no_one(production: dict[s
 def test_the_text_report(production: dict[str, Report]) -> None:
     text = production["incident"].text()
     assert text.startswith("oomguard backtest of incident")
-    assert "OOMs: 4 in 1 incident, paged before their first OOM: 1 of 1" in text
-    assert "(a relapse, 6.4 min after the OOM before it) nothing fired before it" in text
+    assert "OOMs: 4 in 1 incident, paged within the hour before their first OOM: 1 of 1" in text
+    assert "(a relapse, 6.4 min after the OOM before it) " in text
     assert "Outside incidents" in text and "pages: 0" in text
+    # What the shipped routing would have sent: the page, and no notification for nothing.
+    assert "Notifications, as the shipped routing" in text and "pager: " in text
+    assert production["incident"].notifications is not None
+    assert production["incident"].notifications.count("pager", for_nothing=True) == 0
