@@ -342,6 +342,10 @@ def _drill(args: argparse.Namespace) -> int:
         return 2
     try:
         scenario = find_drill(args.scenario)
+        if args.alertmanager_config is not None:
+            from oomguard.drill.run import read_routing
+
+            read_routing(args.alertmanager_config)  # refused here, in a line, before anything starts
     except ValueError as exc:
         print(f"oomguard drill: {exc}", file=sys.stderr)
         return 2

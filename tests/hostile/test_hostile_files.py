@@ -28,6 +28,7 @@ from oomguard.backtest.source import load_mapping
 from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.cli import main
 from oomguard.common.bounded_yaml import MAX_ALIAS_NODES
+from oomguard.drill.run import read_routing
 from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.events.runner import MAX_STATE_BYTES, STATE_FILE, EventRunner
 from oomguard.exporter.runtime import Runtime
@@ -66,6 +67,10 @@ CASES = [
     Case("config", "an alias inside the node it names (`targets: &a [*a]`) in any of those files",
          "refused the same way: `an alias refers to the node that holds it`",
          "test_a_yaml_alias_inside_its_anchor_is_refused"),
+    Case("config", "`drill --alertmanager-config` given a FIFO, a file over 1 MiB, an alias bomb or YAML with no "
+         "`route:` mapping", "one line naming the file and the fix, exit 2, before Prometheus or Alertmanager start "
+         "(a FIFO was waited on for ever, the bomb and a list ended in tracebacks)",
+         "test_the_drill_refuses_a_hostile_alertmanager_config_in_one_line"),
 ]  # fmt: skip
 
 
@@ -320,6 +325,7 @@ BOMBED = {
     "web configuration": ("basic_auth_users: *l5\n", lambda path: load_web_config(path)),
     "backtest --mapping": ("gpu: {used_bytes: *l5}\n", lambda path: load_mapping("dcgm", path)),
     "kubeconfig": ("current-context: *l5\ncontexts: *l5\n", lambda path: from_kubeconfig(path)),
+    "drill --alertmanager-config": ("route: {routes: *l5}\n", lambda path: read_routing(path)),
 }
 
 
@@ -383,3 +389,18 @@ def test_the_commands_refuse_an_alias_bomb_in_one_line(tmp_path: Path, capsys: p
         assert main(argv) == status, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and str(path) in err and "an alias bomb" in err, (argv, err)
+
+
+def test_the_drill_refuses_a_hostile_alertmanager_config_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fifo, big, bomb, listed = (tmp_path / name for name in ("fifo.yml", "big.yml", "bomb.yml", "list.yml"))
+    os.mkfifo(fifo)
+    big.write_text("route: {}\n" + "# " + "x" * (2 * 1024**2) + "\n")
+    bomb.write_text(alias_bomb() + BOMBED["drill --alertmanager-config"][0])
+    listed.write_text("- route\n- receivers\n")
+    for path, said in ((fifo, "not a regular file"), (big, "over the limit"), (bomb, "an alias bomb"),
+                       (listed, "no `route:` mapping")):  # fmt: skip
+        assert main(["drill", "--scenario", "incident", "--alertmanager-config", str(path)]) == 2, path
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(path) in err and said in err, err

@@ -32,6 +32,8 @@ import yaml
 from oomguard.bundle.bundle_config import BundleConfig
 from oomguard.bundle.dashboards import render as render_dashboards
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
+from oomguard.common import bounded_yaml
+from oomguard.common.excerpt import excerpt
 from oomguard.exporter.exposition import METRICS
 from oomguard.exporter.exposition.spec import ALWAYS, CONDITIONAL, ENGINE_UP, EVENT, PER_GPU, PER_TARGET, MetricSpec
 
@@ -379,9 +381,12 @@ def _check_alertmanagers(report: CheckReport, api: _Api) -> None:
 def _check_routing(report: CheckReport, alertmanager_url: str, alerts: list[dict], timeout: float) -> None:
     api = _Api(alertmanager_url, timeout)
     try:
-        config = yaml.safe_load(api.get("/api/v2/status")["config"]["original"])
-    except (OSError, ValueError, KeyError, yaml.YAMLError) as exc:
-        report.add(GAP, f"cannot read the routing of {alertmanager_url}: {exc}")
+        config = bounded_yaml.load(api.get("/api/v2/status")["config"]["original"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, yaml.YAMLError) as exc:
+        report.add(GAP, f"cannot read the routing of {alertmanager_url}: {excerpt(str(exc), 300)}")
+        return
+    if not isinstance(config, dict):
+        report.add(GAP, f"cannot read the routing of {alertmanager_url}: its configuration is not a mapping")
         return
     receivers = {r.get("name"): r for r in config.get("receivers") or []}
     route = config.get("route") or {}

@@ -9,6 +9,8 @@ import contextlib
 import copy
 import json
 import logging
+import os
+import stat
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
@@ -20,6 +22,8 @@ from aiohttp import web
 
 from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
+from oomguard.common import bounded_yaml
+from oomguard.common.excerpt import excerpt
 from oomguard.common.kinds import LOG_OOM_KINDS, kind_matcher
 from oomguard.common.ports import free_port
 from oomguard.common.time_scale import TimeScale
@@ -176,10 +180,45 @@ class DrillReport:
         return json.dumps(asdict(self) | {"ok": self.ok}, indent=2)
 
 
+# An Alertmanager configuration: far above any a hand writes (the web configuration's and the mapping's bound).
+MAX_ROUTING_BYTES = 1024**2
+
+
+def read_routing(path: Path) -> dict[str, Any]:
+    """The user's Alertmanager configuration: a regular file within MAX_ROUTING_BYTES, YAML with its aliases bounded
+    (common/bounded_yaml.py), a mapping with a `route`; else a ValueError naming the file and the fix, read before a
+    byte of a FIFO or a device is waited for."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the Alertmanager configuration: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(
+            f"{path}: the Alertmanager configuration is not a regular file (a FIFO, a device, a folder?); give a file"
+        )
+    if st.st_size > MAX_ROUTING_BYTES:
+        raise ValueError(
+            f"{path}: {st.st_size:,} bytes, over the limit of an Alertmanager configuration ({MAX_ROUTING_BYTES:,}); "
+            "is it the right file?"
+        )
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(MAX_ROUTING_BYTES + 1).decode("utf-8")
+        config = bounded_yaml.load(text)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the Alertmanager configuration: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: the Alertmanager configuration is not UTF-8 text; save it as UTF-8") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ValueError(f"{path}: not YAML Alertmanager reads: {excerpt(str(exc), 300)}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("route"), dict):
+        raise ValueError(f"{path}: no `route:` mapping: is it an Alertmanager configuration (--alertmanager-config)?")
+    return config
+
+
 def drill_alertmanager_config(path: Path, webhook_port: int) -> dict[str, Any]:
     """The user's routing, with every webhook sent to the drill's receiver and the waits cut to seconds."""
-    config = yaml.safe_load(path.read_text())
-    config = copy.deepcopy(config)
+    config = copy.deepcopy(read_routing(path))
     for receiver in config.get("receivers", []):
         for hook in receiver.get("webhook_configs", []):
             hook["url"] = f"http://127.0.0.1:{webhook_port}/{receiver['name']}"
