@@ -69,12 +69,13 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
             "{{ end }}"
         )
 
-    def full_at(metric: str, *labels: str) -> str:
+    def full_at(metric: str, *labels: str, **fixed: str) -> str:
         """A Prometheus template: "At this pace full in <duration>. " where the alert's own series of `metric` (the
-        trend's time to full, which exists only while it climbs) has a value; nothing otherwise."""
+        trend's time to full, which exists only while it climbs) has a value; nothing otherwise. `fixed` pins labels
+        the alert does not carry (a target's time to full has one series per memory: its GPUs and the host)."""
         names = grouping(config, *labels)
-        matchers = ",".join(f"{name}=%q" for name in names)
-        args = " ".join(f"$labels.{name}" for name in names)
+        matchers = ",".join(f"{name}=%q" for name in [*names, *fixed])
+        args = " ".join([f"$labels.{name}" for name in names] + [f'"{value}"' for value in fixed.values()])
         return (
             '{{ with printf "' + metric + "{" + matchers + '}" ' + args + " | query }}At this pace full in "
             "{{ . | first | value | humanizeDuration }}. {{ end }}"
