@@ -85,13 +85,31 @@ def test_nan_and_absent_figures_are_no_figures() -> None:
     assert view.gpus == [] and view.holding == []
 
 
+def test_a_climbing_gpu_at_the_top_is_exhausted_soons_as_the_rules_judge() -> None:
+    """GpuMemoryCritical pages on a GPU the trend gives no time to full; one that climbs is GpuMemoryExhaustedSoon's,
+    on its headroom, or on its total once exhausted_soon.min_total_ratio of it is used."""
+    th = default_thresholds()
+    soon = th.exhausted_soon_seconds - 60
+    top = build(parse(exposition(("0", 0.99, th.headroom_critical + 0.05, soon))), now=NOW)
+    assert [h.alert for h in top.holding] == ["OomGuardGpuMemoryExhaustedSoon"]
+    later = build(parse(exposition(("0", 0.99, th.headroom_critical + 0.05, th.exhausted_soon_seconds + 60))), now=NOW)
+    assert later.holding == []  # climbing, full later than the hour: GpuMemoryClimbing's ticket, not a page
+    low = build(parse(exposition(("0", th.exhausted_soon_min_total - 0.01, None, soon))), now=NOW)
+    assert low.holding == []
+    high = build(parse(exposition(("0", th.exhausted_soon_min_total, None, soon))), now=NOW)
+    assert [h.alert for h in high.holding] == ["OomGuardGpuMemoryExhaustedSoon"]
+
+
 def test_top_once_frame_shows_the_bar_the_trend_and_what_holds() -> None:
     th = default_thresholds()
     view = build(
-        parse(exposition(("0", 0.95, th.headroom_critical + 0.1, 42.0))), now=NOW, history={("", "0"): [0.9, 0.95]}
+        parse(exposition(("0", 0.95, th.headroom_critical + 0.1, 42.0), ("1", 0.95, th.headroom_critical + 0.1, None))),
+        now=NOW,
+        history={("", "0"): [0.9, 0.95]},
     )
     text = frame(view.to_json(), width=150)
-    assert "PAGE   OomGuardGpuMemoryCritical" in text and "climbing" in text and "42s" in text
+    assert "PAGE   OomGuardGpuMemoryExhaustedSoon" in text and "climbing" in text and "42s" in text
+    assert "PAGE   OomGuardGpuMemoryCritical" in text
     assert "[RRRR" in text and "#" in text, text
     assert all(len(line) <= 150 for line in text.splitlines())
     assert "sources: FAILING: targets" in text

@@ -11,7 +11,8 @@ What diagnose takes from it:
 - memory at the top: `gpu_memory_critical` (`headroom_threshold` of the headroom an engine's reservation leaves,
   `threshold` of a GPU with no reservation known): the state GpuMemoryCritical pages on;
 - the pages whose conditions one reading of an exporter judges now (`Pages`): GpuMemoryCritical,
-  TargetMemoryOverBudget (`over_budget.margin_ratio`), GpuMemoryExhaustedSoon (`exhausted_soon.seconds`), OomEvent
+  TargetMemoryOverBudget (`over_budget.margin_ratio`), GpuMemoryExhaustedSoon (`exhausted_soon.seconds`,
+  `.min_total_ratio`), OomEvent
   (`oom_event.window`), RestartStorm (`restart_storm.count`, `.window`), each with its severity;
 - a saturated KV cache (`kv_cache_saturated.threshold`) and a queue (`queue_backlog.threshold`);
 - the two-knob check (capacity.py): `concurrency_over_kv_cache`'s min_running, min_kv_usage, quantile,
@@ -71,7 +72,8 @@ class Thresholds:
     used_critical: float  # gpu_memory_critical.threshold: the top of one with no reservation known
     used_high: float  # gpu_memory_high.threshold: the report's first memory line
     over_budget_margin: float  # over_budget.margin_ratio: beyond the budget, as a share of the GPU
-    exhausted_soon_seconds: float  # exhausted_soon.seconds: time to full below this
+    exhausted_soon_seconds: float  # exhausted_soon.seconds: time to full below this...
+    exhausted_soon_min_total: float  # ...judged on a GPU's total once exhausted_soon.min_total_ratio is used
     # events
     oom_window_seconds: float  # oom_event.window
     restart_storm_count: int  # restart_storm.count...
@@ -102,6 +104,7 @@ class Thresholds:
             used_high=a.gpu_memory_high.threshold,
             over_budget_margin=a.over_budget.margin_ratio,
             exhausted_soon_seconds=a.exhausted_soon.seconds,
+            exhausted_soon_min_total=a.exhausted_soon.min_total_ratio,
             oom_window_seconds=float(seconds(a.oom_event.window, "alerts.oom_event.window")),
             restart_storm_count=a.restart_storm.count,
             restart_storm_window_seconds=float(seconds(a.restart_storm.window, "alerts.restart_storm.window")),

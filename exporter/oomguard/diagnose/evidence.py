@@ -129,6 +129,7 @@ class Facts:
     over_budget_now_ratio: float | None = None  # over budget now / the target's worst GPU's total (the rule's)
     # The exporter's time to full on the target's GPUs now (the last point), the soonest; simulated seconds.
     seconds_to_full: float | None = None
+    per_gpu_seconds_to_full: dict[str, float] = field(default_factory=dict)  # each GPU's, where it has one
     trend_states: dict[str, float] = field(default_factory=dict)  # state -> first time seen (1)
     # (rise ratio, simulated seconds, start time) of a climb that never fell
     climb: tuple[float, float, float] | None = None
@@ -243,15 +244,19 @@ class Facts:
     @property
     def paging(self) -> list[tuple[Page, str]]:
         """The shipped alerts (thresholds.py's pages) whose conditions hold in one reading of an exporter, each with
-        the figures that meet it; [] for a history, whose verdict is the window's. GpuMemoryCritical and
-        TargetMemoryOverBudget hold above their thresholds now (their `for:` is not known from one reading),
-        GpuMemoryExhaustedSoon below its time to full, OomEvent with an OOM within its window, and RestartStorm may
-        hold with at least its count of restarts since the exporter started, the last within its window (one
+        the figures that meet it; [] for a history, whose verdict is the window's. As the rules judge them:
+        GpuMemoryCritical above its threshold on a GPU the trend gives no time to full (one that climbs is
+        GpuMemoryExhaustedSoon's to judge; its `for:` and "not falling" are not known from one reading),
+        TargetMemoryOverBudget above its margin, GpuMemoryExhaustedSoon below its time to full on a GPU judged on its
+        headroom or with at least its min_total_ratio used, OomEvent with an OOM within its window, and RestartStorm
+        may hold with at least its count of restarts since the exporter started, the last within its window (one
         reading cannot count those of the window alone)."""
         if self.history:
             return []
         t, clock, out = self.thresholds, self.clock, []
         for gpu in sorted(self.per_gpu):
+            if gpu in self.per_gpu_seconds_to_full:
+                continue
             # The rule's own: the headroom where the exporter wrote it, else used / total.
             exported = gpu in self.exported_headroom
             points, threshold, what = self.judged(gpu) if exported else (
@@ -263,9 +268,13 @@ class Facts:
         if self.over_budget_now_ratio is not None and self.over_budget_now_ratio > t.over_budget_margin:
             out.append((t.page(OVER_BUDGET_KEY), f"{_pct(self.over_budget_now_ratio)} of the GPU beyond the engine's "
                                              f"budget, above {_pct(t.over_budget_margin)}"))  # fmt: skip
-        if self.seconds_to_full is not None and self.seconds_to_full < t.exhausted_soon_seconds:
-            out.append((t.page(EXHAUSTED_SOON_KEY), f"full in {_duration(self.seconds_to_full)} at the current pace, "
-                                                f"under {_duration(t.exhausted_soon_seconds)}"))  # fmt: skip
+        for gpu, to_full in sorted(self.per_gpu_seconds_to_full.items(), key=lambda item: item[1]):
+            used = self.per_gpu.get(gpu)
+            judged = gpu in self.exported_headroom or (used and used[-1][1] >= t.exhausted_soon_min_total)
+            if to_full < t.exhausted_soon_seconds and judged:
+                out.append((t.page(EXHAUSTED_SOON_KEY), f"GPU {gpu}: full in {_duration(to_full)} at the current "
+                                                    f"pace, under {_duration(t.exhausted_soon_seconds)}"))  # fmt: skip
+                break
         window = clock.real(t.oom_window_seconds)
         for kind in kinds.LOG_OOM_KINDS:
             last = self.last_event_at.get(kind)
@@ -285,8 +294,9 @@ class Facts:
 
     @property
     def memory_paging(self) -> list[tuple[Page, str]]:
-        """The memory pages among `paging`."""
-        return [(page, why) for page, why in self.paging if page.key in MEMORY_PAGES]
+        """The memory pages among `paging`: those the bundle routes as pages (severity critical; TargetMemoryOverBudget
+        is a ticket in the shipped bundle)."""
+        return [(page, why) for page, why in self.paging if page.key in MEMORY_PAGES and page.pages]
 
     @property
     def other_rise_ratio(self) -> float:
@@ -549,10 +559,12 @@ def gather(
             facts.per_gpu_headroom[gpu] = headroom
             facts.exported_headroom.add(gpu)
     # The exporter's time to full (it has one only while it calls a climb or a spike): the soonest of the GPUs now.
-    to_full = [points[-1][1] for g in gpus if (points := merge(gpu_series("oomguard_gpu_memory_seconds_to_full", g)))]
-    to_full = [v for v in to_full if math.isfinite(v) and v >= 0]
-    if to_full:
-        facts.seconds_to_full = clock.simulated(min(to_full))
+    for gpu in gpus:
+        points = merge(gpu_series("oomguard_gpu_memory_seconds_to_full", gpu))
+        if points and math.isfinite(points[-1][1]) and points[-1][1] >= 0:
+            facts.per_gpu_seconds_to_full[gpu] = clock.simulated(points[-1][1])
+    if facts.per_gpu_seconds_to_full:
+        facts.seconds_to_full = min(facts.per_gpu_seconds_to_full.values())
     if worst_gpu is not None:
         totals = [v for _, v in merge(gpu_series("oomguard_gpu_memory_total_bytes", worst_gpu))]
         facts.total_bytes = totals[-1] if totals else None

@@ -209,7 +209,15 @@ def holding(gpus: list[GpuRow], targets: list[TargetRow], now: float, th: Thresh
     clock = th.clock
     exhausted_soon = clock.real(th.exhausted_soon_seconds)
     for g in gpus:
-        if g.headroom_used is not None and g.headroom_used > th.headroom_critical:
+        # As the rules judge them: a GPU the trend gives a time to full is ExhaustedSoon's (on its headroom, or with
+        # min_total_ratio of its total used); Critical holds on one that climbs no further.
+        if g.seconds_to_full is not None:
+            judged = g.headroom_used is not None or (g.used_ratio or 0.0) >= th.exhausted_soon_min_total
+            if g.seconds_to_full < exhausted_soon and judged:
+                out.append(Holding(soon.name, soon.severity, f"GPU {g.name}",
+                                   f"full in {duration(g.seconds_to_full)} at this pace "
+                                   f"(pages under {duration(exhausted_soon)})"))  # fmt: skip
+        elif g.headroom_used is not None and g.headroom_used > th.headroom_critical:
             out.append(Holding(critical.name, critical.severity, f"GPU {g.name}",
                                f"{g.headroom_used:.0%} of the headroom the reservation leaves is used "
                                f"(pages at {th.headroom_critical:.0%})"))  # fmt: skip
@@ -217,10 +225,6 @@ def holding(gpus: list[GpuRow], targets: list[TargetRow], now: float, th: Thresh
             out.append(Holding(critical.name, critical.severity, f"GPU {g.name}",
                                f"{ratio:.1%} of the GPU used, no reservation known "
                                f"(pages at {th.used_critical:.0%})"))  # fmt: skip
-        if g.seconds_to_full is not None and g.seconds_to_full < exhausted_soon:
-            out.append(Holding(soon.name, soon.severity, f"GPU {g.name}",
-                               f"full in {duration(g.seconds_to_full)} at this pace "
-                               f"(pages under {duration(exhausted_soon)})"))  # fmt: skip
     oom, storm = page["oom_event"], page["restart_storm"]
     window = clock.real(th.oom_window_seconds)
     for t in targets:
