@@ -17,9 +17,9 @@ from pathlib import Path
 from oomguard.exporter.config import ConfigError, parse_listen_address
 from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.runtime import Runtime
-from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from oomguard.exporter.web import make_app
 from oomguard.exporter.web_config.server import run
+from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 
 from .reference import FakeSpec, child_holds, read_state
 

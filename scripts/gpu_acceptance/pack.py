@@ -112,7 +112,10 @@ def check(target: Path) -> None:
             "PYTHONPATH": f"{root / 'exporter'}:{root}:{scratch}/site",
             "PYTHONNOUSERSITE": "1",
         }
-        code = "import oomguard.exporter.runtime, oomguard.exporter.web, pynvml, prometheus_client.parser, yaml, sys; print(sys.prefix)"
+        code = (
+            "import oomguard.exporter.runtime, oomguard.exporter.web, pynvml, prometheus_client.parser, yaml, sys; "
+            "print(sys.prefix)"
+        )
         done = subprocess.run([f"{scratch}/python/bin/python3", "-c", code], env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"pack: the packed runtime does not import the exporter:\n{done.stderr}")
