@@ -17,6 +17,7 @@ from oomguard.exporter.sources.dcgm_body import parse as parse_body
 MIB = 1048576
 K8S_BODY = (FIXTURES / "dcgm" / "dcgm-3.x-kubernetes-2gpu.prom").read_text()
 HOSTNAME_BODY = (FIXTURES / "dcgm" / "dcgm-main-lowercase-hostname-2gpu.prom").read_text()
+BYTES_BODY = (FIXTURES / "dcgm" / "dcgm-4.10-bytes-2gpu.prom").read_text()
 
 
 class Endpoints:
@@ -28,6 +29,7 @@ class Endpoints:
         app = web.Application()
         app.router.add_get("/good", self._good)
         app.router.add_get("/hostname", self._hostname)
+        app.router.add_get("/bytes", self._bytes)
         app.router.add_get("/slow", self._slow)
         app.router.add_get("/huge", self._huge)
         app.router.add_get("/vllm", self._vllm)
@@ -41,6 +43,9 @@ class Endpoints:
 
     async def _hostname(self, request: web.Request) -> web.Response:
         return web.Response(text=HOSTNAME_BODY)
+
+    async def _bytes(self, request: web.Request) -> web.Response:
+        return web.Response(text=BYTES_BODY)
 
     async def _slow(self, request: web.Request) -> web.Response:
         await asyncio.sleep(30)
@@ -94,7 +99,7 @@ async def test_each_nodes_gpus_in_bytes_with_their_pods(server: tuple[str, Endpo
     [
         ("/slow", "no answer within 0.5s"),
         ("/huge", "body over 1048576 bytes (dcgm.max_body_bytes)"),
-        ("/vllm", "no DCGM_FI_DEV_FB_USED or DCGM_FI_DEV_FB_FREE"),
+        ("/vllm", "no DCGM_FI_DEV_FB_USED_BYTES, DCGM_FI_DEV_FB_USED, DCGM_FI_DEV_FB_FREE_BYTES or DCGM_FI_DEV_FB_"),
         ("/503", "HTTP 503"),
     ],
 )
@@ -255,3 +260,27 @@ async def test_each_nodes_naming_is_in_the_reading(
     assert (gpu_b.used_bytes, gpu_b.total_bytes) == (2 * gib, 80 * gib)
     said = [r.getMessage() for r in caplog.records if "GPU memory from" in r.getMessage()]
     assert len(said) == 2 and any("DCGM_FI_DEV_FB_CAPACITY_BYTES (bytes)" in line for line in said)
+
+
+async def test_a_fleet_half_upgraded_reads_whole_each_node_exactly(server: tuple[str, Endpoints]) -> None:
+    """With no configuration: node gpu-a's dcgm-exporter (4.8's expfmt renderer) writes MiB under the old names,
+    gpu-b's (4.10) bytes under DCGM 4.7's. Every GPU of both is read, each in its own unit, to the byte."""
+    base, _ = server
+    async with EngineClient() as client:
+        reader = DcgmReader(
+            client,
+            lambda: [DcgmEndpoint(f"{base}/hostname", "gpu-a"), DcgmEndpoint(f"{base}/bytes", "gpu-b")],
+            timeout_seconds=2.0, max_body_bytes=1 << 20,
+        )  # fmt: skip
+        reading = await reader.read()
+    assert reading.up and not reading.error
+    figures = {g.key: (g.used_bytes, g.free_bytes, g.reserved_bytes, g.total_bytes) for g in reading.gpus}
+    cap, reserved = 143771 * MIB, 652 * MIB
+    assert figures == {
+        ("gpu-a", "0"): (126880 * MIB, 16239 * MIB, reserved, cap),
+        ("gpu-a", "1"): (9 * MIB, 143110 * MIB, reserved, cap),
+        ("gpu-b", "0"): (133_041_528_889, cap - 133_041_528_889 - reserved, reserved, cap),
+        ("gpu-b", "1"): (9_438_418, cap - 9_438_418 - reserved, reserved, cap),
+    }
+    assert ("gpu-b", "used", "DCGM_FI_DEV_FB_USED_BYTES", "bytes") in reading.dcgm_families
+    assert ("gpu-a", "used", "DCGM_FI_DEV_FB_USED", "MiB") in reading.dcgm_families

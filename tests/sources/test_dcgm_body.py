@@ -14,7 +14,15 @@ from support import FIXTURES, fixture_body, vllm_body
 
 from oomguard.common.promtext import LimitExceeded
 from oomguard.exporter.sources.dcgm_body import CAPACITY_BYTES as CAPACITY
-from oomguard.exporter.sources.dcgm_body import DcgmBody, DcgmBodyError, DcgmGpu, parse
+from oomguard.exporter.sources.dcgm_body import (
+    FREE_BYTES,
+    RESERVED_BYTES,
+    USED_BYTES,
+    DcgmBody,
+    DcgmBodyError,
+    DcgmGpu,
+    parse,
+)
 
 MIB = 1048576
 BODIES = sorted(path.name for path in (FIXTURES / "dcgm").glob("*.prom"))
@@ -58,7 +66,9 @@ def gpu(
 def test_fixture_is_exposition_with_help_and_type(name: str) -> None:
     body = dcgm_body(name)
     families = list(text_string_to_metric_families(body))  # the full parser reads it whole
-    assert {family.name for family in families} >= {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"}
+    names = {family.name for family in families}
+    # Up to 4.8 the figures in MiB; 4.9 and later in bytes, under DCGM 4.7's names.
+    assert names >= {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"} or names >= {USED_BYTES, FREE_BYTES}
     for family in families:
         assert f"# HELP {family.name} " in body and f"# TYPE {family.name} {family.type}\n" in body
 
@@ -317,8 +327,8 @@ def test_negative_and_non_finite_values_are_none_not_errors() -> None:
 
 
 NOT_DCGM = (
-    "no DCGM_FI_DEV_FB_USED or DCGM_FI_DEV_FB_FREE: is this dcgm-exporter's /metrics (port 9400), and are the "
-    "framebuffer fields in its counters CSV?"
+    "no DCGM_FI_DEV_FB_USED_BYTES, DCGM_FI_DEV_FB_USED, DCGM_FI_DEV_FB_FREE_BYTES or DCGM_FI_DEV_FB_FREE: is this "
+    "dcgm-exporter's /metrics (port 9400), and are the framebuffer fields in its counters CSV?"
 )
 
 
@@ -387,7 +397,7 @@ def test_malformed_body() -> None:
 
 def test_fixtures_readme_names_every_body() -> None:
     readme = Path(FIXTURES / "dcgm" / "README.md").read_text(encoding="utf-8")
-    assert len(BODIES) == 7
+    assert len(BODIES) == 8
     assert all(f"`{name}`" in readme for name in BODIES)
 
 
@@ -464,14 +474,73 @@ def test_dcgm_exporter_4_9s_total_in_bytes_beside_the_used_in_mib() -> None:
     [("Framebuffer memory used (in MiB).", "MiB"), ("Framebuffer memory used (in MB).", "MiB"),
      ("Framebuffer memory used (in bytes).", "bytes"), (None, "MiB")],
 )  # fmt: skip
-def test_a_familys_unit_from_its_help_else_its_name(help_text: str | None, unit: str) -> None:
-    parsed = parse(_family("DCGM_FI_DEV_FB_USED", help_text, {0: 2048}) + _family("DCGM_FI_DEV_FB_FREE", None, {0: 0}))
+def test_a_configured_familys_unit_from_its_help_else_its_name(help_text: str | None, unit: str) -> None:
+    """A family of the user's (dcgm.fields) whose unit DCGM does not fix by its name: its help text says."""
+    from oomguard.exporter.sources.dcgm_body import Fields
+
+    fields = Fields(used=("SITE_FB_USED",))
+    parsed = parse(_family("SITE_FB_USED", help_text, {0: 2048}) + _family("DCGM_FI_DEV_FB_FREE", None, {0: 0}),
+                   fields=fields)  # fmt: skip
     assert parsed.gpus[0].used_bytes == (2048 * MIB if unit == "MiB" else 2048)
-    assert ("used", "DCGM_FI_DEV_FB_USED", unit) in parsed.fields
+    assert ("used", "SITE_FB_USED", unit) in parsed.fields
+
+
+@pytest.mark.parametrize("help_text", ["Framebuffer memory used (in bytes).", "Framebuffer memory used (in MiB).",
+                                       None])  # fmt: skip
+def test_dcgms_own_names_have_their_fields_unit_whatever_the_help_says(help_text: str | None) -> None:
+    """DCGM_FI_DEV_FB_USED (252) is MiB and DCGM_FI_DEV_FB_USED_BYTES (1627) bytes, as DCGM defines the fields: a
+    custom counters CSV's help text, copied from a row of the other kind, does not change what DCGM sends."""
+    old = parse(_family("DCGM_FI_DEV_FB_USED", help_text, {0: 2048}) + _family("DCGM_FI_DEV_FB_FREE", None, {0: 0}))
+    new = parse(_family(USED_BYTES, help_text, {0: 2048}) + _family(FREE_BYTES, None, {0: 0}))
+    assert (old.gpus[0].used_bytes, new.gpus[0].used_bytes) == (2048 * MIB, 2048)
+    assert old.fields[0] == ("used", "DCGM_FI_DEV_FB_USED", "MiB") and new.fields[0] == ("used", USED_BYTES, "bytes")
+
+
+def test_dcgm_exporter_4_10_body_reads_exactly_by_default() -> None:
+    """A 4.10 body (tests/fixtures/dcgm/README.md: the expfmt renderer's labels and order, `hostname`, the driver
+    label DCGM_FI_SYSTEM_DRIVER_VERSION, memory in bytes under DCGM 4.7's names, utilization a ratio), read with no
+    configuration: every figure to the byte, none rounded to a MiB."""
+    cap, reserved = 143771 * MIB, 652 * MIB
+    h200, host = "NVIDIA H200", "gpu-node-21"
+    parsed = parse(dcgm_body("dcgm-4.10-bytes-2gpu.prom"))
+    assert parsed == DcgmBody(
+        gpus=(
+            DcgmGpu(0, "GPU-e4b1c7d2-9a30-4f85-8c16-b0d2e9f4a751", h200, "00000000:19:00.0", host,
+                    used_bytes=133_041_528_889, free_bytes=cap - 133_041_528_889 - reserved, reserved_bytes=reserved,
+                    total_bytes=cap, utilization_ratio=0.99, pods=(("llm", "vllm-0", "vllm"),)),
+            DcgmGpu(1, "GPU-1c6f0a3e-72d4-4b19-a5e8-3f9d6c2b0e47", h200, "00000000:3B:00.0", host,
+                    used_bytes=9_438_418, free_bytes=cap - 9_438_418 - reserved, reserved_bytes=reserved,
+                    total_bytes=cap, utilization_ratio=0.0, pods=()),
+        ),
+        mig_series_skipped=0,
+        fields=(("used", USED_BYTES, "bytes"), ("free", FREE_BYTES, "bytes"), ("reserved", RESERVED_BYTES, "bytes"),
+                ("total", CAPACITY, "bytes")),
+    )  # fmt: skip
+
+
+def test_a_body_with_both_namings_reads_the_new_ones_first() -> None:
+    """A counters CSV that lists a figure under both names (4.9's rows added to a 4.8 CSV): the bytes are read, not
+    the MiB rounded down; a figure only the old name has is read in MiB beside them."""
+    body = (
+        _family("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", {0: 40_000})
+        + _family(USED_BYTES, "Framebuffer memory used (in bytes).", {0: 41_943_040_123})
+        + _family("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", {0: 41_000})
+        + _family(FREE_BYTES, "Framebuffer memory free (in bytes).", {0: 42_991_616_000})
+        + _family("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", {0: 500})
+        + _family("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", {0: 50})
+        + _family("DCGM_FI_DEV_GPU_UTIL_RATIO", "GPU utilization (ratio, 0 to 1).", {0: 0.25})
+    )
+    parsed = parse(body)
+    (gpu,) = parsed.gpus
+    assert (gpu.used_bytes, gpu.free_bytes, gpu.reserved_bytes) == (41_943_040_123, 42_991_616_000, 500 * MIB)
+    assert gpu.total_bytes == 41_943_040_123 + 42_991_616_000 + 500 * MIB
+    assert gpu.utilization_ratio == 0.25
+    assert parsed.fields == (("used", USED_BYTES, "bytes"), ("free", FREE_BYTES, "bytes"),
+                             ("reserved", "DCGM_FI_DEV_FB_RESERVED", "MiB"))  # fmt: skip
 
 
 def test_renamed_fields_are_named_in_the_error_and_read_once_configured() -> None:
-    """The used and free names of 4.9 and later could not be confirmed from a published list here: the body's own
+    """Framebuffer families under names the defaults do not list (a site's own counters CSV): the body's own
     framebuffer families are named in the error, with the key that takes them (dcgm.fields). `EXAMPLE_*` below are
     placeholders for whatever a user's exporter writes, not NVIDIA's names."""
     from oomguard.exporter.sources.dcgm_body import Fields

@@ -475,13 +475,20 @@ _METRIC_NAME = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
 
 class DcgmFieldsConfig(StrictModel):
     """Which dcgm-exporter families hold each figure, each list tried in order (sources/dcgm_body.py's Fields holds
-    the same defaults). Each family's unit comes from its `# HELP` text, else its name (`_BYTES`: bytes; else MiB)."""
+    the same defaults: 4.9's byte names, then 4.8's MiB ones). A DCGM name has its field's unit; another family's
+    unit comes from its `# HELP` text, else its name (`_BYTES`: bytes; else MiB)."""
 
     used: tuple[str, ...] = Field(
-        ("DCGM_FI_DEV_FB_USED",), min_length=1, description="Framebuffer memory used (4.8 and earlier: MiB)."
+        ("DCGM_FI_DEV_FB_USED_BYTES", "DCGM_FI_DEV_FB_USED"),
+        min_length=1,
+        description="Framebuffer memory used (4.9 and later: _BYTES, in bytes; 4.8 and earlier: MiB).",
     )
-    free: tuple[str, ...] = Field(("DCGM_FI_DEV_FB_FREE",), min_length=1, description="Framebuffer memory free.")
-    reserved: tuple[str, ...] = Field(("DCGM_FI_DEV_FB_RESERVED",), description="Framebuffer memory reserved.")
+    free: tuple[str, ...] = Field(
+        ("DCGM_FI_DEV_FB_FREE_BYTES", "DCGM_FI_DEV_FB_FREE"), min_length=1, description="Framebuffer memory free."
+    )
+    reserved: tuple[str, ...] = Field(
+        ("DCGM_FI_DEV_FB_RESERVED_BYTES", "DCGM_FI_DEV_FB_RESERVED"), description="Framebuffer memory reserved."
+    )
     total: tuple[str, ...] = Field(
         ("DCGM_FI_DEV_FB_CAPACITY_BYTES", "DCGM_FI_DEV_FB_TOTAL"),
         description="Total framebuffer memory (4.9 and later collect DCGM_FI_DEV_FB_CAPACITY_BYTES, in bytes); "
@@ -533,8 +540,8 @@ class DcgmConfig(StrictModel):
     )
     fields: DcgmFieldsConfig = Field(
         default_factory=DcgmFieldsConfig,
-        description="The families of each memory figure: add the names a dcgm-exporter 4.9 or later writes "
-        '(docs/kubernetes.md, "dcgm-exporter 4.9 and later").',
+        description="The families of each memory figure, 4.9's byte names and 4.8's MiB ones read by default: add "
+        'the names a counters CSV of your own writes (docs/kubernetes.md, "dcgm-exporter 4.9 and later").',
     )
 
     @field_validator("urls")

@@ -1,11 +1,11 @@
 """NVIDIA dcgm-exporter's /metrics body (port 9400) read into each GPU's memory, from NVIDIA/dcgm-exporter's source.
 
-Per GPU, known by its `gpu` label (the index): DCGM_FI_DEV_FB_USED, _FB_FREE and _FB_RESERVED, framebuffer memory in
-MiB (the help texts of etc/default-counters.csv and docs/metrics.md; DCGM's dcgm_fields.h says "MB" for the same
-fields), turned into bytes; DCGM_FI_DEV_FB_TOTAL, same unit, is a DCGM field but in none of the shipped CSVs; and
-DCGM_FI_DEV_GPU_UTIL, a percent, as a ratio. FB_RESERVED is in the default CSV of recent versions only. No version
-renames these fields or changes their unit (2.x to main, MiB throughout; the opt-in etc/1.x-compatibility-metrics.csv
-names them dcgm_fb_used, ...: not read, such a body is refused). Since PR #655 the hostname label is
+Per GPU, known by its `gpu` label (the index): up to 4.8, DCGM_FI_DEV_FB_USED, _FB_FREE and _FB_RESERVED, framebuffer
+memory in MiB (the help texts of etc/default-counters.csv and docs/metrics.md; DCGM's dcgm_fields.h says "MB" for the
+same fields), turned into bytes; DCGM_FI_DEV_FB_TOTAL, same unit, is a DCGM field but in none of the shipped CSVs; and
+DCGM_FI_DEV_GPU_UTIL, a percent, as a ratio. FB_RESERVED is in the default CSV of recent versions only. From 2.x to
+4.8 these names keep their unit (the opt-in etc/1.x-compatibility-metrics.csv names them dcgm_fb_used, ...: not read,
+such a body is refused); 4.9 renamed them (below). Since PR #655 the hostname label is
 `hostname`, `Hostname` before; with --use-old-namespace the UUID label is `uuid`. Not published: what each process
 holds. The one split, FB_USED and GPU_UTIL per pod with --kubernetes-virtual-gpus (recent versions, series with a
 `pod_uid` label), sums each pod's processes, beside the GPU's own series without pod labels: that one is the GPU's.
@@ -20,12 +20,15 @@ as the NVML source reads one; a GPU with instances is read as them alone (a seri
 the whole GPU's aggregate), and those series are counted as skipped.
 
 dcgm-exporter 4.9 (DCGM 4.7) renamed its default fields to DCGM 4.7's names and writes GPU memory in bytes, and
-collects DCGM_FI_DEV_FB_CAPACITY_BYTES, the total in bytes, by default (its release notes). Which family holds
-each figure is `Fields` (the configuration's `dcgm.fields`), each tried in order: the 4.8 names by default, and
-CAPACITY_BYTES for the total; the renamed used and free names are not published where we could read them, so
-they are the user's to add (docs/kubernetes.md). Each family's unit is read from its `# HELP` text (MiB or MB,
-else bytes where it says so), else from its name (`_BYTES`: bytes; the 4.8 names: MiB), so old and new
-exporters are read side by side in one fleet during an upgrade.
+collects DCGM_FI_DEV_FB_CAPACITY_BYTES, the total in bytes, by default (its release notes); its utilization is a
+ratio. Which family holds each figure is `Fields` (the configuration's `dcgm.fields`), each list tried in order: by
+default the byte names first (DCGM_FI_DEV_FB_USED_BYTES, _FREE_BYTES, _RESERVED_BYTES, CAPACITY_BYTES), then the 4.8
+names in MiB, so a body that has both is read in bytes and a fleet half upgraded is read whole, each body in its own
+unit (docs/kubernetes.md says which names were confirmed where). A name DCGM defines has its field's unit whatever
+the counters CSV's help text says (the CSV is the user's; the value is DCGM's); a family only the user names gets its
+unit from its `# HELP` text (MiB or MB, else bytes where it says so), else from its name (`_BYTES`: bytes; else MiB).
+No figure, identity or check here reads the driver-version label (DCGM_FI_DRIVER_VERSION, DCGM_FI_SYSTEM_DRIVER_VERSION
+from 4.9): it changes with every driver upgrade.
 """
 
 from __future__ import annotations
@@ -45,7 +48,15 @@ MAX_BYTES = 2.0**50
 USED, FREE, RESERVED = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"
 TOTAL, UTIL = "DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_GPU_UTIL"
 CAPACITY_BYTES = "DCGM_FI_DEV_FB_CAPACITY_BYTES"  # dcgm-exporter 4.9+, by default: the total, in bytes
+USED_BYTES, FREE_BYTES = "DCGM_FI_DEV_FB_USED_BYTES", "DCGM_FI_DEV_FB_FREE_BYTES"
+RESERVED_BYTES = "DCGM_FI_DEV_FB_RESERVED_BYTES"
+UTIL_RATIO = "DCGM_FI_DEV_GPU_UTIL_RATIO"  # 4.9+: GPU_UTIL as a ratio, 0 to 1
 BYTES, MIB_UNIT = "bytes", "MiB"
+# The unit DCGM defines for each of its framebuffer fields: 250-253 in MiB ("MB" in dcgm_fields.h), 1625-1628 bytes.
+FIELD_UNITS = {
+    USED: MIB_UNIT, FREE: MIB_UNIT, RESERVED: MIB_UNIT, TOTAL: MIB_UNIT,
+    USED_BYTES: BYTES, FREE_BYTES: BYTES, RESERVED_BYTES: BYTES, CAPACITY_BYTES: BYTES,
+}  # fmt: skip
 _FRAMEBUFFER_NAMES = re.compile(r"^(DCGM_FI_DEV_FB_\w+)", re.M)  # for the error that names what a body has
 
 
@@ -53,9 +64,9 @@ _FRAMEBUFFER_NAMES = re.compile(r"^(DCGM_FI_DEV_FB_\w+)", re.M)  # for the error
 class Fields:
     """The families that hold each figure, each list tried in order (the configuration's `dcgm.fields`)."""
 
-    used: tuple[str, ...] = (USED,)
-    free: tuple[str, ...] = (FREE,)
-    reserved: tuple[str, ...] = (RESERVED,)
+    used: tuple[str, ...] = (USED_BYTES, USED)
+    free: tuple[str, ...] = (FREE_BYTES, FREE)
+    reserved: tuple[str, ...] = (RESERVED_BYTES, RESERVED)
     total: tuple[str, ...] = (CAPACITY_BYTES, TOTAL)
 
     def roles(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -98,14 +109,16 @@ class DcgmBody:
 @functools.lru_cache(maxsize=8)
 def _reader(fields: Fields) -> tuple[FamilyExtractor, re.Pattern[str]]:
     """The extractor of the fields' families, and a pattern of their `# HELP` lines (compiled once per Fields)."""
-    names = sorted({name for _, role in fields.roles() for name in role} | {UTIL})
+    names = sorted({name for _, role in fields.roles() for name in role} | {UTIL, UTIL_RATIO})
     helps = re.compile(r"^# HELP (" + "|".join(map(re.escape, names)) + r") ([^\n]*)$", re.M)
     return FamilyExtractor(names, Limits()), helps
 
 
 def unit(name: str, help_text: str) -> str:
-    """A framebuffer family's unit: its help text's (dcgm-exporter's CSVs say "(in MiB)"; DCGM's own texts "MB" for
-    the same MiB), else its name's: `_BYTES` is bytes, the 4.8 names are MiB."""
+    """A framebuffer family's unit: its DCGM field's where DCGM defines the name; else its help text's
+    (dcgm-exporter's CSVs say "(in MiB)"; DCGM's own texts "MB" for the same MiB), else its name's (`_BYTES`)."""
+    if name in FIELD_UNITS:
+        return FIELD_UNITS[name]
     if re.search(r"\bMi?B\b", help_text):
         return MIB_UNIT
     if re.search(r"\bbytes?\b", help_text, re.I) or name.endswith("_BYTES"):
@@ -173,7 +186,8 @@ def parse(body: str, *, max_gpus: int = 64, fields: Fields = DEFAULT_FIELDS) -> 
             total = used + free + (reserved or 0.0)
         if total is not None and total <= 0:
             total = None  # a GPU of no memory: its used ratio would be NaN, and no alert could judge it
-        util = _valid(_value(values, UTIL, key))
+        ratio, percent = _valid(_value(values, UTIL_RATIO, key)), _valid(_value(values, UTIL, key))
+        util = ratio if ratio is not None else None if percent is None else percent / 100
         gpus.append(
             DcgmGpu(
                 index=index,
@@ -185,7 +199,7 @@ def parse(body: str, *, max_gpus: int = 64, fields: Fields = DEFAULT_FIELDS) -> 
                 free_bytes=free,
                 reserved_bytes=reserved,
                 total_bytes=total,
-                utilization_ratio=None if util is None else util / 100,
+                utilization_ratio=util,
                 pods=tuple(sorted(pods.get(key, ()))),
                 gpu_instance=key[1] if key[1] >= 0 else None,
                 profile=labels.get("GPU_I_PROFILE", "") if key[1] >= 0 else "",
@@ -197,7 +211,8 @@ def parse(body: str, *, max_gpus: int = 64, fields: Fields = DEFAULT_FIELDS) -> 
 
 def _no_memory(body: str, fields: Fields) -> str:
     """The error of a body without a used or free figure: what it has instead, and where to name it."""
-    wanted = " or ".join([*fields.used, *fields.free])
+    names = [*fields.used, *fields.free]
+    wanted = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
     found = sorted(set(_FRAMEBUFFER_NAMES.findall(body)))
     if not found:
         return (
@@ -206,7 +221,7 @@ def _no_memory(body: str, fields: Fields) -> str:
         )
     return (
         f"no {wanted}, but {', '.join(n[:60] for n in found[:6])}: a dcgm-exporter whose framebuffer fields "
-        "have other names (4.9 and later rename them): name its used and free families in dcgm.fields "
+        "have other names (a counters CSV of its own): name its used and free families in dcgm.fields "
         '(docs/kubernetes.md, "dcgm-exporter 4.9 and later")'
     )
 
