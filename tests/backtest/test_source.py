@@ -4,6 +4,7 @@ server that refuses, hangs, drips, floods or is no Prometheus at all: a clear Ba
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from pathlib import Path
 
@@ -50,6 +51,23 @@ def dcgm_answer(request: web.Request) -> dict:
     return {"status": "success", "data": {"resultType": "matrix", "result": series}}
 
 
+def dcgm_bytes_answer(request: web.Request) -> dict:
+    """node-2's GPU 0 as Prometheus holds a dcgm-exporter 4.10's series: bytes no MiB divides, the label `hostname`
+    and the driver label DCGM_FI_SYSTEM_DRIVER_VERSION. Only a query that names the byte families finds them."""
+    query, times = request.query["query"], _grid(request)
+    labels = {"hostname": "node-2", "instance": "10.0.0.2:9400", "job": "dcgm", "gpu": "0",
+              "DCGM_FI_SYSTEM_DRIVER_VERSION": "580.105.08", "exported_namespace": "llm",
+              "exported_pod": "vllm-1"}  # fmt: skip
+    value = {"DCGM_FI_DEV_FB_USED_BYTES": 60_000_000_001, "DCGM_FI_DEV_FB_FREE_BYTES": 24_000_000_000,
+             "DCGM_FI_DEV_FB_RESERVED_BYTES": 500_000_123, "DCGM_FI_DEV_FB_CAPACITY_BYTES": 84_500_000_124}  # fmt: skip
+    series = [
+        {"metric": {"__name__": name, **labels}, "values": [[t, str(v)] for t in times]}
+        for name, v in value.items()
+        if name in query
+    ]
+    return {"status": "success", "data": {"resultType": "matrix", "result": series}}
+
+
 async def _handler(request: web.Request) -> web.StreamResponse:
     mode = request.app[MODE]
     request.app[QUERIES].append(request.query.get("query", ""))
@@ -72,6 +90,8 @@ async def _handler(request: web.Request) -> web.StreamResponse:
         return web.Response(text='{"status":"success","data":{"result":[]}}' + " " * 5000)
     if mode == "html":
         return web.Response(text="<html>Grafana</html>", content_type="text/html")
+    if mode == "bytes":  # a fleet of dcgm-exporter 4.9 and later: memory in bytes under DCGM 4.7's names, `hostname`
+        return web.json_response(dcgm_bytes_answer(request))
     if mode == "events":  # oomguard's OOM counter of one target: two OOMs, a restart of the exporter, one more
         counts = ["0", "0", "1", "1", "3", "0", "0", "1", "1"]
         values = [[t, c] for t, c in zip(_grid(request), counts, strict=False)]
@@ -109,7 +129,70 @@ async def test_the_dcgm_preset_reads_the_gpus_and_the_engines_on_them(stand_in) 
     engine = first.engines["llm/vllm-0"]
     assert (engine.kv_cache_usage, engine.waiting, engine.running, engine.preemptions_total) == (0.5, 2, 7, 3)
     assert engine.gpu_memory_utilization == 0.9  # a label of vllm:cache_config_info
-    assert any("DCGM_FI_DEV_FB_USED * 1048576" in q for q in queries)
+    assert any("DCGM_FI_DEV_FB_USED_BYTES or on" in q and "DCGM_FI_DEV_FB_USED, " in q for q in queries)
+
+
+async def test_the_dcgm_preset_reads_dcgm_exporter_4_10s_byte_families(stand_in) -> None:
+    """A Prometheus of dcgm-exporter 4.9 and later holds no DCGM_FI_DEV_FB_USED: the preset reads the byte families,
+    to the byte, the node from `hostname`."""
+    url, _ = await stand_in("bytes")
+    steps = await asyncio.to_thread(list, history(url))
+    (gpu,) = steps[0].gpus
+    assert (gpu.node, gpu.gpu, gpu.targets) == ("node-2", "0", ["llm/vllm-1"])
+    assert (gpu.used, gpu.free, gpu.reserved, gpu.total) == (60_000_000_001, 24e9, 500_000_123, 84_500_000_124)
+
+
+def test_the_dcgm_presets_queries_in_a_real_prometheus(promtool: str, tmp_path: Path) -> None:
+    """The preset's queries as Prometheus evaluates them (promtool's engine): a fleet half upgraded reads whole, node
+    a (4.8: MiB, `Hostname`) in MiB times 2^20 and node b (4.10: bytes, `hostname`) in bytes; on node c, whose
+    counters CSV lists both names, the byte family alone. No query keys on the driver-version label, which differs on
+    every node here."""
+    mapping = load_mapping("dcgm", None).gpu
+    old = 'gpu="0",Hostname="a",instance="10.0.0.1:9400",job="dcgm",DCGM_FI_DRIVER_VERSION="570.133.20"'
+    new = 'gpu="0",hostname="b",instance="10.0.0.2:9400",job="dcgm",DCGM_FI_SYSTEM_DRIVER_VERSION="580.105.08"'
+    both = 'gpu="0",hostname="c",instance="10.0.0.3:9400",job="dcgm",DCGM_FI_SYSTEM_DRIVER_VERSION="580.126.09"'
+    series = {  # name: {labels: value}; samples every minute from 7 s, read at 97 s (no sample on a window's edge)
+        "DCGM_FI_DEV_FB_USED": {old: 70_000, both: 57_220},
+        "DCGM_FI_DEV_FB_USED_BYTES": {new: 60_000_000_001, both: 60_000_000_002},
+        "DCGM_FI_DEV_FB_FREE": {old: 11_000, both: 22_888},
+        "DCGM_FI_DEV_FB_FREE_BYTES": {new: 24_000_000_000, both: 24_000_000_001},
+        "DCGM_FI_DEV_FB_RESERVED": {old: 500, both: 476},
+        "DCGM_FI_DEV_FB_RESERVED_BYTES": {new: 500_000_123, both: 500_000_124},
+        "DCGM_FI_DEV_FB_CAPACITY_BYTES": {new: 84_500_000_124, both: 84_500_000_127},
+    }
+    inputs = [f"      - series: '{name}{{{labels}}}'\n        values: '{value}x3'"
+              for name, by in series.items() for labels, value in by.items()]  # fmt: skip
+
+    def expect(query: str, samples: list[tuple[str, str, float]]) -> str:
+        lines = [f"      - expr: '{query}'\n        eval_time: 97s\n        exp_samples:"]
+        for name, labels, value in samples:
+            lines.append(f"          - labels: '{name}{{{labels}}}'\n            value: {value:.0f}")
+        return "\n".join(lines)
+
+    def as_old(labels: str) -> str:  # 4.8's series times 2^20: no name, and `hostname` beside `Hostname`
+        return labels + ',hostname="a"'
+
+    cases = [
+        expect(mapping.used_bytes, [("", as_old(old), 70_000 * MIB), ("DCGM_FI_DEV_FB_USED_BYTES", new, 60_000_000_001),
+                                    ("DCGM_FI_DEV_FB_USED_BYTES", both, 60_000_000_002)]),
+        expect(mapping.free_bytes, [("", as_old(old), 11_000 * MIB), ("DCGM_FI_DEV_FB_FREE_BYTES", new, 24e9),
+                                    ("DCGM_FI_DEV_FB_FREE_BYTES", both, 24_000_000_001)]),
+        expect(mapping.reserved_bytes, [("", as_old(old), 500 * MIB),
+                                        ("DCGM_FI_DEV_FB_RESERVED_BYTES", new, 500_000_123),
+                                        ("DCGM_FI_DEV_FB_RESERVED_BYTES", both, 500_000_124)]),
+        expect(mapping.total_bytes, [("DCGM_FI_DEV_FB_CAPACITY_BYTES", new, 84_500_000_124),
+                                     ("DCGM_FI_DEV_FB_CAPACITY_BYTES", both, 84_500_000_127)]),
+    ]  # fmt: skip
+    test = tmp_path / "dcgm-preset.yaml"
+    test.write_text(
+        "rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n"
+        + "\n".join(inputs).replace("values: '", "values: '_ ")  # the first sample at 1 min, none at 0
+        + "\n    promql_expr_test:\n"
+        + "\n".join(cases)
+        + "\n"
+    )
+    run = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 async def test_a_long_window_is_read_in_chunks(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,9 +1,10 @@
 """A history read from a Prometheus: a query per figure (a preset's, or the user's mapping), range queries over the
 window in chunks, each chunk's answers put together into steps. docs/backtest.md, "Prometheus" and "Mapping".
 
-Presets: `dcgm` (dcgm-exporter's framebuffer figures in MiB, by Hostname and gpu, with vLLM's own metrics by pod
-where the pods are scraped), `nvidia_gpu_exporter` (nvidia_smi_memory_*_bytes, by instance and uuid) and `oomguard`
-(oomguard's own series, its targets and its OOM events). A mapping file overrides any of a preset's keys.
+Presets: `dcgm` (dcgm-exporter's framebuffer figures, 4.9's in bytes else 4.8's in MiB, by Hostname or hostname and
+gpu, with vLLM's own metrics by pod where the pods are scraped), `nvidia_gpu_exporter` (nvidia_smi_memory_*_bytes,
+by instance and uuid) and `oomguard` (oomguard's own series, its targets and its OOM events). A mapping file
+overrides any of a preset's keys.
 
 Everything the server controls is bounded: each request by `timeout` (connecting, and the whole answer read by a
 deadline), each answer by MAX_ANSWER_BYTES and MAX_SERIES, the window by MAX_STEPS. A refusal (HTTP 403, 500), a
@@ -110,6 +111,17 @@ class Mapping(StrictModel):
 
 
 _VLLM_POD = "namespace, pod"
+
+
+def _dcgm_bytes(new: str, old: str) -> str:
+    """dcgm-exporter 4.9's byte family where a node's exporter writes it, else 4.8's in MiB (docs/kubernetes.md,
+    "dcgm-exporter 4.9 and later"): a fleet half upgraded is read whole, a node whose CSV lists both in bytes. The old
+    series gets `hostname` from `Hostname` (renamed in PR #655) so that both match on the exporter and the GPU; the
+    driver-version label, renamed in 4.9 and changed by every driver upgrade, is in no match."""
+    old_named = f'label_replace({old}, "hostname", "$1", "Hostname", "(.+)")'
+    return f"{new} or on (hostname, instance, gpu, GPU_I_ID) {old_named} * 1048576"
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     "dcgm": {
         "gpu": {
@@ -117,9 +129,11 @@ PRESETS: dict[str, dict[str, Any]] = {
             "gpu_label": ["gpu"],
             # Scraped by a ServiceMonitor (honor_labels false), the GPU's pod is exported_pod; see docs/backtest.md.
             "target_labels": ["exported_namespace", "exported_pod"],
-            "used_bytes": "DCGM_FI_DEV_FB_USED * 1048576",
-            "free_bytes": "DCGM_FI_DEV_FB_FREE * 1048576",
-            "reserved_bytes": "DCGM_FI_DEV_FB_RESERVED * 1048576",
+            "used_bytes": _dcgm_bytes("DCGM_FI_DEV_FB_USED_BYTES", "DCGM_FI_DEV_FB_USED"),
+            "free_bytes": _dcgm_bytes("DCGM_FI_DEV_FB_FREE_BYTES", "DCGM_FI_DEV_FB_FREE"),
+            "reserved_bytes": _dcgm_bytes("DCGM_FI_DEV_FB_RESERVED_BYTES", "DCGM_FI_DEV_FB_RESERVED"),
+            # 4.9 and later: the total in bytes; without it (4.8), used + free + reserved.
+            "total_bytes": "DCGM_FI_DEV_FB_CAPACITY_BYTES",
         },
         "engine": {
             "target_labels": ["namespace", "pod"],
