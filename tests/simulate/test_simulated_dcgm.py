@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from support import samples
 
 from oomguard.exporter.config_loader import load_config
@@ -33,9 +34,10 @@ def test_its_body_reads_as_dcgm_exporters_with_the_engines_pod() -> None:
     assert first.pods == (("sim", "sim-vllm", "vllm"),) and second.pods == ()
 
 
-async def test_the_simulation_read_through_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", ["3.x", "4.10"])
+async def test_the_simulation_read_through_it(tmp_path: Path, version: str) -> None:
     config = load_config(None, {
-        "simulation": {"scenario": "steady", "time_scale": 30, "gpu_source": "dcgm"},
+        "simulation": {"scenario": "steady", "time_scale": 30, "gpu_source": "dcgm", "dcgm_version": version},
         "events": {"kernel_log": False}, "trend": {"enabled": False},
     })  # fmt: skip
     runtime = Runtime(config)
@@ -55,3 +57,21 @@ async def test_the_simulation_read_through_it(tmp_path: Path) -> None:
         assert not [key for key in got if key[0] == "oomguard_target_process_gpu_memory_bytes"]
     finally:
         await runtime.stop()
+
+
+def test_it_speaks_dcgm_exporter_4_10_read_to_the_byte_with_no_configuration() -> None:
+    """version "4.10": DCGM 4.7's byte families (CAPACITY_BYTES the total), GPU_UTIL_RATIO, `hostname`, the driver
+    label DCGM_FI_SYSTEM_DRIVER_VERSION, pod labels on a GPU in a pod only, families by name and values as Go's %g
+    (tests/fixtures/dcgm/README.md, body h). Read with the default fields: every figure exact, none rounded to a MiB."""
+    gpus = [FakeGpu(0, used_bytes=70 * GIB + 3), FakeGpu(1, used_bytes=GIB)]
+    gpus[0].utilization_percent = 85
+    text = body(gpus, node="sim-node", pod=("sim", "sim-vllm", "vllm"), pod_gpus=(0,), version="4.10")
+    assert "DCGM_FI_DEV_FB_USED{" not in text and 'hostname="sim-node"' in text and "Hostname=" not in text
+    assert "DCGM_FI_SYSTEM_DRIVER_VERSION=" in text and 'pod=""' not in text
+    first, second = parse(text).gpus
+    assert (first.used_bytes, first.reserved_bytes, first.total_bytes) == (
+        70 * GIB + 3, gpus[0].reserved_bytes, gpus[0].total_bytes
+    )  # fmt: skip
+    assert first.free_bytes == gpus[0].total_bytes - gpus[0].reserved_bytes - (70 * GIB + 3)
+    assert first.utilization_ratio == 0.85 and first.hostname == "sim-node"
+    assert first.pods == (("sim", "sim-vllm", "vllm"),) and second.pods == ()

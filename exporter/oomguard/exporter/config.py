@@ -236,6 +236,12 @@ class SimulationConfig(StrictModel):
         description="nvml: the GPUs through a fake NVML, as a node agent reads them; dcgm: through a simulated "
         "dcgm-exporter beside the engine, as the cluster mode reads them (no per-process memory).",
     )
+    dcgm_version: Literal["3.x", "4.10"] = Field(
+        "3.x",
+        description="With gpu_source dcgm, which dcgm-exporter the simulated one speaks: 3.x (memory in MiB under "
+        "DCGM_FI_DEV_FB_USED, ..., `Hostname`) or 4.10 (4.9's naming: bytes under DCGM_FI_DEV_FB_USED_BYTES, ..., "
+        "`hostname`, DCGM_FI_SYSTEM_DRIVER_VERSION).",
+    )
 
     @model_validator(mode="before")
     @classmethod

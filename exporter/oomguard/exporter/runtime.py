@@ -92,7 +92,7 @@ class Runtime:
                 # The cluster mode's GPU source: a simulated dcgm-exporter beside the engine, its URL known at start.
                 self.sim_dcgm = SimulatedDcgmExporter(
                     self.simulation.current_gpus, node=SIMULATED_NODE, pod=("sim", f"sim-{sim.engine}", sim.engine),
-                    pod_gpus=self.simulation.gpus,
+                    pod_gpus=self.simulation.gpus, version=sim.dcgm_version,
                 )  # fmt: skip
             # Every duration the exporter judges runs on the scenario's clock (simulate/clock.py).
             self.clock = TimeScale(sim.time_scale)
