@@ -8,6 +8,7 @@ The exporter's flags are spelled as Prometheus exporters spell them; each also r
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ from typing import Any
 from oomguard import __version__
 from oomguard.common.excerpt import excerpt
 from oomguard.common.time_scale import factor_argument
+from oomguard.common.urls import http_url_argument
 from oomguard.drill.scenarios import SCENARIOS as DRILLS
 from oomguard.drill.scenarios import find as find_drill
 from oomguard.exporter.config import ConfigError, parse_listen_address
@@ -44,12 +46,34 @@ _ENVIRONMENT = {
 }
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser (`oomguard serve`...): a flag it does not know is its own error, with its own usage and
+    the flag meant. argparse leaves a command's unknown arguments to the top-level parser, whose usage lists the
+    commands and names no flag of any."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._meant(extras)}")
+        return namespace, extras
+
+    def _meant(self, extras: list[str]) -> str:
+        flags = [flag for action in self._actions for flag in action.option_strings if flag.startswith("--")]
+        for arg in extras:
+            name = arg.split("=", 1)[0]
+            if name.startswith("--") and len(name) <= 100:
+                close = difflib.get_close_matches(name, flags, n=1, cutoff=0.7)
+                if close:
+                    return f"; did you mean {close[0]}?"
+        return ""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="oomguard", description="GPU memory and inference-engine exporter for Prometheus."
     )
     parser.add_argument("--version", action="version", version=f"oomguard {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
 
     serve = commands.add_parser("serve", help="run the exporter")
     serve.add_argument("--config", metavar="FILE", help="YAML configuration [$OOMGUARD_CONFIG]")
@@ -179,12 +203,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     drill.add_argument(
         "--check",
+        type=http_url_argument,
         metavar="PROMETHEUS_URL",
         help="instead of a scenario: will this deployment page? The bundle's rules loaded, the exporter scraped "
         "under the job they select and up, its targets up, every alert's inputs where they should be (exit 1 on a gap)",
     )
     drill.add_argument(
         "--alertmanager",
+        type=http_url_argument,
         metavar="ALERTMANAGER_URL",
         help="with --check: also read this Alertmanager's routing: where each severity goes, and whether critical "
         "reaches a receiver that sends somewhere",
@@ -332,9 +358,13 @@ def _drill(args: argparse.Namespace) -> int:
         return 0
     if args.check:
         from oomguard.bundle.bundle_config import load_bundle_config
-        from oomguard.drill.check import check_deployment
+        from oomguard.drill.check import CheckError, check_deployment
 
-        checked = check_deployment(args.check, load_bundle_config(), alertmanager_url=args.alertmanager)
+        try:
+            checked = check_deployment(args.check, load_bundle_config(), alertmanager_url=args.alertmanager)
+        except CheckError as exc:  # nothing was checked: "could not run", as diagnose says it
+            print(f"oomguard drill: {exc}", file=sys.stderr)
+            return 2
         sys.stdout.write(checked.text())
         return 0 if checked.ok else 1
     if args.scenario is None:

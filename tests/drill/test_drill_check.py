@@ -21,7 +21,7 @@ from support import FIXTURES, REPO
 from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
 from oomguard.common.ports import free_port
-from oomguard.drill.check import _matches, _route
+from oomguard.drill.check import ABSENT, ARMED, _judge, _matches, _route, _State
 from oomguard.drill.services import Alertmanager, Prometheus
 from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.exposition import METRICS
@@ -189,8 +189,9 @@ def test_a_correct_deployment_with_its_engine_up_and_no_event_yet_passes(deploym
     assert "Gaps" not in out
     # Born with their first event: armed, not missing.
     # (The alerts judge events on the counters alone: the last-event timestamps are no input of theirs.)
-    for name in ("oomguard_gpu_events_total", "oomguard_gpu_memory_seconds_to_full"):
-        assert f"{name}: armed: appears with its first event" in out, out
+    assert "oomguard_gpu_events_total: armed: appears with its first event" in out, out
+    # There only while memory climbs, and gone when it stops: no event arms it.
+    assert "oomguard_gpu_memory_seconds_to_full: only while climbing or spiking" in out, out
     present = out.split("Present:\n", 1)[1].replace("\n  ", " ")
     assert "oomguard_engine_kv_cache_usage_ratio," in present and "oomguard_gpu_memory_used_ratio," in present
     assert "the bundle's" in out and "alerts and" in out and "recording rules are loaded" in out
@@ -261,10 +262,13 @@ def test_a_pod_refused_as_dcgm_exporter_is_a_gap(deployments: Any) -> None:
     assert "something poses as dcgm-exporter" in out and "#oomguarddcgmpodrefused" in out
 
 
-def test_nothing_to_ask_is_a_gap_with_the_reason() -> None:
-    code, out = _check(f"http://127.0.0.1:{free_port()}")
-    assert code == 1
-    assert "FAIL, 1 gap" in out.splitlines()[0] and "cannot read the rules of" in out
+def test_nothing_to_ask_could_not_run_in_one_line() -> None:
+    """No Prometheus there: no deployment was checked, so no gap of one (exit 1) but "could not run" (exit 2), as
+    oomguard diagnose says it (tests/test_cli_errors.py has the line itself)."""
+    url = f"http://127.0.0.1:{free_port()}"
+    code, out = _check(url)
+    assert code == 2, out
+    assert out.splitlines() == [out.strip()] and f"cannot reach Prometheus at {url}: Connection refused" in out, out
 
 
 def test_the_routing_of_each_severity(deployments: Any) -> None:
@@ -276,6 +280,19 @@ def test_the_routing_of_each_severity(deployments: Any) -> None:
     assert code == 1
     assert "critical alerts (" in out and "go to receiver 'void', which sends nowhere: nobody is paged" in out
     assert "severity warning (" in out and "goes to receiver 'team' (webhook)" in out
+
+
+def test_time_to_full_is_judged_by_what_makes_it_exist() -> None:
+    """A time to full exists while memory climbs or spikes and goes when it stops: its absence is the trend's
+    state, not an event still to come ("armed"); the check says the condition, from the metric's help."""
+    by_name = {spec.sample_name: spec for spec in METRICS}
+    nothing_yet = _State(gpus=1, targets=1, up=1, loading=0)
+    for name in ("oomguard_gpu_memory_seconds_to_full", "oomguard_target_memory_seconds_to_full",
+                 "oomguard_target_memory_seconds_to_budget"):  # fmt: skip
+        level, why = _judge(by_name[name], nothing_yet)
+        assert (level, why) == (ABSENT, "only while climbing or spiking"), (name, level, why)
+    level, why = _judge(by_name["oomguard_gpu_events_total"], nothing_yet)
+    assert (level, why) == (ARMED, "armed: appears with its first event")
 
 
 def test_route_matching_follows_alertmanager() -> None:

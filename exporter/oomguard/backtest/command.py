@@ -20,6 +20,7 @@ from types import FrameType
 from oomguard.backtest import BacktestError
 from oomguard.backtest.history import parse_duration, parse_time
 from oomguard.backtest.regular import MAX_YAML_BYTES, check_regular
+from oomguard.common.urls import http_url_argument
 from oomguard.exporter.config import ConfigError
 
 DEFAULT_EVALUATION = "30s"
@@ -33,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--history", type=Path, metavar="FILE",
         help="the history as a file: CSV with a header, or JSON lines (.gz too); docs/backtest.md, \"File\"",
     )  # fmt: skip
-    source.add_argument("--prometheus", metavar="URL", help="read the history from this Prometheus (HTTP API)")
+    source.add_argument(
+        "--prometheus", type=http_url_argument, metavar="URL", help="read the history from this Prometheus (HTTP API)"
+    )
     parser.add_argument("--start", metavar="TIME", help="with --prometheus: the window's start (Unix or RFC 3339)")
     parser.add_argument("--end", metavar="TIME", help="with --prometheus: the window's end (default now)")
     parser.add_argument(

@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from oomguard.bundle.thresholds import load_thresholds
+from oomguard.common.urls import http_url_argument
 from oomguard.diagnose import report
 from oomguard.diagnose.clock import clock_of
 from oomguard.diagnose.core import default_probe_delay, diagnose_data, exit_status
@@ -51,8 +52,12 @@ def parse_time(text: str | None) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prometheus", metavar="URL", help="read the history from this Prometheus (HTTP API)")
-    source.add_argument("--exporter", metavar="URL", help="read one oomguard's /metrics now (no history)")
+    source.add_argument(
+        "--prometheus", type=http_url_argument, metavar="URL", help="read the history from this Prometheus (HTTP API)"
+    )
+    source.add_argument(
+        "--exporter", type=http_url_argument, metavar="URL", help="read one oomguard's /metrics now (no history)"
+    )
     parser.add_argument("--target", metavar="NAME", help="only this target")
     parser.add_argument("--instance", metavar="INSTANCE", help="only this exporter (its Prometheus instance label)")
     parser.add_argument("--at", metavar="TIME", help="end of the window: Unix seconds or RFC 3339 (default now)")

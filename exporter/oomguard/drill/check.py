@@ -13,7 +13,8 @@ an up engine's figure that its /metrics lacks (a renamed metric). With
 `--alertmanager URL`, it also says where each severity is routed and whether
 critical reaches a receiver that sends somewhere.
 
-Exit 1 only for gaps: what makes an alert unable to fire on this deployment.
+Exit 1 only for gaps: what makes an alert unable to fire on this deployment; a Prometheus that cannot be asked
+at all is no deployment checked (CheckError: exit 2, "could not run", as `oomguard diagnose` says it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable
@@ -46,6 +48,10 @@ ARMED = "armed"
 LOADING = "loading"
 ABSENT = "absent"
 NOTE = "note"
+
+
+class CheckError(Exception):
+    """The check could not run: its Prometheus did not answer, or not as Prometheus does (one line, the fix)."""
 
 
 @dataclass(frozen=True)
@@ -130,11 +136,7 @@ def check_deployment(
     rendered = render(bundle)
     alerts = [r for g in yaml.safe_load(rendered[ALERTS_FILE])["groups"] for r in g["rules"]]
     records = [r for g in yaml.safe_load(rendered[RECORDS_FILE])["groups"] for r in g["rules"]]
-    try:
-        groups = api.get("/api/v1/rules")["data"]["groups"]
-    except (OSError, ValueError, KeyError) as exc:
-        report.add(GAP, f"cannot read the rules of {prometheus_url}: {exc}: is it a Prometheus, and up?")
-        return report
+    groups = _rule_groups(api, prometheus_url)
     _check_rules(report, groups, alerts, records, bundle)
     selector = bundle.selector
     try:
@@ -151,6 +153,34 @@ def check_deployment(
         _check_routing(report, alertmanager_url, alerts, timeout)
     _check_alertmanagers(report, api)
     return report
+
+
+def _rule_groups(api: _Api, url: str) -> list[dict]:
+    """The rule groups loaded in the Prometheus at `url`: the check's first question, and the one that says whether
+    there is a Prometheus to ask at all (CheckError where there is none)."""
+    fix = "check --check (the Prometheus server's base URL, e.g. http://prometheus:9090) and that it is running"
+    try:
+        groups = api.get("/api/v1/rules")["data"]["groups"]
+        if not isinstance(groups, list):
+            raise TypeError("groups is not a list")
+        return groups
+    except urllib.error.HTTPError as exc:
+        raise CheckError(f"Prometheus at {url} answered HTTP {exc.code} {exc.reason} to /api/v1/rules; {fix}") from None
+    except TimeoutError:
+        raise CheckError(f"Prometheus at {url} did not answer within {api.timeout:g}s; {fix}") from None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, TimeoutError):
+            raise CheckError(f"Prometheus at {url} did not answer within {api.timeout:g}s; {fix}") from None
+        why = getattr(reason, "strerror", None) or reason
+        raise CheckError(f"cannot reach Prometheus at {url}: {excerpt(str(why), 200)}; {fix}") from None
+    except OSError as exc:
+        raise CheckError(f"cannot reach Prometheus at {url}: {excerpt(exc.strerror or str(exc), 200)}; {fix}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        raise CheckError(
+            f"{url} did not answer as Prometheus's HTTP API does (/api/v1/rules); "
+            "is --check the Prometheus server itself, not Grafana or an exporter?"
+        ) from None
 
 
 # -- the rules -----------------------------------------------------------------------------------
@@ -286,7 +316,7 @@ def _judge(spec: MetricSpec, state: _State) -> tuple[str, str]:
     if spec.presence == EVENT:
         return ARMED, "armed: appears with its first event"
     if spec.presence == CONDITIONAL:
-        return ABSENT, "only where its condition holds (docs/metrics.md)"
+        return ABSENT, _condition(spec)
     if spec.presence == ENGINE_UP:
         if state.up:
             # Not every engine gives every figure (TGI no KV use): one that should and does not is a gap of its own,
@@ -305,6 +335,20 @@ def _judge(spec: MetricSpec, state: _State) -> tuple[str, str]:
         return ABSENT, "no GPU is read here"
     assert spec.presence == ALWAYS
     return GAP, "exported whenever the exporter runs, and missing: the alerts that read it can never fire"
+
+
+# The clause of a metric's help that says when it has series: "...; only while climbing or spiking.", "Only with
+# --web.config.file.", "(absent when it did not answer)".
+_CONDITION = re.compile(
+    r"(?:^|[;.(]\s?)((?:only|absent) (?:while|with|where|when|without|for|on) .+?)\s*(?=[;()]|\.(?:\s|$)|$)",
+    re.IGNORECASE,
+)
+
+
+def _condition(spec: MetricSpec) -> str:
+    """When a conditional metric has series, in its help's words, else where to read it."""
+    found = _CONDITION.search(spec.help)
+    return found[1][0].lower() + found[1][1:] if found else "only where its condition holds (docs/metrics.md)"
 
 
 def _check_event_sources(report: CheckReport, api: _Api, selector: str) -> None:

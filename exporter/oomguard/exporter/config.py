@@ -22,6 +22,7 @@ from oomguard.common import bounded_yaml
 from oomguard.common.excerpt import LIMIT, excerpt
 from oomguard.common.ports import url_port
 from oomguard.common.promtext import LABEL_LIMIT, LABEL_VALUE_LENGTH_LIMIT, SAMPLE_LIMIT, Limits
+from oomguard.common.urls import url_problem
 from oomguard.exporter.model import TrendSettings
 
 DEFAULT_PORT = 9847
@@ -146,10 +147,9 @@ class TargetConfig(StrictModel):
     @classmethod
     def _check_url(cls, value: str) -> str:
         parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                f"{value!r} is not an http(s) URL with a host; write the engine's base URL, e.g. http://127.0.0.1:8000"
-            )
+        if (problem := url_problem(value)) is not None:
+            fix = "" if "://" not in value else "; write the engine's base URL, e.g. http://127.0.0.1:8000"
+            raise ValueError(problem + fix)
         try:
             parts.port  # noqa: B018 - raises on a bad port
         except ValueError as exc:
@@ -738,7 +738,7 @@ def explain(
         message = _cut_quotes(_fix(item) or item["msg"].removeprefix("Value error, "), item.get("input"))
         origin = (origins or {}).get(".".join(str(part) for part in loc if not isinstance(part, int)))
         if origin is None:
-            lines.append(f"  {where}: {message}{_got(item.get('input'))}")
+            lines.append(f"  {where}: {message}{_got(item.get('input'), message)}")
         else:  # the variable or flag is what the user wrote: name it, with the value it holds
             lines.append(f"  {origin}: {where}{' ' if message.startswith(_VERBS) else ': '}{message}")
     return "\n".join(lines)
@@ -815,10 +815,11 @@ _SHAPES = {
 }
 
 
-def _got(value: Any) -> str:
-    """What was written, when it fits on a line: never a whole section or file (a top-level check's input)."""
+def _got(value: Any, message: str) -> str:
+    """What was written, when it fits on a line and the message does not quote it already: never a whole section
+    or file (a top-level check's input)."""
     text = repr(value)
-    return "" if isinstance(value, dict | list) or len(text) > 80 else f" (got {text})"
+    return "" if isinstance(value, dict | list) or len(text) > 80 or text in message else f" (got {text})"
 
 
 def read_text(path: Path, what: str) -> str:

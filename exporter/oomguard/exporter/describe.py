@@ -98,7 +98,9 @@ def _gpus(config: Config) -> str:
     if dcgm is not None:
         return f"GPUs: this node's, from dcgm-exporter at {', '.join(dcgm.urls)}; no per-process memory, no XIDs"
     if config.nvml.enabled:
-        return "GPUs: every GPU NVML finds, per process " + ("on" if config.nvml.per_process else "off")
+        if config.nvml.per_process:
+            return "GPUs: every GPU NVML finds, with each process's memory (nvml.per_process: true)"
+        return "GPUs: every GPU NVML finds, with no per-process memory (nvml.per_process: false)"
     return "GPUs: none (nvml.enabled is false): no GPU memory, no memory alerts"
 
 

@@ -3,6 +3,9 @@
 To add an engine, write `engines/<name>/` (see docs/architecture.md) and add its plugin here.
 """
 
+import difflib
+
+from oomguard.common.excerpt import excerpt
 from oomguard.exporter.engines import llamacpp, sglang, tgi, triton, vllm
 from oomguard.exporter.engines.base import EnginePlugin, EngineReader, FamilyRow
 
@@ -22,7 +25,9 @@ ENGINE_NAMES = tuple(ENGINES)
 def check_engine(name: str) -> None:
     """The configuration's `engine:` (config_loader.py): one of the plugins'."""
     if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}")
+        close = difflib.get_close_matches(name, ENGINE_NAMES, n=1, cutoff=0.75) if len(name) <= 100 else []
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"unknown engine {excerpt(name)!r}; {hint}known engines: {', '.join(ENGINES)}")
 
 
 def simulated_engines() -> list[str]:

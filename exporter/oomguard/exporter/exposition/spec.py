@@ -20,8 +20,10 @@ ALWAYS = "always"  # while the exporter runs
 PER_GPU = "gpu"  # while NVML reads a GPU
 PER_TARGET = "target"  # while a target is known (configured or discovered)
 ENGINE_UP = "engine"  # while a target's engine is up and gives the figure
-EVENT = "event"  # born with its first event: an XID, a kernel OOM kill, an OOM, a start watched, a climb
-CONDITIONAL = "conditional"  # only where its condition holds, which its help text says
+EVENT = "event"  # born with its first event: an XID, a kernel OOM kill, an OOM, a start watched
+# only where its condition holds, which its help text says ("only while climbing or spiking": a time to full goes
+# when the climb stops, so no event arms it)
+CONDITIONAL = "conditional"
 PRESENCE = (ALWAYS, PER_GPU, PER_TARGET, ENGINE_UP, EVENT, CONDITIONAL)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from oomguard.exporter.exposition.encoder import Exposition
-from oomguard.exporter.exposition.spec import CONDITIONAL, EVENT, MetricSpec, metric
+from oomguard.exporter.exposition.spec import CONDITIONAL, MetricSpec, metric
 from oomguard.exporter.model import TREND_STATES, Snapshot
 
 SECTION = "Memory trend (see docs/trend.md)"
@@ -36,7 +36,7 @@ GPU_MEMORY_SECONDS_TO_FULL = metric(
     "seconds",
     "node gpu",
     "At the current pace, time until the GPU is full; only while climbing or spiking.",
-    presence=EVENT,
+    presence=CONDITIONAL,
 )
 TARGET_MEMORY_TREND_STATE = metric(
     SECTION,
@@ -72,7 +72,7 @@ TARGET_MEMORY_SECONDS_TO_FULL = metric(
     "seconds",
     "target memory",
     "At the current pace, time until the target's GPUs (or the host) are full; only while climbing or spiking.",
-    presence=EVENT,
+    presence=CONDITIONAL,
 )
 TARGET_MEMORY_SECONDS_TO_BUDGET = metric(
     SECTION,
@@ -81,7 +81,7 @@ TARGET_MEMORY_SECONDS_TO_BUDGET = metric(
     "seconds",
     "target",
     "At the current pace, time until the target's GPUs pass the engine's budget (gpu_memory_utilization); 0 when already past; only while climbing or spiking.",
-    presence=EVENT,
+    presence=CONDITIONAL,
 )
 TREND_SAMPLES = metric(
     SECTION,

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import socket
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -362,7 +363,7 @@ def run(app: web.Application, host: str, port: int, state: WebConfigState | None
     except (web.GracefulExit, KeyboardInterrupt):
         pass
     except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", host, port, _why(exc))
+        log.error("cannot listen on %s:%d: %s", host, port, _why(exc, host, port))
         status = 1
     except Exception as exc:  # one line, never a traceback; stop() has run (serve_forever's finally)
         log.error("oomguard stops: %s: %s", type(exc).__name__, exc)
@@ -377,16 +378,37 @@ def run(app: web.Application, host: str, port: int, state: WebConfigState | None
     return status
 
 
-def _why(exc: OSError) -> str:
+def _why(exc: OSError, host: str, port: int) -> str:
     """asyncio's bind error in a user's words: "[Errno 98] error while attempting to bind on address ..." repeats
-    the address the line already gives."""
+    the address the line already gives. A port in use gets another to try, one free now: not a fixed example,
+    which is the taken port itself for whoever already followed it."""
     if exc.errno == errno.EADDRINUSE:
+        free = _free_port_above(host, port)
+        if free is None:
+            return (
+                "the port is already in use (another process listens on it): choose another with "
+                "--web.listen-address, or with LISTEN= under make"
+            )
+        shown = "" if host in ("", "0.0.0.0", "::") else (f"[{host}]" if ":" in host else host)
         return (
-            "the port is already in use (another process listens on it): choose another with --web.listen-address, "
-            "or with LISTEN= under make (make run LISTEN=:9848)"
+            f"the port is already in use (another process listens on it): choose another, e.g. port {free} (free "
+            f"now): --web.listen-address {shown}:{free}, or under make, make run LISTEN={shown}:{free}"
         )
     if exc.errno == errno.EADDRNOTAVAIL:
         return "no interface of this host has that address"
     if exc.errno == errno.EACCES:
         return "permission denied (ports below 1024 need privileges)"
     return exc.strerror or str(exc)
+
+
+def _free_port_above(host: str, port: int, tries: int = 20) -> int | None:
+    """The first of the ports after `port` that `host` can bind now, if any of the next `tries` is."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for candidate in range(port + 1, min(port + 1 + tries, 65536)):
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host or "0.0.0.0", candidate))
+            except OSError:
+                continue
+            return candidate
+    return None
