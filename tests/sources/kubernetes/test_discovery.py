@@ -171,23 +171,26 @@ async def test_nvml_pids_are_attributed_to_their_pod_through_cgroups(tmp_path: P
     for pid, cgroup in ((4242, f"0::/kubepods/pod{uid}/{'e' * 64}"), (4343, "0::/system.slice/other.service")):
         (tmp_path / "proc" / str(pid)).mkdir(parents=True)
         (tmp_path / "proc" / str(pid) / "cgroup").write_text(cgroup + "\n")
-    processes = [FakeProcess(4242, 50 * GIB), FakeProcess(4343, 9 * GIB)]
-    nvml = FakeNvml([FakeGpu(0, used_bytes=60 * GIB, processes=processes), FakeGpu(1, used_bytes=1 * GIB)])
+    # The engine holds its 0.90 reservation (72 GiB); another process's 6 GiB and 0.5 GiB no process owns fill
+    # 6.5 of the 8 GiB it leaves: 98 % of the GPU, 81 % of its headroom.
+    processes = [FakeProcess(4242, 72 * GIB), FakeProcess(4343, 6 * GIB)]
+    nvml = FakeNvml([FakeGpu(0, used_bytes=int(78.5 * GIB), processes=processes), FakeGpu(1, used_bytes=1 * GIB)])
     async with engine_up() as engine:
         port = engine.server.port
         trend = {"interval_seconds": 0.05, "short_window_seconds": 0.5, "long_window_seconds": 2.0}
         async with Cluster(tmp_path, nvml=nvml, trend=trend) as k8s:
             await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=uid))
             await wait_for(lambda: k8s.value("oomguard_target_process_gpu_memory_bytes", **POD), "its own GPU memory")
-            assert await k8s.value("oomguard_target_process_gpu_memory_bytes", **POD) == 50 * GIB
+            assert await k8s.value("oomguard_target_process_gpu_memory_bytes", **POD) == 72 * GIB
             assert await k8s.value("oomguard_target_gpu_info", node=objects.NODE, gpu="0", **POD) == 1.0
             assert await k8s.value("oomguard_target_gpu_info", node=objects.NODE, gpu="1", **POD) is None
-            # The trend sampler finds the pod's GPUs the same way. Its engine reserves 0.90 of the GPU, and 10 GiB of
-            # another process's are beyond what the reservation leaves (8 GiB): judged in its headroom, saturated.
+            # The trend sampler finds the pod's GPUs the same way and judges them in the headroom the reservation
+            # leaves: steady at 81 % of it, where against the total (98 %) it would read saturated.
             await wait_for(
-                lambda: k8s.value("oomguard_target_memory_trend_state", memory="gpu", state="saturated", **POD),
+                lambda: k8s.value("oomguard_target_memory_trend_state", memory="gpu", state="steady", **POD),
                 "the pod's GPU memory trend",
             )
+            assert await k8s.value("oomguard_target_memory_trend_state", memory="gpu", state="saturated", **POD) == 0
 
 
 async def test_rbac_refused_is_a_source_error_not_a_crash(tmp_path: Path) -> None:

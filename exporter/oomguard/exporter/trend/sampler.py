@@ -153,9 +153,10 @@ def observations(
 ) -> dict[TrendKey, Observation]:
     """What one tick sees: GPUs (but `skip_gpus`), and per target its GPUs' memory (join.py) and its processes'
     RSS. `reserving`: the targets whose reservation holds now, each with it: on their GPUs what is judged is the use
-    beyond the reservations against the headroom they leave (join.join_gpu, basis "headroom"), as the memory alerts
-    judge it: an engine below its reservation is taken to fill it, so another process's bytes beyond the headroom
-    read as saturated while the GPU still has room; elsewhere used against total."""
+    beyond the reservations (used - reserved, below 0 where the engines hold less) against the headroom they leave
+    (join.join_gpu, basis "headroom"); elsewhere used against total. Where an engine holds less than its
+    reservation this differs from the alerts' level (headroom_used_ratio counts its untaken share as taken): the
+    trend follows what is free, so the postmortem's climb from 0.86 through a 0.90 reservation is seen whole."""
     out: dict[TrendKey, Observation] = {}
     gpus = up_gpus(nvml.gpus) if nvml else {}
     nodes = by_node(gpus)
@@ -169,8 +170,10 @@ def observations(
         gpu = gpus.get(key)
         joined = join_gpu(gpu, engines) if gpu is not None else None
         if joined is not None and joined.total_bytes - joined.reserved_bytes > 0:
+            # Signed: an engine that holds less than its reservation (its pool smaller than the share it was told)
+            # reads below 0, so a climb through the reservation is seen whole, not from where it crosses it.
             beyond[key] = Observation(
-                joined.unreserved_used_bytes,
+                joined.used_bytes - joined.reserved_bytes,
                 joined.total_bytes - joined.reserved_bytes,
                 "headroom",
                 joined.total_bytes,
