@@ -2,7 +2,8 @@
 
 Everything an engine, a pod or a log controls (model, target and pod names, label values, an OOM's kind) is escaped
 by the template engine's autoescape, and the page's Content-Security-Policy allows no script at all: a model named
-`<img src=x onerror=...>` is text. Readable at 375 px wide (cards, a table that scrolls sideways).
+`<img src=x onerror=...>` is text. Readable at 375 px wide: cards, and the targets' table reflowed below 640 px into
+a block per target, each value led by its column's name (a table that scrolled sideways hid its last columns).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 import jinja2
 
 from oomguard import __version__
-from oomguard.exporter.status.view import StatusView, duration
+from oomguard.exporter.status.view import StatusView, duration, gpu_level
 
 REFRESH_SECONDS = 5
 SPARK_MINUTES = 30
@@ -49,7 +50,7 @@ def render(view: StatusView) -> str:
         bytes=human_bytes,
         duration=duration,
         ago=lambda at: duration(now - at),
-        level=lambda ratio: "bad" if ratio >= 0.75 else "warn" if ratio >= 0.5 else "ok",
+        gpu_level=lambda gpu: gpu_level(gpu, view.holding),
         spark=spark_points,
     )
 

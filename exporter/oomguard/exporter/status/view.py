@@ -241,6 +241,18 @@ def holding(gpus: list[GpuRow], targets: list[TargetRow], now: float, th: Thresh
     return sorted(out, key=lambda h: (h.severity != "critical", h.alert, h.subject))
 
 
+def gpu_level(gpu: GpuRow, held: list[Holding]) -> str:
+    """How the page colours a GPU's memory figures: as what holds on it (`holding`), the rules' judgement, not a
+    share of its own: "bad" while a critical alert's condition holds on it, "warn" while another's does or past half
+    its headroom, else "ok". A page holding beside a green figure, or red with nothing paging, said two things."""
+    severities = {h.severity for h in held if h.subject == f"GPU {gpu.name}"}
+    if "critical" in severities:
+        return "bad"
+    if severities or (gpu.headroom_used if gpu.headroom_used is not None else 0.0) >= 0.5:
+        return "warn"
+    return "ok"
+
+
 def duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 90:
