@@ -194,3 +194,17 @@ def test_the_readme_lists_make_runs_variables_with_their_defaults() -> None:
     for flag, variable in used:
         default = re.search(rf"(?m)^{variable} \?= (\S+)$", makefile)[1]
         assert f"| `{variable}` | `{default}` | `{flag}` |" in readme, variable
+
+
+def test_the_readme_names_every_package_make_test_installs() -> None:
+    """The README's list of what `make test` installs is the install script's: a package it installs that the README
+    leaves out (chromium-headless-shell, tmux) is a surprise on a user's machine."""
+    from support import REPO
+
+    script = (REPO / "scripts" / "install-system-deps.sh").read_text()
+    installed = set(re.findall(r"missing\+=\(([\w.+-]+)\)", script)) - {"build-essential"}  # "a C++ compiler"
+    assert {"chromium-headless-shell", "tmux", "podman"} <= installed, installed
+    readme = (REPO / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start") : readme.index("`make run` needs no GPU")]
+    left_out = sorted(name for name in installed if f"`{name}`" not in quick_start)
+    assert not left_out, f"the README's quick start does not name {left_out}"

@@ -261,3 +261,13 @@ def test_a_wrapped_figure_beyond_the_whole_gpu_recommends_nothing_from_it() -> N
     assert [(r.setting, r.suggested) for r in d.recommendations] == [
         (r.setting, r.suggested) for r in clean.recommendations
     ]
+
+
+def test_without_matplotlib_the_report_names_the_install_that_works_from_a_clone(monkeypatch) -> None:
+    """oomguard runs from a clone (the README's quick start), where `pip install 'oomguard[report]'` would look
+    for a published package: the line names the clone's command first."""
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import matplotlib raises ImportError
+    with pytest.raises(report.MissingExtra) as raised:
+        report.plot_figure(one(read(histories.incident())).facts, "t")  # type: ignore[arg-type]
+    assert "from a clone: .venv/bin/pip install -e '.[report]'" in str(raised.value), raised.value
+    assert "\n" not in str(raised.value)

@@ -501,7 +501,8 @@ def write_plots(directory: Path, report: Report, memory: dict[int, dict[str, lis
         import matplotlib
     except ImportError:
         raise BacktestError(
-            "--plot needs matplotlib, an extra of oomguard: pip install 'oomguard[report]' (or leave out --plot)"
+            "--plot needs matplotlib, oomguard's report extra: from a clone: .venv/bin/pip install -e '.[report]' "
+            "(from a wheel or an index with oomguard: pip install 'oomguard[report]'), or leave out --plot"
         ) from None
     matplotlib.use("Agg")
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend

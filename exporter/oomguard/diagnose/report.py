@@ -171,7 +171,8 @@ def plot_figure(facts: Facts, title: str = ""):  # -> matplotlib.figure.Figure (
         import matplotlib
     except ImportError as exc:  # an extra: the node agent (and its image) runs without it
         raise MissingExtra(
-            "the report's plots need matplotlib, an extra of oomguard: pip install 'oomguard[report]'"
+            "the report's plots need matplotlib, oomguard's report extra: from a clone: .venv/bin/pip install -e "
+            "'.[report]' (from a wheel or an index with oomguard: pip install 'oomguard[report]')"
         ) from exc
 
     matplotlib.use("Agg")
