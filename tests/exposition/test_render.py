@@ -46,7 +46,7 @@ AWKWARD = 'a "quoted" back\\slash\nnew line, ünïcode'
 def busy_snapshot() -> Snapshot:
     """Every section of the exposition filled, with label values that need escaping."""
     trend = Trend("climbing", 0.93, 1e-4, 5e-5, 600.0, 70.0)
-    model = ModelReading(AWKWARD, 0.97, 12.0, 3.0, 41.0, 1000.0, 250.0)
+    model = ModelReading(AWKWARD, 0.97, 12.0, 3.0, 41.0, 1000.0, 250.0, 5.0, 8e9, 2e9, 1.0)
     snapshot = Snapshot(
         nvml=NvmlReading(
             up=True,

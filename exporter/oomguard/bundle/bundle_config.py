@@ -170,6 +170,7 @@ class Alerts(StrictModel):
     startup_slower_than_probe: ProbeAlert
     queue_backlog: QueueBacklogAlert
     kv_cache_saturated: ThresholdAlert
+    requests_refused: _Sustained
     low_headroom_config: ThresholdAlert
     concurrency_over_kv_cache: ConcurrencyOverKvCacheAlert
     exporter_down: _Sustained

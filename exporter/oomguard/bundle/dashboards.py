@@ -512,6 +512,42 @@ def _engine_row(config: BundleConfig) -> list[Panel]:
             ],
             description="Requests preempted per second because the KV cache was full.",
         ),
+        Graph(
+            title="Requests refused",
+            unit="reqps",
+            size=(12, 7),
+            queries=[
+                Query(
+                    sel.sum_by(
+                        "target", f"rate(oomguard_engine_admission_rejections_total{sel.target}[$__rate_interval])"
+                    ),
+                    legend="{{target}}",
+                )
+            ],
+            description="Requests refused with 503 at admission because the engine's queue limit was reached"
+            " (vLLM 0.32+): clients see errors while memory may still look fine.",
+        ),
+        Graph(
+            title="KV cache offloaded and loaded back",
+            unit="Bps",
+            size=(12, 7),
+            queries=[
+                Query(
+                    sel.sum_by(
+                        "target", f"rate(oomguard_engine_kv_offload_store_bytes_total{sel.target}[$__rate_interval])"
+                    ),
+                    legend="{{target}} stored",
+                ),
+                Query(
+                    sel.sum_by(
+                        "target", f"rate(oomguard_engine_kv_offload_load_bytes_total{sel.target}[$__rate_interval])"
+                    ),
+                    legend="{{target}} loaded back",
+                ),
+            ],
+            description="KV cache moved to the engine's offload tier (CPU memory) and back, with KV offloading"
+            " only: while it loads back, a full GPU KV cache is not out of KV cache.",
+        ),
     ]
 
 

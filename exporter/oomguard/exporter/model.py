@@ -204,6 +204,45 @@ ENGINE_FIGURES: tuple[EngineFigure, ...] = (
         conditional=True,
     ),
     EngineFigure(
+        field="admission_rejections_total",
+        per_model=True,
+        metric="engine_admission_rejections",
+        kind="counter",
+        unit="",
+        help="Requests the engine refused at admission (HTTP 503) because a queue limit was reached, summed over"
+        f" its reasons ({_FAMILIES_READ}): a capacity symptom clients see before memory runs out.",
+        conditional=True,
+    ),
+    EngineFigure(
+        field="kv_offload_store_bytes_total",
+        per_model=True,
+        metric="engine_kv_offload_store_bytes",
+        kind="counter",
+        unit="bytes",
+        help="KV cache bytes the engine copied from its GPUs to its offload tier (CPU memory, disk); only with KV"
+        f" offloading ({_FAMILIES_READ}).",
+        conditional=True,
+    ),
+    EngineFigure(
+        field="kv_offload_load_bytes_total",
+        per_model=True,
+        metric="engine_kv_offload_load_bytes",
+        kind="counter",
+        unit="bytes",
+        help="KV cache bytes the engine loaded back from its offload tier to its GPUs instead of recomputing them;"
+        " while they flow, a full GPU KV cache is not an engine out of KV cache.",
+        conditional=True,
+    ),
+    EngineFigure(
+        field="kv_offload_allocation_failures_total",
+        per_model=True,
+        metric="engine_kv_offload_allocation_failures",
+        kind="counter",
+        unit="",
+        help="Stores to the KV offload tier that found no room: the offload tier is full as well.",
+        conditional=True,
+    ),
+    EngineFigure(
         field="memory_utilization_ratio",
         per_model=False,
         metric="engine_gpu_memory_utilization_ratio",
@@ -270,6 +309,10 @@ class ModelReading:
     preemptions_total: float | None = None
     prefix_cache_queries_total: float | None = None
     prefix_cache_hits_total: float | None = None
+    admission_rejections_total: float | None = None
+    kv_offload_store_bytes_total: float | None = None
+    kv_offload_load_bytes_total: float | None = None
+    kv_offload_allocation_failures_total: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,9 @@ class Scenario:
     spike_seconds: float = 1.0  # ...reaching its peak over this long
     retry_spike_seconds: float | None = None
     overloaded: bool = False  # queue and preemptions grow after spike_after
+    # The engine offloads its KV cache to CPU memory (vLLM's KV offloading): its /metrics carries the offload
+    # families, KV stored as requests fill blocks and loaded back as prefixes are reused.
+    kv_offload: bool = False
     # From this life on (0 = the first) the engine cannot allocate its KV cache at start: it loads its weights,
     # logs vLLM's startup memory error and exits, and never serves (None: every life starts).
     startup_fails_from_life: int | None = None
@@ -312,6 +315,7 @@ SCENARIOS: dict[str, Scenario] = {
             serving_used_ratio=0.56,
             climb_ratio_per_second=0.01 / 60,
             oom_at=25.0 + 0.43 / (0.01 / 60),
+            kv_offload=True,
         ),
         _overcommit(),
         Scenario(

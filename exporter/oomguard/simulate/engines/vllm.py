@@ -15,7 +15,7 @@ import time
 from aiohttp import web
 
 from oomguard.exporter.engines.vllm import PLUGIN
-from oomguard.simulate.scenarios import GIB, IDLE_GPU_BYTES, Scenario
+from oomguard.simulate.scenarios import GIB, IDLE_GPU_BYTES, EngineFigures, Scenario
 from oomguard.simulate.serve import SimulatedEngine, run_simulator
 
 
@@ -56,9 +56,32 @@ vllm:e2e_request_latency_seconds_bucket{{{labels},le="1.0"}} {float(f.prefix_que
 vllm:e2e_request_latency_seconds_bucket{{{labels},le="+Inf"}} {float(f.prefix_queries // 900)}
 vllm:e2e_request_latency_seconds_count{{{labels}}} {float(f.prefix_queries // 900)}
 vllm:e2e_request_latency_seconds_sum{{{labels}}} {f.prefix_queries / 1800:.1f}
-# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# HELP vllm:admission_rejections_total Number of admission attempts rejected by a queue limit, by reason.
+# TYPE vllm:admission_rejections_total counter
+vllm:admission_rejections_total{{model_name="{model}",reason="max_num_queued_reqs"}} 0.0
+vllm:admission_rejections_total{{model_name="{model}",reason="max_num_queued_tokens"}} 0.0
+{_kv_offload(scenario, f, labels)}# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{{block_size="{block_size}",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="{scenario.gpu_memory_utilization}",kv_cache_memory_bytes="{kv_bytes}",num_cpu_blocks="None",num_gpu_blocks="{blocks}",num_gpu_blocks_override="None"}} 1.0
+"""
+
+
+def _kv_offload(scenario: Scenario, f: EngineFigures, labels: str) -> str:
+    """vLLM 0.32's KV offloading families, where the scenario offloads: 32 KiB stored per prefix-cache query token,
+    8 KiB loaded back per hit token, and the older counter by direction beside them, as 0.32 writes it."""
+    if not scenario.kv_offload:
+        return ""
+    stored, loaded = float(f.prefix_queries * 32768), float(f.prefix_hits * 8192)
+    return f"""# HELP vllm:kv_offload_total_bytes_total Number of bytes offloaded by KV connector
+# TYPE vllm:kv_offload_total_bytes_total counter
+vllm:kv_offload_total_bytes_total{{{labels},transfer_type="CPU_to_GPU"}} {loaded}
+vllm:kv_offload_total_bytes_total{{{labels},transfer_type="GPU_to_CPU"}} {stored}
+# HELP vllm:kv_offload_load_bytes_total Total bytes loaded from offload storage to GPU.
+# TYPE vllm:kv_offload_load_bytes_total counter
+vllm:kv_offload_load_bytes_total{{{labels}}} {loaded}
+# HELP vllm:kv_offload_store_bytes_total Total bytes stored from GPU to offload storage.
+# TYPE vllm:kv_offload_store_bytes_total counter
+vllm:kv_offload_store_bytes_total{{{labels}}} {stored}
 """
 
 

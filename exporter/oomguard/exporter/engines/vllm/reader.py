@@ -22,6 +22,16 @@ PREFIX_HITS_OLD = "vllm:gpu_prefix_cache_hits_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 START_TIME = "process_start_time_seconds"
 SLEEP_STATE = "vllm:engine_sleep_state"  # 0.11+: 1 on the current one of awake, weights_offloaded, discard_all
+# Requests refused with 503 at admission because a queue limit is reached (0.32: reason max_num_queued_reqs or
+# max_num_queued_tokens, both written from the start, labels model_name and reason only).
+ADMISSION_REJECTIONS = "vllm:admission_rejections_total"
+# KV offloading (an offloading KV connector only; labels model_name, engine). 0.32 writes the flat names, each at
+# its first transfer or failure, and still the older counter by transfer_type ("GPU_to_CPU" a store, "CPU_to_GPU"
+# a load) for its CPU tier; releases before the flat names write only that one.
+OFFLOAD_STORE_BYTES = "vllm:kv_offload_store_bytes_total"
+OFFLOAD_LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
+OFFLOAD_BYTES_BY_DIRECTION = "vllm:kv_offload_total_bytes_total"
+OFFLOAD_ALLOCATION_FAILURES = "vllm:kv_offload_allocation_failure_total"
 
 
 def _number(text: str | None) -> float | None:
@@ -51,6 +61,11 @@ class VllmReader:
             CACHE_CONFIG,
             START_TIME,
             SLEEP_STATE,
+            ADMISSION_REJECTIONS,
+            OFFLOAD_STORE_BYTES,
+            OFFLOAD_LOAD_BYTES,
+            OFFLOAD_BYTES_BY_DIRECTION,
+            OFFLOAD_ALLOCATION_FAILURES,
         }
     )
     # The "Engine families read" table of docs/metrics.md: each oomguard metric and the families (or requests)
@@ -79,6 +94,21 @@ class VllmReader:
         ),
         FamilyRow("`oomguard_engine_process_start_time_seconds`", "`process_start_time_seconds` (API server process)"),
         FamilyRow("`oomguard_engine_sleep_state`", "`vllm:engine_sleep_state` (0.11+; sleep mode)"),
+        FamilyRow(
+            "`oomguard_engine_admission_rejections_total`",
+            "`vllm:admission_rejections_total` (0.32+), its `reason`s (`max_num_queued_reqs`, "
+            "`max_num_queued_tokens`) summed",
+        ),
+        FamilyRow(
+            "`oomguard_engine_kv_offload_store_bytes_total`, `..._kv_offload_load_bytes_total`",
+            "`vllm:kv_offload_store_bytes_total`, `vllm:kv_offload_load_bytes_total` (0.32); before them "
+            '`vllm:kv_offload_total_bytes_total{transfer_type="GPU_to_CPU"}` (a store) and `..._to_GPU` (a load). '
+            "KV offloading only",
+        ),
+        FamilyRow(
+            "`oomguard_engine_kv_offload_allocation_failures_total`",
+            "`vllm:kv_offload_allocation_failure_total` (0.32; KV offloading only, from its first failure)",
+        ),
     )
 
     def read(self, samples: dict[str, list[Sample]]) -> EngineReading:
@@ -108,6 +138,10 @@ class VllmReader:
                 preemptions_total=total(family.get(PREEMPTIONS, ())),
                 prefix_cache_queries_total=pick(family, PREFIX_QUERIES, PREFIX_QUERIES_OLD, total),
                 prefix_cache_hits_total=pick(family, PREFIX_HITS, PREFIX_HITS_OLD, total),
+                admission_rejections_total=total(family.get(ADMISSION_REJECTIONS, ())),
+                kv_offload_store_bytes_total=_offloaded(family, OFFLOAD_STORE_BYTES, store=True),
+                kv_offload_load_bytes_total=_offloaded(family, OFFLOAD_LOAD_BYTES, store=False),
+                kv_offload_allocation_failures_total=total(family.get(OFFLOAD_ALLOCATION_FAILURES, ())),
             )
             for model, family in sorted(by_model.items())
         )
@@ -127,6 +161,22 @@ class VllmReader:
             process_start_time_seconds=finite(start[0].value) if start else None,
             sleep_state=_sleep_state(samples.get(SLEEP_STATE, [])),
         )
+
+
+def _offloaded(family: dict[str, list[Sample]], flat: str, *, store: bool) -> float | None:
+    """Bytes stored to (or loaded from) the offload tier: the flat name where written, else the older counter's
+    series of that direction (a store leaves the GPU, a load comes to it; the medium's case varies by release)."""
+    if family.get(flat):
+        return total(family[flat])
+    directions = [s for s in family.get(OFFLOAD_BYTES_BY_DIRECTION, ()) if _is_store(s) is store]
+    return total(directions)
+
+
+def _is_store(sample: Sample) -> bool | None:
+    direction = sample.labels.get("transfer_type", "").lower()
+    if direction.startswith("gpu_to_"):
+        return True
+    return False if direction.endswith("_to_gpu") else None
 
 
 def _sleep_state(samples: list[Sample]) -> str | None:
