@@ -77,8 +77,8 @@ def _work(
 ) -> None:
     """A worker: its share of each step, replayed into its own backfill; its summary (or its error) sent back."""
     # Forked with the command's handlers (command.py): a worker is stopped by the process that started it (SIGTERM:
-    # it ends once its promtool is done, leaving nothing to write into the folder being removed), and ^C, which the
-    # terminal sends to every process of the group, is that process's to handle.
+    # it kills its promtool, leaving nothing to write into the folder being removed), and ^C, which the terminal
+    # sends to every process of the group, is that process's to handle.
     signal.signal(signal.SIGTERM, _stopped)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.getLogger("oomguard.exporter.trend.sampler").disabled = True
@@ -116,7 +116,7 @@ def _work(
 
 
 def _stopped(signum: int, _: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the way out waits for promtool: not cut short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the way out kills promtool and removes its files: not cut short
     raise SystemExit(128 + signum)
 
 
@@ -149,7 +149,7 @@ def replay_parallel(
             conn.close()
             if process.is_alive():
                 process.terminate()
-        for process, _, _ in workers:  # each waits for its promtool (one block's backfill) before it ends
+        for process, _, _ in workers:  # each kills its promtool and ends
             process.join(PROMTOOL_TIMEOUT + 10)
             if process.is_alive():
                 process.kill()

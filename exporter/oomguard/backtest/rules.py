@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -295,7 +296,9 @@ def backfill_records(
         f"--output-dir={out}", f"--eval-interval={max(1, round(interval))}s", str(path),
     ]  # fmt: skip
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+        # Its TMPDIR the backtest's folder, removed with it whatever happens (tsdb.Backfill says why).
+        env = {**os.environ, "TMPDIR": str(workdir)}
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, env=env)
     except subprocess.TimeoutExpired:
         raise BacktestError("promtool took over 600s to record the rules the alerts read") from None
     if result.returncode != 0:

@@ -19,8 +19,10 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import os
 import shutil
 import subprocess
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -65,6 +67,9 @@ class Backfill:
         self.promtool = find_binary("promtool")
         self._pool = concurrent.futures.ThreadPoolExecutor(BACKFILLS, thread_name_prefix="promtool")
         self._jobs: list[concurrent.futures.Future[None]] = []
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen[str]] = set()
+        self._aborted = False
         self._block: int | None = None
         self._file: Any = None
         self._path: Path | None = None
@@ -92,17 +97,32 @@ class Backfill:
         self._jobs.append(self._pool.submit(self._backfill, path, out))
 
     def _backfill(self, path: Path, out: Path) -> None:
-        try:
-            result = subprocess.run(
-                [self.promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(path), str(out)],
-                capture_output=True, text=True, timeout=PROMTOOL_TIMEOUT, check=False,
+        # Its TMPDIR is the backtest's folder: promtool makes its head there ("head<digits>"), which a kill would
+        # otherwise leave in the user's /tmp.
+        command = [self.promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(path), str(out)]
+        with self._lock:
+            if self._aborted:
+                return
+            process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env={**os.environ, "TMPDIR": str(self.workdir)},
             )  # fmt: skip
+            self._running.add(process)
+        try:
+            stdout, stderr = process.communicate(timeout=PROMTOOL_TIMEOUT)
         except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
             raise BacktestError(f"promtool took over {PROMTOOL_TIMEOUT:g}s to backfill {path.name}") from None
-        if result.returncode != 0:
+        finally:
+            with self._lock:
+                self._running.discard(process)
+        if self._aborted:
+            return  # killed by abort(): its folder is being removed
+        if process.returncode != 0:
             raise BacktestError(
                 f"promtool could not backfill the replayed series ({path.name}): "
-                f"{excerpt((result.stderr or result.stdout).strip(), 1000)}"
+                f"{excerpt((stderr or stdout).strip(), 1000)}"
             )
         path.unlink()
         for block in out.iterdir():
@@ -121,14 +141,24 @@ class Backfill:
         try:
             for job in self._jobs:
                 job.result()
+        except BaseException:  # an error, or a stop signal while waiting: the others are not waited for
+            self.abort()
+            raise
         finally:
             self._pool.shutdown(wait=True, cancel_futures=True)
         return self.blocks
 
     def abort(self) -> None:
+        """Stops at once (a stop signal, an error): the backfills running are killed, not waited for (one may take
+        minutes on a busy machine), and none starts after."""
         with contextlib.suppress(Exception):
             if self._file is not None:
                 self._file.close()
+        with self._lock:
+            self._aborted = True
+            for process in self._running:
+                with contextlib.suppress(OSError):
+                    process.kill()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
