@@ -30,7 +30,7 @@ def alert(tmp_path: Path, promtool: str, text: str = "") -> dict:
 def test_defaults(tmp_path: Path, promtool: str) -> None:
     rule = alert(tmp_path, promtool)
     expr = rule["expr"]
-    assert expr.count("[1h:1m]") == 2 and ") > 1.25" in expr and ">= 15\n" in expr and ">= 0.9" in expr
+    assert expr.count("[3570s:1m]") == 2 and ") > 1.25" in expr and ">= 15\n" in expr and ">= 0.9" in expr
     assert 'setting=~"max_num_seqs|max_running_requests|max_concurrent_requests"' in expr
     assert "increase(oomguard_engine_preemptions_total" in expr and "and requests preempted" in str(rule)
     assert (rule["for"], rule["labels"]["severity"]) == ("15m", "warning")
@@ -44,8 +44,8 @@ def test_without_preemptions_it_is_a_prediction(tmp_path: Path, promtool: str) -
 @pytest.mark.parametrize(
     ("text", "wanted"),
     [
-        ("time_scale: 30\n", ["[120s:2s]", ">= 15\n"]),  # the same count of samples on a drill's clock
-        ("alerts:\n  concurrency_over_kv_cache: {window: 2h, min_loaded: 30m}\n", ["[2h:1m]", ">= 30\n"]),
+        ("time_scale: 30\n", ["[119s:2s]", ">= 15\n"]),  # the same count of samples on a drill's clock
+        ("alerts:\n  concurrency_over_kv_cache: {window: 2h, min_loaded: 30m}\n", ["[7170s:1m]", ">= 30\n"]),
         ("alerts:\n  concurrency_over_kv_cache: {margin_ratio: 0.5, quantile: 0.5}\n", [") > 1.5", "(0.5, ("]),
         ("alerts:\n  concurrency_over_kv_cache: {min_running: 8, min_kv_usage: 0.2}\n", [">= 8)", ">= 0.2)"]),
         (

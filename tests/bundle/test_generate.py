@@ -111,10 +111,10 @@ def test_time_scale_judges_a_time_to_full_in_real_seconds(tmp_path: Path, defaul
     fast = {a["alert"]: a for a in rules(render(load_bundle_config(custom))[ALERTS_FILE])}
     life = {a["alert"]: a for a in rules(default[ALERTS_FILE])}
     horizon = re.compile(r"\)\) / deriv\(.*\[(\w+):(\w+)\]\) < ([0-9.e]+)\n")
-    assert horizon.findall(life["OomGuardGpuMemoryClimbingPredicted"]["expr"]) == [("1h", "1m", "86400")]
-    assert horizon.findall(fast["OomGuardGpuMemoryClimbingPredicted"]["expr"]) == [("120s", "2s", "2880")]
-    assert "[15m:1m]) > 0" in life["OomGuardGpuMemoryClimbingPredicted"]["expr"]
-    assert "[30s:2s]) > 0" in fast["OomGuardGpuMemoryClimbingPredicted"]["expr"]
+    assert horizon.findall(life["OomGuardGpuMemoryClimbingPredicted"]["expr"]) == [("3570s", "1m", "86400")]
+    assert horizon.findall(fast["OomGuardGpuMemoryClimbingPredicted"]["expr"]) == [("119s", "2s", "2880")]
+    assert "[870s:1m]) > 0" in life["OomGuardGpuMemoryClimbingPredicted"]["expr"]
+    assert "[29s:2s]) > 0" in fast["OomGuardGpuMemoryClimbingPredicted"]["expr"]
     clock = TimeScale(30.0)
     for name, written in (("OomGuardGpuMemoryExhaustedSoon", 2700), ("OomGuardGpuMemoryClimbing", 21600)):
         assert f'seconds_to_full{{job="oomguard"}} < {written}\n' in life[name]["expr"], name

@@ -44,6 +44,13 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
     def dur(duration: str) -> str:
         return f"{secs(duration)}s" if clock.compressed else duration
 
+    def sampled(window: str, step: str = "1m") -> str:
+        """A subquery's `[range:step]` over `window`, its range half a step short: rules are evaluated on the step's
+        grid (always in promtool), where a range of whole steps starts on a step, which Prometheus 2 reads and 3
+        (left-open) does not. Half a step short, both read the same steps (docs/prometheus-versions.md)."""
+        ms = secs(window) * 1000 - secs(step) * 500
+        return f"[{ms // 1000}s:{dur(step)}]" if ms % 1000 == 0 else f"[{ms}ms:{dur(step)}]"
+
     def scaled(value: float) -> str:
         """A threshold in seconds, in the bundle's time scale."""
         return f"{clock.real(float(value)):g}"
@@ -88,8 +95,8 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
     env.filters["q"] = lambda value: json.dumps(str(value), ensure_ascii=False)
     # The alerts as their YAML keys (`a.queue_backlog.for`); the event kinds as named in common/kinds.py.
     env.globals.update(
-        s=s, by=by, secs=secs, dur=dur, scaled=scaled, per_real=per_real, runbook=runbook, when=when, full_at=full_at,
-        pct=lambda r: f"{float(r) * 100:g} %", value_of=value_of,
+        s=s, by=by, secs=secs, dur=dur, sampled=sampled, scaled=scaled, per_real=per_real, runbook=runbook, when=when,
+        full_at=full_at, pct=lambda r: f"{float(r) * 100:g} %", value_of=value_of,
         prefix=config.prefix, a=config.alerts.model_dump(by_alias=True), extra_labels=config.extra_labels,
         kinds=kinds, kind_matcher=kinds.kind_matcher,
     )  # fmt: skip
