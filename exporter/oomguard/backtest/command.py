@@ -153,12 +153,13 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace):  # -> Report
     from oomguard.backtest.ooms import read_ooms
     from oomguard.backtest.report import Window
-    from oomguard.backtest.run import Options, backtest
+    from oomguard.backtest.run import Options, backtest, quiet
     from oomguard.bundle.bundle_config import load_bundle_config
 
-    def progress(line: str) -> None:
-        if not args.quiet:
-            print(f"backtest: {line}", file=sys.stderr, flush=True)
+    def said(line: str) -> None:
+        print(f"backtest: {line}", file=sys.stderr, flush=True)
+
+    progress = quiet if args.quiet else said
 
     if args.bundle_config is not None:  # a FIFO, /dev/zero or a huge file: refused before it is read
         check_regular(args.bundle_config, "bundle configuration", MAX_YAML_BYTES)

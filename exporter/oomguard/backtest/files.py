@@ -107,7 +107,8 @@ class _Counted(io.RawIOBase):
         return n
 
 
-def _open(path: Path, limit: int) -> IO[str]:
+def _open(path: Path, limit: int, read: list[IO[bytes]] | None = None) -> IO[str]:
+    """`read`: the file's own bytes (a gzip's compressed ones) are put in it, for the share read so far."""
     try:
         size = os.stat(path).st_size
         if not path.is_file():
@@ -120,6 +121,8 @@ def _open(path: Path, limit: int) -> IO[str]:
         raw: IO[bytes] = open(path, "rb")  # noqa: SIM115 (closed by the caller's `with`)
     except OSError as exc:
         raise BacktestError(f"{path}: cannot read the history: {exc.strerror}") from None
+    if read is not None:
+        read.append(raw)
     packed = None
     if path.name.endswith(".gz"):
         packed, raw = raw, gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
@@ -160,13 +163,26 @@ class FileHistory:
             size = os.stat(path).st_size
         except OSError:
             size = 0
+        self.size = size
+        self._read: list[IO[bytes]] = []  # the file being read (its bytes, compressed or not)
         # Long enough to replay on several processes (parallel.py): some 60,000 rows and more.
         self.large = size >= (LARGE_GZIP_BYTES if path.name.endswith(".gz") else LARGE_BYTES)
 
     def __iter__(self) -> Iterator[Step]:
-        with _open(self.path, self.max_bytes) as handle:
+        self._read.clear()
+        with _open(self.path, self.max_bytes, self._read) as handle:
             rows = self._json_rows(handle) if self.format == "jsonl" else self._csv_rows(handle)
             yield from self._steps(rows)
+
+    def read_share(self, _: Step) -> float | None:
+        """How much of the file is read (of a gzip: of its compressed bytes), 0-1; the readers' buffers a little
+        ahead of the steps."""
+        if not self._read or self.size <= 0:
+            return None
+        try:
+            return min(1.0, self._read[-1].tell() / self.size)
+        except (OSError, ValueError):  # closed: read to its end
+            return None
 
     # -- rows -------------------------------------------------------------------------------------
     def _csv_rows(self, handle: IO[str]) -> Iterator[tuple[int, dict[str, str]]]:

@@ -8,6 +8,7 @@ import logging
 import shutil
 import statistics
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from oomguard.backtest.history import Problems, Step
 from oomguard.backtest.notifications import Routing, notify
 from oomguard.backtest.ooms import Oom
 from oomguard.backtest.parallel import jobs_for, replay_parallel
+from oomguard.backtest.progress import metered
 from oomguard.backtest.replay import Replay, ReplaySummary, SeriesFilter
 from oomguard.backtest.report import Report, Window, judge, write_plots
 from oomguard.backtest.rules import RuleSet, backfill_records, evaluate, rule_set
@@ -36,12 +38,13 @@ LOOKBACK_STEPS = 1.5
 Progress = Callable[[str], None]
 
 
-def _quiet(_: str) -> None:
-    pass
+def quiet(_: str) -> None:
+    """No progress lines (--quiet): the replay is not metered either."""
 
 
 class History(Protocol):
-    """A file's (files.FileHistory) or a Prometheus' (source.PrometheusHistory) steps."""
+    """A file's (files.FileHistory) or a Prometheus' (source.PrometheusHistory) steps; either also says how much of
+    it is read once a step is (`read_share(step)`, 0-1, or None), for the progress lines."""
 
     problems: Problems
 
@@ -93,10 +96,11 @@ class Replayed:
 
 
 def replay_history(
-    history: History, source: str, options: Options, rules: RuleSet, backfill: Backfill, progress: Progress = _quiet
+    history: History, source: str, options: Options, rules: RuleSet, backfill: Backfill, progress: Progress = quiet
 ) -> Replayed:
     """The history through the exporter's join and trend, its series into `backfill` (by several processes for a
     long history: parallel.py)."""
+    started = time.monotonic()
     steps = iter(history)
     head, step = peek(steps, PEEK_STEPS)
     if not head:
@@ -111,7 +115,9 @@ def replay_history(
         f"replaying the history through the exporter's join and trend (a reading every {step:g} s"
         + (f", {jobs} processes)" if jobs > 1 else ")")
     )
-    everything = itertools.chain(head, steps)
+    everything: Iterator[Step] = itertools.chain(head, steps)
+    if progress is not quiet:  # a line every few seconds: the readings replayed, of about how many, the time left
+        everything = metered(everything, progress, getattr(history, "read_share", None), started=started)
     if jobs > 1:
         summary = replay_parallel(
             everything, jobs, settings, series, lookback, options.gpu_memory_utilization, backfill.workdir,
@@ -143,7 +149,7 @@ def replay_history(
 
 def judge_history(
     prometheus: Prometheus, replayed: Replayed, options: Options, rules: RuleSet, ooms: list[Oom],
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> tuple[Report, dict[int, dict[str, list[tuple[float, float]]]]]:  # fmt: skip
     """The rules over the replayed window, judged against `ooms`; with the memory to plot (when asked for)."""
     summary = replayed.summary
@@ -177,7 +183,7 @@ def backtest(
     *,
     ooms: list[Oom] | None,
     ooms_from: Callable[[], list[Oom]] | None = None,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> Report:
     """`ooms`: the OOM list given; None: read them with `ooms_from` (oomguard's own counters) once the history is
     read, or none."""

@@ -293,6 +293,11 @@ class PrometheusHistory:
         self.what = f"Prometheus at {self.base}"
         self.fix = "check --prometheus (the server's base URL, e.g. http://prometheus:9090) and that it runs"
 
+    def read_share(self, step: Step) -> float | None:
+        """How much of the window is read once `step` is, 0-1."""
+        span = self.end - self.start
+        return min(1.0, max(0.0, (step.t - self.start) / span)) if span > 0 else None
+
     def describe(self) -> str:
         return f"{self.base} ({self.mapping.preset} preset)"
 
