@@ -819,7 +819,10 @@ def _got(value: Any, message: str) -> str:
     """What was written, when it fits on a line and the message does not quote it already: never a whole section
     or file (a top-level check's input)."""
     text = repr(value)
-    return "" if isinstance(value, dict | list) or len(text) > 80 or text in message else f" (got {text})"
+    # A string quoted by the message (its repr, quotes included): a number's text would be found in any message
+    # that names a number ("greater than 0").
+    quoted = isinstance(value, str) and text in message
+    return "" if isinstance(value, dict | list) or len(text) > 80 or quoted else f" (got {text})"
 
 
 def read_text(path: Path, what: str) -> str:
