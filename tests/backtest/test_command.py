@@ -136,8 +136,8 @@ def name(process: psutil.Process) -> str:
 
 def _where_it_hangs(process: subprocess.Popen[str], lines: queue.Queue[str]) -> str:
     """Each process of the tree (what it waits on in the kernel), then the Python ones' stacks: SIGABRT makes
-    faulthandler (PYTHONFAULTHANDLER) write them to the stderr the test reads. A hang seen twice on a loaded machine
-    and not reproduced since: this says where the next one is."""
+    faulthandler (PYTHONFAULTHANDLER) write them to the stderr the test reads. It found the hang this test once had
+    (a stop signal raised while a future's lock was held: tsdb.Backfill's docstring)."""
     tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
     said = []
     for member in tree:

@@ -16,10 +16,10 @@ sample is due, then no more, as the stale marker would.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import json
 import os
+import queue
 import shutil
 import subprocess
 import threading
@@ -58,16 +58,24 @@ def find_binary(name: str) -> str:
 
 
 class Backfill:
-    """OpenMetrics files by block, each handed to promtool once its block is complete (times only go forward)."""
+    """OpenMetrics files by block, each handed to promtool once its block is complete (times only go forward).
+
+    The backfills run on BACKFILLS daemon threads fed through `queue.SimpleQueue`s, not a ThreadPoolExecutor: a stop
+    signal raises where the main thread is, and raised while it held a future's lock (Python releases none it took
+    just before) it left a pool thread waiting for that lock in `set_result`, and the executor's shutdown, and the
+    interpreter's exit, waiting for that thread: a stopped backtest hung (seen in test_command.py's signal test).
+    The main thread here takes no lock a backfill thread needs, and nothing waits for those threads at exit."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.blocks = workdir / "blocks"
         self.blocks.mkdir(parents=True, exist_ok=True)
         self.promtool = find_binary("promtool")
-        self._pool = concurrent.futures.ThreadPoolExecutor(BACKFILLS, thread_name_prefix="promtool")
-        self._jobs: list[concurrent.futures.Future[None]] = []
-        self._lock = threading.Lock()
+        self._todo: queue.SimpleQueue[tuple[Path, Path] | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+        self._pending = 0  # handed over and not yet collected (the main thread's count)
+        self._threads: list[threading.Thread] = []  # started with the first file (none before a fork)
+        self._lock = threading.Lock()  # the backfill threads' and abort()'s
         self._running: set[subprocess.Popen[str]] = set()
         self._aborted = False
         self._block: int | None = None
@@ -93,8 +101,23 @@ class Backfill:
         self._file.close()
         path, self._file = self._path, None
         assert path is not None
-        out = self.workdir / f"out-{path.stem}"
-        self._jobs.append(self._pool.submit(self._backfill, path, out))
+        if not self._threads:
+            self._threads = [
+                threading.Thread(target=self._serve, name=f"promtool-{i}", daemon=True) for i in range(BACKFILLS)
+            ]
+            for thread in self._threads:
+                thread.start()
+        self._todo.put((path, self.workdir / f"out-{path.stem}"))
+        self._pending += 1
+
+    def _serve(self) -> None:
+        while (job := self._todo.get()) is not None:
+            try:
+                self._backfill(*job)
+            except BaseException as exc:  # handed to the main thread, which raises it
+                self._done.put(exc)
+            else:
+                self._done.put(None)
 
     def _backfill(self, path: Path, out: Path) -> None:
         # Its TMPDIR is the backtest's folder: promtool makes its head there ("head<digits>"), which a kill would
@@ -129,23 +152,29 @@ class Backfill:
             block.rename(self.blocks / block.name)
         out.rmdir()
 
+    def _collect(self, outcome: BaseException | None) -> None:
+        self._pending -= 1
+        if outcome is not None:
+            raise outcome
+
     def _raise_failed(self) -> None:
-        done = [job for job in self._jobs if job.done()]
-        for job in done:
-            job.result()  # raises the backfill's error
-            self._jobs.remove(job)
+        while True:
+            try:
+                outcome = self._done.get_nowait()
+            except queue.Empty:
+                return
+            self._collect(outcome)
 
     def finish(self) -> Path:
         """Waits for every backfill; the folder of the blocks."""
         self._close_file()
         try:
-            for job in self._jobs:
-                job.result()
+            while self._pending:
+                self._collect(self._done.get())
         except BaseException:  # an error, or a stop signal while waiting: the others are not waited for
             self.abort()
             raise
-        finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._end_threads()
         return self.blocks
 
     def abort(self) -> None:
@@ -159,7 +188,11 @@ class Backfill:
             for process in self._running:
                 with contextlib.suppress(OSError):
                     process.kill()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._end_threads()
+
+    def _end_threads(self) -> None:
+        for _ in self._threads:
+            self._todo.put(None)
 
 
 class Prometheus:
