@@ -40,8 +40,8 @@ deps:
 	scripts/install-llamacpp.sh
 
 lint: install-test
-	$(BIN)/ruff check exporter tests bench scripts
-	$(BIN)/ruff format --check exporter tests bench scripts
+	$(BIN)/ruff check exporter tests bench scripts examples
+	$(BIN)/ruff format --check exporter tests bench scripts examples
 
 test: deps install-test lint check-generated
 	OOMGUARD_REQUIRE_REALVLLM=1 OOMGUARD_REQUIRE_REALLAMACPP=1 $(BIN)/python -m pytest
