@@ -15,7 +15,8 @@ class Zoo:
     /slowloris, /reset."""
 
     def __init__(self) -> None:
-        self.requests: dict[str, int] = {}
+        self.requests: dict[str, int] = {}  # /metrics requests by behaviour
+        self.health_requests: dict[str, int] = {}
         self.good_body = vllm_body("vllm-0.32.0-cpu-under-load.txt")
         self.hang = asyncio.Event()  # set() to release hanging handlers at teardown
         self.health_status: dict[str, int] = {}
@@ -28,6 +29,7 @@ class Zoo:
 
     async def health(self, request: web.Request) -> web.Response:
         kind = request.match_info["kind"]
+        self.health_requests[kind] = self.health_requests.get(kind, 0) + 1
         if kind == "hang":
             await self.hang.wait()
         return web.Response(status=self.health_status.get(kind, 500 if kind == "500" else 200))

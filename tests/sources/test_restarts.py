@@ -137,3 +137,45 @@ def test_a_start_time_that_steps_within_the_tolerance_is_followed_never_a_restar
     assert r.restarts_total == 0
     r.observe(800.0, "up", 700.0, None)  # a real new life is still one
     assert r.restarts_total == 1 and r.last_restart_at == 700.0
+
+
+# The first /health 200 seen between scrapes (the runtime's startup watch) ends a startup: not the next scrape.
+
+
+def test_a_startup_ends_at_the_first_200_seen_between_scrapes_not_at_the_next_scrape() -> None:
+    """The quick start scraped every 15 s: a 24 s load read as up to 39 s, from the scrape that first saw it up."""
+    r = RestartTracker()
+    r.observe(100.0, "loading", None, None)
+    r.observe(130.0, "up", 95.0, 10, healthy_since=119.5)
+    assert r.startup_seconds == 24.5
+    r.observe(200.0, "down", None, None)
+    r.observe(215.0, "loading", None, None)
+    r.observe(245.0, "up", 203.0, 11, healthy_since=227.0)  # a restart: its own start to its own first 200
+    assert r.restarts_total == 1 and r.startup_seconds == 24.0
+
+
+def test_a_200_from_before_the_life_started_does_not_end_its_startup() -> None:
+    """A 200 older than the process (the life before it, its death unseen between two watches) is not this life's:
+    the scrape's own time is taken."""
+    r = RestartTracker()
+    r.observe(100.0, "up", 50.0, 10)
+    r.observe(200.0, "up", 180.0, 11, healthy_since=170.0)
+    assert r.restarts_total == 1 and r.startup_seconds == 20.0
+
+
+def test_without_a_start_time_the_first_200_ends_the_spell_not_up() -> None:
+    r = RestartTracker()
+    r.observe(100.0, "up", None, None)
+    r.observe(110.0, "down", None, None)
+    r.observe(140.0, "up", None, None, healthy_since=128.0)
+    assert r.restarts_total == 1 and r.startup_seconds == 18.0
+    r.observe(150.0, "down", None, None)
+    r.observe(170.0, "up", None, None, healthy_since=140.0)  # a 200 before the spell began: not this start's
+    assert r.restarts_total == 2 and r.startup_seconds == 20.0
+
+
+def test_a_life_announced_in_the_log_ends_its_startup_at_its_first_200() -> None:
+    r = RestartTracker()
+    r.log_start(51.0, pid=10)
+    r.observe(100.0, "up", 50.0, 10, healthy_since=75.0)
+    assert r.restarts_total == 0 and r.startup_seconds == 25.0

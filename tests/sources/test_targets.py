@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from targets_zoo import Zoo
 
 from oomguard.common.engine_client import EngineClient
@@ -89,6 +90,45 @@ async def test_states_loading_up_down(zoo: Zoo) -> None:
         reading = await s.scrape(session)
         assert reading.state == "down" and reading.error_kind == "refused"
         assert reading.errors_total["refused"] == 1
+
+
+class SteppedClock:
+    """The wall clock of targets.py, set by the test: a startup's end read without waiting for it."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    @staticmethod
+    def perf_counter() -> float:
+        return time.perf_counter()
+
+
+async def test_a_startup_ends_at_the_first_200_the_watch_between_scrapes_sees(zoo: Zoo, monkeypatch) -> None:
+    """The quick start at 10x scraped every 15 s measured a 24 s load as 41.9 s: the end was the scrape that first
+    saw it up. The watch between scrapes (the runtime's, every second) times the first 200 itself."""
+    s = scraper(zoo.base, "starting")
+    s.config = s.config.model_copy(update={"url": f"{zoo.base}/good"})
+    started = 1796227947.08  # the fixture's process_start_time_seconds
+    clock = SteppedClock(started + 10.0)
+    monkeypatch.setattr("oomguard.exporter.sources.targets.time", clock)
+    async with EngineClient() as session:
+        zoo.health_status["good"] = 503
+        assert (await s.scrape(session)).state == "loading"
+        await s.watch_startup(session)  # still loading: nothing timed
+        clock.now = started + 24.0
+        zoo.health_status["good"] = 200
+        await s.watch_startup(session)  # the first 200
+        clock.now = started + 25.0
+        await s.watch_startup(session)  # the same spell of 200s: it began at 24
+        clock.now = started + 39.0
+        reading = await s.scrape(session)
+        assert reading.state == "up" and reading.startup_seconds == pytest.approx(24.0)
+        asked = zoo.health_requests["good"]
+        await s.watch_startup(session)  # up: the watch leaves it to the scrapes
+        assert zoo.health_requests["good"] == asked
 
 
 async def test_health_404_falls_back_to_metrics(zoo: Zoo) -> None:

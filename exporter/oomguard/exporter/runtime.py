@@ -4,7 +4,8 @@
 calls `start` and `stop` and reads `collection`. Who owns what:
 
 - the event loop: the collection (scrapes of the targets, coalesced), the trend
-  sampler's loop, the event poller's loop, the simulation's supervisor;
+  sampler's loop, the event poller's loop, the startup watch (/health of the targets
+  not up, between scrapes), the simulation's supervisor;
 - the NVML thread (sources/nvml_reader.py): every NVML read, one at a time;
 - worker threads (asyncio.to_thread): the process lookup, the trend analysis, each
   poll of the event sources, the event state file;
@@ -56,6 +57,10 @@ log = logging.getLogger(__name__)
 
 _REAL_NVML = object()  # default of nvml_lib: pynvml, or the simulation's fake GPUs
 SIMULATED_NODE = "sim-node"  # the hostname the simulated dcgm-exporter writes
+# How often the targets not up have their /health asked between scrapes: a measured startup is good to this, whatever
+# the scrape interval. On a simulation's clock a simulated second, no shorter than the floor (real seconds).
+STARTUP_WATCH_SECONDS = 1.0
+STARTUP_WATCH_FLOOR_SECONDS = 0.25
 
 
 class Runtime:
@@ -205,6 +210,7 @@ class Runtime:
             observer = TrendObserver(gpus, processes, targets.views, tracker, pod_processes, config.local_node)
             sampler = Sampler(tracker, observer.observe)
             self._tasks.append(asyncio.ensure_future(sampler.run()))
+        self._tasks.append(asyncio.ensure_future(self._watch_startups(targets)))
         if events.sources or discovery is not None:
             self._tasks.append(asyncio.ensure_future(self._follow_events(events, targets, processes)))
         if discovery is not None:
@@ -223,6 +229,24 @@ class Runtime:
             for target, at, pid in events.take_starts():
                 targets.log_start(target, at, pid)
             await asyncio.sleep(interval)
+
+    async def _watch_startups(self, targets: TargetSet) -> None:
+        """The /health of each target not up, every STARTUP_WATCH_SECONDS: a startup ends at its first 200, timed to
+        this interval rather than to the scrapes' (sources/targets.py, watch_startup). A target whose answer is still
+        awaited (up to its timeout) is skipped, not waited for: a hanging one delays no other's."""
+        interval = self.clock.real(STARTUP_WATCH_SECONDS, floor=STARTUP_WATCH_FLOOR_SECONDS)
+        in_flight: dict[TargetScraper, asyncio.Task[None]] = {}
+        try:
+            while True:
+                assert self._client is not None
+                for scraper in targets.scrapers():
+                    if scraper not in in_flight:
+                        task = in_flight[scraper] = asyncio.ensure_future(scraper.watch_startup(self._client))
+                        task.add_done_callback(lambda _, s=scraper: in_flight.pop(s, None))
+                await asyncio.sleep(interval)
+        finally:
+            for task in list(in_flight.values()):
+                task.cancel()
 
     async def stop(self) -> None:
         for task in self._tasks:

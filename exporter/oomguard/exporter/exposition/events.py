@@ -50,7 +50,7 @@ TARGET_STARTUP_SECONDS = metric(
     "gauge",
     "seconds",
     "target",
-    "The last start watched: from the process start (to a clock tick, local targets) or from the first scrape that saw it not up, to the first /health 200. Compare with the probe's initial delay.",
+    "The last start watched: from the process start (to a clock tick, local targets) or from the first scrape that saw it not up, to the first /health 200 (asked every second between scrapes while the target is not up, whatever the scrape interval). Compare with the probe's initial delay.",
     presence=EVENT,
 )
 TARGET_PROBE_GRACE_SECONDS = metric(

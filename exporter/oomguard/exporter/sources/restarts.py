@@ -4,8 +4,10 @@ A restart is a new life of the engine: a new process start time (from its /metri
 or from its process on this host), a new pid, or, when neither is known, a return
 to "up" after a spell of "down" or "loading". Counted once per new life, however it
 was noticed. The startup time is measured from the process start (to a clock tick)
-to the first /health 200; where the start is not known, from the first scrape that
-saw the target not up (a lower bound).
+to the first /health 200, as the watch between scrapes saw it (`healthy_since`, to
+its interval: else the first scrape that saw it up, which counted up to a scrape
+interval more); where the start is not known, from the first scrape that saw the
+target not up (a lower bound).
 
 A life that never serves (a start that cannot allocate its memory, a probe that kills
 the load) is seen only in the engine's log: its `startup` line (`log_start`). A life
@@ -61,7 +63,12 @@ class RestartTracker:
         self._life = (at, None)
         self._announced_at, self._log_pid, self._from_log = at, pid, True
 
-    def observe(self, now: float, state: str, start_time: float | None, pid: int | None) -> None:
+    def observe(
+        self, now: float, state: str, start_time: float | None, pid: int | None, healthy_since: float | None = None
+    ) -> None:
+        """A scrape at `now`: the target's `state`, its process's start time and pid where known; `healthy_since`:
+        when /health first answered 200 in the spell of answers that goes on now, where a watch between scrapes
+        saw it sooner than `now` (a startup ends there)."""
         if state != "up":
             if self._not_up_since is None:
                 self._not_up_since = now
@@ -73,7 +80,7 @@ class RestartTracker:
             first_seen_loading = was_down
             self._life = life
             if first_seen_loading:
-                self._record_startup(now, start_time)
+                self._record_startup(now, start_time, healthy_since)
         elif self._from_log:
             announced = self._announced_at if self._announced_at is not None else now
             if start_time is not None and start_time > announced + START_TOLERANCE:
@@ -82,13 +89,13 @@ class RestartTracker:
                 self.last_restart_at = start_time
             self._life = life
             self._from_log = False
-            self._record_startup(now, start_time)
+            self._record_startup(now, start_time, healthy_since)
         elif (known and self._differs(life)) or (not known and was_down):
             self.restarts_total += 1
             self.last_restart_at = start_time if start_time is not None else now
             self._life = life
             self._announced_at = self._log_pid = None
-            self._record_startup(now, start_time)
+            self._record_startup(now, start_time, healthy_since)
         elif known:
             # The same life, as read now: a start time that moved within the tolerance (the wall clock stepped
             # against the boot clock, process_start.py) is followed, so that steps never add up to a restart.
@@ -108,8 +115,11 @@ class RestartTracker:
         moved = start is not None and old_start is not None and abs(start - old_start) > START_TOLERANCE
         return moved or (pid is not None and old_pid is not None and pid != old_pid)
 
-    def _record_startup(self, now: float, start_time: float | None) -> None:
-        if start_time is not None and start_time <= now:
-            self.startup_seconds = now - start_time
-        elif self._not_up_since is not None:
-            self.startup_seconds = now - self._not_up_since
+    def _record_startup(self, now: float, start_time: float | None, healthy_since: float | None) -> None:
+        # The start of this life: its process's, else the first scrape that saw it not up.
+        start = start_time if start_time is not None and start_time <= now else self._not_up_since
+        if start is None:
+            return
+        # The first 200 seen between scrapes ends the startup, if it is this life's (not before its start).
+        served = healthy_since if healthy_since is not None and start <= healthy_since <= now else now
+        self.startup_seconds = served - start
