@@ -240,7 +240,8 @@ class Runtime:
             while True:
                 assert self._client is not None
                 for scraper in targets.scrapers():
-                    if scraper not in in_flight:
+                    # Up (nearly every target, nearly always): no task at all, so the watch costs a fleet nothing.
+                    if scraper.status.state != "up" and scraper not in in_flight:
                         task = in_flight[scraper] = asyncio.ensure_future(scraper.watch_startup(self._client))
                         task.add_done_callback(lambda _, s=scraper: in_flight.pop(s, None))
                 await asyncio.sleep(interval)
