@@ -554,7 +554,7 @@ class DcgmConfig(StrictModel):
     @classmethod
     def _check_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for url in value:
-            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+            if url_problem(url) is not None:
                 raise ValueError(f"{url!r} is not an http(s) URL; give dcgm-exporter's, e.g. http://HOST:9400/metrics")
         return value
 
