@@ -38,7 +38,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from oomguard.common.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits
+from oomguard.common.promtext import ExpositionError, FamilyExtractor, LimitExceeded, Limits, Sample
 
 MIB = 1048576
 # A GPU's index as NVML and dcgm-exporter number them: a node has a few (MIG instances are no index of their own).
@@ -126,16 +126,15 @@ def unit(name: str, help_text: str) -> str:
     return MIB_UNIT
 
 
+Key = tuple[int, int]  # a GPU, or a MIG instance: (index, GPU instance id or -1 for the whole GPU)
+Values = dict[tuple[str, Key], list[tuple[bool, float]]]  # (family, gpu) -> (without pod?, value)
+
+
 def parse(body: str, *, max_gpus: int = 64, fields: Fields = DEFAULT_FIELDS) -> DcgmBody:
     """The GPUs of a dcgm-exporter body; DcgmBodyError for any body not read, the extractor's refusals included (a
     malformed sample, a series written twice, a body over promtext's default limits, which no setting raises here)."""
     extractor, help_lines = _reader(fields)
-    try:
-        families = extractor.extract(body)
-    except LimitExceeded as exc:  # its advice (raise an engine target's sample_limit) is not for this body
-        raise DcgmBodyError(f"{exc.args[0].partition(': raise ')[0]}: is this one node's dcgm-exporter?") from exc
-    except ExpositionError as exc:
-        raise DcgmBodyError(f"not read as dcgm-exporter's /metrics: {exc}") from exc
+    families = _extract(extractor, body)
     # Each figure's family: the first of its names the body has.
     read = {role: next((n for n in names if families.get(n)), None) for role, names in fields.roles()}
     if read["used"] is None and read["free"] is None:
@@ -143,11 +142,38 @@ def parse(body: str, *, max_gpus: int = 64, fields: Fields = DEFAULT_FIELDS) -> 
     helps = dict(m.groups() for m in help_lines.finditer(body))
     units = {role: unit(name, helps.get(name, "")) for role, name in read.items() if name is not None}
     exported = any("exported_pod" in s.labels for samples in families.values() for s in samples)
-    schemes = _EXPORTED_PODS if exported else _PODS
-    # A GPU, or a MIG instance: (index, GPU instance id or -1 for the whole GPU).
-    identity: dict[tuple[int, int], dict[str, str]] = {}
-    pods: dict[tuple[int, int], set[tuple[str, str, str]]] = {}
-    values: dict[tuple[str, tuple[int, int]], list[tuple[bool, float]]] = {}  # (family, gpu) -> (without pod?, value)
+    identity, pods, values = _by_gpu(families, _EXPORTED_PODS if exported else _PODS, max_gpus)
+    _one_gpu_each(identity)
+    # A GPU with instances is read as them: a series of its own beside them is its aggregate.
+    in_mig_mode = {index for index, instance in identity if instance >= 0}
+    skipped = sum(len(v) for (_, (index, instance)), v in values.items() if instance < 0 and index in in_mig_mode)
+    gpus = tuple(
+        _gpu(key, labels, values, read, units, pods.get(key, set()))
+        for key, labels in sorted(identity.items())
+        if not (key[1] < 0 and key[0] in in_mig_mode)
+    )
+    fields_read = tuple((role, name, units[role]) for role, name in read.items() if name is not None)
+    return DcgmBody(gpus=gpus, mig_series_skipped=skipped, fields=fields_read)
+
+
+def _extract(extractor: FamilyExtractor, body: str) -> dict[str, list[Sample]]:
+    """The body's families of the fields, the extractor's refusals as DcgmBodyError."""
+    try:
+        return extractor.extract(body)
+    except LimitExceeded as exc:  # its advice (raise an engine target's sample_limit) is not for this body
+        raise DcgmBodyError(f"{exc.args[0].partition(': raise ')[0]}: is this one node's dcgm-exporter?") from exc
+    except ExpositionError as exc:
+        raise DcgmBodyError(f"not read as dcgm-exporter's /metrics: {exc}") from exc
+
+
+def _by_gpu(
+    families: dict[str, list[Sample]], schemes: tuple[tuple[str, str, str], ...], max_gpus: int
+) -> tuple[dict[Key, dict[str, str]], dict[Key, set[tuple[str, str, str]]], Values]:
+    """Each GPU's (and MIG instance's) identity labels, its pods and its families' values; DcgmBodyError for more
+    than `max_gpus` of them or a GPU listed as two."""
+    identity: dict[Key, dict[str, str]] = {}
+    pods: dict[Key, set[tuple[str, str, str]]] = {}
+    values: Values = {}
     for name, samples in families.items():
         for sample in samples:
             labels = sample.labels
@@ -159,54 +185,56 @@ def parse(body: str, *, max_gpus: int = 64, fields: Fields = DEFAULT_FIELDS) -> 
                         "body: is this one node's dcgm-exporter? Raise max_gpus if a node has that many"
                     )
                 identity[key] = labels
-            elif _uuid(labels) != _uuid(identity[key]) or _host(labels) != _host(identity[key]):
-                raise DcgmBodyError(
-                    f"gpu {key[0]} is listed as two GPUs ({_uuid(identity[key])[:60]} on "
-                    f"{_host(identity[key])[:60] or '?'}, {_uuid(labels)[:60]} on {_host(labels)[:60] or '?'}): a "
-                    "body lists each GPU once; is this one node's dcgm-exporter?"
-                )
+            else:
+                _same_gpu(key, identity[key], labels)
             pod = _pod(labels, schemes)
             if pod is not None:
                 pods.setdefault(key, set()).add(pod)
             values.setdefault((name, key), []).append((pod is None, sample.value))
-    _one_gpu_each(identity)
-    # A GPU with instances is read as them: a series of its own beside them is its aggregate.
-    in_mig_mode = {index for index, instance in identity if instance >= 0}
-    skipped = sum(len(v) for (_, (index, instance)), v in values.items() if instance < 0 and index in in_mig_mode)
-    gpus = []
-    for key, labels in sorted(identity.items()):
-        if key[1] < 0 and key[0] in in_mig_mode:
-            continue
-        index = key[0]
-        used, free, reserved, total = (
-            _bytes(_value(values, read[role], key), units.get(role, MIB_UNIT)) if read[role] else None
-            for role in ("used", "free", "reserved", "total")
+    return identity, pods, values
+
+
+def _same_gpu(key: Key, first: dict[str, str], labels: dict[str, str]) -> None:
+    """DcgmBodyError where a series of the same index names another GPU (its UUID or host)."""
+    if _uuid(labels) != _uuid(first) or _host(labels) != _host(first):
+        raise DcgmBodyError(
+            f"gpu {key[0]} is listed as two GPUs ({_uuid(first)[:60]} on "
+            f"{_host(first)[:60] or '?'}, {_uuid(labels)[:60]} on {_host(labels)[:60] or '?'}): a "
+            "body lists each GPU once; is this one node's dcgm-exporter?"
         )
-        if total is None and used is not None and free is not None:
-            total = used + free + (reserved or 0.0)
-        if total is not None and total <= 0:
-            total = None  # a GPU of no memory: its used ratio would be NaN, and no alert could judge it
-        ratio, percent = _valid(_value(values, UTIL_RATIO, key)), _valid(_value(values, UTIL, key))
-        util = ratio if ratio is not None else None if percent is None else percent / 100
-        gpus.append(
-            DcgmGpu(
-                index=index,
-                uuid=_uuid(labels),
-                name=labels.get("modelName", ""),
-                pci_bus_id=labels.get("pci_bus_id", ""),
-                hostname=_host(labels),
-                used_bytes=used,
-                free_bytes=free,
-                reserved_bytes=reserved,
-                total_bytes=total,
-                utilization_ratio=util,
-                pods=tuple(sorted(pods.get(key, ()))),
-                gpu_instance=key[1] if key[1] >= 0 else None,
-                profile=labels.get("GPU_I_PROFILE", "") if key[1] >= 0 else "",
-            )
-        )
-    fields_read = tuple((role, name, units[role]) for role, name in read.items() if name is not None)
-    return DcgmBody(gpus=tuple(gpus), mig_series_skipped=skipped, fields=fields_read)
+
+
+def _gpu(
+    key: Key, labels: dict[str, str], values: Values, read: dict[str, str | None], units: dict[str, str],
+    pods: set[tuple[str, str, str]],
+) -> DcgmGpu:  # fmt: skip
+    """One GPU's (or MIG instance's) figures in bytes and its utilization as a ratio."""
+    used, free, reserved, total = (
+        _bytes(_value(values, read[role], key), units.get(role, MIB_UNIT)) if read[role] else None
+        for role in ("used", "free", "reserved", "total")
+    )
+    if total is None and used is not None and free is not None:
+        total = used + free + (reserved or 0.0)
+    if total is not None and total <= 0:
+        total = None  # a GPU of no memory: its used ratio would be NaN, and no alert could judge it
+    ratio, percent = _valid(_value(values, UTIL_RATIO, key)), _valid(_value(values, UTIL, key))
+    util = ratio if ratio is not None else None if percent is None else percent / 100
+    instance = key[1] if key[1] >= 0 else None
+    return DcgmGpu(
+        index=key[0],
+        uuid=_uuid(labels),
+        name=labels.get("modelName", ""),
+        pci_bus_id=labels.get("pci_bus_id", ""),
+        hostname=_host(labels),
+        used_bytes=used,
+        free_bytes=free,
+        reserved_bytes=reserved,
+        total_bytes=total,
+        utilization_ratio=util,
+        pods=tuple(sorted(pods)),
+        gpu_instance=instance,
+        profile=labels.get("GPU_I_PROFILE", "") if instance is not None else "",
+    )
 
 
 def _no_memory(body: str, fields: Fields) -> str:
