@@ -514,6 +514,25 @@ def gpu_labels(gpu: str) -> dict[str, str]:
     return {"gpu": index, "node": node} if node else {"gpu": index}
 
 
+class _Reader:
+    """The series of one diagnosis's data, each name found recorded in its facts' `evidence_used`."""
+
+    def __init__(self, data: Data, facts: Facts, where: dict[str, str]) -> None:
+        self.data, self.facts, self.where = data, facts, where
+
+    def select(self, name: str, **labels: str) -> list[Series]:
+        found = self.data.select(name, **labels)
+        if any(s.values() for s in found):
+            self.facts.evidence_used.add(name)
+        return found
+
+    def gpu(self, name: str, gpu: str) -> list[Series]:
+        return self.select(name, **gpu_labels(gpu), **self.where)
+
+    def merged(self, name: str, how: str = "max", **labels: str) -> Points:
+        return merge(self.select(name, **labels), how)
+
+
 def gather(
     data: Data,
     instance: str | None,
@@ -527,23 +546,44 @@ def gather(
     facts = Facts(target, instance, gpus, data.history, data.start, data.end, clock=clock,
                   thresholds=thresholds or default_thresholds())  # fmt: skip
     where = {"instance": instance} if instance is not None else {}
-
-    def select(name: str, **labels: str) -> list[Series]:
-        found = data.select(name, **labels)
-        if any(s.values() for s in found):
-            facts.evidence_used.add(name)
-        return found
-
-    def gpu_series(name: str, gpu: str) -> list[Series]:
-        return select(name, **gpu_labels(gpu), **where)
-
+    read = _Reader(data, facts, where)
     # 1. memory, per GPU then the worst GPU's
+    _memory_per_gpu(facts, read)
+    _headroom_per_gpu(facts, read)
+    _time_to_full(facts, read)
+    if facts.worst_gpu is not None:
+        _worst_gpu_join(facts, read, facts.worst_gpu)
+    _trend_states(facts, read)
+    if data.history:
+        facts.climb = _climb(facts.memory, clock)
+    if target is None:
+        return facts
+    on = {"target": target, **where}
+    _over_budget(facts, read, on)
+    # 2. events from the engine's log and the kernel, restarts
+    _events(facts, read, on)
+    _restarts(facts, read, on)
+    # 3. the engine's concurrency and configuration
+    _engine_load(facts, read, on)
+    if facts.memory_evidence == GPU_USED and facts.worst_gpu is not None:
+        _fallback(facts, read.select, on, facts.per_gpu[facts.worst_gpu])
+    if facts.reserved_ratio is None and facts.gpu_memory_utilization is not None:
+        facts.reserved_ratio = facts.gpu_memory_utilization
+    _engine_settings(facts, read, on)
+    # 4. startup and state
+    _startup_and_state(facts, read, on)
+    return facts
+
+
+def _memory_per_gpu(facts: Facts, read: _Reader) -> None:
+    """Each GPU's used / total (from the bytes where the ratio is not written), their max, and the worst GPU: the
+    highest peak."""
     worst_gpu, worst_peak = None, -1.0
-    for gpu in gpus:
-        ratio = merge(gpu_series("oomguard_gpu_memory_used_ratio", gpu))
+    for gpu in facts.gpus:
+        ratio = merge(read.gpu("oomguard_gpu_memory_used_ratio", gpu))
         if not ratio:
-            used = dict(merge(gpu_series("oomguard_gpu_memory_used_bytes", gpu)))
-            total = dict(merge(gpu_series("oomguard_gpu_memory_total_bytes", gpu)))
+            used = dict(merge(read.gpu("oomguard_gpu_memory_used_bytes", gpu)))
+            total = dict(merge(read.gpu("oomguard_gpu_memory_total_bytes", gpu)))
             ratio = [(t, used[t] / total[t]) for t in sorted(used) if total.get(t)]
         if ratio:
             facts.per_gpu[gpu] = ratio
@@ -553,58 +593,76 @@ def gather(
     if facts.per_gpu:
         facts.memory = merge([Series("", {}, pts) for pts in facts.per_gpu.values()])
     facts.worst_gpu = worst_gpu
+
+
+def _headroom_per_gpu(facts: Facts, read: _Reader) -> None:
+    """The share of the headroom in use, on each GPU the exporter wrote it for."""
     for gpu in facts.per_gpu:
-        headroom = merge(gpu_series("oomguard_gpu_memory_headroom_used_ratio", gpu))
+        headroom = merge(read.gpu("oomguard_gpu_memory_headroom_used_ratio", gpu))
         if headroom:
             facts.per_gpu_headroom[gpu] = headroom
             facts.exported_headroom.add(gpu)
-    # The exporter's time to full (it has one only while it calls a climb or a spike): the soonest of the GPUs now.
-    for gpu in gpus:
-        points = merge(gpu_series("oomguard_gpu_memory_seconds_to_full", gpu))
+
+
+def _time_to_full(facts: Facts, read: _Reader) -> None:
+    """The exporter's time to full (it has one only while it calls a climb or a spike): the soonest of the GPUs
+    now."""
+    for gpu in facts.gpus:
+        points = merge(read.gpu("oomguard_gpu_memory_seconds_to_full", gpu))
         if points and math.isfinite(points[-1][1]) and points[-1][1] >= 0:
-            facts.per_gpu_seconds_to_full[gpu] = clock.simulated(points[-1][1])
+            facts.per_gpu_seconds_to_full[gpu] = facts.clock.simulated(points[-1][1])
     if facts.per_gpu_seconds_to_full:
         facts.seconds_to_full = min(facts.per_gpu_seconds_to_full.values())
-    if worst_gpu is not None:
-        totals = [v for _, v in merge(gpu_series("oomguard_gpu_memory_total_bytes", worst_gpu))]
-        facts.total_bytes = totals[-1] if totals else None
-        joined = {name: merge(gpu_series(name, worst_gpu)) for name in JOIN_SERIES}
-        if any(joined.values()):
-            facts.memory_evidence = GPU_JOIN
-            # An unattributed join (an engine whose pids NVML does not list) has no engine_used, over, other.
-            facts.evidence_missing = [name for name in JOIN_SERIES if not joined[name]]
-            reserved, _, over, other, unreserved, headroom = (joined[name] for name in JOIN_SERIES)
-            _attribute(facts, reserved, unreserved, headroom, other, over)
-        else:
-            facts.memory_evidence = GPU_USED  # until the fallback finds a reservation (below)
-    trend = [s for g in gpus for s in gpu_series("oomguard_gpu_memory_trend_state", g)]
-    if target is not None:
-        trend += select("oomguard_target_memory_trend_state", target=target, memory="gpu", **where)
+
+
+def _worst_gpu_join(facts: Facts, read: _Reader, worst_gpu: str) -> None:
+    """The worst GPU's total and step 1's figures from its per-GPU join (GPU_JOIN), else GPU_USED until the
+    fallback finds a reservation."""
+    totals = [v for _, v in merge(read.gpu("oomguard_gpu_memory_total_bytes", worst_gpu))]
+    facts.total_bytes = totals[-1] if totals else None
+    joined = {name: merge(read.gpu(name, worst_gpu)) for name in JOIN_SERIES}
+    if any(joined.values()):
+        facts.memory_evidence = GPU_JOIN
+        # An unattributed join (an engine whose pids NVML does not list) has no engine_used, over, other.
+        facts.evidence_missing = [name for name in JOIN_SERIES if not joined[name]]
+        reserved, _, over, other, unreserved, headroom = (joined[name] for name in JOIN_SERIES)
+        _attribute(facts, reserved, unreserved, headroom, other, over)
+    else:
+        facts.memory_evidence = GPU_USED  # until the fallback finds a reservation (gather)
+
+
+def _trend_states(facts: Facts, read: _Reader) -> None:
+    """Each trend state the GPUs (and the target) were in, with the first time it was seen."""
+    trend = [s for g in facts.gpus for s in read.gpu("oomguard_gpu_memory_trend_state", g)]
+    if facts.target is not None:
+        trend += read.select("oomguard_target_memory_trend_state", target=facts.target, memory="gpu", **read.where)
     for s in trend:
         first = _first_time(s.points, lambda v: v >= 1)
         state = s.labels.get("state", "")
         if first is not None and (state not in facts.trend_states or first < facts.trend_states[state]):
             facts.trend_states[state] = first
-    if data.history:
-        facts.climb = _climb(facts.memory, clock)
 
-    if target is None:
-        return facts
-    on = {"target": target, **where}
-    over_budget = merge(select("oomguard_target_memory_over_budget_bytes", **on))
-    if over_budget:
-        facts.over_budget_peak_bytes = max(v for _, v in over_budget)
-        # TargetMemoryOverBudget's ratio: over budget / the target's worst GPU's total, now.
-        target_total = [v for _, v in merge(select("oomguard_target_gpu_memory_total_bytes", **on)) if v > 0]
-        total = target_total[-1] if target_total else facts.total_bytes
-        if total and over_budget[-1][1] <= total:
-            facts.over_budget_now_ratio = over_budget[-1][1] / total
 
-    # 2. events from the engine's log and the kernel, restarts
+def _over_budget(facts: Facts, read: _Reader, on: dict[str, str]) -> None:
+    """The target's peak over its budget, and TargetMemoryOverBudget's ratio: over budget / the target's worst
+    GPU's total, now."""
+    over_budget = read.merged("oomguard_target_memory_over_budget_bytes", **on)
+    if not over_budget:
+        return
+    facts.over_budget_peak_bytes = max(v for _, v in over_budget)
+    target_total = [v for _, v in read.merged("oomguard_target_gpu_memory_total_bytes", **on) if v > 0]
+    total = target_total[-1] if target_total else facts.total_bytes
+    if total and over_budget[-1][1] <= total:
+        facts.over_budget_now_ratio = over_budget[-1][1] / total
+
+
+def _events(facts: Facts, read: _Reader, on: dict[str, str]) -> None:
+    """Each kind of event's count and times from its counter, corrected by its last event's timestamp."""
+    data = read.data
     for kind in kinds.TARGET_EVENT_KINDS:
-        counter = merge(select("oomguard_target_events_total", kind=kind, **on), "sum")
+        counter = read.merged("oomguard_target_events_total", "sum", kind=kind, **on)
         count, times = increases(counter, data.start, include_first=not data.history)
-        last = merge(select("oomguard_target_last_event_timestamp_seconds", kind=kind, **on))
+        last = read.merged("oomguard_target_last_event_timestamp_seconds", kind=kind, **on)
         last_at = max((v for _, v in last), default=0.0)
         if data.history and count == 0 and data.start <= last_at <= data.end:
             # The counter's first increment is invisible to a difference; the timestamp is not.
@@ -616,43 +674,50 @@ def gather(
             facts.events[kind] = times
         if last_at:
             facts.last_event_at[kind] = last_at
-    restarts = merge(select("oomguard_target_restarts_total", **on), "sum")
+
+
+def _restarts(facts: Facts, read: _Reader, on: dict[str, str]) -> None:
+    data = read.data
+    restarts = read.merged("oomguard_target_restarts_total", "sum", **on)
     facts.restart_count, facts.restarts = increases(restarts, data.start, include_first=not data.history)
     facts.restarts_since_start = restarts[-1][1] if restarts else 0.0
-    last_restart = [v for _, v in merge(select("oomguard_target_last_restart_timestamp_seconds", **on)) if v > 0]
+    last_restart = [v for _, v in read.merged("oomguard_target_last_restart_timestamp_seconds", **on) if v > 0]
     facts.last_restart_at = max(last_restart) if last_restart else None
 
-    # 3. the engine's concurrency and configuration
-    facts.kv = merge(select("oomguard_engine_kv_cache_usage_ratio", **on), "mean")
-    facts.waiting = merge(select("oomguard_engine_requests_waiting", **on), "sum")
-    facts.running = merge(select("oomguard_engine_requests_running", **on), "sum")
-    preempt = merge(select("oomguard_engine_preemptions_total", **on), "sum")
+
+def _engine_load(facts: Facts, read: _Reader, on: dict[str, str]) -> None:
+    """The engine's KV cache, queue, running requests, preemptions and memory settings from its /metrics."""
+    data = read.data
+    facts.kv = read.merged("oomguard_engine_kv_cache_usage_ratio", "mean", **on)
+    facts.waiting = read.merged("oomguard_engine_requests_waiting", "sum", **on)
+    facts.running = read.merged("oomguard_engine_requests_running", "sum", **on)
+    preempt = read.merged("oomguard_engine_preemptions_total", "sum", **on)
     facts.preemptions = increases(preempt, data.start, include_first=not data.history)[0]
-    util = [v for _, v in merge(select("oomguard_engine_gpu_memory_utilization_ratio", **on))]
+    util = [v for _, v in read.merged("oomguard_engine_gpu_memory_utilization_ratio", **on)]
     facts.gpu_memory_utilization = util[-1] if util else None
-    kv_bytes = [v for _, v in merge(select("oomguard_engine_kv_cache_memory_bytes", **on))]
+    kv_bytes = [v for _, v in read.merged("oomguard_engine_kv_cache_memory_bytes", **on)]
     facts.kv_cache_memory_bytes = kv_bytes[-1] if kv_bytes else None
-    if facts.memory_evidence == GPU_USED and worst_gpu is not None:
-        _fallback(facts, select, on, facts.per_gpu[worst_gpu])
-    if facts.reserved_ratio is None and facts.gpu_memory_utilization is not None:
-        facts.reserved_ratio = facts.gpu_memory_utilization
-    info = select("oomguard_target_info", **on)
+
+
+def _engine_settings(facts: Facts, read: _Reader, on: dict[str, str]) -> None:
+    """The engine's name and its settings as started (oomguard_engine_setting), each its last positive value."""
+    info = read.select("oomguard_target_info", **on)
     facts.engine = next((s.labels["engine"] for s in info if s.labels.get("engine")), None)
-    for s in select("oomguard_engine_setting", **on):
+    for s in read.select("oomguard_engine_setting", **on):
         name, values = s.labels.get("setting"), [v for v in s.values() if math.isfinite(v) and v > 0]
         if name and values:
             facts.settings[name] = Setting(name, values[-1], s.labels.get("origin", ""))
             facts.engine = facts.engine or s.labels.get("engine") or None
 
-    # 4. startup and state
-    startup = [v for _, v in merge(select("oomguard_target_startup_seconds", **on))]
-    facts.startup_seconds = clock.simulated(max(startup)) if startup else None
-    up = merge(select("oomguard_target_state", state="up", **on))
+
+def _startup_and_state(facts: Facts, read: _Reader, on: dict[str, str]) -> None:
+    startup = [v for _, v in read.merged("oomguard_target_startup_seconds", **on)]
+    facts.startup_seconds = facts.clock.simulated(max(startup)) if startup else None
+    up = read.merged("oomguard_target_state", state="up", **on)
     if up:
         facts.states = up
         facts.up_fraction = sum(v for _, v in up) / len(up)
         facts.ever_up = any(v >= 1 for _, v in up)
-    return facts
 
 
 # ---- evidence, in the postmortem's order -------------------------------------------------------
@@ -764,62 +829,97 @@ def _pages_item(facts: Facts) -> Item:
 
 
 def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
+    """The evidence items in the postmortem's order: 1. memory, 2. OOMs and restarts, 3. the engine's concurrency
+    and configuration, 4. the probe against the startup."""
+    return [
+        *_memory_items(facts),
+        *_event_items(facts),
+        *_engine_items(facts),
+        *_startup_items(facts, probe_delay, probe_source),
+    ]
+
+
+def _memory_items(facts: Facts) -> list[Item]:
+    """Step 1: the memory trend."""
     items: list[Item] = []
-    # 1. memory trend
-    if facts.memory:
-        t_peak, peak = facts.peak  # type: ignore[misc]
-        if facts.history:
-            items.append(Item(1, f"GPU memory peak {_pct(peak)} of the worst GPU (from {_pct(facts.memory[0][1])})",
-                              peak, "ratio", t_peak))  # fmt: skip
-        else:
-            items.append(Item(1, f"GPU memory now {_pct(peak)} of the worst GPU", peak, "ratio", t_peak))
-        if facts.reserved_ratio is not None:
-            # Over a history the largest; from one reading the value now, which is no peak.
-            beyond = facts.unreserved_peak_ratio
-            text = f"the engines reserve {_pct(facts.reserved_ratio)} of the GPU"
-            if beyond is not None:
-                text += (f"; peak use beyond the reservation {_pct(beyond)} of the GPU" if facts.history
-                         else f"; use beyond the reservation now {_pct(beyond)} of the GPU")  # fmt: skip
-            if facts.headroom_used_peak is not None:
-                text += f", {_pct(facts.headroom_used_peak)} of the headroom it leaves"
-            items.append(Item(1, text, beyond, "ratio", t_peak))
-        if facts.memory_evidence == TARGET_LEVEL:
-            items.append(Item(1, _fallback_text(facts), facts.evidence_factor, "factor"))
-        if facts.history and facts.other_growth_ratio is not None and facts.other_growth_ratio >= 0.01:
-            items.append(Item(1, f"other processes on the GPU grew by {_pct(facts.other_growth_ratio)} of it "
-                                 f"(to {_pct(facts.other_peak_ratio or 0)}); the engine's own use beyond its "
-                                 f"reservation peaked at {_pct(facts.engine_over_reservation_peak_ratio or 0)}",
-                              facts.other_growth_ratio, "ratio"))  # fmt: skip
-        elif not facts.history and facts.other_peak_ratio is not None and facts.other_peak_ratio >= 0.01:
-            items.append(Item(1, f"other processes on the GPU hold {_pct(facts.other_peak_ratio)} of it now; the "
-                                 "engine's own use beyond its reservation is "
-                                 f"{_pct(facts.engine_over_reservation_peak_ratio or 0)}", facts.other_peak_ratio,
-                              "ratio"))  # fmt: skip
-        if not facts.history:
-            now = ", ".join(sorted(facts.trend_states)) or "unknown"
-            items.append(Item(1, f"the exporter's trend state now: {now}"))
-            if facts.seconds_to_full is not None:
-                items.append(Item(1, f"the exporter's time to full now: {_duration(facts.seconds_to_full)}",
-                                  facts.seconds_to_full, "seconds"))  # fmt: skip
-        for state in ("spike", "climbing", "saturated"):
-            if facts.history and state in facts.trend_states:
-                items.append(Item(1, f"the exporter's trend state was {state}", None, "", facts.trend_states[state]))
-        if facts.climb:
-            rise, seconds, since = facts.climb
-            items.append(Item(1, f"memory rose {_pct(rise)} over {seconds / 60:.0f} min and never fell back "
-                                 f"more than {_pct(CLIMB_MAX_FALLBACK)}", rise, "ratio", since))  # fmt: skip
-        if not facts.history:
-            items.append(
-                Item(
-                    1,
-                    "one reading, no history (--exporter): the trend is the exporter's own state; the "
-                    "present is judged on the figures now, as the shipped rules judge them",
-                )
-            )
-            items.append(_pages_item(facts))
-    else:
+    if not facts.memory:
         items.append(Item(1, "no GPU memory series for this target: is NVML enabled and the GPU known?"))
-    # 2. OOMs
+        return items
+    t_peak, peak = facts.peak  # type: ignore[misc]
+    if facts.history:
+        items.append(Item(1, f"GPU memory peak {_pct(peak)} of the worst GPU (from {_pct(facts.memory[0][1])})",
+                          peak, "ratio", t_peak))  # fmt: skip
+    else:
+        items.append(Item(1, f"GPU memory now {_pct(peak)} of the worst GPU", peak, "ratio", t_peak))
+    if facts.reserved_ratio is not None:
+        items.append(_reservation_item(facts, t_peak))
+    if facts.memory_evidence == TARGET_LEVEL:
+        items.append(Item(1, _fallback_text(facts), facts.evidence_factor, "factor"))
+    items += _other_processes_items(facts)
+    items += _trend_items(facts)
+    return items
+
+
+def _reservation_item(facts: Facts, t_peak: float) -> Item:
+    """The engines' reservation on the worst GPU, and the use beyond it."""
+    # Over a history the largest; from one reading the value now, which is no peak.
+    beyond = facts.unreserved_peak_ratio
+    text = f"the engines reserve {_pct(facts.reserved_ratio)} of the GPU"
+    if beyond is not None:
+        text += (f"; peak use beyond the reservation {_pct(beyond)} of the GPU" if facts.history
+                 else f"; use beyond the reservation now {_pct(beyond)} of the GPU")  # fmt: skip
+    if facts.headroom_used_peak is not None:
+        text += f", {_pct(facts.headroom_used_peak)} of the headroom it leaves"
+    return Item(1, text, beyond, "ratio", t_peak)
+
+
+def _other_processes_items(facts: Facts) -> list[Item]:
+    """Other processes on the GPU: their growth over a history, what they hold now in one reading."""
+    items: list[Item] = []
+    if facts.history and facts.other_growth_ratio is not None and facts.other_growth_ratio >= 0.01:
+        items.append(Item(1, f"other processes on the GPU grew by {_pct(facts.other_growth_ratio)} of it "
+                             f"(to {_pct(facts.other_peak_ratio or 0)}); the engine's own use beyond its "
+                             f"reservation peaked at {_pct(facts.engine_over_reservation_peak_ratio or 0)}",
+                          facts.other_growth_ratio, "ratio"))  # fmt: skip
+    elif not facts.history and facts.other_peak_ratio is not None and facts.other_peak_ratio >= 0.01:
+        items.append(Item(1, f"other processes on the GPU hold {_pct(facts.other_peak_ratio)} of it now; the "
+                             "engine's own use beyond its reservation is "
+                             f"{_pct(facts.engine_over_reservation_peak_ratio or 0)}", facts.other_peak_ratio,
+                          "ratio"))  # fmt: skip
+    return items
+
+
+def _trend_items(facts: Facts) -> list[Item]:
+    """The exporter's trend states and time to full, the climb, and in one reading the pages that hold now."""
+    items: list[Item] = []
+    if not facts.history:
+        now = ", ".join(sorted(facts.trend_states)) or "unknown"
+        items.append(Item(1, f"the exporter's trend state now: {now}"))
+        if facts.seconds_to_full is not None:
+            items.append(Item(1, f"the exporter's time to full now: {_duration(facts.seconds_to_full)}",
+                              facts.seconds_to_full, "seconds"))  # fmt: skip
+    for state in ("spike", "climbing", "saturated"):
+        if facts.history and state in facts.trend_states:
+            items.append(Item(1, f"the exporter's trend state was {state}", None, "", facts.trend_states[state]))
+    if facts.climb:
+        rise, seconds, since = facts.climb
+        items.append(Item(1, f"memory rose {_pct(rise)} over {seconds / 60:.0f} min and never fell back "
+                             f"more than {_pct(CLIMB_MAX_FALLBACK)}", rise, "ratio", since))  # fmt: skip
+    if not facts.history:
+        items.append(
+            Item(
+                1,
+                "one reading, no history (--exporter): the trend is the exporter's own state; the "
+                "present is judged on the figures now, as the shipped rules judge them",
+            )
+        )
+        items.append(_pages_item(facts))
+    return items
+
+
+def _event_items(facts: Facts) -> list[Item]:
+    """Step 2: the OOMs and other events of the engine's log and the kernel, and the restarts."""
+    items: list[Item] = []
     if facts.target is not None:
         if facts.event_counts:
             for kind in kinds.TARGET_EVENT_KINDS:
@@ -833,7 +933,12 @@ def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
             items.append(Item(2, "no event series: the target has no log source configured, OOMs are not seen"))
         items.append(Item(2, f"restarts: {facts.restart_count:g}", facts.restart_count, "restarts",
                           facts.restarts[0] if facts.restarts else None))  # fmt: skip
-    # 3. concurrency and configuration
+    return items
+
+
+def _engine_items(facts: Facts) -> list[Item]:
+    """Step 3: the engine's KV cache, queue and running requests, its memory setting and the two-knob check."""
+    items: list[Item] = []
     if facts.has_engine:
         kv_peak = facts.kv_peak
         if kv_peak is not None:
@@ -857,7 +962,12 @@ def evidence(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
                           facts.gpu_memory_utilization, "ratio"))  # fmt: skip
     if facts.has_engine:
         items += _capacity_items(facts)
-    # 4. probe vs startup
+    return items
+
+
+def _startup_items(facts: Facts, probe_delay: float, probe_source: str) -> list[Item]:
+    """Step 4: the measured startup against the probe's delay, and the time up."""
+    items: list[Item] = []
     if facts.target is not None:
         if facts.startup_seconds is not None:
             slower = facts.startup_seconds > probe_delay

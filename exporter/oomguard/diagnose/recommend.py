@@ -111,106 +111,45 @@ def probe_grace(startup_seconds: float) -> int:
     return int(math.ceil(round(startup_seconds * PROBE_MARGIN / 10, 6)) * 10)
 
 
-def recommend(facts: Facts, verdict: Verdict, *, probe_delay: float, probe_source: str) -> list[Recommendation]:
-    out: list[Recommendation] = []
+@dataclass(frozen=True)
+class _Cap:
+    """The concurrency cap as this engine names it (max_num_seqs, SGLang's max_running_requests), from
+    oomguard_engine_setting or diagnose's --max-num-seqs: its value now, and what to say where it is unknown."""
+
+    name: str
+    now: int | None
+    unknown: str  # "" where the value is known
+
+
+def _cap(facts: Facts) -> _Cap:
     check = facts.capacity_check
-    # The concurrency cap as this engine names it (max_num_seqs, SGLang's max_running_requests), from
-    # oomguard_engine_setting or diagnose's --max-num-seqs.
     seqs = check.cap_name or "max_num_seqs"
-    max_num_seqs_now = int(check.cap.value) if check.cap is not None else None
-    seqs_current: float | str | None = max_num_seqs_now
+    now = int(check.cap.value) if check.cap is not None else None
     flag = capacity.FLAGS.get(seqs, "--max-num-seqs")
-    seqs_unknown = "" if max_num_seqs_now else (
+    unknown = "" if now else (
         f" (current value unknown: no oomguard_engine_setting series; oomguard reads {flag} from a local engine's "
         "command line, so set it there explicitly, or pass --max-num-seqs)")  # fmt: skip
-    if seqs_unknown and facts.has_engine and check.cap_name:
+    if unknown and facts.has_engine and check.cap_name:
         # Step 3's evidence says the whole of it already (evidence.py's _capacity_items): not twice.
-        seqs_unknown = " (current value unknown: step 3 says how to give it)"
+        unknown = " (current value unknown: step 3 says how to give it)"
+    return _Cap(seqs, now, unknown)
+
+
+def recommend(facts: Facts, verdict: Verdict, *, probe_delay: float, probe_source: str) -> list[Recommendation]:
+    """The settings to change for the verdict, each with the figures it stands on and its formula."""
+    out: list[Recommendation] = []
+    cap = _cap(facts)
     util_now = facts.gpu_memory_utilization or facts.reserved_ratio
     peak = facts.peak[1] if facts.peak else None
-
     if verdict.name in ("memory_overcommit", "foreign_process") and util_now and peak is not None:
-        beyond = facts.unreserved_peak_ratio if facts.unreserved_peak_ratio is not None else max(0.0, peak - util_now)
-        suggested, cautious, headroom = gpu_memory_utilization(util_now, beyond)
-        # Over a history the peak; one reading knows only the value now, and says so.
-        seen = (f"peak use beyond the reservation was {100 * beyond:.1f} % of the GPU" if facts.history else
-                f"use beyond the reservation is {100 * beyond:.1f} % of the GPU now (one reading: its peak is not "
-                "known, --prometheus with a window reads it)")  # fmt: skip
-        out.append(Recommendation(
-            "gpu_memory_utilization", util_now, suggested, "ratio",
-            f"{seen}; {100 * headroom:.0f} % headroom "
-            f"holds it with {100 * BEYOND_MARGIN:.0f} % to spare ({cautious:g} for 20 %)"
-            + ("; move the other process off this GPU first" if verdict.name == "foreign_process" else ""),
-            "1 - max(0.15, beyond_peak + 0.05), never above the current value",
-        ))  # fmt: skip
-        running = facts.running_at_saturation if facts.kv_saturated else None
-        kv_use = facts.kv_at_saturation if facts.kv_saturated else facts.kv_peak
-        if running is None and facts.running and facts.kv:
-            t_peak = max(facts.kv, key=lambda p: p[1])[0]
-            running = dict(facts.running).get(t_peak)
-        if facts.history and check.capacity is None:
-            # Too few points to say what the cache holds (step 3 says so): no figure from them either.
-            out.append(Recommendation(
-                seqs, seqs_current, None, "sequences",
-                f"too few points in the window to size it ({check.samples} of the {capacity.MIN_SAMPLES} step 3 "
-                "needs: a longer --window); lower it in proportion to gpu_memory_utilization, never one alone"
-                + seqs_unknown))  # fmt: skip
-        elif running and kv_use:
-            factor = kv_pool_factor(util_now, suggested, facts.total_bytes, facts.kv_cache_memory_bytes)
-            value = max_num_seqs(running, kv_use, factor, max_num_seqs_now)
-            held = (f" (the KV cache held {check.capacity:.0f} requests of the observed size at most)"
-                    if check.capacity is not None else "")  # fmt: skip
-            out.append(Recommendation(
-                seqs, seqs_current, value, "sequences",
-                f"{running:g} requests ran with the KV cache {100 * kv_use:.0f} % full{held}; aim at "
-                f"{100 * KV_TARGET:.0f} % in a pool {100 * factor:.0f} % of today's once gpu_memory_utilization is "
-                f"{suggested:g}; lower it together with gpu_memory_utilization, never one alone" + seqs_unknown,
-                "floor(running_at_saturation x min(1, 0.80 / kv_use_at_saturation) x pool_factor)",
-            ))  # fmt: skip
-        else:
-            out.append(Recommendation(seqs, seqs_current, None, "sequences",
-                                      "no engine series to size it from: lower it in proportion to "
-                                      "gpu_memory_utilization, never one alone" + seqs_unknown))  # fmt: skip
-
-    elif check.flagged:
+        out += _overcommit(facts, verdict, cap, util_now, peak)
+    elif facts.capacity_check.flagged:
         out.append(concurrency_over_kv_cache(facts))
-
     if verdict.name == "memory_leak":
-        pace = ""
-        if facts.climb:
-            rise, seconds, _ = facts.climb  # simulated seconds: the pace per minute of the scenario's clock
-            pace = f"memory climbs {100 * rise / seconds * 60:.2f} % of the GPU per minute; "
-        out.append(Recommendation(
-            "the leak", None, None, "",
-            pace + "no setting fixes a leak, and lowering gpu_memory_utilization only delays it: find what holds "
-            "memory (streams or connections never released, a malformed request leaving blocks unreclaimed, a "
-            "version's known leak); meanwhile restart the engine before it reaches the top",
-        ))  # fmt: skip
-
+        out.append(_leak(facts))
     if verdict.name == "startup_memory":
-        held = facts.other_peak_ratio
-        if held is None and facts.memory:
-            held = min(v for _, v in facts.memory)  # what the GPU holds while the engine holds nothing
-        if held is not None:
-            suggested = _floor(min(util_now or 1.0, 1 - held - START_MARGIN))
-            out.append(Recommendation(
-                "gpu_memory_utilization", util_now, suggested, "ratio",
-                f"{100 * held:.1f} % of the GPU is held by others when the engine starts; the reservation must fit "
-                "in the rest with 5 % to spare (or free the GPU, or lower max_model_len); lower max_num_seqs with "
-                "it" + seqs_unknown + ("" if util_now else "; the current value is unknown: the engine never "
-                                       "answered, so its configuration was never read"),
-                "1 - held_by_others - 0.05, never above the current value",
-            ))  # fmt: skip
-
-    if facts.startup_seconds is not None and (facts.restart_count or verdict.name == "probe_kill"):
-        grace = probe_grace(facts.startup_seconds)
-        if grace > probe_delay:
-            out.append(Recommendation(
-                "probe initial delay (or startup probe budget)", probe_delay, grace, "seconds",
-                f"the engine took {facts.startup_seconds:.0f}s to start; a probe that judges it before then kills "
-                f"it while it loads: a restart storm (current value from {probe_source})",
-                "ceil10(startup_seconds x 1.5)",
-            ))  # fmt: skip
+        out += _startup_memory(facts, cap, util_now)
+    out += _probe(facts, verdict, probe_delay, probe_source)
     if verdict.name == "probe_kill" and not any(r.unit == "seconds" for r in out):
         out.append(Recommendation(
             "liveness probe", None, None, "",
@@ -219,3 +158,101 @@ def recommend(facts: Facts, verdict: Verdict, *, probe_delay: float, probe_sourc
             "timeout under load, and check the orchestrator's events for who killed it",
         ))  # fmt: skip
     return out
+
+
+def _overcommit(facts: Facts, verdict: Verdict, cap: _Cap, util_now: float, peak: float) -> list[Recommendation]:
+    """Over-provisioning (or another process): a lower gpu_memory_utilization, and the cap lowered with it."""
+    beyond = facts.unreserved_peak_ratio if facts.unreserved_peak_ratio is not None else max(0.0, peak - util_now)
+    suggested, cautious, headroom = gpu_memory_utilization(util_now, beyond)
+    # Over a history the peak; one reading knows only the value now, and says so.
+    seen = (f"peak use beyond the reservation was {100 * beyond:.1f} % of the GPU" if facts.history else
+            f"use beyond the reservation is {100 * beyond:.1f} % of the GPU now (one reading: its peak is not "
+            "known, --prometheus with a window reads it)")  # fmt: skip
+    utilization = Recommendation(
+        "gpu_memory_utilization", util_now, suggested, "ratio",
+        f"{seen}; {100 * headroom:.0f} % headroom "
+        f"holds it with {100 * BEYOND_MARGIN:.0f} % to spare ({cautious:g} for 20 %)"
+        + ("; move the other process off this GPU first" if verdict.name == "foreign_process" else ""),
+        "1 - max(0.15, beyond_peak + 0.05), never above the current value",
+    )  # fmt: skip
+    return [utilization, _cap_with_utilization(facts, cap, util_now, suggested)]
+
+
+def _cap_with_utilization(facts: Facts, cap: _Cap, util_now: float, suggested: float) -> Recommendation:
+    """The concurrency cap lowered together with gpu_memory_utilization: sized from the requests that ran at the KV
+    cache's saturation (else its peak) in the smaller pool, where the history has enough points."""
+    check = facts.capacity_check
+    running = facts.running_at_saturation if facts.kv_saturated else None
+    kv_use = facts.kv_at_saturation if facts.kv_saturated else facts.kv_peak
+    if running is None and facts.running and facts.kv:
+        t_peak = max(facts.kv, key=lambda p: p[1])[0]
+        running = dict(facts.running).get(t_peak)
+    if facts.history and check.capacity is None:
+        # Too few points to say what the cache holds (step 3 says so): no figure from them either.
+        return Recommendation(
+            cap.name, cap.now, None, "sequences",
+            f"too few points in the window to size it ({check.samples} of the {capacity.MIN_SAMPLES} step 3 "
+            "needs: a longer --window); lower it in proportion to gpu_memory_utilization, never one alone"
+            + cap.unknown)  # fmt: skip
+    if running and kv_use:
+        factor = kv_pool_factor(util_now, suggested, facts.total_bytes, facts.kv_cache_memory_bytes)
+        value = max_num_seqs(running, kv_use, factor, cap.now)
+        held = (f" (the KV cache held {check.capacity:.0f} requests of the observed size at most)"
+                if check.capacity is not None else "")  # fmt: skip
+        return Recommendation(
+            cap.name, cap.now, value, "sequences",
+            f"{running:g} requests ran with the KV cache {100 * kv_use:.0f} % full{held}; aim at "
+            f"{100 * KV_TARGET:.0f} % in a pool {100 * factor:.0f} % of today's once gpu_memory_utilization is "
+            f"{suggested:g}; lower it together with gpu_memory_utilization, never one alone" + cap.unknown,
+            "floor(running_at_saturation x min(1, 0.80 / kv_use_at_saturation) x pool_factor)",
+        )  # fmt: skip
+    return Recommendation(cap.name, cap.now, None, "sequences",
+                          "no engine series to size it from: lower it in proportion to "
+                          "gpu_memory_utilization, never one alone" + cap.unknown)  # fmt: skip
+
+
+def _leak(facts: Facts) -> Recommendation:
+    """No setting fixes a leak: its pace, and what to look for."""
+    pace = ""
+    if facts.climb:
+        rise, seconds, _ = facts.climb  # simulated seconds: the pace per minute of the scenario's clock
+        pace = f"memory climbs {100 * rise / seconds * 60:.2f} % of the GPU per minute; "
+    return Recommendation(
+        "the leak", None, None, "",
+        pace + "no setting fixes a leak, and lowering gpu_memory_utilization only delays it: find what holds "
+        "memory (streams or connections never released, a malformed request leaving blocks unreclaimed, a "
+        "version's known leak); meanwhile restart the engine before it reaches the top",
+    )  # fmt: skip
+
+
+def _startup_memory(facts: Facts, cap: _Cap, util_now: float | None) -> list[Recommendation]:
+    """Memory short at start: a reservation that fits beside what others hold."""
+    held = facts.other_peak_ratio
+    if held is None and facts.memory:
+        held = min(v for _, v in facts.memory)  # what the GPU holds while the engine holds nothing
+    if held is None:
+        return []
+    suggested = _floor(min(util_now or 1.0, 1 - held - START_MARGIN))
+    return [Recommendation(
+        "gpu_memory_utilization", util_now, suggested, "ratio",
+        f"{100 * held:.1f} % of the GPU is held by others when the engine starts; the reservation must fit "
+        "in the rest with 5 % to spare (or free the GPU, or lower max_model_len); lower max_num_seqs with "
+        "it" + cap.unknown + ("" if util_now else "; the current value is unknown: the engine never "
+                              "answered, so its configuration was never read"),
+        "1 - held_by_others - 0.05, never above the current value",
+    )]  # fmt: skip
+
+
+def _probe(facts: Facts, verdict: Verdict, probe_delay: float, probe_source: str) -> list[Recommendation]:
+    """A probe's grace shorter than the measured startup, where the engine restarted (or a probe kills it)."""
+    if facts.startup_seconds is None or not (facts.restart_count or verdict.name == "probe_kill"):
+        return []
+    grace = probe_grace(facts.startup_seconds)
+    if grace <= probe_delay:
+        return []
+    return [Recommendation(
+        "probe initial delay (or startup probe budget)", probe_delay, grace, "seconds",
+        f"the engine took {facts.startup_seconds:.0f}s to start; a probe that judges it before then kills "
+        f"it while it loads: a restart storm (current value from {probe_source})",
+        "ceil10(startup_seconds x 1.5)",
+    )]  # fmt: skip
