@@ -411,6 +411,19 @@ class _Connection(asyncio.Protocol):
 
     def _read_head(self) -> bool:
         """The status line and headers, once all arrived; interim (1xx) answers skipped."""
+        head = self._final_head()
+        if head is None:
+            return False
+        version, status, fields = head
+        headers = self._headers(fields)
+        connection = headers.get("connection", "").lower()
+        keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+        if status != 200:
+            return self._not_ok(status, headers, keep)
+        return self._framing(status, headers, keep)
+
+    def _final_head(self) -> tuple[str, int, str] | None:
+        """(version, status, header lines) of the first answer that is not interim (1xx), None until it arrived."""
         while True:
             # From where the last look stopped: a head dripped a byte at a time is not searched again whole.
             end = self._buffer.find(b"\r\n\r\n", self._scanned)
@@ -418,7 +431,7 @@ class _Connection(asyncio.Protocol):
                 if len(self._buffer) > MAX_HEAD_BYTES:
                     raise ProtocolError(f"{self._url} sent an HTTP head over {MAX_HEAD_BYTES} bytes")
                 self._scanned = max(0, len(self._buffer) - 3)
-                return False
+                return None
             self._scanned = 0
             if end > MAX_HEAD_BYTES:
                 raise ProtocolError(f"{self._url} sent an HTTP head over {MAX_HEAD_BYTES} bytes")
@@ -430,9 +443,12 @@ class _Connection(asyncio.Protocol):
             if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit() or (len(rest) > 3 and rest[3] != " "):
                 raise ProtocolError(f"{self._url} sent no HTTP/1.x status line: {status_line[:80]!r}")
             status = int(code)
-            if 100 <= status < 200:
-                continue  # 100 Continue and the like: the answer follows
-            break
+            if not 100 <= status < 200:  # 100 Continue and the like: the answer follows
+                return version, status, fields
+
+    def _headers(self, fields: str) -> dict[str, str]:
+        """The header lines by lower-cased name; a malformed line or a second framing header is a ProtocolError (the
+        same content-length twice excepted)."""
         headers: dict[str, str] = {}
         for line in fields.split("\r\n") if fields else ():
             name, colon, value = line.partition(":")
@@ -445,19 +461,23 @@ class _Connection(asyncio.Protocol):
                     continue
                 raise ProtocolError(f"{self._url} sent two {name} headers")
             headers[name] = value
-        connection = headers.get("connection", "").lower()
-        keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-        if status != 200:
-            length = headers.get("content-length", "")
-            if length.isdigit() and int(length) <= SHORT_ANSWER_BYTES and "transfer-encoding" not in headers:
-                # A short answer is read and dropped, and its connection kept, as aiohttp's client did: an engine
-                # loading its model answers 503 on every scrape, and is not made to accept three new connections
-                # a scrape (with them, the real llama-server test timed its restart a second late in CI).
-                self._head, self._need = (status, _LENGTH, keep), int(length)
-                return True
-            self._head = (status, _LENGTH, False)  # any other: its body is not read, the connection not reused
-            self._done(Answer(status, b""), False)
-            return False
+        return headers
+
+    def _not_ok(self, status: int, headers: dict[str, str], keep: bool) -> bool:
+        """An answer other than 200: a short body read and dropped, the connection kept; any other not read."""
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) <= SHORT_ANSWER_BYTES and "transfer-encoding" not in headers:
+            # A short answer is read and dropped, and its connection kept, as aiohttp's client did: an engine
+            # loading its model answers 503 on every scrape, and is not made to accept three new connections
+            # a scrape (with them, the real llama-server test timed its restart a second late in CI).
+            self._head, self._need = (status, _LENGTH, keep), int(length)
+            return True
+        self._head = (status, _LENGTH, False)  # any other: its body is not read, the connection not reused
+        self._done(Answer(status, b""), False)
+        return False
+
+    def _framing(self, status: int, headers: dict[str, str], keep: bool) -> bool:
+        """How a 200's body is framed (chunked, a length, or to the close), within the cap."""
         encoding = headers.get("content-encoding", "identity").lower()
         if encoding != "identity":
             raise ProtocolError(f"{self._url} sent its body in {encoding!r} encoding, which oomguard does not ask for")
