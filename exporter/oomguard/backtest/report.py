@@ -107,9 +107,23 @@ class Report:
 
     # -- text -----------------------------------------------------------------------------------------
     def text(self) -> str:
+        lines = [*self._heading(), *self._oom_lines(), *self._outside_lines()]
+        if self.notifications is not None:
+            lines += ["", *self.notifications.text()]
+        lines += self._unjudged_lines()
+        if self.sweep:
+            lines += ["", *sweep_text(self.sweep)]
+        if self.plots:
+            lines += ["", "Plots:", *[f"  {p}" for p in self.plots]]
+        if self.problems or self.notes:
+            lines += ["", "Notes:", *[f"  {p}" for p in [*self.problems, *self.notes]]]
+        return "\n".join(lines) + "\n"
+
+    def _heading(self) -> list[str]:
+        """What was replayed: the history's span, its GPUs and engines, the rules and the incident window."""
         s = self.summary
         nodes = {key[0] for key in s.gpus}
-        lines = [
+        return [
             f"oomguard backtest of {self.source}",
             f"  {_time(self.start)} to {_time(self.end)} ({(self.end - self.start) / DAY:.1f} days, {self.steps:,} "
             f"readings every {self.step_seconds:g} s), {len(s.gpus)} GPUs on {len(nodes)} node{'s' * (len(nodes) != 1)}"
@@ -118,45 +132,26 @@ class Report:
             f"{_minutes(self.window.before)} before an OOM to {_minutes(self.window.after)} after it",
             "",
         ]
+
+    def _oom_lines(self) -> list[str]:
+        """The OOMs: how many were paged ahead, then each with what fired before it."""
         if not self.ooms:
-            lines += [
-                "No OOMs given (--ooms FILE) nor found in the history: every alert below is counted as false.",
-                "",
-            ]
-        else:
-            o = self.outcome
-            lead = f", a median {_minutes(o.median_page_lead)} ahead" if o.median_page_lead is not None else ""
-            unforeseeable = f" ({o.unforeseeable} more marked unforeseeable)" if o.unforeseeable else ""
-            lines.append(
-                f"OOMs: {o.ooms} in {o.incidents} incident{'s' * (o.incidents != 1)}{unforeseeable}, paged within the "
-                f"hour before their first OOM: {o.paged} of {o.incidents}{lead}"
-            )
-        for result in self.ooms:
-            page = result.first_page
-            head = f"  {_time(result.oom.t)}  {result.oom.place()}: "
-            if result.relapse_of is not None:
-                head += f"(a relapse, {_minutes(result.oom.t - result.relapse_of.t)} after the OOM before it) "
-            if result.oom.unforeseeable:
-                head += "(unforeseeable: a page before it counts as one for nothing) "
-            if page is not None:
-                head += f"paged {_minutes(page.lead_seconds)} before ({page.alert})"
-            elif result.early:
-                head += "paged only long before (counted outside incidents)"
-            elif any(lead.receiver for lead in result.leads):
-                head += "no page before it, only tickets"
-            elif result.leads:
-                head += "nothing that reaches anyone fired before it (info only)"
-            else:
-                head += "nothing fired before it"
-            lines.append(head)
-            # Info alerts reach no one (the JSON has them): the lines are what would have reached someone.
-            for lead in sorted((x for x in result.leads if x.receiver), key=lambda lead: -lead.lead_seconds):
-                lines.append(f"      {lead.alert:<36} {lead.receiver:<7} {_minutes(lead.lead_seconds)} before")
-            for lead in sorted(result.early, key=lambda lead: -lead.lead_seconds):
-                lines.append(f"      {lead.alert:<36} {lead.receiver:<7} {_minutes(lead.lead_seconds)} before: early, "
-                             "counted outside incidents")  # fmt: skip
+            return ["No OOMs given (--ooms FILE) nor found in the history: every alert below is counted as false.", ""]
         o = self.outcome
-        lines += ["", f"Outside incidents ({o.gpu_days:.2f} GPU-days judged):"]
+        lead = f", a median {_minutes(o.median_page_lead)} ahead" if o.median_page_lead is not None else ""
+        unforeseeable = f" ({o.unforeseeable} more marked unforeseeable)" if o.unforeseeable else ""
+        lines = [
+            f"OOMs: {o.ooms} in {o.incidents} incident{'s' * (o.incidents != 1)}{unforeseeable}, paged within the "
+            f"hour before their first OOM: {o.paged} of {o.incidents}{lead}"
+        ]
+        for result in self.ooms:
+            lines += _oom_result_lines(result)
+        return lines
+
+    def _outside_lines(self) -> list[str]:
+        """The pages and tickets outside every incident, their rate per GPU-day and their flaps."""
+        o = self.outcome
+        lines = ["", f"Outside incidents ({o.gpu_days:.2f} GPU-days judged):"]
         for receiver, count, rate, flapping in (
             ("pages", o.false_pages, o.false_pages_per_gpu_day, o.flapping_pages),
             ("tickets", o.false_tickets, o.false_tickets_per_gpu_day, o.flapping_tickets),
@@ -168,10 +163,14 @@ class Report:
             if flapping:
                 lines.append(f"    of them {flapping} flaps (fired again within {FLAP_SECONDS / 60:.0f} min of "
                              f"resolving): {_count_by_alert([e for e in mine if e.flap])}")  # fmt: skip
-        if self.notifications is not None:
-            lines += ["", *self.notifications.text()]
+        return lines
+
+    def _unjudged_lines(self) -> list[str]:
+        """The GPUs never judged, and those judged on their total alone (no engine reservation known)."""
+        s = self.summary
         never = [c for c in s.gpus.values() if c.measured == 0]
         total_only = [c for c in s.gpus.values() if c.measured and not c.headroom]
+        lines: list[str] = []
         if never:
             lines += ["", "GPUs never judged (their figures missing):"]
             lines += [f"  {_gpu(c.node, c.name)}: no {' and no '.join(sorted(c.missing)) or 'reading'}" for c in never]
@@ -183,13 +182,7 @@ class Report:
                 "a vLLM at gpu_memory_utilization 0.9 looks 90 % full all day to them: give the engines' "
                 "gpu_memory_utilization in the history, or --gpu-memory-utilization",
             ]
-        if self.sweep:
-            lines += ["", *sweep_text(self.sweep)]
-        if self.plots:
-            lines += ["", "Plots:", *[f"  {p}" for p in self.plots]]
-        if self.problems or self.notes:
-            lines += ["", "Notes:", *[f"  {p}" for p in [*self.problems, *self.notes]]]
-        return "\n".join(lines) + "\n"
+        return lines
 
     # -- JSON -----------------------------------------------------------------------------------------
     def json(self) -> str:
@@ -274,6 +267,35 @@ class Report:
             "plots": self.plots,
         }
         return json.dumps(data, indent=2)
+
+
+def _oom_result_lines(result: OomResult) -> list[str]:
+    """One OOM: its time and place, what paged before it (or why nothing did), and each alert that would have
+    reached someone before it, the earliest first."""
+    page = result.first_page
+    head = f"  {_time(result.oom.t)}  {result.oom.place()}: "
+    if result.relapse_of is not None:
+        head += f"(a relapse, {_minutes(result.oom.t - result.relapse_of.t)} after the OOM before it) "
+    if result.oom.unforeseeable:
+        head += "(unforeseeable: a page before it counts as one for nothing) "
+    if page is not None:
+        head += f"paged {_minutes(page.lead_seconds)} before ({page.alert})"
+    elif result.early:
+        head += "paged only long before (counted outside incidents)"
+    elif any(lead.receiver for lead in result.leads):
+        head += "no page before it, only tickets"
+    elif result.leads:
+        head += "nothing that reaches anyone fired before it (info only)"
+    else:
+        head += "nothing fired before it"
+    lines = [head]
+    # Info alerts reach no one (the JSON has them): the lines are what would have reached someone.
+    for lead in sorted((x for x in result.leads if x.receiver), key=lambda lead: -lead.lead_seconds):
+        lines.append(f"      {lead.alert:<36} {lead.receiver:<7} {_minutes(lead.lead_seconds)} before")
+    for lead in sorted(result.early, key=lambda lead: -lead.lead_seconds):
+        lines.append(f"      {lead.alert:<36} {lead.receiver:<7} {_minutes(lead.lead_seconds)} before: early, "
+                     "counted outside incidents")  # fmt: skip
+    return lines
 
 
 def _lead(lead: Lead | None) -> dict[str, Any] | None:
@@ -380,43 +402,70 @@ def judge(
     counted: set[int] = set()  # id() of the episodes counted as a lead
     for index, (oom, keys) in enumerate(zip(ooms, oom_keys, strict=True)):
         earlier = [o for o, k in zip(ooms[:index], oom_keys[:index], strict=True) if _overlap(keys, k) and o.t < oom.t]
-        previous = max((o.t for o in earlier), default=None)
-        relapse_of = next((o for o in reversed(earlier) if oom.t - o.t <= window.after), None)
-        start = oom.t - window.before
-        earliest: dict[str, Lead] = {}
-        early: dict[str, Lead] = {}
+        incident = _Incident(oom, keys, max((o.t for o in earlier), default=None), oom.t - window.before)
         for e in fired:
-            assert e.fired_at is not None
-            if e.fired_at > oom.t or not e.receiver:
-                continue
-            if not places.meet(e.labels, oom, keys):
-                continue
-            lead = Lead(e.alert, e.receiver, e.fired_at, oom.t - e.fired_at, e.labels)
-            if previous is not None and e.fired_at <= previous:
-                # The OOM before it's, unless it never stopped firing since: the incident never closed (the engine
-                # relaunched into the same load and ran out again), and this OOM was paged all along. It counts here
-                # as it counted there: a lead, or an early page (outside incidents: never a lead too).
-                if e.resolved_at is None or e.resolved_at >= start:
-                    if id(e) in counted:
-                        _keep_earliest(earliest, lead)
-                    elif e.oom is not None:
-                        _keep_earliest(early, lead)
-                continue
-            if e.receiver == "page":
-                if e.fired_at < start:
-                    if e.resolved_at is None or e.resolved_at >= start:
-                        _keep_earliest(early, lead)  # paged hours ahead: counted outside, shown here
-                        e.oom = e.oom if e.oom is not None else oom.t
-                    continue
-                if oom.unforeseeable:
-                    continue  # nothing to see: a page for nothing (counted outside), not a lead
-            elif e.resolved_at is not None and e.resolved_at < start:
-                continue  # a ticket that ended before the incident began warned of nothing here
-            if id(e) not in counted:
-                counted.add(id(e))
-                e.counted_as, e.oom = "lead", oom.t
-            _keep_earliest(earliest, lead)
-        results.append(OomResult(oom, list(earliest.values()), relapse_of, list(early.values())))
+            _count_before(e, incident, places, counted)
+        relapse_of = next((o for o in reversed(earlier) if oom.t - o.t <= window.after), None)
+        results.append(OomResult(oom, list(incident.earliest.values()), relapse_of, list(incident.early.values())))
+    false = _outside_incidents(fired, counted, ooms, oom_keys, places, window)
+    flapped = flaps(false)
+    for e in false:
+        e.flap = id(e) in flapped
+    return results, false, _outcome(results, false, ooms, summary)
+
+
+@dataclass
+class _Incident:
+    """One OOM as `judge` weighs what fired before it: its place, the OOM before it there, the incident's start, and
+    the leads and early pages found, each alert's earliest."""
+
+    oom: Oom
+    keys: set[GpuKey] | None
+    previous: float | None  # the time of the OOM before it at its place
+    start: float  # window.before ahead of it
+    earliest: dict[str, Lead] = field(default_factory=dict)
+    early: dict[str, Lead] = field(default_factory=dict)
+
+
+def _count_before(e: Episode, incident: _Incident, places: Places, counted: set[int]) -> None:
+    """An episode that fired before the incident's OOM at its place: a lead, an early page, the OOM before it's, or
+    nothing (see `judge`)."""
+    oom, start = incident.oom, incident.start
+    assert e.fired_at is not None
+    if e.fired_at > oom.t or not e.receiver or not places.meet(e.labels, oom, incident.keys):
+        return
+    lead = Lead(e.alert, e.receiver, e.fired_at, oom.t - e.fired_at, e.labels)
+    if incident.previous is not None and e.fired_at <= incident.previous:
+        # The OOM before it's, unless it never stopped firing since: the incident never closed (the engine
+        # relaunched into the same load and ran out again), and this OOM was paged all along. It counts here
+        # as it counted there: a lead, or an early page (outside incidents: never a lead too).
+        if e.resolved_at is None or e.resolved_at >= start:
+            if id(e) in counted:
+                _keep_earliest(incident.earliest, lead)
+            elif e.oom is not None:
+                _keep_earliest(incident.early, lead)
+        return
+    if e.receiver == "page":
+        if e.fired_at < start:
+            if e.resolved_at is None or e.resolved_at >= start:
+                _keep_earliest(incident.early, lead)  # paged hours ahead: counted outside, shown here
+                e.oom = e.oom if e.oom is not None else oom.t
+            return
+        if oom.unforeseeable:
+            return  # nothing to see: a page for nothing (counted outside), not a lead
+    elif e.resolved_at is not None and e.resolved_at < start:
+        return  # a ticket that ended before the incident began warned of nothing here
+    if id(e) not in counted:
+        counted.add(id(e))
+        e.counted_as, e.oom = "lead", oom.t
+    _keep_earliest(incident.earliest, lead)
+
+
+def _outside_incidents(
+    fired: list[Episode], counted: set[int], ooms: list[Oom], oom_keys: list[set[GpuKey] | None], places: Places,
+    window: Window,
+) -> list[Episode]:  # fmt: skip
+    """The pages and tickets that were no lead: an OOM's aftermath, else alarms for nothing (early or outside)."""
     false = []
     for e in fired:
         assert e.fired_at is not None
@@ -432,11 +481,16 @@ def judge(
         else:
             e.counted_as = "early" if e.oom is not None else "outside"
             false.append(e)
-    flapped = flaps(false)
+    return false
+
+
+def _outcome(results: list[OomResult], false: list[Episode], ooms: list[Oom], summary: ReplaySummary) -> Outcome:
+    """The figures of the backtest: incidents paged ahead, and alarms for nothing per GPU-day (flaps marked)."""
+    flapped = {id(e) for e in false if e.flap}
     gpu_days = sum(c.judged_seconds for c in summary.gpus.values()) / DAY
     firsts = [r for r in results if r.relapse_of is None and not r.oom.unforeseeable]
     leads = [r.first_page.lead_seconds for r in firsts if r.first_page is not None]
-    outcome = Outcome(
+    return Outcome(
         ooms=len(ooms),
         incidents=len(firsts),
         paged=len(leads),
@@ -448,9 +502,6 @@ def judge(
         flapping_tickets=sum(1 for e in false if e.receiver == "ticket" and id(e) in flapped),
         unforeseeable=sum(1 for r in results if r.relapse_of is None and r.oom.unforeseeable),
     )
-    for e in false:
-        e.flap = id(e) in flapped
-    return results, false, outcome
 
 
 def _keep_earliest(held: dict[str, Lead], lead: Lead) -> None:
