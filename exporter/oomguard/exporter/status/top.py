@@ -169,15 +169,7 @@ def check(value: object, kind: Any, where: str = "") -> None:
     float, int, bool): raises ValueError naming the first field that is not, by its path (`targets[3].name`). A
     field with a default may be missing (an older exporter's); an unknown field is passed over (a newer one's)."""
     if dataclasses.is_dataclass(kind):
-        if not isinstance(value, dict):
-            raise ValueError(f"{where or 'the document'}: not an object")
-        hints = _hints(kind)
-        for f in dataclasses.fields(kind):
-            path = f"{where}.{f.name}" if where else f.name
-            if f.name in value:
-                check(value[f.name], hints[f.name], path)
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"{path}: missing")
+        _check_fields(value, kind, where)
         return
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin in (typing.Union, types.UnionType):
@@ -185,17 +177,41 @@ def check(value: object, kind: Any, where: str = "") -> None:
             return
         (kind,) = [a for a in args if a is not type(None)]
         origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is list or origin is dict:
+        _check_items(value, origin, args, where)
+    else:
+        _check_scalar(value, kind, where)
+
+
+def _check_fields(value: object, kind: Any, where: str) -> None:
+    """A dataclass's object: each field present checked; a field without a default missing is the error."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where or 'the document'}: not an object")
+    hints = _hints(kind)
+    for f in dataclasses.fields(kind):
+        path = f"{where}.{f.name}" if where else f.name
+        if f.name in value:
+            check(value[f.name], hints[f.name], path)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ValueError(f"{path}: missing")
+
+
+def _check_items(value: object, origin: type, args: tuple[Any, ...], where: str) -> None:
+    """A list's items, or a dict's values, each of its kind."""
     if origin is list:
         if not isinstance(value, list):
             raise ValueError(f"{where}: not a list")
         for i, item in enumerate(value):
             check(item, args[0], f"{where}[{i}]")
-    elif origin is dict:
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: not an object")
-        for key, item in value.items():
-            check(item, args[1], f"{where}[{json.dumps(key)[:40]}]")
-    elif kind is bool or kind is str:
+        return
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: not an object")
+    for key, item in value.items():
+        check(item, args[1], f"{where}[{json.dumps(key)[:40]}]")
+
+
+def _check_scalar(value: object, kind: Any, where: str) -> None:
+    if kind is bool or kind is str:
         if not isinstance(value, kind):
             raise ValueError(f"{where}: not a {'string' if kind is str else 'boolean'}")
     elif kind is float or kind is int:
@@ -212,13 +228,28 @@ def frame(view: dict[str, Any], width: int = 120) -> str:
     width = max(60, min(width, MAX_WIDTH))
     now = _finite(view.get("taken_at"), time.time())
     lines = [f"oomguard top  {_clock(now)}  thresholds: {_text(view.get('thresholds', ''), width)}", ""]
+    lines += _holding_lines(view, width)
+    lines += _gpu_lines(view, width)
+    lines += _target_lines(view, now)
+    sources = view.get("sources") or {}
+    failing = [name for name, ok in sources.items() if not ok]
+    lines += ["", "sources: " + ("all ok" if not failing else "FAILING: " + _names(failing, width))]
+    return "\n".join(visible(line)[:width] for line in lines)  # visible(): the frame's own text, escaped again
+
+
+def _holding_lines(view: dict[str, Any], width: int) -> list[str]:
+    """The pages' and tickets' conditions that hold now."""
     holding = view.get("holding") or []
-    lines.append("HOLDING NOW" if holding else "holding now: none (no memory page, no OOM or restart storm)")
+    lines = ["HOLDING NOW" if holding else "holding now: none (no memory page, no OOM or restart storm)"]
     for h in holding[:MAX_ROWS]:
         lines.append(f"  {'PAGE  ' if h['severity'] == 'critical' else 'ticket'} {_text(h['alert'], width)}  "
                      f"{_text(h['subject'], width)}: {_text(h['why'], width)}")  # fmt: skip
-    lines += _left_out(len(holding) - MAX_ROWS, "conditions")
-    lines += [
+    return lines + _left_out(len(holding) - MAX_ROWS, "conditions")
+
+
+def _gpu_lines(view: dict[str, Any], width: int) -> list[str]:
+    """A line per GPU (the fullest first), with its targets below it."""
+    lines = [
         "",
         "GPU          used                 headroom  trend       full in   bar (R reserved, # beyond, . free)",
     ]
@@ -234,8 +265,12 @@ def frame(view: dict[str, Any], width: int = 120) -> str:
                      f"{_spark(g.get('spark') or [])}")  # fmt: skip
         if g.get("targets"):
             lines.append(f"{'':12}   {_names(g['targets'], width)}")
-    lines += _left_out(len(gpus) - MAX_ROWS + (view.get("hidden_gpus") or 0), "GPUs", " (the fullest are shown)")
-    lines += ["", "TARGET                     state    KV cache  wait/run   last OOM          restarts  startup/grace"]
+    return lines + _left_out(len(gpus) - MAX_ROWS + (view.get("hidden_gpus") or 0), "GPUs", " (the fullest are shown)")
+
+
+def _target_lines(view: dict[str, Any], now: float) -> list[str]:
+    """A line per target: its state, KV cache, queue, last OOM, restarts and startup against its probe's grace."""
+    lines = ["", "TARGET                     state    KV cache  wait/run   last OOM          restarts  startup/grace"]
     targets = view.get("targets") or []
     for t in targets[:MAX_ROWS]:
         at = t.get("last_oom_at")
@@ -246,11 +281,7 @@ def frame(view: dict[str, Any], width: int = 120) -> str:
         lines.append(f"{_text(t['name'], 26):<26} {_text(t.get('state') or '?', 8):<8} {pct(t.get('kv_cache'))[:8]:>8}"
                      f"  {queue[:9]:<9}  {oom[:16]:<16}  {_n(t.get('restarts', 0))[:8]:>8}  "
                      f"{startup[:8]}/{grace[:8]}")  # fmt: skip
-    lines += _left_out(len(targets) - MAX_ROWS + (view.get("hidden_targets") or 0), "targets")
-    sources = view.get("sources") or {}
-    failing = [name for name, ok in sources.items() if not ok]
-    lines += ["", "sources: " + ("all ok" if not failing else "FAILING: " + _names(failing, width))]
-    return "\n".join(visible(line)[:width] for line in lines)  # visible(): the frame's own text, escaped again
+    return lines + _left_out(len(targets) - MAX_ROWS + (view.get("hidden_targets") or 0), "targets")
 
 
 def _text(value: object, width: int) -> str:
