@@ -280,46 +280,54 @@ class FileHistory:
                 window.add(t, number_)
                 step, seen = Step(t), {}
             gpu, engine = self._row(row, number_)
-            if gpu is not None and (gpu.node, gpu.gpu) not in gpus:
-                if len(gpus) >= MAX_GPUS:
-                    raise _fix(self.path, number_, f"more than {MAX_GPUS:,} GPUs in the history: backtest a part of "
-                                                   "the fleet at a time (a file of its nodes)")  # fmt: skip
-                gpus.add((gpu.node, gpu.gpu))
-            if engine is not None and engine.target not in engines:
-                if len(engines) >= MAX_TARGETS:
-                    raise _fix(self.path, number_, f"more than {MAX_TARGETS:,} engines in the history: backtest a "
-                                                   "part of the fleet at a time (a file of its nodes)")  # fmt: skip
-                engines.add(engine.target)
+            self._within_caps(gpu, engine, gpus, engines, number_)
             if gpu is not None:
-                key = (gpu.node, gpu.gpu)
-                if key in seen:
-                    held = step.gpus[seen[key]]
-                    if gpu.targets and gpu.targets[0] not in held.targets and held.targets:
-                        # Another engine on the same GPU (a shared GPU: a row each): the GPU's figures are one.
-                        target = gpu.targets[0]
-                        held.add_target(target, gpu.engine_used.get(target))
-                        if (gpu.used, gpu.total, gpu.free) != (held.used, held.total, held.free):
-                            self.problems.disagreeing += 1
-                    else:
-                        self.problems.duplicates += 1
-                        # The last row's kept, with the other engines of a shared GPU (their own rows) still on it.
-                        for other in held.targets:
-                            if other not in gpu.targets:
-                                gpu.add_target(other, held.engine_used.get(other))
-                        step.gpus[seen[key]] = gpu
-                else:
-                    if len(step.gpus) >= MAX_ROWS_A_STEP:
-                        raise _fix(
-                            self.path, number_, f"more than {MAX_ROWS_A_STEP:,} GPUs at one time: is `time` a time?"
-                        )
-                    seen[key] = len(step.gpus)
-                    step.gpus.append(gpu)
+                self._add_gpu(step, seen, gpu, number_)
             if engine is not None:
                 held = step.engines.get(engine.target)
                 if held is None or not held.has_figures():
                     step.engines[engine.target] = engine
         if step is not None:
             yield step
+
+    def _within_caps(
+        self, gpu: GpuRow | None, engine: EngineRow | None, gpus: set[tuple[str, str]], engines: set[str], line: int
+    ) -> None:
+        """The row's GPU and engine counted among those read so far; the file's error past the replay's caps."""
+        if gpu is not None and (gpu.node, gpu.gpu) not in gpus:
+            if len(gpus) >= MAX_GPUS:
+                raise _fix(self.path, line, f"more than {MAX_GPUS:,} GPUs in the history: backtest a part of "
+                                            "the fleet at a time (a file of its nodes)")  # fmt: skip
+            gpus.add((gpu.node, gpu.gpu))
+        if engine is not None and engine.target not in engines:
+            if len(engines) >= MAX_TARGETS:
+                raise _fix(self.path, line, f"more than {MAX_TARGETS:,} engines in the history: backtest a "
+                                            "part of the fleet at a time (a file of its nodes)")  # fmt: skip
+            engines.add(engine.target)
+
+    def _add_gpu(self, step: Step, seen: dict[tuple[str, str], int], gpu: GpuRow, line: int) -> None:
+        """A GPU's row into its step: a new GPU, another engine of a shared GPU, or a duplicate (the last kept)."""
+        key = (gpu.node, gpu.gpu)
+        if key not in seen:
+            if len(step.gpus) >= MAX_ROWS_A_STEP:
+                raise _fix(self.path, line, f"more than {MAX_ROWS_A_STEP:,} GPUs at one time: is `time` a time?")
+            seen[key] = len(step.gpus)
+            step.gpus.append(gpu)
+            return
+        held = step.gpus[seen[key]]
+        if gpu.targets and gpu.targets[0] not in held.targets and held.targets:
+            # Another engine on the same GPU (a shared GPU: a row each): the GPU's figures are one.
+            target = gpu.targets[0]
+            held.add_target(target, gpu.engine_used.get(target))
+            if (gpu.used, gpu.total, gpu.free) != (held.used, held.total, held.free):
+                self.problems.disagreeing += 1
+        else:
+            self.problems.duplicates += 1
+            # The last row's kept, with the other engines of a shared GPU (their own rows) still on it.
+            for other in held.targets:
+                if other not in gpu.targets:
+                    gpu.add_target(other, held.engine_used.get(other))
+            step.gpus[seen[key]] = gpu
 
     def _plan(self, row: dict[str, Any]) -> _Plan:
         """Which of the row's columns hold what: found once per set of columns (a CSV's header; a JSON line's keys)."""
@@ -348,6 +356,22 @@ class FileHistory:
         node = _text(next((row[k] for k in plan.node if row[k] not in (None, "")), None))
         gpu = GpuRow(node=node if len(node) <= 120 else excerpt(node, 120),
                      gpu=gpu_name if len(gpu_name) <= 120 else excerpt(gpu_name, 120))  # fmt: skip
+        engine_used = self._memory(row, plan, gpu, line)
+        figures = self._figures(row, plan, line)
+        target = _text(row["target"]) if plan.target else ""
+        target = target if len(target) <= 120 else excerpt(target, 120)
+        state = self._state(row, plan, line)
+        sleep = self._sleep_state(row, plan, line)
+        engine = None
+        if figures or target or state:
+            target = target or (f"{node}/{gpu_name}" if node else f"gpu{gpu_name}")
+            gpu.add_target(target, engine_used)
+            name = (_text(row["engine"]) if plan.engine else "") or "vllm"
+            engine = EngineRow(target=target, engine=name, state=state, sleep_state=sleep, **figures)
+        return gpu, engine
+
+    def _memory(self, row: dict[str, Any], plan: _Plan, gpu: GpuRow, line: int) -> float | None:
+        """The row's memory figures set on its GPU, in bytes; the engine's own use returned (None where absent)."""
         engine_used = None
         for column, figure, factor in plan.memory:
             raw = row[column]
@@ -361,6 +385,10 @@ class FileHistory:
                 engine_used = value * factor
             else:
                 setattr(gpu, figure, value * factor)
+        return engine_used
+
+    def _figures(self, row: dict[str, Any], plan: _Plan, line: int) -> dict[str, float]:
+        """The engine's figures of the row, each a reading (a ratio at most 1)."""
         figures: dict[str, float] = {}
         for name in plan.figures:
             raw = row[name]
@@ -371,24 +399,22 @@ class FileHistory:
                 self._bad(name, raw, line)
                 continue
             figures[name] = value
-        target = _text(row["target"]) if plan.target else ""
-        target = target if len(target) <= 120 else excerpt(target, 120)
+        return figures
+
+    def _state(self, row: dict[str, Any], plan: _Plan, line: int) -> str:
         state = _text(row["state"]).lower() if plan.state else ""
         if state and state not in TARGET_STATES:
             raise _fix(self.path, line, f"state {excerpt(state, 40)!r}: one of {', '.join(TARGET_STATES)}, or empty")
+        return state
+
+    def _sleep_state(self, row: dict[str, Any], plan: _Plan, line: int) -> str:
         sleep = _text(row["sleep_state"]).lower() if plan.sleep else ""
         if sleep:
             if sleep not in SLEEP_STATE_NAMES:
                 raise _fix(self.path, line, f"sleep_state {excerpt(sleep, 40)!r}: one of awake, weights_offloaded, "
                                             "discard_all (or the sleep level 0, 1, 2), or empty")  # fmt: skip
             sleep = SLEEP_STATE_NAMES[sleep]
-        engine = None
-        if figures or target or state:
-            target = target or (f"{node}/{gpu_name}" if node else f"gpu{gpu_name}")
-            gpu.add_target(target, engine_used)
-            name = (_text(row["engine"]) if plan.engine else "") or "vllm"
-            engine = EngineRow(target=target, engine=name, state=state, sleep_state=sleep, **figures)
-        return gpu, engine
+        return sleep
 
     def _bad(self, column: str, raw: Any, line: int) -> None:
         """A value that is no number at all is the file's error; NaN, negative or a ratio above 1 is no reading."""
