@@ -83,7 +83,7 @@ import time
 
 from oomguard.common.excerpt import excerpt
 from oomguard.exporter.events.followed_file import STATE_VERSION, FollowedFile, find_by_inode, open_regular
-from oomguard.exporter.events.scan import Key, age, real_dir, scan, under
+from oomguard.exporter.events.scan import Key, Matched, age, real_dir, scan, under
 from oomguard.exporter.model import ReadStats
 
 log = logging.getLogger(__name__)
@@ -216,8 +216,25 @@ class FileFollower:
 
     def _poll(self) -> list[tuple[str, list[str]]]:
         now = time.monotonic()
-        matched, uncertain = scan(self.pattern, self._error, follow_symlinks=self.follow_symlinks)
         first = not self._started
+        matched, uncertain = self._listing(first)
+        self._started = True
+        out: list[tuple[str, list[str]]] = []
+        # The names of files with a backlog: a file now at one of them is their successor
+        # (app.log after app.log became app.log.1) and waits, so that lines keep their order.
+        busy: set[str] = set()
+        for f in list(self._files.values()):
+            lines = self._poll_known(f, matched.pop(f.key, None), uncertain, busy, now)
+            if lines:
+                out.append((f.stream_name, lines))
+        out += self._poll_new(matched, busy, first, now)
+        self.stats.bytes_behind = sum(max(0, f.size - f.offset) for f in self._files.values() if f.fd is not None)
+        self.stats.files_followed = sum(1 for f in self._files.values() if not f.rotated)
+        return out
+
+    def _listing(self, first: bool) -> tuple[Matched, list[str]]:
+        """The files the pattern matches, and the paths that could not be told (`scan`'s)."""
+        matched, uncertain = scan(self.pattern, self._error, follow_symlinks=self.follow_symlinks)
         if not first and any(key not in self._files for key in matched):
             # A new file: list again. A rename between the listing and the stats hides the file it replaced
             # (app.log renamed app.log.1 and created anew: the stat of app.log finds the new file, and the listing
@@ -226,37 +243,36 @@ class FileFollower:
             again, more = scan(self.pattern, self._error, follow_symlinks=self.follow_symlinks)
             matched |= again  # its names are the fresher
             uncertain += [path for path in more if path not in uncertain]
-        self._started = True
+        return matched, uncertain
+
+    def _poll_known(
+        self, f: FollowedFile, hit: tuple[str, os.stat_result] | None, uncertain: list[str], busy: set[str],
+        now: float,
+    ) -> list[str]:  # fmt: skip
+        """The new lines of a file already followed: still matched (perhaps renamed), or left the pattern and
+        drained; reopened where its descriptor was closed."""
+        lines: list[str] = []
+        if hit is not None:
+            f.rename(hit[0])
+            f.size = hit[1].st_size
+            f.rotated = False
+        elif not under(f.path, uncertain) and not f.rotated:
+            # Renamed away, deleted, or the link now points elsewhere: drain it.
+            f.rotated = True
+            f.idle_since = now
+            log.debug("%s (inode %d) left the pattern: draining it", f.path, f.ino)
+        if f.fd is None and not self._reopen(f, hit, uncertain, lines):
+            return lines
+        if f.path not in busy:
+            self._service(f, now, lines)
+        if f.fd is not None and f.size > f.offset:
+            busy.update(f.names)
+        return lines
+
+    def _poll_new(self, matched: Matched, busy: set[str], first: bool, now: float) -> list[tuple[str, list[str]]]:
+        """New files; oldest first, so that after several rotations while we were down app.log.2 comes before
+        app.log.1 before app.log."""
         out: list[tuple[str, list[str]]] = []
-
-        # The names of files with a backlog: a file now at one of them is their successor
-        # (app.log after app.log became app.log.1) and waits, so that lines keep their order.
-        busy: set[str] = set()
-        for f in list(self._files.values()):
-            hit = matched.pop(f.key, None)
-            lines: list[str] = []
-            if hit is not None:
-                f.rename(hit[0])
-                f.size = hit[1].st_size
-                f.rotated = False
-            elif not under(f.path, uncertain) and not f.rotated:
-                # Renamed away, deleted, or the link now points elsewhere: drain it.
-                f.rotated = True
-                f.idle_since = now
-                log.debug("%s (inode %d) left the pattern: draining it", f.path, f.ino)
-            if f.fd is None and not self._reopen(f, hit, uncertain, lines):
-                if lines:
-                    out.append((f.stream_name, lines))
-                continue
-            if f.path not in busy:
-                self._service(f, now, lines)
-            if f.fd is not None and f.size > f.offset:
-                busy.update(f.names)
-            if lines:
-                out.append((f.stream_name, lines))
-
-        # New files; oldest first, so that after several rotations while we were down
-        # app.log.2 comes before app.log.1 before app.log.
         for key, (path, st) in sorted(matched.items(), key=age):
             try:
                 f = self._open_new(key, path, at_end=first and not self.from_start)
@@ -264,7 +280,7 @@ class FileFollower:
                 break  # the newer files wait for the next poll, which finds this one at its new name first
             if f is None:
                 continue
-            lines = []
+            lines: list[str] = []
             if path in busy:
                 f.size = st.st_size
             else:
@@ -273,9 +289,6 @@ class FileFollower:
                 busy.update(f.names)
             if lines:
                 out.append((f.stream_name, lines))
-
-        self.stats.bytes_behind = sum(max(0, f.size - f.offset) for f in self._files.values() if f.fd is not None)
-        self.stats.files_followed = sum(1 for f in self._files.values() if not f.rotated)
         return out
 
     def _service(self, f: FollowedFile, now: float, lines: list[str]) -> None:
