@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from oomguard.common.promtext import FamilyExtractor
 from oomguard.exporter.engines import ENGINES
 from oomguard.exporter.events.catalogue import load_catalogue
 from oomguard.exporter.events.detector import IncidentDetector
+from oomguard.exporter.model import EngineReading
 
 if TYPE_CHECKING:
     from oomguard.exporter.events.runner import EventRunner
@@ -54,6 +56,12 @@ def promtool_check_metrics(promtool: str, exposition: bytes) -> str:
     result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=30)
     output = (result.stdout + result.stderr).decode()
     return output + ("" if result.returncode == 0 else f"\n(exit {result.returncode})")
+
+
+def engine_reading(engine: str, body: str) -> EngineReading:
+    """A /metrics body as the engine's reader reads it: its families extracted, then read."""
+    reader = ENGINES[engine].reader()
+    return reader.read(FamilyExtractor(reader.families).extract(body))
 
 
 def fixture_body(engine: str, name: str) -> str:

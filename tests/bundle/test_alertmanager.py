@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -18,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 from support import REPO
+
+from oomguard.common.ports import free_port
 
 CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 ALERTS = REPO / "rules" / "oomguard-alerts.yaml"
@@ -141,12 +142,6 @@ def test_inhibitions_guard_against_missing_equal_labels() -> None:
 
 
 # ----- inhibition on a real Alertmanager -----
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http(url: str, body: object | None = None) -> object:

@@ -13,13 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from oomguard.common.ports import free_port
 from oomguard.drill.tls import make_drill_tls
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def serve(port: int, *extra: str) -> subprocess.Popen[bytes]:

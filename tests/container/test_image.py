@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 from support import REPO
 
+from oomguard.common.ports import free_port
 from oomguard.drill.tls import DrillTls, make_drill_tls
 
 BASE = "localhost/oomguard-test-python:3.11"
@@ -143,12 +143,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
         yield Built(podman, image, make_drill_tls(work / "web", bcrypt_cost=4))
     finally:
         podman("rmi", "--force", image, check=False)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_200(podman: Podman, container: str, fetch, what: str, timeout: float = 60) -> bytes:

@@ -7,7 +7,6 @@ SGLang's knobs, and the check in the text, the JSON and the report.
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -16,15 +15,9 @@ from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.thresholds import default_thresholds
 from oomguard.cli import main
 from oomguard.diagnose import capacity, diagnose_prometheus
+from tests.diagnose.test_verdicts import one_diagnosis
 
 HELD = 16.0  # histories._admitting: requests of the served size the cache holds, within +-5 %
-
-
-def run_json(capsys: pytest.CaptureFixture[str], backfilled, instance: str, *args: str) -> dict:
-    main(["diagnose", "--prometheus", backfilled.url, "--at", str(backfilled.at), "--instance", instance, "--json",
-          *args])  # fmt: skip
-    (d,) = json.loads(capsys.readouterr().out)["diagnoses"]
-    return d
 
 
 def findings(d: dict) -> str:
@@ -51,7 +44,7 @@ def test_quantile_interpolates_as_prometheus_does() -> None:
 
 
 def test_over_the_cap_with_the_reservation_high(backfilled, capsys) -> None:
-    d = run_json(capsys, backfilled, "over-admitted")
+    d = one_diagnosis(capsys, backfilled, "over-admitted")
     check = d["concurrency_check"]
     held = check["kv_cache_capacity_requests"]
     assert HELD / 1.05 <= held <= HELD / 0.95 and check["samples"] >= capacity.MIN_SAMPLES
@@ -71,7 +64,7 @@ def test_over_the_cap_with_the_reservation_high(backfilled, capsys) -> None:
 
 
 def test_within_the_margin_is_no_finding(backfilled, capsys) -> None:
-    d = run_json(capsys, backfilled, "within-cap")
+    d = one_diagnosis(capsys, backfilled, "within-cap")
     check = d["concurrency_check"]
     assert 1 < check["ratio"] <= 1 + default_thresholds().margin and not check["over_capacity"]
     assert "max_num_seqs 18 (its command line) is 1.1x the requests the KV cache held: within" in findings(d)
@@ -79,7 +72,7 @@ def test_within_the_margin_is_no_finding(backfilled, capsys) -> None:
 
 
 def test_too_few_requests_say_nothing(backfilled, capsys) -> None:
-    d = run_json(capsys, backfilled, "few-running")
+    d = one_diagnosis(capsys, backfilled, "few-running")
     check = d["concurrency_check"]
     assert check["kv_cache_capacity_requests"] is None and check["samples"] == 0 and not check["over_capacity"]
     assert "the KV cache's capacity in requests is not known" in findings(d)
@@ -87,7 +80,7 @@ def test_too_few_requests_say_nothing(backfilled, capsys) -> None:
 
 
 def test_sglang_knobs_with_room_to_grow(backfilled, capsys) -> None:
-    d = run_json(capsys, backfilled, "sglang-over")
+    d = one_diagnosis(capsys, backfilled, "sglang-over")
     check = d["concurrency_check"]
     assert check["concurrency"]["name"] == "max_running_requests" and check["over_capacity"]
     assert check["reservation"] == {"name": "mem_fraction_static", "value": 0.8, "origin": "flag"}
@@ -102,14 +95,14 @@ def test_sglang_knobs_with_room_to_grow(backfilled, capsys) -> None:
 
 
 def test_setting_unknown_says_which_flag_and_where_it_is_read(backfilled, capsys) -> None:
-    d = run_json(capsys, backfilled, "healthy")
+    d = one_diagnosis(capsys, backfilled, "healthy")
     assert d["concurrency_check"]["concurrency"] is None and d["concurrency_check"]["kv_cache_capacity_requests"]
     found = findings(d)
     assert "max_num_seqs unknown: no oomguard_engine_setting series" in found
     assert "a local engine's command line: start the engine with --max-num-seqs set" in found
     assert d["recommendations"] == []
     # Given on diagnose's command line instead, the same history is judged on it.
-    d = run_json(capsys, backfilled, "healthy", "--max-num-seqs", "256")
+    d = one_diagnosis(capsys, backfilled, "healthy", "--max-num-seqs", "256")
     assert d["concurrency_check"]["concurrency"]["origin"] == "--max-num-seqs"
     assert d["concurrency_check"]["over_capacity"]
     assert [r["setting"] for r in d["recommendations"]] == ["max_num_seqs"]

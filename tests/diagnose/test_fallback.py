@@ -9,8 +9,6 @@ be less confident.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from oomguard.cli import main
@@ -18,18 +16,11 @@ from oomguard.diagnose import diagnose_data, diagnose_prometheus
 from oomguard.diagnose.query import Data, Series
 from tests.diagnose import histories
 from tests.diagnose.histories import JOIN_SERIES
-from tests.diagnose.test_verdicts import EXPECTED
+from tests.diagnose.test_verdicts import EXPECTED, one_diagnosis
 
 # A diagnosis's keys before the fallback (docs/diagnose.md): they stay.
 KEYS = {"target", "instance", "gpus", "verdict", "confidence", "confidence_label", "summary", "criteria", "evidence",
         "recommendations", "concurrency_check", "probe_delay_seconds", "probe_delay_source", "time_scale"}  # fmt: skip
-
-
-def run_json(capsys: pytest.CaptureFixture[str], backfilled, instance: str) -> dict:
-    main(["diagnose", "--prometheus", backfilled.url, "--at", str(backfilled.at), "--instance", instance, "--json",
-          "--max-num-seqs", "64"])  # fmt: skip
-    (d,) = json.loads(capsys.readouterr().out)["diagnoses"]
-    return d
 
 
 def recs(d: dict) -> list[tuple]:
@@ -38,8 +29,8 @@ def recs(d: dict) -> list[tuple]:
 
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_same_verdict_without_the_join(backfilled, capsys, name: str) -> None:
-    joined = run_json(capsys, backfilled, name)
-    bare = run_json(capsys, backfilled, histories.instance(name, join=False))
+    joined = one_diagnosis(capsys, backfilled, name, "--max-num-seqs", "64")
+    bare = one_diagnosis(capsys, backfilled, histories.instance(name, join=False), "--max-num-seqs", "64")
     assert bare["verdict"] == joined["verdict"] == EXPECTED[name], bare["summary"]
     assert recs(bare) == recs(joined)
     assert set(bare) >= KEYS and set(joined) >= KEYS, "the JSON keys stay; new ones are added"

@@ -32,6 +32,15 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]
     return status, json.loads(capsys.readouterr().out)
 
 
+def one_diagnosis(capsys: pytest.CaptureFixture[str], backfilled, instance: str, *args: str) -> dict:
+    """The one diagnosis of `instance` in the backfilled histories at their time, as `diagnose --json` writes it."""
+    _, body = run_json(
+        capsys, "--prometheus", backfilled.url, "--at", str(backfilled.at), "--instance", instance, *args
+    )
+    (d,) = body["diagnoses"]
+    return d
+
+
 @pytest.mark.parametrize("instance", list(EXPECTED))
 def test_verdict(backfilled, capsys, instance: str) -> None:
     status, body = run_json(capsys, "--prometheus", backfilled.url, "--at", str(backfilled.at), "--instance", instance)

@@ -15,7 +15,6 @@ import contextlib
 import http.server
 import json
 import re
-import socket
 import ssl
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from hostile_cases import Case, assert_documented
 from support import promtool_check_metrics, samples, vllm_body
 from web_serving import Pki
 
+from oomguard.common.ports import free_port
 from oomguard.common.served_process import ServedProcess
 from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.runtime import Runtime
@@ -163,12 +163,6 @@ async def test_a_real_prometheus_reads_the_escaped_name(aiohttp_server, aiohttp_
 def _api(url: str) -> dict:  # type: ignore[type-arg]
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.load(response)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_the_status_answers_say_nosniff(aiohttp_server, aiohttp_client) -> None:

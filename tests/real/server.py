@@ -30,18 +30,12 @@ import pytest
 from aiohttp import web
 from support import value  # the tests' one exposition reader
 
+from oomguard.common.ports import free_port as free_port  # the harnesses take it from here, with the server's helpers
 from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.web import make_app
 
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def port_open(port: int) -> bool:

@@ -30,10 +30,6 @@ A100_80 = "NVIDIA A100-SXM4-80GB"
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def dcgm_body(name: str) -> str:
-    return fixture_body("dcgm", name)
-
-
 def gpu(
     index: int,
     uuid: str,
@@ -64,7 +60,7 @@ def gpu(
 
 @pytest.mark.parametrize("name", BODIES)
 def test_fixture_is_exposition_with_help_and_type(name: str) -> None:
-    body = dcgm_body(name)
+    body = fixture_body("dcgm", name)
     families = list(text_string_to_metric_families(body))  # the full parser reads it whole
     names = {family.name for family in families}
     # Up to 4.8 the figures in MiB; 4.9 and later in bytes, under DCGM 4.7's names.
@@ -74,7 +70,7 @@ def test_fixture_is_exposition_with_help_and_type(name: str) -> None:
 
 
 def test_default_counters_two_gpus_hostname() -> None:
-    assert parse(dcgm_body("dcgm-3.x-default-2gpu.prom")) == DcgmBody(
+    assert parse(fixture_body("dcgm", "dcgm-3.x-default-2gpu.prom")) == DcgmBody(
         gpus=(
             gpu(0, "GPU-8f2c1d90-5b7e-4c3a-9e61-2d4f7a0b3c18", A100_80, "", "gpu-node-07", 74137, 7115, None, 0.97),
             gpu(1, "GPU-3a9e7c42-1f08-4d6b-b2c5-7e91d0a4f653", A100_80, "", "gpu-node-07", 4, 81248, None, 0.0),
@@ -85,7 +81,7 @@ def test_default_counters_two_gpus_hostname() -> None:
 
 
 def test_kubernetes_labels_empty_on_the_gpu_in_no_pod() -> None:
-    body = dcgm_body("dcgm-3.x-kubernetes-2gpu.prom")
+    body = fixture_body("dcgm", "dcgm-3.x-kubernetes-2gpu.prom")
     assert 'gpu="1",' in body and 'container="",namespace="",pod=""} 81248' in body
     (first, second) = parse(body).gpus
     assert first == gpu(
@@ -104,7 +100,7 @@ def test_kubernetes_labels_empty_on_the_gpu_in_no_pod() -> None:
 
 
 def test_lowercase_hostname_reserved_and_gpus_sorted_by_index() -> None:
-    body = dcgm_body("dcgm-main-lowercase-hostname-2gpu.prom")
+    body = fixture_body("dcgm", "dcgm-main-lowercase-hostname-2gpu.prom")
     assert body.index('gpu="1"') < body.index('gpu="0"')  # the expfmt renderer sorts by UUID
     assert "Hostname=" not in body
     assert parse(body) == DcgmBody(
@@ -138,7 +134,7 @@ def test_lowercase_hostname_reserved_and_gpus_sorted_by_index() -> None:
 
 
 def test_relabelled_body_reads_exported_pod_labels_not_the_exporters_own_pod() -> None:
-    body = dcgm_body("dcgm-4.x-relabelled-exported.prom")
+    body = fixture_body("dcgm", "dcgm-4.x-relabelled-exported.prom")
     assert 'pod="nvidia-dcgm-exporter-7xk2p"' in body
     a100_40 = "NVIDIA A100-SXM4-40GB"
     assert parse(body) == DcgmBody(
@@ -185,7 +181,7 @@ def test_mig_instances_are_gpus_of_their_own_with_their_pods() -> None:
     """GPU 0 of an A100 in MIG mode, two 3g.40gb instances (one with a Triton pod), beside GPU 1 whole: each
     instance is read as a GPU of its own, its memory and its pods; the UUID label is its parent's."""
     parent = "GPU-9b4e2f71-3c8a-4d06-b5e9-0a7d1c6f2e38"
-    body = parse(dcgm_body("dcgm-4.x-mig-kubernetes.prom"))
+    body = parse(fixture_body("dcgm", "dcgm-4.x-mig-kubernetes.prom"))
     assert [(g.index, g.gpu_instance, g.profile) for g in body.gpus] == [
         (0, 1, "3g.40gb"), (0, 2, "3g.40gb"), (1, None, ""),
     ]  # fmt: skip
@@ -216,7 +212,7 @@ def test_a_mig_instance_id_that_is_no_id_refuses_the_body() -> None:
 
 
 def test_eight_gpus_two_pods() -> None:
-    body = parse(dcgm_body("dcgm-4.x-kubernetes-8gpu-2pods.prom"))
+    body = parse(fixture_body("dcgm", "dcgm-4.x-kubernetes-8gpu-2pods.prom"))
     vllm = (("inference", "vllm-llama-3-70b-6d9f7c8b5-x2x9q", "vllm"),)
     sglang = (("inference", "sglang-qwen2-5-32b-84b6c9d7f-7lk5w", "sglang"),)
     used = [73412, 73398, 73398, 73406, 69322, 69310, 0, 0]
@@ -241,7 +237,7 @@ def test_shared_gpu_per_process_series_beside_the_gpus_own() -> None:
         ("serving", "tei-embed-6c8f9d7b4-2kq8x", "tei"),
         ("serving", "vllm-qwen2-5-1-5b-7b9c4d6f5-m4n7p", "vllm"),
     )
-    assert parse(dcgm_body("dcgm-main-virtual-gpus-shared.prom")) == DcgmBody(
+    assert parse(fixture_body("dcgm", "dcgm-main-virtual-gpus-shared.prom")) == DcgmBody(
         gpus=(
             gpu(
                 0,
@@ -363,7 +359,7 @@ def test_a_sample_without_gpu_label() -> None:
 
 
 def test_more_gpus_than_max_gpus() -> None:
-    body = dcgm_body("dcgm-4.x-kubernetes-8gpu-2pods.prom")
+    body = fixture_body("dcgm", "dcgm-4.x-kubernetes-8gpu-2pods.prom")
     assert len(parse(body, max_gpus=8).gpus) == 8
     message = (
         "more than 7 GPUs and MIG instances (values of the gpu and GPU_I_ID labels) in one body: is this one "
@@ -502,7 +498,7 @@ def test_dcgm_exporter_4_10_body_reads_exactly_by_default() -> None:
     configuration: every figure to the byte, none rounded to a MiB."""
     cap, reserved = 143771 * MIB, 652 * MIB
     h200, host = "NVIDIA H200", "gpu-node-21"
-    parsed = parse(dcgm_body("dcgm-4.10-bytes-2gpu.prom"))
+    parsed = parse(fixture_body("dcgm", "dcgm-4.10-bytes-2gpu.prom"))
     assert parsed == DcgmBody(
         gpus=(
             DcgmGpu(0, "GPU-e4b1c7d2-9a30-4f85-8c16-b0d2e9f4a751", h200, "00000000:19:00.0", host,
@@ -560,7 +556,7 @@ def test_renamed_fields_are_named_in_the_error_and_read_once_configured() -> Non
     (gpu,) = parse(body, fields=fields).gpus
     assert (gpu.used_bytes, gpu.free_bytes, gpu.total_bytes) == (60 * gib, 20 * gib, 80 * gib)
     # The same configuration reads a 4.8 exporter of the same fleet, in MiB.
-    (old,) = parse(dcgm_body("dcgm-3.x-default-2gpu.prom"), fields=fields).gpus[:1]
+    (old,) = parse(fixture_body("dcgm", "dcgm-3.x-default-2gpu.prom"), fields=fields).gpus[:1]
     assert old.used_bytes is not None and old.used_bytes % MIB == 0
 
 

@@ -7,23 +7,17 @@ import json
 
 import pytest
 from aiohttp import web
-from support import FIXTURES, fixture_body
+from support import FIXTURES, engine_reading, fixture_body
 
 from oomguard.common.engine_client import EngineClient
-from oomguard.common.promtext import ExpositionError, FamilyExtractor
-from oomguard.exporter.engines.llamacpp.reader import LlamaCppReader
+from oomguard.common.promtext import ExpositionError
 from oomguard.exporter.engines.llamacpp.slots import SlotsError, fetch_kv_usage_ratio, kv_usage_ratio
-from oomguard.exporter.model import EngineReading
 
 SLOTS = json.loads((FIXTURES / "llamacpp" / "slots.json").read_text(encoding="utf-8"))
 
 
-def read_text(body: str) -> EngineReading:
-    return LlamaCppReader().read(FamilyExtractor(LlamaCppReader.families).extract(body))
-
-
 def test_a_busy_server() -> None:
-    reading = read_text(fixture_body("llamacpp", "metrics.prom"))
+    reading = engine_reading("llamacpp", fixture_body("llamacpp", "metrics.prom"))
     (model,) = reading.models
     assert model.model_name == ""  # its metrics name no model
     assert (model.requests_running, model.requests_waiting) == (2.0, 1.0)
@@ -39,7 +33,7 @@ def test_a_busy_server() -> None:
 )
 def test_a_body_that_is_not_llamacpp_is_refused(body: str) -> None:
     with pytest.raises(ExpositionError, match=r"no llama\.cpp families"):
-        read_text(body)
+        engine_reading("llamacpp", body)
 
 
 def test_the_slots_kv_use() -> None:

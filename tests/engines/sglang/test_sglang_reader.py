@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from support import fixture_body, promtool_check_metrics, samples, vllm_body
+from support import engine_reading, fixture_body, promtool_check_metrics, samples, vllm_body
 
-from oomguard.common.promtext import ExpositionError, FamilyExtractor
-from oomguard.exporter.engines.sglang.reader import SglangReader
+from oomguard.common.promtext import ExpositionError
 from oomguard.exporter.exposition import engine
 from oomguard.exporter.exposition.encoder import Exposition
 from oomguard.exporter.model import EngineReading, TargetReading
@@ -14,12 +13,8 @@ from oomguard.exporter.model import EngineReading, TargetReading
 GIB = 2**30
 
 
-def read_text(body: str) -> EngineReading:
-    return SglangReader().read(FamilyExtractor(SglangReader.families).extract(body))
-
-
 def read(name: str) -> EngineReading:
-    return read_text(fixture_body("sglang", name))
+    return engine_reading("sglang", fixture_body("sglang", name))
 
 
 def without(body: str, *names: str) -> str:
@@ -69,19 +64,19 @@ def test_an_older_body_gives_what_it_has() -> None:
 
 def test_kv_usage_from_token_counts_when_no_ratio_is_shown() -> None:
     body = without(fixture_body("sglang", "sglang-0.5.x-tp1.prom"), "sglang:token_usage", "sglang:full_token_usage")
-    (model,) = read_text(body).models
+    (model,) = engine_reading("sglang", body).models
     assert model.kv_cache_usage_ratio == pytest.approx(381300 / 465000)
 
 
 def test_full_token_usage_when_token_usage_is_missing() -> None:
     body = without(fixture_body("sglang", "sglang-0.5.x-tp1.prom"), "sglang:token_usage")
     body = body.replace('moe_ep_rank="0",pp_rank="0",tp_rank="0"} 0.82', 'moe_ep_rank="0",pp_rank="0",tp_rank="0"} 0.8')
-    (model,) = read_text(body).models
+    (model,) = engine_reading("sglang", body).models
     assert model.kv_cache_usage_ratio == 0.8
 
 
 def test_a_body_missing_families_gives_a_partial_reading() -> None:
-    (model,) = read_text('sglang:num_queue_reqs{model_name="m",tp_rank="0"} 4.0\n').models
+    (model,) = engine_reading("sglang", 'sglang:num_queue_reqs{model_name="m",tp_rank="0"} 4.0\n').models
     assert model.requests_waiting == 4.0
     assert (model.requests_running, model.kv_cache_usage_ratio, model.preemptions_total) == (None, None, None)
 
@@ -89,12 +84,12 @@ def test_a_body_missing_families_gives_a_partial_reading() -> None:
 @pytest.mark.parametrize("body", ["", "hello\n", "# HELP foo bar\nfoo 1\n", "sglang:prompt_tokens_total 5\n"])
 def test_a_body_that_is_not_sglang_is_refused_with_a_reason(body: str) -> None:
     with pytest.raises(ExpositionError, match="no SGLang families"):
-        read_text(body)
+        engine_reading("sglang", body)
 
 
 def test_a_vllm_body_is_refused() -> None:
     with pytest.raises(ExpositionError, match="no SGLang families"):
-        read_text(vllm_body("vllm-0.32.0-cpu-idle.txt"))
+        engine_reading("sglang", vllm_body("vllm-0.32.0-cpu-idle.txt"))
 
 
 def test_the_memory_breakdown_is_exported_in_bytes_and_passes_promtool(promtool: str) -> None:

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from support import fixture_body
+from support import engine_reading, fixture_body
 
-from oomguard.common.promtext import ExpositionError, FamilyExtractor
-from oomguard.exporter.engines.tgi.reader import TgiReader
-from oomguard.exporter.model import EngineReading
-
-
-def read_text(body: str) -> EngineReading:
-    return TgiReader().read(FamilyExtractor(TgiReader.families).extract(body))
+from oomguard.common.promtext import ExpositionError
 
 
 def test_a_busy_router() -> None:
-    reading = read_text(fixture_body("tgi", "tgi-3.x.prom"))
+    reading = engine_reading("tgi", fixture_body("tgi", "tgi-3.x.prom"))
     (model,) = reading.models
     assert model.model_name == ""  # TGI's metrics name no model
     assert (model.requests_waiting, model.requests_running) == (6.0, 14.0)
@@ -26,17 +20,19 @@ def test_a_busy_router() -> None:
 
 
 def test_without_the_kv_capacity_the_usage_is_unknown() -> None:
-    (model,) = read_text(fixture_body("tgi", "tgi-3.x-partial.prom")).models
+    (model,) = engine_reading("tgi", fixture_body("tgi", "tgi-3.x-partial.prom")).models
     assert (model.requests_waiting, model.requests_running) == (0.0, 0.0)
     assert model.kv_cache_usage_ratio is None
 
 
 def test_a_zero_capacity_is_not_a_division() -> None:
-    (model,) = read_text("tgi_queue_size 1\ntgi_batch_current_max_tokens 10\ntgi_batch_max_total_tokens 0\n").models
+    (model,) = engine_reading(
+        "tgi", "tgi_queue_size 1\ntgi_batch_current_max_tokens 10\ntgi_batch_max_total_tokens 0\n"
+    ).models
     assert model.kv_cache_usage_ratio is None
 
 
 @pytest.mark.parametrize("body", ["", "tgi_request_count 5\n", fixture_body("sglang", "sglang-0.5.x-tp1.prom")])
 def test_a_body_that_is_not_tgi_is_refused(body: str) -> None:
     with pytest.raises(ExpositionError, match="no TGI families"):
-        read_text(body)
+        engine_reading("tgi", body)

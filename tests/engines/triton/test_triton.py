@@ -4,19 +4,13 @@ tests/engines/test_log_patterns.py)."""
 from __future__ import annotations
 
 import pytest
-from support import fixture_body
+from support import engine_reading, fixture_body
 
-from oomguard.common.promtext import ExpositionError, FamilyExtractor
-from oomguard.exporter.engines.triton.reader import TritonReader
-from oomguard.exporter.model import EngineReading
-
-
-def read_text(body: str) -> EngineReading:
-    return TritonReader().read(FamilyExtractor(TritonReader.families).extract(body))
+from oomguard.common.promtext import ExpositionError
 
 
 def test_blocks_and_requests() -> None:
-    reading = read_text(fixture_body("triton", "triton-trtllm-25.x.prom"))
+    reading = engine_reading("triton", fixture_body("triton", "triton-trtllm-25.x.prom"))
     (model,) = reading.models  # only the tensorrt_llm model writes these families, not the ensemble
     assert model.model_name == "tensorrt_llm"
     assert model.kv_cache_usage_ratio == pytest.approx(2400 / 6239)
@@ -27,7 +21,7 @@ def test_blocks_and_requests() -> None:
 
 
 def test_an_older_backend_without_waiting_gives_a_partial_reading() -> None:
-    (model,) = read_text(fixture_body("triton", "triton-trtllm-older.prom")).models
+    (model,) = engine_reading("triton", fixture_body("triton", "triton-trtllm-older.prom")).models
     assert model.model_name == "llama"
     assert model.requests_running == 4.0
     assert model.requests_waiting is None
@@ -36,7 +30,7 @@ def test_an_older_backend_without_waiting_gives_a_partial_reading() -> None:
 
 def test_the_backends_fraction_when_used_blocks_are_missing() -> None:
     body = 'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="m",version="1"} 0.25\n'
-    (model,) = read_text(body).models
+    (model,) = engine_reading("triton", body).models
     assert model.kv_cache_usage_ratio == 0.25
     assert model.requests_running is None
 
@@ -48,7 +42,7 @@ def test_versions_of_one_model_are_summed() -> None:
         f'nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type="max",model="m",version="{v}"}} 100\n'
         for v, n in (("1", 10), ("2", 30))
     )
-    reading = read_text(body)
+    reading = engine_reading("triton", body)
     (model,) = reading.models
     assert model.requests_running == 40.0
     assert model.kv_cache_usage_ratio == pytest.approx(0.2)
@@ -58,4 +52,4 @@ def test_versions_of_one_model_are_summed() -> None:
 @pytest.mark.parametrize("body", ["", 'nv_inference_request_success{model="m",version="1"} 3\n'])
 def test_a_body_without_tensorrt_llm_is_refused(body: str) -> None:
     with pytest.raises(ExpositionError, match="no TensorRT-LLM families"):
-        read_text(body)
+        engine_reading("triton", body)

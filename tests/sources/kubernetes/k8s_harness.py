@@ -8,7 +8,7 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,29 @@ async def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def equals(value: Awaitable[Any], wanted: Any) -> bool:
+    """Whether the awaitable gives `wanted` (a condition for wait_for)."""
+    return (await value) == wanted
+
+
+def dcgm_body(node: str, gpus: list[tuple[int, int, int, str]], namespace: str = "llm", container: str = "vllm") -> str:
+    """A dcgm-exporter 4.x body with its Kubernetes mapping (tests/fixtures/dcgm/ has the real shapes): per GPU
+    (index, used MiB, free MiB, the pod using it, in `namespace` and `container`, or "")."""
+    out = []
+    for family, column, help_text in (
+        ("DCGM_FI_DEV_FB_FREE", 2, "Framebuffer memory free (in MiB)."),
+        ("DCGM_FI_DEV_FB_USED", 1, "Framebuffer memory used (in MiB)."),
+        ("DCGM_FI_DEV_FB_RESERVED", None, "Framebuffer memory reserved (in MiB)."),
+    ):
+        out += [f"# HELP {family} {help_text}", f"# TYPE {family} gauge"]
+        for gpu in gpus:
+            pod = f',container="{container}",namespace="{namespace}",pod="{gpu[3]}"' if gpu[3] else ""
+            labels = (f'gpu="{gpu[0]}",UUID="GPU-{node}-{gpu[0]}",pci_bus_id="00000000:1{gpu[0]}:00.0",'
+                      f'device="nvidia{gpu[0]}",modelName="NVIDIA H100 80GB HBM3",Hostname="{node}"{pod}')  # fmt: skip
+            out.append(f"{family}{{{labels}}} {gpu[column] if column else 0}")
+    return "\n".join(out) + "\n"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

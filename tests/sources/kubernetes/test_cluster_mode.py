@@ -22,6 +22,7 @@ from tests.sources.kubernetes.k8s_harness import (
     Dcgm,
     Engine,
     Server,
+    dcgm_body,
     dcgm_pod,
     engine_up,
     free_port,
@@ -35,24 +36,6 @@ POD_A = {"namespace": "llm", "pod": "vllm-a", "container": "vllm", "target": A}
 POD_B = {"namespace": "llm", "pod": "vllm-b", "container": "vllm", "target": B}
 UID = "11111111-1111-4111-8111-111111111111"
 STARTED = "INFO 12-05 12:00:00 [api_server.py:1885] vLLM API server version 0.11.0"
-
-
-def dcgm_body(node: str, gpus: list[tuple[int, int, int, str]]) -> str:
-    """A dcgm-exporter 4.x body with its Kubernetes mapping (tests/fixtures/dcgm/ has the real shapes): per GPU
-    (index, used MiB, free MiB, the pod using it or "")."""
-    out = []
-    for family, column, help_text in (
-        ("DCGM_FI_DEV_FB_FREE", 2, "Framebuffer memory free (in MiB)."),
-        ("DCGM_FI_DEV_FB_USED", 1, "Framebuffer memory used (in MiB)."),
-        ("DCGM_FI_DEV_FB_RESERVED", None, "Framebuffer memory reserved (in MiB)."),
-    ):
-        out += [f"# HELP {family} {help_text}", f"# TYPE {family} gauge"]
-        for gpu in gpus:
-            pod = f',container="vllm",namespace="llm",pod="{gpu[3]}"' if gpu[3] else ""
-            labels = (f'gpu="{gpu[0]}",UUID="GPU-{node}-{gpu[0]}",pci_bus_id="00000000:1{gpu[0]}:00.0",'
-                      f'device="nvidia{gpu[0]}",modelName="NVIDIA H100 80GB HBM3",Hostname="{node}"{pod}')  # fmt: skip
-            out.append(f"{family}{{{labels}}} {gpu[column] if column else 0}")
-    return "\n".join(out) + "\n"
 
 
 def cluster_config(dcgm_port: int) -> dict[str, Any]:

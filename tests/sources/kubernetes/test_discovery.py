@@ -9,7 +9,7 @@ from pathlib import Path
 
 from oomguard.simulate import kubernetes_objects as objects
 from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml, FakeProcess
-from tests.sources.kubernetes.k8s_harness import Cluster, Engine, engine_up, free_port, wait_for
+from tests.sources.kubernetes.k8s_harness import Cluster, Engine, engine_up, equals, free_port, wait_for
 
 NAME = "llm/vllm-0"
 POD = {"namespace": "llm", "pod": "vllm-0", "container": "vllm", "target": NAME}
@@ -88,7 +88,7 @@ async def test_oom_killed_containers_restarts_and_probe_events(tmp_path: Path) -
         await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
                                               restart_count=2, last_terminated=ended))  # fmt: skip
         await wait_for(
-            lambda: _equals(k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), 2.0),
+            lambda: equals(k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), 2.0),
             "the second OOM kill",
         )
         assert await k8s.value("oomguard_target_restarts_total", **POD) == 2.0
@@ -96,7 +96,7 @@ async def test_oom_killed_containers_restarts_and_probe_events(tmp_path: Path) -
         engine.serving = False
         await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port, uid=pod["metadata"]["uid"],
                                               restart_count=3, last_terminated=ended))  # fmt: skip
-        await wait_for(lambda: _equals(k8s.value("oomguard_target_restarts_total", **POD), 3.0), "3 restarts")
+        await wait_for(lambda: equals(k8s.value("oomguard_target_restarts_total", **POD), 3.0), "3 restarts")
         assert await k8s.value("oomguard_target_state", state="loading", **POD) == 1.0
         engine.serving = True
 
@@ -111,7 +111,7 @@ async def test_oom_killed_containers_restarts_and_probe_events(tmp_path: Path) -
         )
         await wait_for(lambda: k8s.value("oomguard_target_events_total", kind="probe_kill", **POD), "the probe kill")
         await wait_for(
-            lambda: _equals(k8s.value("oomguard_target_events_total", kind="probe_failure", **POD), 3.0),
+            lambda: equals(k8s.value("oomguard_target_events_total", kind="probe_failure", **POD), 3.0),
             "three probe failures",
         )
 
@@ -138,13 +138,9 @@ async def test_an_oom_kill_counted_before_a_restart_of_the_exporter_is_not_count
                                               restart_count=2, last_terminated=ended))  # fmt: skip
         await k8s.runtime.start()
         await wait_for(
-            lambda: _equals(k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), 2.0),
+            lambda: equals(k8s.value("oomguard_target_events_total", kind="container_oom_killed", **POD), 2.0),
             "the kill while the exporter was away",
         )
-
-
-async def _equals(value, want: float) -> bool:
-    return (await value) == want
 
 
 async def test_a_startup_probe_shorter_than_the_load(tmp_path: Path) -> None:
@@ -199,13 +195,13 @@ async def test_rbac_refused_is_a_source_error_not_a_crash(tmp_path: Path) -> Non
         await k8s.runtime.stop()  # restart the runtime against a refusing API
         await k8s.runtime.start()
         await wait_for(
-            lambda: _equals(k8s.value("oomguard_source_success", source="kubernetes"), 0.0), "success 0 for kubernetes"
+            lambda: equals(k8s.value("oomguard_source_success", source="kubernetes"), 0.0), "success 0 for kubernetes"
         )
         assert await k8s.value("oomguard_build_info", version=_version(), python_version=_python()) == 1.0
         k8s.api.forbidden = False  # the ClusterRole fixed: it recovers by itself
         await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", 8000))
         await wait_for(lambda: k8s.targets() == [NAME], "the pod once allowed", timeout=15)
-        await wait_for(lambda: _equals(k8s.value("oomguard_source_success", source="kubernetes"), 1.0), "success 1")
+        await wait_for(lambda: equals(k8s.value("oomguard_source_success", source="kubernetes"), 1.0), "success 1")
 
 
 async def test_the_api_away_for_a_while_then_back(tmp_path: Path) -> None:
@@ -214,7 +210,7 @@ async def test_the_api_away_for_a_while_then_back(tmp_path: Path) -> None:
         await k8s.api.put("pods", objects.pod("vllm-0", "127.0.0.2", port))
         await wait_for(lambda: k8s.value("oomguard_target_up", **POD), "the target up")
         await k8s.server.stop()  # unreachable: connections refused
-        await wait_for(lambda: _equals(k8s.value("oomguard_source_success", source="kubernetes"), 0.0), "success 0")
+        await wait_for(lambda: equals(k8s.value("oomguard_source_success", source="kubernetes"), 0.0), "success 0")
         # Meanwhile the known target is still scraped, and the API's state moves on.
         assert await k8s.value("oomguard_target_up", **POD) == 1.0
         await k8s.api.delete("pods", "llm", "vllm-0")
@@ -222,7 +218,7 @@ async def test_the_api_away_for_a_while_then_back(tmp_path: Path) -> None:
         k8s.api.compact()  # and its old resourceVersions are gone
         await k8s.server.start()
         await wait_for(lambda: k8s.targets() == ["llm/vllm-1"], "the relist's targets", timeout=15)
-        await wait_for(lambda: _equals(k8s.value("oomguard_source_success", source="kubernetes"), 1.0), "success 1")
+        await wait_for(lambda: equals(k8s.value("oomguard_source_success", source="kubernetes"), 1.0), "success 1")
 
 
 async def test_410_gone_relists_and_bookmarks_move_the_version(tmp_path: Path) -> None:

@@ -23,8 +23,10 @@ from tests.sources.kubernetes.k8s_harness import (
     Cluster,
     Dcgm,
     Engine,
+    dcgm_body,
     dcgm_pod,
     engine_up,
+    equals,
     free_port,
     two_shards,
     wait_for,
@@ -51,20 +53,9 @@ def lws_pods(ip: str, port: int, *, leader_node: str = "gpu-a", worker_node: str
     return [leader, worker]
 
 
-def dcgm_body(node: str, used_mib: int, pod: str, container: str) -> str:
+def gpu0_body(node: str, used_mib: int, pod: str, container: str) -> str:
     """dcgm-exporter 4.x's memory families for one GPU 0 that `pod` (namespace inference) holds."""
-    labels = (f'gpu="0",UUID="GPU-{node}-0",pci_bus_id="00000000:10:00.0",device="nvidia0",'
-              f'modelName="NVIDIA H100 80GB HBM3",Hostname="{node}",container="{container}",namespace="inference",'
-              f'pod="{pod}"')  # fmt: skip
-    out = []
-    for family, value in (("DCGM_FI_DEV_FB_FREE", TOTAL_MIB - used_mib), ("DCGM_FI_DEV_FB_USED", used_mib),
-                          ("DCGM_FI_DEV_FB_RESERVED", 0)):  # fmt: skip
-        out += [
-            f"# HELP {family} Framebuffer memory (in MiB).",
-            f"# TYPE {family} gauge",
-            f"{family}{{{labels}}} {value}",
-        ]
-    return "\n".join(out) + "\n"
+    return dcgm_body(node, [(0, used_mib, TOTAL_MIB - used_mib, pod)], namespace="inference", container=container)
 
 
 # ---- the layouts' labels -------------------------------------------------------------------------------------
@@ -137,8 +128,8 @@ async def test_cluster_mode_joins_a_leaderworkersets_worker_to_its_leader(tmp_pa
     port, dcgm_port = free_port("127.0.0.2"), free_port("127.0.0.4")
     engine = Engine("127.0.0.2", port)  # its /metrics says gpu_memory_utilization 0.92
     worker_used = round(0.92 * TOTAL_MIB)
-    exporters = [Dcgm("127.0.0.4", dcgm_port, dcgm_body("gpu-a", 70 * 1024, "vllm-0", "vllm-leader")),
-                 Dcgm("127.0.0.5", dcgm_port, dcgm_body("gpu-b", worker_used, "vllm-0-1", "vllm-worker"))]  # fmt: skip
+    exporters = [Dcgm("127.0.0.4", dcgm_port, gpu0_body("gpu-a", 70 * 1024, "vllm-0", "vllm-leader")),
+                 Dcgm("127.0.0.5", dcgm_port, gpu0_body("gpu-b", worker_used, "vllm-0-1", "vllm-worker"))]  # fmt: skip
     servers = [engine.server, *(d.server for d in exporters)]
     for server in servers:
         await server.start()
@@ -170,7 +161,7 @@ async def test_cluster_mode_joins_a_leaderworkersets_worker_to_its_leader(tmp_pa
             for line in (TRACEBACK, OOM):
                 await k8s.api.log("inference", "vllm-0-1", "vllm-worker", line)
             ooms = {"kind": "cuda_oom", **LEADER}
-            await wait_for(lambda: _equals(k8s.value("oomguard_target_events_total", **ooms), 1.0), "the worker's OOM")
+            await wait_for(lambda: equals(k8s.value("oomguard_target_events_total", **ooms), 1.0), "the worker's OOM")
             # The worker goes (its group recreated without it): its GPU is no longer the target's.
             await k8s.api.delete("pods", "inference", "vllm-0-1")
             await wait_for(lambda: _none(k8s.value("oomguard_target_gpu_info", **worker_gpu, **LEADER)), "detached")
@@ -190,8 +181,8 @@ async def test_cluster_mode_joins_a_kuberay_worker_to_its_head(tmp_path: Path) -
     port, dcgm_port = free_port("127.0.0.2"), free_port("127.0.0.4")
     engine = Engine("127.0.0.2", port)
     worker_used = round(0.92 * TOTAL_MIB)
-    exporters = [Dcgm("127.0.0.4", dcgm_port, dcgm_body("gpu-a", 60 * 1024, head_target["pod"], "ray-head")),
-                 Dcgm("127.0.0.5", dcgm_port, dcgm_body("gpu-b", worker_used, worker_name, "ray-worker"))]  # fmt: skip
+    exporters = [Dcgm("127.0.0.4", dcgm_port, gpu0_body("gpu-a", 60 * 1024, head_target["pod"], "ray-head")),
+                 Dcgm("127.0.0.5", dcgm_port, gpu0_body("gpu-b", worker_used, worker_name, "ray-worker"))]  # fmt: skip
     head, worker = copy.deepcopy(pod_set("kuberay-vllm-two-nodes.json"))
     head["status"]["podIP"], head["status"]["podIPs"] = "127.0.0.2", [{"ip": "127.0.0.2"}]
     next(p for p in head["spec"]["containers"][0]["ports"] if p["name"] == "serve")["containerPort"] = port
@@ -222,7 +213,7 @@ async def test_cluster_mode_joins_a_kuberay_worker_to_its_head(tmp_path: Path) -
             for line in (TRACEBACK, OOM):
                 await k8s.api.log("inference", worker_name, "ray-worker", line)
             ooms = {"kind": "cuda_oom", **head_target}
-            await wait_for(lambda: _equals(k8s.value("oomguard_target_events_total", **ooms), 1.0), "the worker's OOM")
+            await wait_for(lambda: equals(k8s.value("oomguard_target_events_total", **ooms), 1.0), "the worker's OOM")
     finally:
         for server in servers:
             await server.stop()
@@ -240,8 +231,8 @@ async def test_a_sharded_cluster_mode_reads_each_half_of_the_engine_once(tmp_pat
     engine = Engine("127.0.0.2", port)
     worker_used = round(0.92 * TOTAL_MIB)
     exporters = [
-        Dcgm("127.0.0.4", dcgm_port, dcgm_body(leader_node, 70 * 1024, "vllm-0", "vllm-leader")),
-        Dcgm("127.0.0.5", dcgm_port, dcgm_body(worker_node, worker_used, "vllm-0-1", "vllm-worker")),
+        Dcgm("127.0.0.4", dcgm_port, gpu0_body(leader_node, 70 * 1024, "vllm-0", "vllm-leader")),
+        Dcgm("127.0.0.5", dcgm_port, gpu0_body(worker_node, worker_used, "vllm-0-1", "vllm-worker")),
     ]
     servers = [engine.server, *(d.server for d in exporters)]
     async with two_shards(tmp_path, servers, **cluster_config(dcgm_port)) as (shard0, shard1):
@@ -290,10 +281,6 @@ async def test_node_mode_on_a_workers_node_finds_its_leader_and_judges_the_worke
             assert metrics[("oomguard_gpu_memory_headroom_used_ratio", tuple(sorted(gpu.items())))] < 0.01
             assert metrics[("oomguard_target_restarts_total", tuple(sorted(LEADER.items())))] == 1.0
             assert not [k for k in metrics if k[0].startswith("oomguard_engine_kv")], "the leader's node's exporter's"
-
-
-async def _equals(value: Any, wanted: float) -> bool:
-    return (await value) == wanted
 
 
 async def _none(value: Any) -> bool:

@@ -21,12 +21,13 @@ from tests.sources.kubernetes.k8s_harness import (
     TRACEBACK,
     Cluster,
     Dcgm,
+    dcgm_body,
     dcgm_pod,
     engine_up,
+    equals,
     free_port,
     wait_for,
 )
-from tests.sources.kubernetes.test_cluster_mode import dcgm_body
 
 STARTED = "INFO 12-05 12:00:00 [api_server.py:1885] vLLM API server version 0.11.0"
 HANDOVER = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "oomguard-shards", "namespace": "default"}}
@@ -125,7 +126,7 @@ async def test_a_reshard_from_2_to_3_and_back_counts_each_oom_once(tmp_path: Pat
                 if i >= 1:
                     await oom_everywhere()
                     await asyncio.sleep(0.3)
-            await wait_for(lambda: _equals(shards.counted(), logged), f"{logged} OOMs counted", timeout=20.0)
+            await wait_for(lambda: equals(shards.counted(), logged), f"{logged} OOMs counted", timeout=20.0)
             await asyncio.sleep(1.0)  # the polls after: nothing counted twice
             assert await shards.counted() == logged
         finally:
@@ -138,10 +139,6 @@ def followed(api: StandIn) -> set[str]:
     """The pods whose log a stream was asked for."""
     asked = [r.partition("?") for r in api.requests]
     return {path.split("/")[6] for path, _, query in asked if path.endswith("/log") and "follow=true" in query}
-
-
-async def _equals(value: Any, wanted: Any) -> bool:
-    return (await value) == wanted
 
 
 async def test_a_shard_scaled_away_that_was_killed_is_waited_for_then_its_nodes_read_and_said(

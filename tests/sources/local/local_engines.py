@@ -56,12 +56,6 @@ def vllm_stub(folder: Path) -> Path:
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class StubVllm:
     """One stand-in vLLM; `start()` again relaunches it with the same command line."""
 

@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from support import samples
 
+from oomguard.common.ports import free_port
 from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.exposition import render
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.sources.local.cmdline import engine_port, find_engines, listening_ports
 from oomguard.exporter.sources.local.settings import read_settings
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess
-from tests.sources.local.local_engines import StubVllm, free_port, vllm_stub, wait_listening
+from tests.sources.local.local_engines import StubVllm, vllm_stub, wait_listening
 
 QUIET = {"events": {"kernel_log": False, "xid": False}, "trend": {"enabled": False}}
 FLAGS = ("--max-num-seqs", "64", "--max-model-len=2048")
