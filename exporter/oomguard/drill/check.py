@@ -198,14 +198,7 @@ def _check_rules(
             "rules/oomguard-alerts.yaml to rule_files (or apply deploy/kubernetes/prometheusrule.yaml) and reload",
         )
     if missing_records:
-        dashboards = "".join(render_dashboards(bundle).values())
-        needed = [r for r in missing_records if r in dashboards]
-        panels = f"; the dashboards read {_few(needed)}: their panels show No data" if needed else ""
-        report.add(
-            GAP,
-            f"{len(missing_records)} of the {len(records)} recording rules not loaded ({_few(missing_records)})"
-            f"{panels}: add rules/oomguard-records.yaml to rule_files and reload",
-        )
+        _records_missing(report, missing_records, records, bundle)
     ours = {a["alert"]: a for a in alerts}
     foreign = sorted(n for n, r in loaded.items() if n and n.startswith("OomGuard") and n not in ours)
     if foreign:
@@ -214,13 +207,7 @@ def _check_rules(
             f"loaded rules that this bundle does not have ({_few(foreign)}): the rules are from another version of "
             "oomguard; write them again with `oomguard generate` and reload",
         )
-    drifted = []
-    for name, alert in ours.items():
-        if (rule := loaded.get(name)) is None or rule.get("type") != "alerting":
-            continue
-        severity = (rule.get("labels") or {}).get("severity")
-        if rule.get("duration") != _seconds(alert.get("for", "0s")) or severity != alert["labels"].get("severity"):
-            drifted.append(name)
+    drifted = _drifted(ours, loaded)
     if drifted:
         report.add(
             GAP,
@@ -229,6 +216,30 @@ def _check_rules(
         )
     if not missing_alerts and not missing_records and not foreign and not drifted:
         report.add(NOTE, f"the bundle's {len(alerts)} alerts and {len(records)} recording rules are loaded")
+
+
+def _records_missing(report: CheckReport, missing: list[str], records: list[dict], bundle: BundleConfig) -> None:
+    """The recording rules not loaded, and the dashboards' panels that show No data for them."""
+    dashboards = "".join(render_dashboards(bundle).values())
+    needed = [r for r in missing if r in dashboards]
+    panels = f"; the dashboards read {_few(needed)}: their panels show No data" if needed else ""
+    report.add(
+        GAP,
+        f"{len(missing)} of the {len(records)} recording rules not loaded ({_few(missing)})"
+        f"{panels}: add rules/oomguard-records.yaml to rule_files and reload",
+    )
+
+
+def _drifted(ours: dict[str, dict], loaded: dict[Any, dict]) -> list[str]:
+    """The bundle's alerts loaded with another `for` or severity."""
+    drifted = []
+    for name, alert in ours.items():
+        if (rule := loaded.get(name)) is None or rule.get("type") != "alerting":
+            continue
+        severity = (rule.get("labels") or {}).get("severity")
+        if rule.get("duration") != _seconds(alert.get("for", "0s")) or severity != alert["labels"].get("severity"):
+            drifted.append(name)
+    return drifted
 
 
 def _seconds(duration: str) -> float:
