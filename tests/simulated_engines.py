@@ -19,13 +19,14 @@ from pathlib import Path
 from support import value
 
 from oomguard.common.ports import free_port
-from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.engines import ENGINES
 from oomguard.exporter.events.catalogue import load_catalogue
 from oomguard.exporter.events.detector import IncidentDetector
 from oomguard.exporter.exposition import render
 from oomguard.exporter.model import Snapshot, TargetReading
 from oomguard.exporter.runtime import Runtime
+from oomguard.simulate.checks import load_config
+from oomguard.simulate.host import SimulatedHost
 from oomguard.simulate.scenarios import Scenario
 
 
@@ -88,7 +89,7 @@ def simulated_runtime(engine: str, scenario: str, scale: float, log: Path) -> Ru
         "trend": {"enabled": False},
         "events": {"kernel_log": False, "xid": False},
     })  # fmt: skip
-    return Runtime(config, simulation_log=log)
+    return Runtime(config, simulated=SimulatedHost(config, log_path=log))
 
 
 def came_back_up(states: list[str]) -> bool:
@@ -125,8 +126,8 @@ async def counts_after_stop(runtime: Runtime, log: Path, engine: str, target: st
 
     A relaunch of the quick scenario dies sooner than the first life (some 2 s at 60x), so what a snapshot holds at
     a given moment after a relaunch depends on that moment: compare with the final log instead."""
-    assert runtime.simulation is not None
-    await runtime.simulation.stop()
+    assert isinstance(runtime.simulated, SimulatedHost)
+    await runtime.simulated.engine.stop()
     kinds, starts = log_events(engine, log.read_text())
     written = {"cuda_oom": kinds.count("cuda_oom"), "restarts": starts - 1}
     counted: dict[str, float] = {}

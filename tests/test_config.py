@@ -11,7 +11,7 @@ from support import REPO
 
 from oomguard.cli import main
 from oomguard.exporter.config import ConfigError
-from oomguard.exporter.config_loader import load_config
+from oomguard.simulate.checks import load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:

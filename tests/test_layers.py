@@ -26,6 +26,10 @@ PACKAGE = Path(oomguard.__file__).parent
 FOLDERS = ("exporter", "common")
 # The products that run offline, beside the exporter: it imports none of them.
 OFFLINE_TOOLS = ("diagnose", "drill", "backtest")
+# The products from the bottom up (the product grain, docs/architecture.md "The folders"): each imports only those
+# below it. The exporter stands on the shared parts alone: `serve` runs without the bundle, the simulator or an
+# offline tool; whoever builds it (cli.py, the drill) hands it a simulation (simulate/host.py) and thresholds.
+PRODUCTS = ("common", "exporter", "bundle", "simulate", "diagnose", "backtest", "drill", "cli", "__main__")
 MAX_FLOOR = 10  # 11 floors, 0 to 10
 
 
@@ -120,6 +124,40 @@ def test_the_exporter_imports_no_offline_tool() -> None:
         for arrow in made_by
     }
     assert not reached, sorted(reached)
+
+
+def product_of(room: str) -> str:
+    """`exporter/events` -> `exporter`, `drill` -> `drill`."""
+    return room.split("/", 1)[0]
+
+
+def test_no_product_imports_one_above_it() -> None:
+    arrows = imports()
+    assert {product_of(room) for room in arrows} <= set(PRODUCTS), "a product missing from PRODUCTS"
+    rank = {product: level for level, product in enumerate(PRODUCTS)}
+    upward = sorted(
+        arrow
+        for room, theirs in arrows.items()
+        for there, made_by in theirs.items()
+        if rank[product_of(there)] > rank[product_of(room)]
+        for arrow in made_by
+    )
+    assert not upward, upward
+
+
+def test_the_exporter_imports_neither_the_bundle_nor_the_simulator() -> None:
+    """The exporter knows no simulator (a simulation is handed to its runtime, `Runtime(simulated=...)`) and reads no
+    bundle configuration (the status page's thresholds are handed to it, common/thresholds.py)."""
+    arrows = imports()
+    reached = sorted(
+        arrow
+        for room, theirs in arrows.items()
+        if product_of(room) == "exporter"
+        for there, made_by in theirs.items()
+        if product_of(there) in ("bundle", "simulate")
+        for arrow in made_by
+    )
+    assert not reached, reached
 
 
 def test_a_cycle_is_found_and_named() -> None:

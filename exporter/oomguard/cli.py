@@ -23,7 +23,7 @@ from oomguard.common.urls import http_url_argument
 from oomguard.drill.scenarios import SCENARIOS as DRILLS
 from oomguard.drill.scenarios import find as find_drill
 from oomguard.exporter.config import ConfigError, parse_listen_address
-from oomguard.exporter.config_loader import load_config
+from oomguard.simulate.checks import load_config
 from oomguard.simulate.scenarios import ALIASES as SIMULATION_ALIASES
 from oomguard.simulate.scenarios import NAMES as SIMULATIONS
 from oomguard.simulate.scenarios import ON_ENGINE, SIMULATION_ONLY
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "healthcheck":
         from oomguard.exporter.healthcheck import main as healthcheck
 
-        return healthcheck(args.listen_address, args.config, args.web_config_file)
+        return healthcheck(args.listen_address, args.config, args.web_config_file, load=load_config)
     if args.command == "check-config":
         try:
             config = load_config(args.file)
@@ -436,11 +436,13 @@ def pages_hint(simulation: str, engine: str = "vllm") -> str:
 
 
 def serve(config: Any, web_config_file: Path | None = None) -> int:
+    from oomguard.bundle.thresholds import default_thresholds
     from oomguard.common import descriptors
     from oomguard.exporter.runtime import Runtime
     from oomguard.exporter.web import make_app
     from oomguard.exporter.web_config import WebConfigState, load_web_config
     from oomguard.exporter.web_config.server import run
+    from oomguard.simulate.host import SimulatedHost
 
     web_config = None
     if web_config_file is not None:
@@ -454,11 +456,13 @@ def serve(config: Any, web_config_file: Path | None = None) -> int:
             return 1
     if (raised := descriptors.raise_soft_limit()) is not None:
         log.info("file descriptors: the soft limit raised from %d to the hard limit, %d", *raised)
-    runtime = Runtime(config)
+    # The composition: the simulation `simulation:` names, if any, and the bundle's thresholds for the status page.
+    simulated = SimulatedHost(config) if config.simulation.scenario else None
+    runtime = Runtime(config, simulated=simulated, thresholds=default_thresholds())
     host, port = parse_listen_address(config.web.listen_address)
     # "serving ... on HOST:PORT" follows once the port is bound; a port in use is one error line, nothing started.
     log.info("oomguard %s starting on %s:%d, %d target(s)", __version__, host, port, len(runtime.config.targets))
-    if runtime.simulation is not None:
-        log.info("%s", pages_hint(runtime.simulation.scenario.name, runtime.simulation.engine))
+    if simulated is not None:
+        log.info("%s", pages_hint(simulated.engine.scenario.name, simulated.engine.engine))
     # One listener for both: the connection limit and the header timeout hold without a web configuration too.
     return run(make_app(runtime, web_config), host, port, web_config)

@@ -30,9 +30,10 @@ from oomguard.drill.services import (
     prometheus_binary,
 )
 from oomguard.drill.webhook import WebhookReceiver
-from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.web import make_app
+from oomguard.simulate.checks import load_config
+from oomguard.simulate.host import SimulatedHost
 from tests.deploy.test_kubernetes import kustomize, one
 
 HA = REPO / "deploy" / "kubernetes-sharded-ha"
@@ -64,19 +65,20 @@ async def test_two_replicas_of_a_shard_make_one_notification_per_alert(tmp_path:
     for name in (ALERTS_FILE, RECORDS_FILE):
         (tmp_path / name).write_text(rules[name])
 
-    runtimes, runners, targets, labels = [], [], [], []
+    hosts, runners, targets, labels = [], [], [], []
     for replica in ("a", "b"):  # pods oomguard-a-0 and oomguard-b-0: shard 0's pair
         config = load_config(None, {
             "state_dir": str(tmp_path / replica / "state"),
             "simulation": {"scenario": SCENARIO.simulation, "time_scale": SCALE, "engine": SCENARIO.engine},
             "events": {"kernel_log": False},
         })  # fmt: skip
-        runtime = Runtime(config, start_simulation=False, simulation_log=tmp_path / replica / "engine.log")
+        host = SimulatedHost(config, log_path=tmp_path / replica / "engine.log", start_engine=False)
+        runtime = Runtime(config, simulated=host)
         runner = web.AppRunner(make_app(runtime), access_log=None)
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        runtimes.append(runtime)
+        hosts.append(host)
         runners.append(runner)
         targets.append(f"127.0.0.1:{port}")
         labels.append({
@@ -97,9 +99,8 @@ async def test_two_replicas_of_a_shard_make_one_notification_per_alert(tmp_path:
     try:
         await asyncio.to_thread(am.start)
         await asyncio.to_thread(prometheus.start)
-        for runtime in runtimes:
-            assert runtime.simulation is not None
-            await runtime.simulation.start()
+        for host in hosts:
+            await host.engine.start()
         started = time.time()
         await asyncio.sleep(SCENARIO.minutes * 60 / SCALE + 3)  # the scenario, and the last notifications in flight
 
@@ -134,10 +135,9 @@ async def test_two_replicas_of_a_shard_make_one_notification_per_alert(tmp_path:
     finally:
         prometheus.stop()
         am.stop()
-        for runtime in runtimes:
-            if runtime.simulation is not None:
-                with contextlib.suppress(Exception):
-                    await runtime.simulation.stop()
+        for host in hosts:
+            with contextlib.suppress(Exception):
+                await host.engine.stop()
         for runner in runners:
             await runner.cleanup()
         await hook_runner.cleanup()

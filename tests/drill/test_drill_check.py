@@ -23,11 +23,12 @@ from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
 from oomguard.common.ports import free_port
 from oomguard.drill.check import ABSENT, ARMED, _judge, _matches, _route, _State
 from oomguard.drill.services import Alertmanager, Prometheus
-from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.exposition import METRICS
 from oomguard.exporter.exposition.spec import ALWAYS, ENGINE_UP, PER_GPU, PER_TARGET
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.web import RUNTIME, make_app
+from oomguard.simulate.checks import load_config
+from oomguard.simulate.host import SimulatedHost
 
 ROUTING = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
@@ -44,7 +45,8 @@ async def _exporter(scenario: str | None, gpu_source: str = "nvml", **settings: 
         None,
         {**simulated, "events": {"kernel_log": False, "xid": False}, "discovery": {"local": "off"}, **settings},
     )
-    runner = web.AppRunner(make_app(Runtime(config, **({} if scenario else {"nvml_lib": None}))))
+    runtime = Runtime(config, simulated=SimulatedHost(config)) if scenario else Runtime(config, nvml_lib=None)
+    runner = web.AppRunner(make_app(runtime))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -125,9 +127,11 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Any:
     loading, loading_at = loop.run_until_complete(_exporter("loading"))
     cluster, cluster_at = loop.run_until_complete(_exporter("steady", gpu_source="dcgm"))
     # The steady engine again, under a target whose logs: has a typo.
-    simulation = steady.app[RUNTIME].simulation
-    assert simulation is not None
-    typo_target = {"name": "typo", "url": simulation.url, "local_process": "no", "logs": [str(tmp / "vlm" / "*.log")]}
+    simulation = steady.app[RUNTIME].simulated
+    assert isinstance(simulation, SimulatedHost)
+    typo_target = {
+        "name": "typo", "url": simulation.engine.url, "local_process": "no", "logs": [str(tmp / "vlm" / "*.log")]
+    }  # fmt: skip
     typo, typo_at = loop.run_until_complete(_exporter(None, targets=[typo_target]))
     # A vLLM whose KV family was renamed by an upgrade: up, read, and its KV alerts blind.
     engine, engine_url = loop.run_until_complete(_renamed_engine())
@@ -323,7 +327,7 @@ async def test_each_declared_presence_holds_on_a_live_exporter(aiohttp_client, g
             "discovery": {"local": "off"},
         },
     )
-    client = await aiohttp_client(make_app(Runtime(config)))
+    client = await aiohttp_client(make_app(Runtime(config, simulated=SimulatedHost(config))))
     expected = {m.sample_name for m in METRICS if m.presence in (ALWAYS, PER_GPU, PER_TARGET, ENGINE_UP)}
     found: set[str] = set()
     for _ in range(200):  # until the engine is up and read (a deadline of 20 s)

@@ -22,7 +22,7 @@ from support import REPO
 
 from oomguard.bundle.bundle_config import BundleConfig, defaults_text, load_bundle_config
 from oomguard.exporter.config import Config, ConfigError
-from oomguard.exporter.config_loader import load_config
+from oomguard.simulate.checks import load_config
 from tests.fuzz.fuzz_strategies import with_invalid_utf8
 
 _FILES = itertools.count()

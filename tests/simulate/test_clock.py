@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from oomguard.common.time_scale import REAL, TimeScale
-from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.sources.restarts import ANNOUNCE_WINDOW
 from oomguard.exporter.sources.targets import RESERVATION_RETRY_SECONDS, TargetScraper
+from oomguard.simulate.checks import load_config
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
+from oomguard.simulate.host import SimulatedHost
 
 
 def test_the_runtime_of_a_simulation_judges_on_its_clock() -> None:
-    runtime = Runtime(load_config(None, {"simulation": {"scenario": "incident", "time_scale": 10}}), nvml_lib=None)
+    config = load_config(None, {"simulation": {"scenario": "incident", "time_scale": 10}})
+    runtime = Runtime(config, nvml_lib=None, simulated=SimulatedHost(config))
     events = runtime.config.events
     assert (events.quiet_seconds, events.rearm_seconds) == (1.0, 6.0)  # 5 s floored at 1 s; 60 s / 10
     trend = trend_on_clock(runtime.config, runtime.clock)

@@ -9,7 +9,6 @@ from itertools import pairwise
 
 import pytest
 
-from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.engines import ENGINES
 from oomguard.exporter.events.catalogue import load_catalogue
 from oomguard.exporter.events.detector import IncidentDetector
@@ -17,8 +16,10 @@ from oomguard.exporter.join import GpuClaim, join, join_gpu, up_gpus
 from oomguard.exporter.model import ProcessTree
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.sources.nvml import NvmlSource
+from oomguard.simulate.checks import load_config
 from oomguard.simulate.engines import simulation
 from oomguard.simulate.engines.vllm import oom_traceback
+from oomguard.simulate.host import SimulatedHost
 from oomguard.simulate.scenarios import GPU_TOTAL_BYTES, SCENARIOS
 from oomguard.simulate.supervisor import IDLE_GPU_BYTES, Simulation
 
@@ -80,8 +81,9 @@ def test_the_scenario_says_its_gpus_and_the_configuration_how_many_exist(
 def test_serve_simulate_tp_skew_has_its_two_gpus() -> None:
     """`oomguard serve --simulate tp-skew` (simulation.gpus left at 1): two fake GPUs, the target on both."""
     config = load_config(None, {"simulation": {"scenario": "tp-skew"}, "events": {"kernel_log": False}})
-    runtime = Runtime(config, start_simulation=False)
-    assert runtime.simulation is not None and len(runtime.simulation.nvml.gpus) == 2
+    host = SimulatedHost(config, start_engine=False)
+    runtime = Runtime(config, simulated=host)
+    assert len(host.engine.nvml.gpus) == 2
     assert [t.gpus for t in runtime.config.targets if t.name == "sim-vllm"] == [(0, 1)]
 
 
@@ -212,11 +214,12 @@ async def test_a_warming_simulated_engine_is_judged_above_the_reservation_on_its
         "simulation": {"scenario": "long-warmup", "time_scale": 30.0},
         "events": {"kernel_log": False, "xid": False}, "trend": {"enabled": False},
     })  # fmt: skip
-    runtime = Runtime(config)
+    host = SimulatedHost(config)
+    runtime = Runtime(config, simulated=host)
     await runtime.start()
     try:
-        assert runtime.collection is not None and runtime.simulation is not None
-        scenario = runtime.simulation.scenario
+        assert runtime.collection is not None
+        scenario = host.engine.scenario
         # The warm-up lasts (330 - 30) / 30 = 10 s here: long enough to see it, not to wait on the clock.
         deadline = time.monotonic() + (scenario.load_seconds - (scenario.kv_allocated_at or 0)) / 30.0
         while True:

@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import time
 
-from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.runtime import Runtime
+from oomguard.simulate.checks import load_config
+from oomguard.simulate.host import SimulatedHost
 
 
 async def test_the_simulation_log_is_removed_at_stop() -> None:
-    runtime = Runtime(load_config(None, {"simulation": {"scenario": "steady", "time_scale": 30}}))
-    log = runtime._own_log
+    config = load_config(None, {"simulation": {"scenario": "steady", "time_scale": 30}})
+    host = SimulatedHost(config)
+    runtime = Runtime(config, simulated=host)
+    log = host._own_log
     assert log is not None and not log.exists()
     await runtime.start()
     try:
@@ -27,7 +30,8 @@ async def test_the_simulation_log_is_removed_at_stop() -> None:
 
 async def test_a_log_the_caller_names_is_kept(tmp_path) -> None:
     named = tmp_path / "engine.log"
-    runtime = Runtime(load_config(None, {"simulation": {"scenario": "steady", "time_scale": 30}}), simulation_log=named)
+    config = load_config(None, {"simulation": {"scenario": "steady", "time_scale": 30}})
+    runtime = Runtime(config, simulated=SimulatedHost(config, log_path=named))
     await runtime.start()
     try:
         deadline = time.monotonic() + 20

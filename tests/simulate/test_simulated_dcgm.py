@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from support import samples
 
-from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.exposition import render
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.sources.dcgm_body import parse
+from oomguard.simulate.checks import load_config
 from oomguard.simulate.dcgm_exporter import body
 from oomguard.simulate.fake_nvml import GIB, FakeGpu
+from oomguard.simulate.host import SimulatedHost
 
 MIB = 1024**2
 
@@ -40,7 +41,7 @@ async def test_the_simulation_read_through_it(tmp_path: Path, version: str) -> N
         "simulation": {"scenario": "steady", "time_scale": 30, "gpu_source": "dcgm", "dcgm_version": version},
         "events": {"kernel_log": False}, "trend": {"enabled": False},
     })  # fmt: skip
-    runtime = Runtime(config)
+    runtime = Runtime(config, simulated=SimulatedHost(config))
     await runtime.start()
     try:
         assert runtime.collection is not None

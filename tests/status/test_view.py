@@ -46,7 +46,11 @@ def exposition(*gpus: tuple[str, float, float | None, float | None], oom_ago: fl
 
 def test_the_worst_gpu_first_and_a_page_where_the_rules_page() -> None:
     th = default_thresholds()
-    view = build(parse(exposition(("0", 0.5, None, None), ("1", 0.93, th.headroom_critical + 0.01, None))), now=NOW)
+    view = build(
+        parse(exposition(("0", 0.5, None, None), ("1", 0.93, th.headroom_critical + 0.01, None))),
+        now=NOW,
+        thresholds=default_thresholds(),
+    )
     assert [g.gpu for g in view.gpus] == ["1", "0"]
     (held,) = view.holding
     assert (held.alert, held.severity, held.subject) == ("OomGuardGpuMemoryCritical", "critical", "GPU 1")
@@ -54,34 +58,46 @@ def test_the_worst_gpu_first_and_a_page_where_the_rules_page() -> None:
     assert view.gpus[0].targets == ["llm"]
     assert view.sources == {"nvml": True, "targets": False}
     # At the threshold the rule (">") does not page yet; nor does the view.
-    quiet = build(parse(exposition(("1", 0.93, th.headroom_critical, None))), now=NOW)
+    quiet = build(parse(exposition(("1", 0.93, th.headroom_critical, None))), now=NOW, thresholds=default_thresholds())
     assert quiet.holding == []
 
 
 def test_without_a_reservation_used_over_total_is_judged() -> None:
     th = default_thresholds()
-    view = build(parse(exposition(("0", th.used_critical + 0.005, None, None))), now=NOW)
+    view = build(
+        parse(exposition(("0", th.used_critical + 0.005, None, None))), now=NOW, thresholds=default_thresholds()
+    )
     assert [h.alert for h in view.holding] == ["OomGuardGpuMemoryCritical"]
     assert "no reservation known" in view.holding[0].why
 
 
 def test_time_to_full_and_a_recent_oom_hold_an_old_one_does_not() -> None:
     th = default_thresholds()
-    view = build(parse(exposition(("0", 0.9, 0.2, th.exhausted_soon_seconds - 1), oom_ago=30.0)), now=NOW)
+    view = build(
+        parse(exposition(("0", 0.9, 0.2, th.exhausted_soon_seconds - 1), oom_ago=30.0)),
+        now=NOW,
+        thresholds=default_thresholds(),
+    )
     assert {h.alert for h in view.holding} == {"OomGuardGpuMemoryExhaustedSoon", "OomGuardOomEvent"}
-    old = build(parse(exposition(("0", 0.9, 0.2, None), oom_ago=th.oom_window_seconds + 60)), now=NOW)
+    old = build(
+        parse(exposition(("0", 0.9, 0.2, None), oom_ago=th.oom_window_seconds + 60)),
+        now=NOW,
+        thresholds=default_thresholds(),
+    )
     assert old.holding == [] and old.targets[0].last_oom_kind == "cuda_oom"
 
 
 def test_a_clusters_thousands_of_gpus_are_cut_to_the_fullest() -> None:
     gpus = [(str(i), i / 200, None, None) for i in range(150)]
-    view = build(parse(exposition(*gpus)), now=NOW)
+    view = build(parse(exposition(*gpus)), now=NOW, thresholds=default_thresholds())
     assert len(view.gpus) == MAX_GPUS and view.hidden_gpus == 150 - MAX_GPUS
     assert view.gpus[0].gpu == "149"
 
 
 def test_nan_and_absent_figures_are_no_figures() -> None:
-    view = build(parse('oomguard_gpu_memory_total_bytes{gpu="0",node=""} NaN\n'), now=NOW)
+    view = build(
+        parse('oomguard_gpu_memory_total_bytes{gpu="0",node=""} NaN\n'), now=NOW, thresholds=default_thresholds()
+    )
     assert view.gpus == [] and view.holding == []
 
 
@@ -90,13 +106,25 @@ def test_a_climbing_gpu_at_the_top_is_exhausted_soons_as_the_rules_judge() -> No
     on its headroom, or on its total once exhausted_soon.min_total_ratio of it is used."""
     th = default_thresholds()
     soon = th.exhausted_soon_seconds - 60
-    top = build(parse(exposition(("0", 0.99, th.headroom_critical + 0.05, soon))), now=NOW)
+    top = build(
+        parse(exposition(("0", 0.99, th.headroom_critical + 0.05, soon))), now=NOW, thresholds=default_thresholds()
+    )
     assert [h.alert for h in top.holding] == ["OomGuardGpuMemoryExhaustedSoon"]
-    later = build(parse(exposition(("0", 0.99, th.headroom_critical + 0.05, th.exhausted_soon_seconds + 60))), now=NOW)
+    later = build(
+        parse(exposition(("0", 0.99, th.headroom_critical + 0.05, th.exhausted_soon_seconds + 60))),
+        now=NOW,
+        thresholds=default_thresholds(),
+    )
     assert later.holding == []  # climbing, full later than the hour: GpuMemoryClimbing's ticket, not a page
-    low = build(parse(exposition(("0", th.exhausted_soon_min_total - 0.01, None, soon))), now=NOW)
+    low = build(
+        parse(exposition(("0", th.exhausted_soon_min_total - 0.01, None, soon))),
+        now=NOW,
+        thresholds=default_thresholds(),
+    )
     assert low.holding == []
-    high = build(parse(exposition(("0", th.exhausted_soon_min_total, None, soon))), now=NOW)
+    high = build(
+        parse(exposition(("0", th.exhausted_soon_min_total, None, soon))), now=NOW, thresholds=default_thresholds()
+    )
     assert [h.alert for h in high.holding] == ["OomGuardGpuMemoryExhaustedSoon"]
 
 
@@ -106,6 +134,7 @@ def test_top_once_frame_shows_the_bar_the_trend_and_what_holds() -> None:
         parse(exposition(("0", 0.95, th.headroom_critical + 0.1, 42.0), ("1", 0.95, th.headroom_critical + 0.1, None))),
         now=NOW,
         history={("", "0"): [0.9, 0.95]},
+        thresholds=th,
     )
     text = frame(view.to_json(), width=150)
     assert "PAGE   OomGuardGpuMemoryExhaustedSoon" in text and "climbing" in text and "42s" in text
@@ -125,7 +154,7 @@ def test_families_the_view_does_not_read_are_passed_over() -> None:
     """A cluster's exposition is megabytes: only the families the view reads are parsed (others, even broken, cost
     a line split)."""
     text = exposition(("0", 0.5, None, None)) + '# TYPE other_total counter\nother_total{x="1"} not-a-number\n'
-    assert [g.gpu for g in build(parse(text), now=NOW).gpus] == ["0"]
+    assert [g.gpu for g in build(parse(text), now=NOW, thresholds=default_thresholds()).gpus] == ["0"]
 
 
 def test_on_a_drills_clock_the_pages_judge_as_its_rules_do() -> None:
@@ -147,7 +176,7 @@ def test_on_a_drills_clock_the_pages_judge_as_its_rules_do() -> None:
 
 
 def test_a_used_figure_above_the_total_reads_as_full() -> None:
-    view = build(parse(exposition(("0", 1.125, None, None))), now=NOW)
+    view = build(parse(exposition(("0", 1.125, None, None))), now=NOW, thresholds=default_thresholds())
     assert view.gpus[0].used_ratio == 1.0 and view.gpus[0].used_bytes == 1.125 * 80 * GIB
     assert view.holding[0].why.startswith("100.0% of the GPU used")
 
@@ -159,7 +188,7 @@ def test_a_label_value_is_split_at_line_feeds_only(char: str) -> None:
     text = exposition(("0", 0.5, None, None)).replace('model_name="m"', f'model_name="m{char}m"')
     samples = parse(text)
     assert ("oomguard_engine_requests_waiting", {"target": "llm", "model_name": f"m{char}m"}, 12.0) in samples
-    assert build(samples, now=NOW).targets[0].waiting == 12
+    assert build(samples, now=NOW, thresholds=default_thresholds()).targets[0].waiting == 12
 
 
 @pytest.mark.parametrize("url", ["http://[::1", "http://a b", "http://:9847", "http://127.0.0.1:99999"])

@@ -234,7 +234,7 @@ def _trend(path: Path | None):  # -> TrendSettings
         from oomguard.exporter.config import TrendConfig
 
         return TrendConfig().settings()
-    from oomguard.exporter.config_loader import load_config
+    from oomguard.simulate.checks import load_config  # serve's reading: a file it refuses is refused here too
 
     check_regular(path, "configuration", MAX_YAML_BYTES)
     return load_config(path).trend.settings()

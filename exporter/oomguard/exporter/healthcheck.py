@@ -16,12 +16,14 @@ import http.client
 import os
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from oomguard.exporter.config import DEFAULT_PORT, ConfigError, parse_listen_address
+from oomguard.exporter.config import DEFAULT_PORT, Config, ConfigError, parse_listen_address
 from oomguard.exporter.config_loader import load_config
 
+Load = Callable[[Path], Config]  # a configuration file -> its configuration (config_loader.load_config or serve's)
 # What a status of /-/healthy says about the exporter.
 ALIVE_STATUSES = {200: "healthy", 401: "answering behind basic auth"}
 _REQUIRES_CLIENT_CERTIFICATE = ("RequireAnyClientCert", "RequireAndVerifyClientCert")
@@ -98,8 +100,9 @@ def check(address: str, web_config_file: Path | None, timeout: float = 4.0) -> R
     return secure if secure.ok else Result(False, f"{plain.line}; {secure.line}")
 
 
-def listen_address(flag: str | None, config_file: str | None) -> str:
-    """As `serve` reads it: the flag or $OOMGUARD_WEB_LISTEN_ADDRESS, else the configuration file's, else :9847."""
+def listen_address(flag: str | None, config_file: str | None, load: Load = load_config) -> str:
+    """As `serve` reads it: the flag or $OOMGUARD_WEB_LISTEN_ADDRESS, else the configuration file's (read with `load`,
+    serve's: cli.py gives the one with the simulation's checks), else :9847."""
     if flag:
         return flag
     if os.environ.get("OOMGUARD_WEB_LISTEN_ADDRESS"):
@@ -107,16 +110,16 @@ def listen_address(flag: str | None, config_file: str | None) -> str:
     config = config_file or os.environ.get("OOMGUARD_CONFIG")
     if config:
         try:
-            return load_config(Path(config)).web.listen_address
+            return load(Path(config)).web.listen_address
         except ConfigError:
             pass  # serve refuses it and stops: the connection below fails and says so
     return f":{DEFAULT_PORT}"
 
 
-def main(address: str | None, config_file: str | None, web_config_file: str | None) -> int:
+def main(address: str | None, config_file: str | None, web_config_file: str | None, load: Load = load_config) -> int:
     web_config = web_config_file or os.environ.get("OOMGUARD_WEB_CONFIG_FILE")
     try:
-        result = check(listen_address(address, config_file), Path(web_config) if web_config else None)
+        result = check(listen_address(address, config_file, load), Path(web_config) if web_config else None)
     except ConfigError as exc:
         result = Result(False, str(exc))
     print(result.line)

@@ -1,7 +1,8 @@
 """The composition root: everything oomguard runs, built from one configuration.
 
-`serve`, `serve --simulate` and the drill all build a `Runtime`; the web layer only
-calls `start` and `stop` and reads `collection`. Who owns what:
+`serve`, `serve --simulate` and the drill all build a `Runtime` (a simulation is built by the caller and handed
+in, `Simulated`: the exporter imports no simulator); the web layer only calls `start` and `stop` and reads
+`collection`. Who owns what:
 
 - the event loop: the collection (scrapes of the targets, coalesced), the trend
   sampler's loop, the event poller's loop, the startup watch (/health of the targets
@@ -17,22 +18,20 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
-import secrets
-import tempfile
 from functools import partial
-from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from oomguard import __version__
 from oomguard.common import descriptors
 from oomguard.common.engine_client import EngineClient
+from oomguard.common.thresholds import Thresholds
 from oomguard.common.time_scale import REAL, TimeScale
 from oomguard.exporter.collection import Collection
-from oomguard.exporter.config import Config, DcgmConfig, TargetConfig
+from oomguard.exporter.config import Config, TargetConfig
 from oomguard.exporter.events.kubernetes import PodEvents
 from oomguard.exporter.events.runner import EventRunner
+from oomguard.exporter.model import TrendSettings
 from oomguard.exporter.sources.dcgm import DcgmEndpoint, DcgmReader
 from oomguard.exporter.sources.dcgm_body import Fields
 from oomguard.exporter.sources.kubernetes.discovery import KubernetesDiscovery
@@ -48,19 +47,39 @@ from oomguard.exporter.sources.targets import TargetScraper
 from oomguard.exporter.trend.observe import TrendObserver
 from oomguard.exporter.trend.sampler import Sampler, TrendTracker
 from oomguard.exporter.web_config.server import scrape_connection_limit
-from oomguard.simulate.clock import events_on_clock, trend_on_clock
-from oomguard.simulate.dcgm_exporter import SimulatedDcgmExporter
-from oomguard.simulate.engines import simulation
-from oomguard.simulate.supervisor import Simulation
 
 log = logging.getLogger(__name__)
 
 _REAL_NVML = object()  # default of nvml_lib: pynvml, or the simulation's fake GPUs
-SIMULATED_NODE = "sim-node"  # the hostname the simulated dcgm-exporter writes
 # How often the targets not up have their /health asked between scrapes: a measured startup is good to this, whatever
 # the scrape interval. On a simulation's clock a simulated second, no shorter than the floor (real seconds).
 STARTUP_WATCH_SECONDS = 1.0
 STARTUP_WATCH_FLOOR_SECONDS = 0.25
+
+
+class Simulated(Protocol):
+    """A simulation the composition root builds and hands the runtime (`serve --simulate`, the drill:
+    simulate/host.py's `SimulatedHost`). The exporter knows no simulator, only this: the configuration it runs, the
+    clock its durations are judged on, the GPUs, and a start and a stop beside its own."""
+
+    clock: TimeScale  # every duration the exporter judges runs on it (common/time_scale.py)
+
+    @property
+    def nvml(self) -> Any:
+        """Its GPUs, through NVML's API."""
+
+    def configure(self, config: Config) -> Config:
+        """The configuration the exporter runs: the simulated engine a target, the events' timings on the clock."""
+
+    def trend_settings(self, config: Config) -> TrendSettings:
+        """The trend's settings of `config` on the clock."""
+
+    async def start(self, config: Config) -> Config:
+        """Started before the sources; `config` with the simulation's GPU source where it is not NVML (a simulated
+        dcgm-exporter's URL)."""
+
+    async def stop(self) -> None:
+        """Stopped after the sources."""
 
 
 class Runtime:
@@ -69,43 +88,26 @@ class Runtime:
         config: Config,
         *,
         nvml_lib: ModuleType | Any | None = _REAL_NVML,
-        start_simulation: bool = True,
-        simulation_log: Path | None = None,
+        simulated: Simulated | None = None,
+        thresholds: Thresholds | None = None,
     ) -> None:
-        """`nvml_lib`: pynvml or a stand-in with its API; None for no GPUs. `start_simulation=False`
-        leaves the simulated engine to be started by the caller (the drill starts it once Prometheus scrapes)."""
-        self.simulation: Simulation | None = None
-        # The clock every judged duration runs on: the simulation's, built once here and handed to what judges
+        """`nvml_lib`: pynvml or a stand-in with its API; None for no GPUs. `simulated`: the simulation that the
+        configuration's `simulation:` names, built by the caller (simulate/host.py). `thresholds`: what the status
+        page judges its pages with (the bundle's, common/thresholds.py); None: no pages judged."""
+        if config.simulation.scenario and simulated is None:
+            raise ValueError(
+                f"the configuration simulates {config.simulation.scenario!r}: hand the runtime its simulation "
+                "(simulated=oomguard.simulate.host.SimulatedHost(config))"
+            )
+        self.simulated = simulated
+        # The clock every judged duration runs on: the simulation's, built once by it and handed to what judges
         # (the scrapers, the trend's and the events' settings, the status page's sparkline); life's outside one.
-        self.clock: TimeScale = REAL
-        self.sim_dcgm: SimulatedDcgmExporter | None = None
-        self._own_log: Path | None = None
-        if config.simulation.scenario:
-            sim = config.simulation
-            # A log of our own making is removed at stop; one the caller names is the caller's.
-            self._own_log = (
-                None
-                if simulation_log
-                else Path(tempfile.gettempdir()) / (f"oomguard-sim-{os.getpid()}-{secrets.token_hex(4)}.log")
-            )
-            log_path = simulation_log or self._own_log
-            self.simulation = simulation(
-                sim.scenario, gpus=sim.gpus, time_scale=sim.time_scale, log_path=log_path, engine=sim.engine
-            )
-            config = config.model_copy(update={"targets": (*config.targets, self.simulation.target())})
-            if sim.gpu_source == "dcgm":
-                # The cluster mode's GPU source: a simulated dcgm-exporter beside the engine, its URL known at start.
-                self.sim_dcgm = SimulatedDcgmExporter(
-                    self.simulation.current_gpus, node=SIMULATED_NODE, pod=("sim", f"sim-{sim.engine}", sim.engine),
-                    pod_gpus=self.simulation.gpus, version=sim.dcgm_version,
-                )  # fmt: skip
-            # Every duration the exporter judges runs on the scenario's clock (simulate/clock.py).
-            self.clock = TimeScale(sim.time_scale)
-            config = events_on_clock(config, self.clock)
-            log.info("simulation %r: engine at %s, its log in %s", sim.scenario, self.simulation.url, log_path)
+        self.clock: TimeScale = simulated.clock if simulated is not None else REAL
+        if simulated is not None:
+            config = simulated.configure(config)
         self.config = config
+        self.thresholds = thresholds
         self._nvml_lib = nvml_lib
-        self._start_simulation = start_simulation
         self.source_runs = SourceRuns()
         self.collection: Collection | None = None  # set by start()
         self.targets: TargetSet | None = None  # set by start()
@@ -122,20 +124,16 @@ class Runtime:
             return None  # no NVML, or GPU memory from dcgm-exporter instead
         if self._nvml_lib is not _REAL_NVML:
             return self._nvml_lib
-        if self.simulation is not None:
-            return self.simulation.nvml
+        if self.simulated is not None:
+            return self.simulated.nvml
         import pynvml
 
         return pynvml
 
     async def start(self) -> None:
-        if self.sim_dcgm is not None:
-            await self.sim_dcgm.start()
-            dcgm = DcgmConfig(urls=(self.sim_dcgm.url,), timeout_seconds=self.config.nvml.timeout_seconds)
-            self.config = self.config.model_copy(update={"dcgm": dcgm})
+        if self.simulated is not None:
+            self.config = await self.simulated.start(self.config)
         config = self.config
-        if self.simulation is not None and self._start_simulation:
-            await self.simulation.start()
         _say_descriptors(descriptors.budget())
         # One client for every target, for the life of the runtime.
         self._client = EngineClient(limit=scrape_connection_limit(), user_agent=f"oomguard/{__version__}")
@@ -163,7 +161,8 @@ class Runtime:
         # The one set of targets: discovery changes it, on the event loop; the others read it.
         targets = self.targets = TargetSet(make_scraper, config.targets)
         processes = ProcessLookup(finder, targets.local_ports(), self.source_runs)
-        tracker = self.tracker = TrendTracker(trend_on_clock(config, self.clock)) if config.trend.enabled else None
+        trend = self.simulated.trend_settings(config) if self.simulated is not None else config.trend.settings()
+        tracker = self.tracker = TrendTracker(trend) if config.trend.enabled else None
         # Reads the saved state file: not on the event loop.
         events = self._events = await asyncio.to_thread(partial(EventRunner, config, nvml=lib))
         discovery = self.discovery = (
@@ -259,12 +258,8 @@ class Runtime:
             await self.discovery.close()  # after the event sources: a sharded node is let go where they stopped
         if self._client is not None:
             await self._client.close()
-        if self.simulation is not None:
-            await self.simulation.stop()  # first: its supervisor would make the log again at a relaunch
-        if self.sim_dcgm is not None:
-            await self.sim_dcgm.stop()
-        if self._own_log is not None:
-            await asyncio.to_thread(self._own_log.unlink, missing_ok=True)
+        if self.simulated is not None:
+            await self.simulated.stop()
 
     def _close_blocking(self) -> None:
         if self._events is not None:

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from oomguard.common.time_scale import TimeScale
 from oomguard.exporter.collection import Collection
 from oomguard.exporter.exposition import render
 from oomguard.exporter.exposition.health import render_web_config
@@ -20,7 +19,6 @@ from oomguard.exporter.model import Snapshot, TrendKey
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.status import page as status_page
 from oomguard.exporter.status.view import StatusView, build, parse
-from oomguard.exporter.trend.sampler import TrendTracker
 from oomguard.exporter.web_config import WebConfigState
 from oomguard.exporter.web_config.auth import AuthBusy
 from oomguard.exporter.web_config.server import COUNTERS, SERVER_HEADER, WebCounters
@@ -173,15 +171,22 @@ async def _status(request: web.Request) -> StatusView:
     snapshot = await _collection(request).snapshot()
     body = await request.app[RENDERED].of(snapshot)
     runtime = request.app[RUNTIME]
-    return await asyncio.to_thread(_view, body, snapshot, runtime.tracker, runtime.clock)
+    return await asyncio.to_thread(_view, body, snapshot, runtime)
 
 
-def _view(body: bytes, snapshot: Snapshot, tracker: TrendTracker | None, clock: TimeScale) -> StatusView:
-    """(in a thread: a cluster's exposition is megabytes) The view, with each GPU's sparkline from its trend's
-    samples (the trend's clock is real time: the simulation's minutes are shorter)."""
+def _view(body: bytes, snapshot: Snapshot, runtime: Runtime) -> StatusView:
+    """(in a thread: a cluster's exposition is megabytes) The view, its pages judged with the runtime's thresholds,
+    with each GPU's sparkline from its trend's samples (the trend's clock is real time: the simulation's minutes are
+    shorter)."""
     history: dict[tuple[str, str], list[float]] = {}
+    tracker = runtime.tracker
     if tracker is not None:
-        seconds = clock.real(status_page.SPARK_MINUTES * 60)
+        seconds = runtime.clock.real(status_page.SPARK_MINUTES * 60)
         for key in snapshot.nvml.gpus if snapshot.nvml is not None else ():
             history[key.key] = tracker.recent(TrendKey.of_gpu(key.key), seconds)
-    return build(parse(body.decode("utf-8", "replace")), now=snapshot.collected_at, history=history)
+    return build(
+        parse(body.decode("utf-8", "replace")),
+        now=snapshot.collected_at,
+        history=history,
+        thresholds=runtime.thresholds,
+    )

@@ -12,9 +12,9 @@ from simulated_engines import simulated_runtime
 
 from oomguard.common.promtext import FamilyExtractor
 from oomguard.exporter.config import ConfigError
-from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.engines import ENGINE_NAMES, ENGINES
 from oomguard.exporter.engines.sglang.reader import SglangReader
+from oomguard.simulate.checks import load_config
 from oomguard.simulate.engines.sglang import sglang_metrics_text
 from oomguard.simulate.scenarios import GIB, SCENARIOS
 

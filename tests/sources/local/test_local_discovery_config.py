@@ -8,8 +8,8 @@ import pytest
 
 from oomguard.cli import main
 from oomguard.exporter.config import ConfigError
-from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.describe import describe
+from oomguard.simulate.checks import load_config
 
 
 def config_of(tmp_path: Path, text: str):

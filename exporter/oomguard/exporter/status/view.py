@@ -4,9 +4,9 @@ hold now.
 
 Built from an exporter's exposition (its /metrics text), the same input whether the status page renders it in the
 exporter or `oomguard top` reads it from a URL: one view, two renderers (page.py, top.py). What it judges
-("which pages hold now") it judges with the bundle's thresholds (bundle/thresholds.py), the numbers the shipped
-rules are made of, on one reading: conditions, not alerts (a rule's `for:` and Prometheus's evaluation are not
-here).
+("which pages hold now") it judges with the thresholds it is handed (common/thresholds.py: the bundle's, the numbers
+the shipped rules are made of, which the composition root reads), on one reading: conditions, not alerts (a rule's
+`for:` and Prometheus's evaluation are not here).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from oomguard.bundle.thresholds import Thresholds, default_thresholds
+from oomguard.common.thresholds import Thresholds
+from oomguard.common.time_scale import TimeScale
 from oomguard.exporter.exposition.gpu import used_ratio
 
 Sample = tuple[str, dict[str, str], float]
@@ -27,6 +28,7 @@ RowOf = Callable[[dict[str, str]], Any]  # a series' labels -> the row it fills
 Setter = Callable[[RowOf, dict[str, str], float], None]
 MAX_GPUS = 64  # the worst shown: a cluster's exporter holds thousands; the page and the terminal stay readable
 MAX_TARGETS = 64
+NO_THRESHOLDS = "none given: no pages judged"  # a runtime built without the bundle's thresholds
 
 
 @dataclass
@@ -144,10 +146,10 @@ def build(
     *,
     now: float | None = None,
     history: dict[tuple[str, str], list[float]] | None = None,
-    thresholds: Thresholds | None = None,
+    thresholds: Thresholds | None,
 ) -> StatusView:
-    """The view of one reading. `history`: (node, gpu) -> used / total over the last minutes, for the sparklines."""
-    th = thresholds or default_thresholds()
+    """The view of one reading, its pages judged with `thresholds` (None: none judged, as in a runtime built without
+    them). `history`: (node, gpu) -> used / total over the last minutes, for the sparklines."""
     gpus: dict[tuple[str, str], GpuRow] = {}
     targets: dict[str, TargetRow] = {}
     sources: dict[str, bool] = {}
@@ -189,9 +191,10 @@ def build(
         holding=[],
         hidden_gpus=max(0, len(gpu_rows) - MAX_GPUS),
         hidden_targets=max(0, len(target_rows) - MAX_TARGETS),
-        thresholds=th.where,
+        thresholds=thresholds.where if thresholds is not None else NO_THRESHOLDS,
     )
-    view.holding = holding(gpu_rows, list(targets.values()), view.taken_at, th)
+    if thresholds is not None:
+        view.holding = holding(gpu_rows, list(targets.values()), view.taken_at, thresholds)
     return view
 
 
@@ -206,7 +209,7 @@ def holding(gpus: list[GpuRow], targets: list[TargetRow], now: float, th: Thresh
     page = {p.key: p for p in th.pages}
     critical, soon = page["gpu_memory_critical"], page["exhausted_soon"]
     # The thresholds' durations on the clock the readings run on (the rules' own: the bundle's time scale).
-    clock = th.clock
+    clock = TimeScale(th.time_scale)
     exhausted_soon = clock.real(th.exhausted_soon_seconds)
     for g in gpus:
         # As the rules judge them: a GPU the trend gives a time to full is ExhaustedSoon's (on its headroom, or with
