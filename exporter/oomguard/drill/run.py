@@ -39,7 +39,7 @@ from oomguard.drill.services import (
     prometheus_binary,
 )
 from oomguard.drill.tls import DrillTls, check_chain, make_drill_tls, require_cryptography
-from oomguard.drill.webhook import WebhookReceiver
+from oomguard.drill.webhook import Notification, WebhookReceiver
 from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.web import make_app
@@ -453,12 +453,13 @@ def _report(
     start: float, end: float, clock: TimeScale,
 ) -> DrillReport:  # fmt: skip
     sel = '{job="oomguard"}'
-    oom_values = prometheus.query_range(
-        f'oomguard_target_last_event_timestamp_seconds{{job="oomguard",{kind_matcher(LOG_OOM_KINDS)}}}', start, end, 0.5
+    oom_times = _values_seen(
+        prometheus,
+        f'oomguard_target_last_event_timestamp_seconds{{job="oomguard",{kind_matcher(LOG_OOM_KINDS)}}}',
+        start,
+        end,
     )
-    oom_times = sorted({float(v) for s in oom_values for _, v in s["values"]})
-    restart_values = prometheus.query_range(f"oomguard_target_last_restart_timestamp_seconds{sel}", start, end, 0.5)
-    restart_times = sorted({float(v) for s in restart_values for _, v in s["values"]})
+    restart_times = _values_seen(prometheus, f"oomguard_target_last_restart_timestamp_seconds{sel}", start, end)
     crossing = _first_time(prometheus, f"oomguard_gpu_memory_used_ratio{sel} > 0.9", start, end)
     reference = oom_times[0] if oom_times else start
 
@@ -470,66 +471,91 @@ def _report(
         timeline.append((minutes(crossing), "GPU memory crosses 90 %"))
     timeline += [(minutes(t), "OOM event (first line in the engine's log)") for t in oom_times]
     timeline += [(minutes(t), "engine restarted (new process start)") for t in restart_times]
-    fired = {}
-    for series in prometheus.query_range('ALERTS{alertstate="firing"}', start, end, 0.5):
-        name = series["metric"]["alertname"]
-        first = float(series["values"][0][0])
-        fired[name] = min(first, fired.get(name, first))
-    for note in webhook.notifications:
-        if note.status == "firing":
-            timeline.append((minutes(note.at), f"{note.alertname} reached {note.receiver}"))
+    fired = _first_fired(prometheus, start, end)
+    for note in _arrived(webhook):
+        timeline.append((minutes(note.at), f"{note.alertname} reached {note.receiver}"))
     timeline.sort()
 
-    results: list[AlertResult] = []
-    for short, receiver in [*scenario.expected.items(), *((q, "") for q in scenario.quiet)]:
-        name = prefix + short
-        quiet = short in scenario.quiet
-        arrivals = [n for n in webhook.notifications if n.alertname == name and n.status == "firing"]
-        receivers = sorted({n.receiver for n in arrivals})
-        first = min(
-            [n.at for n in arrivals] + ([fired[name]] if receiver is None and name in fired else []), default=None
-        )
-        if quiet:
-            ok = not arrivals and name not in fired
-        elif receiver is None:
-            ok = name in fired and not arrivals
-        elif receiver.endswith("?"):  # delivered there, or inhibited
-            ok = name in fired and set(receivers) <= {receiver.rstrip("?")}
-        else:
-            ok = receivers == [receiver]
-        results.append(
-            AlertResult(
-                name, None if quiet else receiver, quiet, receivers, None if first is None else minutes(first), ok
-            )
-        )
-
-    # Every alert that reached a receiver is in the table, listed in the scenario or not: one not listed is
-    # unexpected, and fails the drill, unless the scenario allows it (a true alarm racing the ones it expects).
-    listed = {r.alert for r in results}
-    for name in sorted({n.alertname for n in webhook.notifications if n.status == "firing"} - listed):
-        arrivals = [n for n in webhook.notifications if n.alertname == name and n.status == "firing"]
-        allowed = name.removeprefix(prefix) in scenario.may_arrive
-        results.append(AlertResult(name, None, False, sorted({n.receiver for n in arrivals}),
-                                   minutes(min(n.at for n in arrivals)), allowed, listed=False))  # fmt: skip
-
-    problems = []
-    lead = None
-    if scenario.memory_alert_before_oom:
-        memory = [
-            n.at
-            for n in webhook.notifications
-            if n.status == "firing" and n.alertname.removeprefix(prefix) in MEMORY_ALERTS
-        ]
-        if not oom_times:
-            problems.append("no OOM event happened: the scenario did not reach its OOM")
-        elif not memory or min(memory) >= oom_times[0]:
-            problems.append("no memory alert arrived before the first OOM event")
-        else:
-            lead = clock.simulated(oom_times[0] - min(memory)) / 60
+    results = [
+        _expected_result(prefix + short, receiver, short in scenario.quiet, _arrived(webhook, prefix + short), fired,
+                         minutes)
+        for short, receiver in [*scenario.expected.items(), *((q, "") for q in scenario.quiet)]
+    ]  # fmt: skip
+    results += _unlisted_results(scenario, webhook, prefix, {r.alert for r in results}, minutes)
+    lead, problems = _memory_lead(scenario, webhook, prefix, oom_times, clock)
     return DrillReport(
         scenario.name, scenario.summary, clock.factor, "the first OOM event" if oom_times else "the start of the drill",
         timeline, results, lead, problems,
     )  # fmt: skip
+
+
+def _values_seen(prometheus: Prometheus, expr: str, start: float, end: float) -> list[float]:
+    """Every value a timestamp series took over the drill, each once, in order."""
+    return sorted({float(v) for s in prometheus.query_range(expr, start, end, 0.5) for _, v in s["values"]})
+
+
+def _first_fired(prometheus: Prometheus, start: float, end: float) -> dict[str, float]:
+    """Each alert that fired in Prometheus, with the first time it did."""
+    fired: dict[str, float] = {}
+    for series in prometheus.query_range('ALERTS{alertstate="firing"}', start, end, 0.5):
+        name = series["metric"]["alertname"]
+        first = float(series["values"][0][0])
+        fired[name] = min(first, fired.get(name, first))
+    return fired
+
+
+def _arrived(webhook: WebhookReceiver, alertname: str | None = None) -> list[Notification]:
+    """The firing notifications the webhook received (of one alert where named)."""
+    return [n for n in webhook.notifications if n.status == "firing" and alertname in (None, n.alertname)]
+
+
+def _expected_result(
+    name: str, receiver: str | None, quiet: bool, arrivals: list[Notification], fired: dict[str, float],
+    minutes: Callable[[float], float],
+) -> AlertResult:  # fmt: skip
+    """One alert the scenario lists: expected at a receiver, firing but routed nowhere (None), delivered or inhibited
+    (a receiver ending in ?), or quiet."""
+    receivers = sorted({n.receiver for n in arrivals})
+    first = min([n.at for n in arrivals] + ([fired[name]] if receiver is None and name in fired else []), default=None)
+    if quiet:
+        ok = not arrivals and name not in fired
+    elif receiver is None:
+        ok = name in fired and not arrivals
+    elif receiver.endswith("?"):  # delivered there, or inhibited
+        ok = name in fired and set(receivers) <= {receiver.rstrip("?")}
+    else:
+        ok = receivers == [receiver]
+    at = None if first is None else minutes(first)
+    return AlertResult(name, None if quiet else receiver, quiet, receivers, at, ok)
+
+
+def _unlisted_results(
+    scenario: DrillScenario, webhook: WebhookReceiver, prefix: str, listed: set[str],
+    minutes: Callable[[float], float],
+) -> list[AlertResult]:  # fmt: skip
+    """Every alert that reached a receiver is in the table, listed in the scenario or not: one not listed is
+    unexpected, and fails the drill, unless the scenario allows it (a true alarm racing the ones it expects)."""
+    results = []
+    for name in sorted({n.alertname for n in _arrived(webhook)} - listed):
+        arrivals = _arrived(webhook, name)
+        allowed = name.removeprefix(prefix) in scenario.may_arrive
+        results.append(AlertResult(name, None, False, sorted({n.receiver for n in arrivals}),
+                                   minutes(min(n.at for n in arrivals)), allowed, listed=False))  # fmt: skip
+    return results
+
+
+def _memory_lead(
+    scenario: DrillScenario, webhook: WebhookReceiver, prefix: str, oom_times: list[float], clock: TimeScale
+) -> tuple[float | None, list[str]]:
+    """Where the scenario wants a memory alert before its OOM: the lead in simulated minutes, or the problem."""
+    if not scenario.memory_alert_before_oom:
+        return None, []
+    memory = [n.at for n in _arrived(webhook) if n.alertname.removeprefix(prefix) in MEMORY_ALERTS]
+    if not oom_times:
+        return None, ["no OOM event happened: the scenario did not reach its OOM"]
+    if not memory or min(memory) >= oom_times[0]:
+        return None, ["no memory alert arrived before the first OOM event"]
+    return clock.simulated(oom_times[0] - min(memory)) / 60, []
 
 
 def run(scenario: DrillScenario, workdir: Path, **kwargs: Any) -> DrillReport:
