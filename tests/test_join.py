@@ -13,7 +13,7 @@ from oomguard.exporter.model import (
     EngineSetting,
     GpuProcess,
     GpuReading,
-    NvmlReading,
+    GpuReadings,
     ProcessTree,
     TargetReading,
 )
@@ -41,7 +41,7 @@ def vllm(
 
 
 def joined(nvml_gpus: list[GpuReading], *targets: TargetReading):
-    nvml = NvmlReading(True, gpus=tuple(nvml_gpus))
+    nvml = GpuReadings(True, gpus=tuple(nvml_gpus))
     memory = join_targets(nvml, targets)
     return memory, {int(index): g for (_node, index), g in join_gpus(nvml, targets, memory).items()}  # one node: ""
 
@@ -207,7 +207,7 @@ def test_two_nodes_gpu_0_are_two_gpus_each_joined_to_its_own_pods() -> None:
     a, b = pod_target("vllm-a", "gpu-a"), pod_target("vllm-b", "gpu-b")
     # A configured target of the exporter's own node ("" outside Kubernetes) claims no other node's GPU 0.
     local = replace(vllm(gpus=(0,), local=False), name="configured")
-    nvml = NvmlReading(True, gpus=(dcgm_gpu("gpu-a", "vllm-a", 0.95 * TOTAL), dcgm_gpu("gpu-b", "vllm-b", 0.5 * TOTAL)))
+    nvml = GpuReadings(True, gpus=(dcgm_gpu("gpu-a", "vllm-a", 0.95 * TOTAL), dcgm_gpu("gpu-b", "vllm-b", 0.5 * TOTAL)))
     memory = join_targets(nvml, [a, b, local])
     assert memory["llm/vllm-a"].gpus == (("gpu-a", "0"),) and memory["llm/vllm-a"].used_bytes == 0.95 * TOTAL
     assert memory["llm/vllm-b"].gpus == (("gpu-b", "0"),) and memory["llm/vllm-b"].used_bytes == 0.5 * TOTAL

@@ -25,10 +25,10 @@ from oomguard.exporter.model import (
     EventSourceHealth,
     GpuProcess,
     GpuReading,
+    GpuReadings,
     LogStreams,
     MigInstance,
     ModelReading,
-    NvmlReading,
     PodRef,
     ProcessTree,
     Snapshot,
@@ -48,7 +48,7 @@ def busy_snapshot() -> Snapshot:
     trend = Trend("climbing", 0.93, 1e-4, 5e-5, 600.0, 70.0)
     model = ModelReading(AWKWARD, 0.97, 12.0, 3.0, 41.0, 1000.0, 250.0, 5.0, 8e9, 2e9, 1.0)
     snapshot = Snapshot(
-        nvml=NvmlReading(
+        gpus=GpuReadings(
             up=True,
             driver_version="550.54.15",
             dcgm_families=(("gpu-a", "total", "DCGM_FI_DEV_FB_CAPACITY_BYTES", "bytes"),),
@@ -131,8 +131,8 @@ def busy_snapshot() -> Snapshot:
         log_streams=LogStreams(open=84, limit=84, waiting=216, refused_total=216),
     )
     # The joins are part of a collection: done here as the collection does them.
-    memory = join_targets(snapshot.nvml, snapshot.targets)
-    gpu_memory = join_gpus(snapshot.nvml, snapshot.targets, memory)
+    memory = join_targets(snapshot.gpus, snapshot.targets)
+    gpu_memory = join_gpus(snapshot.gpus, snapshot.targets, memory)
     return dataclasses.replace(snapshot, memory=memory, gpu_memory=gpu_memory)
 
 
@@ -166,7 +166,7 @@ def test_a_discovered_targets_series_carry_its_pod_and_the_others_empty_ones() -
     pod = TargetReading("llm/vllm-0", "vllm", "http://10.1.2.3:8000", (), True, "up", 0.01,
                         pod=PodRef("llm", "vllm-0", "vllm", probe_grace_seconds=65.0))  # fmt: skip
     static = TargetReading("static", "vllm", "http://127.0.0.1:8000", (), True, "up", 0.01)
-    text = render(Snapshot(nvml=None, targets=(pod, static), sources={}, collected_at=1.7e9)).decode()
+    text = render(Snapshot(gpus=None, targets=(pod, static), sources={}, collected_at=1.7e9)).decode()
     assert 'oomguard_target_up{container="vllm",namespace="llm",pod="vllm-0",target="llm/vllm-0"} 1.0' in text
     assert 'oomguard_target_up{container="",namespace="",pod="",target="static"} 1.0' in text
     assert (
@@ -216,11 +216,11 @@ def test_label_values_hold_no_character_a_line_splitter_or_a_terminal_acts_on(pr
     snapshot = busy_snapshot()
     target = snapshot.targets[0]
     reading = dataclasses.replace(target.engine_reading, models=(ModelReading(hostile, 0.5, 1.0, 2.0, 3.0),))
-    gpu = dataclasses.replace(snapshot.nvml.gpus[0], processes=(GpuProcess(4242, hostile, GIB),))
+    gpu = dataclasses.replace(snapshot.gpus.gpus[0], processes=(GpuProcess(4242, hostile, GIB),))
     snapshot = dataclasses.replace(
         snapshot,
         targets=(dataclasses.replace(target, engine_reading=reading), *snapshot.targets[1:]),
-        nvml=dataclasses.replace(snapshot.nvml, gpus=(gpu, *snapshot.nvml.gpus[1:])),
+        gpus=dataclasses.replace(snapshot.gpus, gpus=(gpu, *snapshot.gpus.gpus[1:])),
     )
     text = render(snapshot).decode()
     assert not ACTING.search(text.replace("\n", "")), ascii(ACTING.search(text.replace("\n", "")))
@@ -237,9 +237,9 @@ def test_a_used_figure_above_the_total_reads_as_full_never_above_one() -> None:
     a driver's glitch) is published as read, and its ratios, documented 0-1, as 1."""
     gpu = GpuReading(0, True, uuid="GPU-1", total_bytes=80.0 * GIB, used_bytes=90.0 * GIB, processes=())
     target = TargetReading("vllm-0", "vllm", "http://127.0.0.1:8000", (0,), True, "up", 0.01)
-    nvml = NvmlReading(up=True, gpus=(gpu,))
-    snapshot = Snapshot(nvml=nvml, targets=(target,), sources={"nvml": SourceResult(True, 0.004)}, collected_at=1.7e9)
-    memory = join_targets(snapshot.nvml, snapshot.targets)
+    nvml = GpuReadings(up=True, gpus=(gpu,))
+    snapshot = Snapshot(gpus=nvml, targets=(target,), sources={"nvml": SourceResult(True, 0.004)}, collected_at=1.7e9)
+    memory = join_targets(snapshot.gpus, snapshot.targets)
     snapshot = dataclasses.replace(snapshot, memory=memory, gpu_memory=join_gpus(nvml, snapshot.targets, memory))
     text = render(snapshot).decode()
     assert support.value(text, "oomguard_gpu_memory_used_bytes", gpu="0") == 90.0 * GIB

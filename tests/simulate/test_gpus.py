@@ -234,7 +234,7 @@ async def test_a_warming_simulated_engine_is_judged_above_the_reservation_on_its
         await runtime.stop()
     assert target.state == "loading" and target.engine_reading is None  # its port closed: nothing reported
     assert target.settings["gpu_memory_utilization"].value == 0.95
-    assert target.process is not None and target.process.root_pid in {p.pid for p in snapshot.nvml.gpus[0].processes}
+    assert target.process is not None and target.process.root_pid in {p.pid for p in snapshot.gpus.gpus[0].processes}
     assert gpu.reserved_bytes == pytest.approx(0.95 * GPU_TOTAL_BYTES)
     assert gpu.headroom_used_ratio < 0.25  # the idle GPU's 0.5 GiB of the 4 GiB headroom, not 95.6 % of the total
 

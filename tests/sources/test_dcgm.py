@@ -10,7 +10,7 @@ from aiohttp import web
 from support import FIXTURES
 
 from oomguard.common.engine_client import EngineClient
-from oomguard.exporter.model import NvmlReading
+from oomguard.exporter.model import GpuReadings
 from oomguard.exporter.sources.dcgm import DcgmEndpoint, DcgmReader
 from oomguard.exporter.sources.dcgm_body import parse as parse_body
 
@@ -195,7 +195,7 @@ async def test_a_gpu_it_stops_listing_is_lost_not_gone_without_a_word(server: tu
         assert {g.node for g in (await reader.read()).gpus} == {"gpu-b"}
 
 
-async def _mig_node(server: tuple[str, Endpoints]) -> NvmlReading:
+async def _mig_node(server: tuple[str, Endpoints]) -> GpuReadings:
     """Node gpu-a's reading of the recorded MIG body (GPU 0 in two 3g.40gb instances, GPU 1 whole)."""
     base, endpoints = server
     endpoints.body = (FIXTURES / "dcgm" / "dcgm-4.x-mig-kubernetes.prom").read_text()

@@ -106,7 +106,7 @@ def test_an_engine_on_a_slice_is_judged_on_the_slice() -> None:
 
 def test_the_instances_are_exported_with_their_identity(promtool: str) -> None:
     nvml = NvmlSource(mig_node()).read()
-    body = render(Snapshot(nvml=nvml, targets=(), sources={"nvml": SourceResult(True, 0.001)}, collected_at=0.0))
+    body = render(Snapshot(gpus=nvml, targets=(), sources={"nvml": SourceResult(True, 0.001)}, collected_at=0.0))
     text = body.decode()
     assert 'oomguard_gpu_memory_total_bytes{gpu="0/2",node=""} 4.294967296e+10' in text
     info = [line for line in text.splitlines() if line.startswith("oomguard_gpu_mig_info{")]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from oomguard.exporter.model import NvmlReading
+from oomguard.exporter.model import GpuReadings
 from oomguard.exporter.sources.nvml_reader import NvmlReader
 
 
@@ -23,9 +23,9 @@ class GatedSource:
     def __init__(self) -> None:
         self.gate = threading.Event()
 
-    def read(self) -> NvmlReading:
+    def read(self) -> GpuReadings:
         self.gate.wait(5)
-        return NvmlReading(up=True, driver_version="test")
+        return GpuReadings(up=True, driver_version="test")
 
     def close(self) -> None:
         pass

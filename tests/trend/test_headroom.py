@@ -18,7 +18,7 @@ from oomguard.exporter.join import GpuClaim
 from oomguard.exporter.model import (
     GpuProcess,
     GpuReading,
-    NvmlReading,
+    GpuReadings,
     Observation,
     ProcessTree,
     TrendKey,
@@ -174,7 +174,7 @@ def _gpu(index: int, used: float, engine_bytes: float | None = None) -> GpuReadi
 
 def test_a_gpu_whose_engine_reserves_is_observed_in_its_headroom() -> None:
     own = 0.9 * TOTAL + 500 * MIB
-    nvml = NvmlReading(up=True, gpus=(_gpu(0, own + 200 * MIB, own), _gpu(1, 30 * TOTAL / 100)))
+    nvml = GpuReadings(up=True, gpus=(_gpu(0, own + 200 * MIB, own), _gpu(1, 30 * TOTAL / 100)))
     claim = GpuClaim(configured=(0,), process=ProcessTree(100, frozenset({100}), 0.0, 0.0))
     seen = observations(nvml, [("llama", claim)], reserving=[("llama", claim, 0.9)])
     headroom = TOTAL - 0.9 * TOTAL

@@ -25,7 +25,7 @@ def test_trend_gauges_from_a_known_trend(promtool: str) -> None:
         scrape_duration_seconds=0.01, engine_reading=EngineReading(models=(), memory_utilization_ratio=0.9),
     )  # fmt: skip
     snapshot = Snapshot(
-        nvml=None, targets=(target,), sources={"targets": SourceResult(True, 0.01)}, collected_at=0.0,
+        gpus=None, targets=(target,), sources={"targets": SourceResult(True, 0.01)}, collected_at=0.0,
         trends={
             TrendKey("gpu", "0", "gpu"): TrendReading(climbing, 80 * GIB),
             TrendKey("target", "llama", "gpu"): TrendReading(climbing, 80 * GIB),

@@ -1,6 +1,6 @@
 """The history through the exporter's own code, at the history's own timestamps.
 
-Each step becomes what the live exporter would have read at that time: an `NvmlReading` of the GPUs and a
+Each step becomes what the live exporter would have read at that time: an `GpuReadings` of the GPUs and a
 `TargetReading` of each engine (its figures as an `EngineReading`, the GPUs it uses told as a pod's, the way the
 cluster mode joins dcgm-exporter's GPUs with pods). Then the live classes run on it, nothing of theirs redone here:
 
@@ -40,9 +40,9 @@ from oomguard.exporter.model import (
     GpuKey,
     GpuProcess,
     GpuReading,
+    GpuReadings,
     MigInstance,
     ModelReading,
-    NvmlReading,
     PodRef,
     ProcessTree,
     Snapshot,
@@ -192,8 +192,8 @@ def series_lines(snapshot: Snapshot, series: SeriesFilter, base: str, prefixes: 
     modules = series.modules
     if health in modules:
         health.add_exporter(out, snapshot)
-    if gpu in modules and snapshot.nvml is not None and any(s in snapshot.sources for s in GPU_SOURCES):
-        gpu.add(out, snapshot.nvml)
+    if gpu in modules and snapshot.gpus is not None and any(s in snapshot.sources for s in GPU_SOURCES):
+        gpu.add(out, snapshot.gpus)
     for target in snapshot.targets:
         if health in modules:
             health.add_target(out, target)
@@ -244,14 +244,19 @@ class _End(Exception):
     pass
 
 
-class _StepNvml:
-    """The NVML reader's stand-in: the step's GPUs."""
+class _StepGpus:
+    """The GPU source's stand-in (sources/gpu_source.py): the step's GPUs, read as NVML's."""
+
+    name = "nvml"
 
     def __init__(self) -> None:
-        self.reading: NvmlReading | None = None
+        self.reading: GpuReadings | None = None
 
-    async def read(self) -> NvmlReading | None:
+    async def read(self) -> GpuReadings | None:
         return self.reading
+
+    def close(self) -> None:
+        """Nothing held."""
 
 
 class _NoProcesses:
@@ -284,9 +289,9 @@ class Replay:
         self.emit = emit
         self.default_utilization = gpu_memory_utilization
         self.tracker = TrendTracker(settings)
-        self._nvml = _StepNvml()
+        self._gpus = _StepGpus()
         self._views: list[TargetView] = []
-        self.observer = TrendObserver(self._nvml, _NoProcesses(), lambda: self._views, self.tracker)  # type: ignore[arg-type]
+        self.observer = TrendObserver(self._gpus, _NoProcesses(), lambda: self._views, self.tracker)  # type: ignore[arg-type]
         self._index: dict[GpuKey, tuple[int, int | None]] = {}
         self._named: dict[str, int] = {}  # node -> next index for a GPU named otherwise
         self._pids: dict[str, int] = {}  # an engine -> the pid its bytes are listed under (GpuRow.engine_used)
@@ -400,7 +405,7 @@ class Replay:
             settings=settings,
         )
 
-    def _prepare(self, step: Step) -> tuple[NvmlReading, tuple[TargetReading, ...]]:
+    def _prepare(self, step: Step) -> tuple[GpuReadings, tuple[TargetReading, ...]]:
         gpus = tuple(self._reading(row) for row in step.gpus)
         engines = dict(step.engines)
         nodes_of: dict[str, list[str]] = {}
@@ -427,9 +432,9 @@ class Replay:
             raise BacktestError(f"more than {MAX_TARGETS:,} engines in the history: backtest a part of it at a time")
         engines = self.loads.infer(step, engines)
         targets = tuple(self._target(engine, nodes_of.get(name, []), name in own) for name, engine in engines.items())
-        return NvmlReading(up=True, gpus=gpus), targets
+        return GpuReadings(up=True, gpus=gpus), targets
 
-    def _account(self, t: float, nvml: NvmlReading, targets: tuple[TargetReading, ...], snapshot: Snapshot) -> None:
+    def _account(self, t: float, nvml: GpuReadings, targets: tuple[TargetReading, ...], snapshot: Snapshot) -> None:
         for reading in nvml.gpus:
             key = reading.key
             cover = self.coverage.get(key)
@@ -514,20 +519,20 @@ class Replay:
             engines_inferred=set(self.loads.engines),
         )
 
-    def _set(self, step: Step, prepared: tuple[NvmlReading, tuple[TargetReading, ...]]) -> None:
+    def _set(self, step: Step, prepared: tuple[GpuReadings, tuple[TargetReading, ...]]) -> None:
         nvml, targets = prepared
-        self._nvml.reading = nvml
+        self._gpus.reading = nvml
         self._views = [
             TargetView(t.name, (), None, t.state, t.engine_reading is not None and t.engine_reading.asleep, t.pod,
                        reservation(t))
             for t in targets
         ]  # fmt: skip
 
-    def _publish(self, t: float, nvml: NvmlReading, targets: tuple[TargetReading, ...]) -> None:
+    def _publish(self, t: float, nvml: GpuReadings, targets: tuple[TargetReading, ...]) -> None:
         """The step's snapshot as a scrape's collection makes it, its exposition filtered and emitted."""
         memory = join_targets(nvml, targets)
         snapshot = Snapshot(
-            nvml=nvml,
+            gpus=nvml,
             targets=targets,
             sources={"nvml": SourceResult(True, 0.0)},
             collected_at=t,

@@ -16,10 +16,9 @@ from collections.abc import Awaitable, Callable
 from oomguard.common.engine_client import EngineClient
 from oomguard.exporter.events.runner import EventRunner
 from oomguard.exporter.join import join_gpus, join_targets
-from oomguard.exporter.model import LogStreams, NvmlReading, Snapshot, TargetReading
-from oomguard.exporter.sources.dcgm import DcgmReader
+from oomguard.exporter.model import GpuReadings, LogStreams, Snapshot, TargetReading
+from oomguard.exporter.sources.gpu_source import GpuSource
 from oomguard.exporter.sources.local.settings import SettingsReader
-from oomguard.exporter.sources.nvml_reader import NvmlReader
 from oomguard.exporter.sources.process_lookup import ProcessLookup
 from oomguard.exporter.sources.source_runs import SourceRuns
 from oomguard.exporter.sources.target_set import TargetSet
@@ -35,12 +34,12 @@ class Collection:
         *,
         source_runs: SourceRuns,
         client: EngineClient,
-        gpu_source: NvmlReader | DcgmReader | None,
+        gpu_source: GpuSource | None,
         targets: TargetSet,
         processes: ProcessLookup,
         tracker: TrendTracker | None = None,
         events: EventRunner | None = None,
-        attribute: Callable[[NvmlReading | None, tuple[TargetReading, ...]], Awaitable[tuple[TargetReading, ...]]]
+        attribute: Callable[[GpuReadings | None, tuple[TargetReading, ...]], Awaitable[tuple[TargetReading, ...]]]
         | None = None,
         settings: SettingsReader | None = None,
         local_node: str = "",
@@ -55,7 +54,7 @@ class Collection:
         `log_streams`: the cluster mode's log streams against their budget (sources/kubernetes/log_budget.py)."""
         self.source_runs = source_runs
         self.client = client
-        self.gpu_source = gpu_source  # the GPUs' reader: NVML, or the cluster mode's dcgm-exporters
+        self.gpu_source = gpu_source  # the GPUs' reader (sources/gpu_source.py), whichever the configuration chose
         self.targets = targets
         self.processes = processes
         self.tracker = tracker
@@ -82,7 +81,7 @@ class Collection:
     async def _collect(self) -> Snapshot:
         targets, gpus = await asyncio.gather(
             self.source_runs.run("targets", self._scrape_targets()),
-            # dcgm-exporter's reading is up while any node answers; its success wants every node's
+            # a source's reading is up while any of its nodes answers (dcgm-exporter's); its success wants all
             self.source_runs.run(self.gpu_source.name, self._read_gpus(), ok=lambda r: r.up and not r.error)
             if self.gpu_source
             else _none(),
@@ -99,7 +98,7 @@ class Collection:
         # As the last poll left them: no lock taken on the loop, no dict read while a poll changes it.
         seen = events.view if events else None
         snapshot = Snapshot(
-            nvml=gpus,  # whichever source read them
+            gpus=gpus,  # whichever GPU source read them
             targets=targets,
             sources=self.source_runs.results(),
             collected_at=time.time(),
@@ -123,7 +122,7 @@ class Collection:
         self.last = snapshot
         return snapshot
 
-    async def _read_gpus(self) -> NvmlReading:
+    async def _read_gpus(self) -> GpuReadings:
         # The targets' requests leave first: the slowest target bounds the scrape, and the read's thread, started
         # first, held the GIL while they were being sent (0.7 ms before the first left, bench/bench_scrape.py).
         await asyncio.sleep(0)
@@ -140,5 +139,5 @@ class Collection:
                 lookup.cancel()
 
 
-async def _none() -> NvmlReading | None:
+async def _none() -> GpuReadings | None:
     return None

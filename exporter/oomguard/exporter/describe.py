@@ -8,6 +8,7 @@ import os
 
 from oomguard.exporter.config import Config, TargetConfig
 from oomguard.exporter.events.cgroup import V2_FILE, counter_file
+from oomguard.exporter.sources.gpu_source import describe_gpus
 
 
 def _logs(target: TargetConfig) -> str:
@@ -73,7 +74,7 @@ def describe(config: Config) -> list[str]:
             "watched; add the engines under targets: (docs/configuration.md), a kubernetes: block "
             "(docs/kubernetes.md), or set discovery.local to auto"
         )
-    lines.append(_gpus(config))
+    lines.append(describe_gpus(config))  # the chosen GPU source's line (sources/gpu_source.py)
     lines.append(
         f"kernel OOM kills: from {config.events.kernel_log_path} where readable, each also counted for the target "
         "whose process or pod it killed"
@@ -86,22 +87,6 @@ def describe(config: Config) -> list[str]:
         else "state: in memory only (no state_dir): event counts start from zero at each restart"
     )
     return lines
-
-
-def _gpus(config: Config) -> str:
-    dcgm = config.dcgm
-    if dcgm is not None and dcgm.discover:
-        return (
-            f"GPUs: every node's, from its dcgm-exporter pod ({dcgm.label_selector} in {', '.join(dcgm.namespaces)}, "
-            f"port {dcgm.port}, controlled by DaemonSet {' or '.join(dcgm.daemonsets)}); no per-process memory, no XIDs"
-        )
-    if dcgm is not None:
-        return f"GPUs: this node's, from dcgm-exporter at {', '.join(dcgm.urls)}; no per-process memory, no XIDs"
-    if config.nvml.enabled:
-        if config.nvml.per_process:
-            return "GPUs: every GPU NVML finds, with each process's memory (nvml.per_process: true)"
-        return "GPUs: every GPU NVML finds, with no per-process memory (nvml.per_process: false)"
-    return "GPUs: none (nvml.enabled is false): no GPU memory, no memory alerts"
 
 
 def warnings(config: Config) -> list[str]:

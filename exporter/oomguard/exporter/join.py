@@ -26,7 +26,7 @@ from oomguard.exporter.model import (
     GpuKey,
     GpuMemory,
     GpuReading,
-    NvmlReading,
+    GpuReadings,
     PodRef,
     ProcessTree,
     TargetMemory,
@@ -184,11 +184,11 @@ def by_node(gpus: Mapping[GpuKey, GpuReading]) -> dict[str, dict[GpuKey, GpuRead
 
 
 def join_targets(
-    nvml: NvmlReading | None, targets: Iterable[TargetReading], local_node: str = ""
+    readings: GpuReadings | None, targets: Iterable[TargetReading], local_node: str = ""
 ) -> dict[str, TargetMemory]:
-    """Every target of a collection joined with the GPUs NVML read (none when it did not). `local_node`: the
+    """Every target of a collection joined with the GPUs the GPU source read (none when it did not). `local_node`: the
     exporter's own node, where a target that is no pod runs."""
-    nodes = by_node(up_gpus(nvml.gpus)) if nvml is not None else {}
+    nodes = by_node(up_gpus(readings.gpus)) if readings is not None else {}
     out = {}
     for t in targets:
         c = claim(t.gpus, t.process, t.pod, local_node)
@@ -197,10 +197,10 @@ def join_targets(
 
 
 def join_gpus(
-    nvml: NvmlReading | None, targets: Iterable[TargetReading], memory: Mapping[str, TargetMemory]
+    readings: GpuReadings | None, targets: Iterable[TargetReading], memory: Mapping[str, TargetMemory]
 ) -> dict[GpuKey, GpuMemory]:
     """Every GPU on which an awake engine with a known reservation (`reservation`) runs, with its engines."""
-    if nvml is None:
+    if readings is None:
         return {}
     engines_on: dict[GpuKey, list[tuple[float, dict[GpuKey, float] | None]]] = {}
     for t in targets:
@@ -211,7 +211,7 @@ def join_gpus(
         for key in joined.gpus:
             engines_on.setdefault(key, []).append((ratio, joined.own_by_gpu))
     out = {}
-    for gpu in nvml.gpus:
+    for gpu in readings.gpus:
         if gpu.up and (joined_gpu := join_gpu(gpu, engines_on.get(gpu.key, []))) is not None:
             out[gpu.key] = joined_gpu
     return out

@@ -101,8 +101,9 @@ class GpuReading:
 
 
 @dataclass(frozen=True, slots=True)
-class NvmlReading:
-    """What the GPU source read: NVML on this host, or dcgm-exporter (sources/dcgm.py) on one node or many."""
+class GpuReadings:
+    """What a GPU source read (sources/gpu_source.py): NVML on this host, or dcgm-exporter (sources/dcgm.py) on one
+    node or many."""
 
     up: bool
     driver_version: str = ""
@@ -679,7 +680,7 @@ class SourceResult:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    nvml: NvmlReading | None  # None when the NVML collector is turned off
+    gpus: GpuReadings | None  # what the GPU source read (sources/gpu_source.py); None when no GPU source is on
     targets: tuple[TargetReading, ...]
     sources: dict[str, SourceResult]
     collected_at: float

@@ -7,7 +7,8 @@ in, `Simulated`: the exporter imports no simulator); the web layer only calls `s
 - the event loop: the collection (scrapes of the targets, coalesced), the trend
   sampler's loop, the event poller's loop, the startup watch (/health of the targets
   not up, between scrapes), the simulation's supervisor;
-- the NVML thread (sources/nvml_reader.py): every NVML read, one at a time;
+- the GPU source (sources/gpu_source.py): NVML's thread (sources/nvml_reader.py), every NVML read one at a time, or
+  dcgm-exporter's requests on the event loop (sources/dcgm.py);
 - worker threads (asyncio.to_thread): the process lookup, the trend analysis, each
   poll of the event sources, the event state file;
 - the XID thread (events/xid.py): waits for NVML's XID events, which the event poller takes.
@@ -32,13 +33,10 @@ from oomguard.exporter.config import Config, TargetConfig
 from oomguard.exporter.events.kubernetes import PodEvents
 from oomguard.exporter.events.runner import EventRunner
 from oomguard.exporter.model import TrendSettings
-from oomguard.exporter.sources.dcgm import DcgmEndpoint, DcgmReader
-from oomguard.exporter.sources.dcgm_body import Fields
+from oomguard.exporter.sources.gpu_source import NVML, GpuSource, GpuSourceContext, build_gpu_source, chosen_gpu_source
 from oomguard.exporter.sources.kubernetes.discovery import KubernetesDiscovery
 from oomguard.exporter.sources.local.discovery import LocalDiscovery
 from oomguard.exporter.sources.local.settings import SettingsReader
-from oomguard.exporter.sources.nvml import NvmlSource
-from oomguard.exporter.sources.nvml_reader import NvmlReader
 from oomguard.exporter.sources.process_lookup import ProcessLookup
 from oomguard.exporter.sources.processes import ProcessFinder
 from oomguard.exporter.sources.source_runs import SourceRuns
@@ -113,15 +111,15 @@ class Runtime:
         self.targets: TargetSet | None = None  # set by start()
         self.tracker: TrendTracker | None = None  # set by start() where trends are on: the status page's sparklines
         self._client: EngineClient | None = None
-        self._nvml: NvmlReader | None = None
+        self._gpus: GpuSource | None = None
         self._events: EventRunner | None = None
         self.discovery: KubernetesDiscovery | None = None
         self.local_discovery: LocalDiscovery | None = None
         self._tasks: list[asyncio.Future[Any]] = []
 
     def _lib(self) -> ModuleType | Any | None:
-        if not self.config.nvml.enabled or self.config.dcgm is not None:
-            return None  # no NVML, or GPU memory from dcgm-exporter instead
+        if chosen_gpu_source(self.config) is not NVML:
+            return None  # no GPUs read, or read from another source: NVML's library is the XID events' too
         if self._nvml_lib is not _REAL_NVML:
             return self._nvml_lib
         if self.simulated is not None:
@@ -138,14 +136,6 @@ class Runtime:
         # One client for every target, for the life of the runtime.
         self._client = EngineClient(limit=scrape_connection_limit(), user_agent=f"oomguard/{__version__}")
         lib = self._lib()
-        nvml = self._nvml = (
-            NvmlReader(
-                NvmlSource(lib, per_process=config.nvml.per_process, node=config.local_node),
-                config.nvml.timeout_seconds,
-            )
-            if lib is not None
-            else None
-        )
         finder = ProcessFinder()
 
         def make_scraper(t: TargetConfig) -> TargetScraper:
@@ -172,15 +162,10 @@ class Runtime:
             if config.kubernetes is not None
             else None
         )
-        gpus: NvmlReader | DcgmReader | None = nvml
-        if config.dcgm is not None:
-            dcgm = config.dcgm
-            configured = [DcgmEndpoint(url, config.local_node) for url in dcgm.urls]
-            endpoints = discovery.dcgm_endpoints if discovery is not None and dcgm.discover else lambda: configured
-            gpus = DcgmReader(
-                self._client, endpoints, timeout_seconds=dcgm.timeout_seconds, max_body_bytes=dcgm.max_body_bytes,
-                fields=Fields(**dcgm.fields.model_dump()),
-            )  # fmt: skip
+        gpus = self._gpus = build_gpu_source(
+            config,
+            GpuSourceContext(self._client, lib, discovery.dcgm_endpoints if discovery is not None else None),
+        )
         local = self.local_discovery = (
             LocalDiscovery(config, source_runs=self.source_runs, targets=targets, processes=processes)
             if config.discovers_local
@@ -264,8 +249,8 @@ class Runtime:
     def _close_blocking(self) -> None:
         if self._events is not None:
             self._events.close()
-        if self._nvml is not None:
-            self._nvml.close()
+        if self._gpus is not None:
+            self._gpus.close()
 
 
 def _say_descriptors(shares: descriptors.Budget) -> None:

@@ -182,7 +182,7 @@ def _view(body: bytes, snapshot: Snapshot, runtime: Runtime) -> StatusView:
     tracker = runtime.tracker
     if tracker is not None:
         seconds = runtime.clock.real(status_page.SPARK_MINUTES * 60)
-        for key in snapshot.nvml.gpus if snapshot.nvml is not None else ():
+        for key in snapshot.gpus.gpus if snapshot.gpus is not None else ():
             history[key.key] = tracker.recent(TrendKey.of_gpu(key.key), seconds)
     return build(
         parse(body.decode("utf-8", "replace")),

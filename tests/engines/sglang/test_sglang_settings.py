@@ -176,10 +176,10 @@ async def test_503_while_starting_is_loading(sglang: FakeSglang) -> None:
 def test_the_fraction_reserves_its_gpus_as_gpu_memory_utilization_does() -> None:
     """Joined like vLLM's: the budget on its GPU, and the GPU's headroom left beyond the reservation."""
     from oomguard.exporter.join import join_gpus, join_targets
-    from oomguard.exporter.model import EngineReading, GpuReading, NvmlReading, TargetReading
+    from oomguard.exporter.model import EngineReading, GpuReading, GpuReadings, TargetReading
 
     gib = 2**30
-    nvml = NvmlReading(True, gpus=(GpuReading(0, True, total_bytes=80 * gib, used_bytes=74 * gib, processes=()),))
+    nvml = GpuReadings(True, gpus=(GpuReading(0, True, total_bytes=80 * gib, used_bytes=74 * gib, processes=()),))
     reading = EngineReading(models=(), memory_utilization_ratio=0.871)
     target = TargetReading("sglang-0", "sglang", "http://h:30000", (0,), True, "up", 0.01, engine_reading=reading)
     memory = join_targets(nvml, [target])

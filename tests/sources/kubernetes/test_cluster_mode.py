@@ -249,7 +249,7 @@ def test_pods_dcgm_exporter_does_not_map_are_said_once(caplog: pytest.LogCapture
     """Their memory figures would be absent without a word: a node whose dcgm-exporter maps no pod (its Kubernetes
     mapping off) is said once, a pod its node's dcgm-exporter does not name is said once, and said again only
     after it was mapped in between."""
-    from oomguard.exporter.model import GpuReading, NvmlReading
+    from oomguard.exporter.model import GpuReading, GpuReadings
     from oomguard.exporter.sources.kubernetes.discovery import UnmappedPods
     from oomguard.exporter.sources.kubernetes.pods import pod_target
 
@@ -258,7 +258,7 @@ def test_pods_dcgm_exporter_does_not_map_are_said_once(caplog: pytest.LogCapture
 
     pods = [pod_target(objects.pod(name, "10.0.0.9", 8000, node=node), "http") for name, node in
             (("vllm-a", "gpu-a"), ("vllm-b", "gpu-a"), ("vllm-c", "gpu-c"), ("vllm-d", "gpu-d"))]  # fmt: skip
-    reading = NvmlReading(True, gpus=(gpu("gpu-a", "vllm-a"), gpu("gpu-c")))  # gpu-d: no dcgm-exporter read
+    reading = GpuReadings(True, gpus=(gpu("gpu-a", "vllm-a"), gpu("gpu-c")))  # gpu-d: no dcgm-exporter read
     unmapped = UnmappedPods()
     for _ in range(3):
         unmapped.say(reading, [p for p in pods if p is not None])
@@ -267,7 +267,7 @@ def test_pods_dcgm_exporter_does_not_map_are_said_once(caplog: pytest.LogCapture
     assert "names no GPU of pod llm/vllm-b" in said[0]
     assert "dcgm-exporter on node gpu-c names no pod on its GPUs: its Kubernetes mapping is off" in said[1]
     # vllm-b mapped, then not again: said again.
-    unmapped.say(NvmlReading(True, gpus=(gpu("gpu-a", "vllm-a", "vllm-b"),)), [p for p in pods if p is not None])
+    unmapped.say(GpuReadings(True, gpus=(gpu("gpu-a", "vllm-a", "vllm-b"),)), [p for p in pods if p is not None])
     unmapped.say(reading, [p for p in pods if p is not None])
     assert len(caplog.records) == 3
 

@@ -28,8 +28,8 @@ def families(snapshot: Snapshot, *, keep_samples: bool = False) -> Exposition:
     pods = {t.name: (t.pod.namespace, t.pod.name, t.pod.container) for t in snapshot.targets if t.pod}
     out = Exposition(METRICS, _DECLARED, pods, keep_samples=keep_samples)
     health.add_exporter(out, snapshot)
-    if snapshot.nvml is not None and any(source in snapshot.sources for source in GPU_SOURCES):
-        gpu.add(out, snapshot.nvml)
+    if snapshot.gpus is not None and any(source in snapshot.sources for source in GPU_SOURCES):
+        gpu.add(out, snapshot.gpus)
     for target in snapshot.targets:
         health.add_target(out, target)
         engine.add(out, target)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from oomguard.exporter.exposition.encoder import Exposition
 from oomguard.exporter.exposition.spec import CONDITIONAL, metric
-from oomguard.exporter.model import NvmlReading
+from oomguard.exporter.model import GpuReadings
 
 SECTION = "GPU (NVML)"
 GPU_INFO = metric(
@@ -109,11 +109,11 @@ def used_ratio(used_bytes: float, total_bytes: float) -> float:
     return min(max(used_bytes, 0.0), total_bytes) / total_bytes
 
 
-def add(out: Exposition, nvml: NvmlReading) -> None:
-    driver = nvml.driver_version
-    for node, figure, family, unit in nvml.dcgm_families:
+def add(out: Exposition, readings: GpuReadings) -> None:
+    driver = readings.driver_version
+    for node, figure, family, unit in readings.dcgm_families:
         out.add(DCGM_MEMORY_FAMILY_INFO, (node, figure, family, unit), 1.0)
-    for gpu in nvml.gpus:
+    for gpu in readings.gpus:
         g = (gpu.node, gpu.label)
         out.add(GPU_UP, g, 1.0 if gpu.up else 0.0)
         if gpu.uuid:

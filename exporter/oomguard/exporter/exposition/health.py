@@ -25,7 +25,7 @@ SOURCE_SUCCESS = metric(
     "gauge",
     "",
     "source",
-    "1 when the source (nvml or dcgm, targets, processes, settings, events, local_discovery, kubernetes, pod_processes: those in use) completed in time in its last run; for kubernetes, its last list or watch of the API.",
+    f"1 when the source ({' or '.join(GPU_SOURCES)}, targets, processes, settings, events, local_discovery, kubernetes, pod_processes: those in use) completed in time in its last run; for kubernetes, its last list or watch of the API.",
 )
 SOURCE_DURATION_SECONDS = metric(
     SECTION,
@@ -233,7 +233,7 @@ def add_exporter(out: Exposition, snapshot: Snapshot) -> None:
         out.add(SOURCE_SUCCESS, (name,), 1.0 if result.success else 0.0)
         out.add(SOURCE_DURATION_SECONDS, (name,), result.duration_seconds)
     if any(source in snapshot.sources for source in GPU_SOURCES):
-        out.add(NVML_UP, (), 1.0 if snapshot.nvml is not None and snapshot.nvml.up else 0.0)
+        out.add(NVML_UP, (), 1.0 if snapshot.gpus is not None and snapshot.gpus.up else 0.0)
     if (streams := snapshot.log_streams) is not None:
         out.add(LOG_STREAMS_OPEN, (), float(streams.open))
         out.add(LOG_STREAMS_LIMIT, (), float(streams.limit))

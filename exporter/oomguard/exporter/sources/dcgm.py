@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from oomguard.common.engine_client import BodyTooLarge, EngineClient, EngineHttpError, get
-from oomguard.exporter.model import GpuReading, MigInstance, NvmlReading, gpu_order
+from oomguard.exporter.model import GpuReading, GpuReadings, MigInstance, gpu_order
 from oomguard.exporter.sources.dcgm_body import DEFAULT_FIELDS, DcgmBody, DcgmBodyError, Fields, parse
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,7 @@ class _Fetched:
 
 
 class DcgmReader:
-    """Reads every dcgm-exporter endpoint at once; `read` has NvmlReader's shape, so the collection and the trend
-    sampler take either."""
+    """Reads every dcgm-exporter endpoint at once: a GPU source (sources/gpu_source.py), as NVML's reader is."""
 
     name = SOURCE
 
@@ -70,22 +69,25 @@ class DcgmReader:
         # writing a GPU it cannot read), and is read as NVML reads a lost GPU, down, rather than gone without a word.
         self._seen: dict[DcgmEndpoint, dict[str, GpuReading]] = {}
         self._said_mig: set[str] = set()  # nodes whose MIG instances were said to be skipped
-        self._in_flight: asyncio.Future[NvmlReading] | None = None
+        self._in_flight: asyncio.Future[GpuReadings] | None = None
 
-    async def read(self) -> NvmlReading:
+    async def read(self) -> GpuReadings:
         """Every endpoint's GPUs; a scrape and a trend tick at once share one round of requests."""
         if self._in_flight is None:
             self._in_flight = asyncio.ensure_future(self._read())
             self._in_flight.add_done_callback(self._clear)
         return await asyncio.shield(self._in_flight)  # one caller cancelled does not cancel the others' read
 
-    def _clear(self, _: asyncio.Future[NvmlReading]) -> None:
+    def close(self) -> None:
+        """Nothing of its own to let go: its client is the runtime's, closed by it."""
+
+    def _clear(self, _: asyncio.Future[GpuReadings]) -> None:
         self._in_flight = None
 
-    async def _read(self) -> NvmlReading:
+    async def _read(self) -> GpuReadings:
         endpoints = list(self.endpoints())
         if not endpoints:
-            return NvmlReading(up=False, error="no dcgm-exporter found (see docs/kubernetes.md)")
+            return GpuReadings(up=False, error="no dcgm-exporter found (see docs/kubernetes.md)")
         fetched = await asyncio.gather(*(self._fetch(e) for e in endpoints))
         return await asyncio.to_thread(self._reading, fetched)
 
@@ -102,7 +104,7 @@ class DcgmReader:
             return _Fetched(endpoint, error=f"HTTP {answer.status}")
         return _Fetched(endpoint, answer.body)
 
-    def _reading(self, fetched: list[_Fetched]) -> NvmlReading:
+    def _reading(self, fetched: list[_Fetched]) -> GpuReadings:
         """The bodies parsed and put together (blocking: runs in a thread)."""
         gpus: list[GpuReading] = []
         errors: list[str] = []
@@ -140,7 +142,7 @@ class DcgmReader:
         )  # fmt: skip
         gpus.sort(key=lambda g: gpu_order(g.key))
         # Up while any node answers: a failing one is the source's failure (its success 0), not every GPU's.
-        return NvmlReading(up=len(errors) < len(fetched), gpus=tuple(gpus), error="; ".join(errors),
+        return GpuReadings(up=len(errors) < len(fetched), gpus=tuple(gpus), error="; ".join(errors),
                            dcgm_families=families)  # fmt: skip
 
     def _say_mig(self, endpoint: DcgmEndpoint, body: DcgmBody) -> None:

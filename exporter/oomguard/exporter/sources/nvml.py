@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from oomguard.exporter.model import GpuProcess, GpuReading, MigInstance, NvmlReading, gpu_label
+from oomguard.exporter.model import GpuProcess, GpuReading, GpuReadings, MigInstance, gpu_label
 
 log = logging.getLogger(__name__)
 
@@ -148,19 +148,19 @@ class NvmlSource:
                 self._initialised = False
 
     # -- reading ---------------------------------------------------------------------------
-    def read(self) -> NvmlReading:
+    def read(self) -> GpuReadings:
         with self._lock:
             if not self._ensure_init():
-                return NvmlReading(up=False, error=self._init_error)
+                return GpuReadings(up=False, error=self._init_error)
             try:
                 count = self._lib.nvmlDeviceGetCount()
             except self._lib.NVMLError as exc:
-                return NvmlReading(up=False, driver_version=self._driver_version, error=f"nvmlDeviceGetCount: {exc}")
+                return GpuReadings(up=False, driver_version=self._driver_version, error=f"nvmlDeviceGetCount: {exc}")
             gpus = tuple(g for index in range(count) for g in self._read_device(index))
             seen = {p.pid for g in gpus for p in g.processes or ()}
             for pid in set(self._process_names) - seen:
                 del self._process_names[pid]
-            return NvmlReading(up=True, driver_version=self._driver_version, gpus=gpus)
+            return GpuReadings(up=True, driver_version=self._driver_version, gpus=gpus)
 
     def _static(self, index: int) -> _Gpu:
         gpu = self._gpus.get(index)

@@ -6,13 +6,15 @@ import asyncio
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from oomguard.exporter.model import NvmlReading
+from oomguard.exporter.model import GpuReadings
 from oomguard.exporter.sources.nvml import NvmlSource
 
 log = logging.getLogger(__name__)
 
 
 class NvmlReader:
+    """NVML's GPU source (sources/gpu_source.py)."""
+
     name = "nvml"
 
     def __init__(self, source: NvmlSource, timeout_seconds: float) -> None:
@@ -21,9 +23,9 @@ class NvmlReader:
         # One thread for NVML: a hung driver call blocks only this thread, and a
         # second read is not stacked behind it (see read).
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
-        self._future: Future[NvmlReading] | None = None
+        self._future: Future[GpuReadings] | None = None
 
-    async def read(self) -> NvmlReading:
+    async def read(self) -> GpuReadings:
         """The current reading; raises TimeoutError after timeout_seconds."""
         if self._future is None or self._future.done():
             self._future = self._thread.submit(self.source.read)
@@ -48,7 +50,7 @@ class NvmlReader:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-def _retrieve(future: asyncio.Future[NvmlReading]) -> None:
+def _retrieve(future: asyncio.Future[GpuReadings]) -> None:
     """Marks a read's outcome as seen: one nobody awaits any more (timed out, cancelled) logs no warning."""
     if not future.cancelled():
         future.exception()

@@ -6,9 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from oomguard.exporter.join import GpuClaim, by_node, claim, claim_gpus, target_gpus, up_gpus
-from oomguard.exporter.model import GpuKey, NvmlReading, Observation, ProcessTree, TargetView, TrendKey
-from oomguard.exporter.sources.dcgm import DcgmReader
-from oomguard.exporter.sources.nvml_reader import NvmlReader
+from oomguard.exporter.model import GpuKey, GpuReadings, Observation, ProcessTree, TargetView, TrendKey
+from oomguard.exporter.sources.gpu_source import GpuSource
 from oomguard.exporter.sources.process_lookup import ProcessLookup
 from oomguard.exporter.trend.sampler import TrendTracker, observations
 
@@ -27,16 +26,16 @@ class TrendObserver:
 
     def __init__(
         self,
-        nvml: NvmlReader | DcgmReader | None,
+        gpu_source: GpuSource | None,
         processes: ProcessLookup,
         targets: Callable[[], Sequence[TargetView]],
         tracker: TrendTracker,
-        pod_processes: Callable[[NvmlReading | None], Awaitable[dict[str, ProcessTree]]] | None = None,
+        pod_processes: Callable[[GpuReadings | None], Awaitable[dict[str, ProcessTree]]] | None = None,
         local_node: str = "",
     ) -> None:
         """`targets`: the targets as they stand (sources/target_set.py `views`); `pod_processes`: discovered pods'
         processes by target name (sources/kubernetes/), where there are any; `local_node`: the exporter's node."""
-        self.nvml = nvml
+        self.gpu_source = gpu_source
         self.local_node = local_node
         self.pod_processes = pod_processes
         self.processes = processes
@@ -47,14 +46,14 @@ class TrendObserver:
 
     async def observe(self) -> dict[TrendKey, Observation]:
         """GPUs, and each target's GPUs and local processes."""
-        nvml: NvmlReading | None = None
-        if self.nvml is not None:
+        gpus: GpuReadings | None = None
+        if self.gpu_source is not None:
             try:
-                nvml = await self.nvml.read()
+                gpus = await self.gpu_source.read()
             except TimeoutError:
-                nvml = None  # the GPU series miss this tick; the sampler goes on
+                gpus = None  # the GPU series miss this tick; the sampler goes on
         trees = await self.processes.get(max_age=PROCESS_LOOKUP_MAX_AGE)
-        pods = await self.pod_processes(nvml) if self.pod_processes is not None else {}
+        pods = await self.pod_processes(gpus) if self.pod_processes is not None else {}
         views = self.targets()
         node = self.local_node
         targets: list[tuple[str, GpuClaim]] = [
@@ -67,7 +66,7 @@ class TrendObserver:
         loading = {v.name for v in views if v.state == "loading"}
         woke, self._asleep = self._asleep - asleep, asleep
         loaded, self._loading = self._loading - loading, loading
-        nodes = by_node(up_gpus(nvml.gpus)) if nvml else {}
+        nodes = by_node(up_gpus(gpus.gpus)) if gpus else {}
 
         def gpus_of(names: set[str]) -> set[GpuKey]:
             return {key for name, c in targets if name in names for key in target_gpus(c, claim_gpus(c, nodes))}
@@ -80,4 +79,4 @@ class TrendObserver:
         active = [t for t in targets if t[0] not in asleep | loading]
         quiet_gpus = gpus_of(loading) - gpus_of({t[0] for t in active})
         reserving = [(name, c, held[name]) for name, c in targets if name in held]
-        return await asyncio.to_thread(observations, nvml, active, quiet_gpus, reserving)
+        return await asyncio.to_thread(observations, gpus, active, quiet_gpus, reserving)

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Collection
 import psutil
 
 from oomguard.exporter.join import GpuClaim, by_node, claim_gpus, join, join_gpu, up_gpus
-from oomguard.exporter.model import GpuKey, NvmlReading, Observation, TrendKey, TrendReading
+from oomguard.exporter.model import GpuKey, GpuReadings, Observation, TrendKey, TrendReading
 from oomguard.exporter.trend.analysis import Series, TrendSettings
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class Sampler:
 
 
 def observations(
-    nvml: NvmlReading | None,
+    nvml: GpuReadings | None,
     targets: list[tuple[str, GpuClaim]],
     skip_gpus: Collection[GpuKey] = (),
     reserving: list[tuple[str, GpuClaim, float]] = (),  # type: ignore[assignment]

@@ -21,7 +21,7 @@ from typing import Any
 from oomguard.common.process_start import start_time
 from oomguard.exporter.config import Config, TargetConfig
 from oomguard.exporter.events.kubernetes import PodEvents
-from oomguard.exporter.model import LogStreams, NvmlReading, ProcessTree, TargetReading
+from oomguard.exporter.model import GpuReadings, LogStreams, ProcessTree, TargetReading
 from oomguard.exporter.sources.dcgm import DcgmEndpoint
 from oomguard.exporter.sources.kubernetes import cgroup
 from oomguard.exporter.sources.kubernetes.api import ApiClient, ApiError, connect
@@ -662,7 +662,7 @@ class KubernetesDiscovery:
 
     # -- attribution: NVML's pids -> pods, through /proc/<pid>/cgroup ---------------------------
     async def attribute(
-        self, nvml: NvmlReading | None, targets: tuple[TargetReading, ...]
+        self, nvml: GpuReadings | None, targets: tuple[TargetReading, ...]
     ) -> tuple[TargetReading, ...]:
         """The discovered targets with their pod (its labels and probes, the kubelet's restart count), its processes
         on the GPUs (which GPUs, their own memory) and its engine container's settings (its command line: the
@@ -694,7 +694,7 @@ class KubernetesDiscovery:
             self._unmapped.say(nvml, [self.known[t.name] for t in out if t.name in self.known])
         return tuple(out)
 
-    async def pod_processes(self, nvml: NvmlReading | None) -> dict[str, ProcessTree]:
+    async def pod_processes(self, nvml: GpuReadings | None) -> dict[str, ProcessTree]:
         """Target name -> its pod's processes in NVML's lists (for the collection and the trend sampler)."""
         pods = {pod.uid: name for name, pod in self.known.items() if name not in self._elsewhere}
         pods.update({worker.uid: target for target, worker in self._attached.values()})
@@ -718,7 +718,7 @@ class UnmappedPods:
     def __init__(self) -> None:
         self._said: set[str] = set()  # nodes and pods said, said again only after they are mapped
 
-    def say(self, gpus: NvmlReading, pods: list[PodTarget]) -> None:
+    def say(self, gpus: GpuReadings, pods: list[PodTarget]) -> None:
         nodes: dict[str, set[tuple[str, str]]] = {}
         for gpu in gpus.gpus:
             nodes.setdefault(gpu.node, set()).update(gpu.pods)
