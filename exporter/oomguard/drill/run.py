@@ -22,6 +22,7 @@ from aiohttp import web
 
 from oomguard.bundle.bundle_config import load_bundle_config
 from oomguard.bundle.generate import ALERTS_FILE, RECORDS_FILE, render
+from oomguard.bundle.thresholds import default_thresholds
 from oomguard.common import bounded_yaml
 from oomguard.common.excerpt import excerpt
 from oomguard.common.kinds import LOG_OOM_KINDS, kind_matcher
@@ -40,11 +41,12 @@ from oomguard.drill.services import (
 )
 from oomguard.drill.tls import DrillTls, check_chain, make_drill_tls, require_cryptography
 from oomguard.drill.webhook import Notification, WebhookReceiver
-from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.web import make_app
 from oomguard.exporter.web_config import WebConfigState, load_web_config
 from oomguard.exporter.web_config.server import Server
+from oomguard.simulate.checks import load_config
+from oomguard.simulate.host import SimulatedHost
 
 log = logging.getLogger(__name__)
 # The example routing (deploy/alertmanager/alertmanager.yml links to it), shipped with the package so that a drill
@@ -344,8 +346,8 @@ async def run_drill(
         },
         "events": {"kernel_log": False},
     })  # fmt: skip
-    runtime = Runtime(config, start_simulation=False, simulation_log=workdir / "engine.log")
-    assert runtime.simulation is not None
+    simulated = SimulatedHost(config, log_path=workdir / "engine.log", start_engine=False)
+    runtime = Runtime(config, simulated=simulated, thresholds=default_thresholds())
     overrides = {"time_scale": clock.factor, **scenario.bundle}
     secure = await asyncio.to_thread(make_drill_tls, workdir / "tls") if tls else None
     try:
@@ -353,7 +355,7 @@ async def run_drill(
             workdir, runtime, bundle_overrides=overrides, alertmanager_config=alertmanager_config, tls=secure
         ) as chain:
             # The engine starts once Prometheus scrapes: the exporter sees its whole load, as in production.
-            await runtime.simulation.start()
+            await simulated.engine.start()
             started = time.time()
             # A drill may play another drill's simulation on its engine (sglang-incident plays incident-quick).
             played = "" if scenario.simulation == scenario.name else f", playing the simulation {scenario.simulation!r}"
@@ -377,7 +379,7 @@ async def run_drill(
             report.mode = mode
             return report
     finally:
-        await runtime.simulation.stop()
+        await simulated.engine.stop()
 
 
 async def _run_scenario(
