@@ -469,6 +469,34 @@ async def test_a_client_ca_change_ends_resumable_sessions(serve: Serve, pki: Pki
     assert not reused and status is None, "a session saved under the former CA was resumed"
 
 
+async def test_a_new_client_ca_is_said_loaded_only_once_its_listener_serves(
+    serve: Serve, pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reload's success (metrics, log) comes after the listener is replaced: said before, a client of the
+    former CA could still connect to the old listener, or a client found no listener at all (the test above
+    met a refused connection once, right after the new CA read as loaded)."""
+    ca_file = tmp_path / "clients.crt"
+    ca_file.write_bytes(pki.ca.cert.read_bytes())
+    served = await serve(full_text(pki, ca_file))
+    assert served.state is not None
+    seen: list[tuple[bool, bool]] = []  # at each adoption: (the listener is the new one's, a connect is answered)
+    adopt = WebConfigState._adopt
+
+    def watched(state: WebConfigState, settings: Any) -> None:
+        key = served.server._listener_key  # noqa: SLF001: which configuration the listener serves
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", served.server.port), timeout=2):
+            seen.append((key == settings.listener_key, True))
+            return adopt(state, settings)
+        seen.append((key == settings.listener_key, False))
+        return adopt(state, settings)
+
+    monkeypatch.setattr(WebConfigState, "_adopt", watched)
+    before = served.state.last_success_timestamp
+    write_atomically(ca_file, pki.stranger_ca.read_text())
+    await wait_until(lambda: served.state.last_success_timestamp > before, what="the new client CA loaded")
+    assert seen == [(True, True)], "the reload was put in force before its listener served"
+
+
 # ---------------------------------------------------------------- basic auth
 
 

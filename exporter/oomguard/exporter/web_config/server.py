@@ -36,7 +36,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from oomguard.common import descriptors
-from oomguard.exporter.web_config.state import WebConfigState
+from oomguard.exporter.web_config.state import WebConfigState, WebSettings
 
 log = logging.getLogger(__name__)
 
@@ -311,19 +311,22 @@ class Server:
         finally:
             await self.stop()
 
-    async def _listen(self, *, start_serving: bool = True) -> None:
-        context = self._state.current.ssl_context if self._state else None
+    async def _listen(self, settings: WebSettings | None = None, *, start_serving: bool = True) -> None:
+        """Listen with `settings` (a reload's, not yet adopted), else the configuration in force."""
+        if settings is None and self._state is not None:
+            settings = self._state.current
+        context = settings.ssl_context if settings else None
         listener = Listener(self, context)
         loop = asyncio.get_running_loop()
         listener.asyncio_server = await loop.create_server(
             listener, self._host, self._port, reuse_address=True, start_serving=start_serving
         )
         self._listener = listener
-        self._listener_key = self._state.current.listener_key if self._state else None
+        self._listener_key = settings.listener_key if settings else None
         # A restart must come back on the same port, also when 0 asked for any.
         self._port = listener.asyncio_server.sockets[0].getsockname()[1]
         scheme = "https" if context else "http"
-        what = self._state.current.describe() if self._state else "no web configuration"
+        what = settings.describe() if settings else "no web configuration"
         log.info(
             "serving %s on %s:%d: %s; at most %d connections (%d per address), %g s for a request's head",
             scheme, self._host, self._port, what, self.connection_limit, self.address_limit, self.header_timeout,
@@ -335,12 +338,20 @@ class Server:
         assert self._state is not None
         while True:
             await asyncio.sleep(self._poll_seconds)
-            if await self._state.poll() and self._state.current.listener_key != self._listener_key:
-                assert self._listener is not None
-                log.info("the TLS handshake settings or client CAs changed: replacing the listener")
-                await self._listener.close()
-                # An error here ends serve_forever: better an exit (and a restart by systemd) than no listener.
-                await self._listen()
+            settings = await self._state.poll()
+            if settings is None:
+                continue
+            if settings.listener_key == self._listener_key:
+                self._state.adopt(settings)
+                continue
+            assert self._listener is not None
+            log.info("the TLS handshake settings or client CAs changed: replacing the listener")
+            # The reload is said to be done (metrics, log) only once the new listener serves: before, the old one
+            # would still take clients of the former CA, or nothing would answer.
+            await self._listener.close()
+            # An error here ends serve_forever: better an exit (and a restart by systemd) than no listener.
+            await self._listen(settings)
+            self._state.adopt(settings)
 
 
 def run(app: web.Application, host: str, port: int, state: WebConfigState | None) -> int:

@@ -158,37 +158,43 @@ class WebConfigState:
         if current is not None and current is not context:
             connection.context = current
 
-    async def poll(self) -> bool:
-        """Reload if anything changed; True when a new configuration was put in force. Never raises."""
+    async def poll(self) -> WebSettings | None:
+        """The file's new configuration, checked and not weaker, or None (unchanged or refused). Never raises.
+
+        It is not yet in force: the caller adopts it, after closing a listener it makes stale (a new client CA
+        is not taken by connections accepted on the old listener, so success must not be said before)."""
         try:
             return await self._poll()
         except Exception as exc:  # whatever a hostile file does, the reload loop and the process live on
             self._refuse(f"{self.path}: {type(exc).__name__}: {exc}")
-            return False
+            return None
 
-    async def _poll(self) -> bool:
+    async def _poll(self) -> WebSettings | None:
         seen = await asyncio.to_thread(fingerprint, self.path)
         if seen == self._seen:
-            return False
+            return None
         self._seen = seen
         try:
             settings = await asyncio.to_thread(load_web_config, self.path, self.current)
         except ConfigError as exc:  # names the key and the fix
             self._refuse(str(exc))
-            return False
+            return None
         lost = self.current.weakened_by(settings)
         if lost:
             self._refuse(
                 f"{self.path}: this version would take away {', '.join(lost)}; a reload never lowers "
                 "protection (an empty or half-written file says the same). To serve with less, restart oomguard"
             )
-            return False
+            return None
         self._seen = settings.fingerprint
+        return settings
+
+    def adopt(self, settings: WebSettings) -> None:
+        """Put a configuration from poll() in force and say so (the reload metrics, the log)."""
         self._adopt(settings)
         self.last_reload_successful = True
         self.last_success_timestamp = time.time()
         log.info("web configuration reloaded from %s: %s", self.path, settings.describe())
-        return True
 
     def _refuse(self, message: str) -> None:
         """Once per version of the file: the next poll sees the same contents and does not come here."""
