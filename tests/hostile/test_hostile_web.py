@@ -483,7 +483,7 @@ async def test_a_new_client_ca_is_said_loaded_only_once_its_listener_serves(
     adopt = WebConfigState._adopt
 
     def watched(state: WebConfigState, settings: Any) -> None:
-        key = served.server._listener_key  # noqa: SLF001: which configuration the listener serves
+        key = served.server._listener_key  # which configuration the listener serves
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", served.server.port), timeout=2):
             seen.append((key == settings.listener_key, True))
             return adopt(state, settings)
