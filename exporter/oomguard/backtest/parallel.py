@@ -73,9 +73,14 @@ class Dealer:
 
 
 def _work(
-    conn: Connection, settings: TrendSettings, wanted: dict, lookback: float, utilization: float | None, workdir: str
-) -> None:
+    conn: Connection, settings: TrendSettings, wanted: dict, lookback: float, utilization: float | None, workdir: str,
+    parents: list[Connection],
+) -> None:  # fmt: skip
     """A worker: its share of each step, replayed into its own backfill; its summary (or its error) sent back."""
+    # The fork copied the parent's ends of the pipes made so far, its own among them: closed here, so that the
+    # parent closing its end reads as the end of the steps (EOFError), not a wait for a writer that is this worker.
+    for parent in parents:
+        parent.close()
     # Forked with the command's handlers (command.py): a worker is stopped by the process that started it (SIGTERM:
     # it kills its promtool, leaving nothing to write into the folder being removed), and ^C, which the terminal
     # sends to every process of the group, is that process's to handle.
@@ -133,8 +138,9 @@ def replay_parallel(
         for i in range(jobs):
             folder = workdir / f"worker-{i}"
             parent, child = context.Pipe()
+            parents = [conn for _, conn, _ in workers] + [parent]
             process = context.Process(
-                target=_work, args=(child, settings, series.wanted, lookback, utilization, str(folder)),
+                target=_work, args=(child, settings, series.wanted, lookback, utilization, str(folder), parents),
                 name=f"oomguard-backtest-{i}", daemon=True,
             )  # fmt: skip
             process.start()

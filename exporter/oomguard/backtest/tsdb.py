@@ -21,6 +21,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import threading
 import urllib.error
@@ -39,6 +40,7 @@ from oomguard.common.served_process import ServedProcess
 
 BLOCK_SECONDS = 7200  # the TSDB's block, to which promtool aligns the blocks it writes
 BACKFILLS = 2  # promtool processes at once (each holds one block's samples: a few MB)
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}  # for the main thread alone: see Backfill._close_file
 PROMTOOL_TIMEOUT = 300.0  # one block's backfill
 START_TIMEOUT = 60.0  # Prometheus ready, its blocks opened
 QUERY_TIMEOUT = 120.0  # one query (Prometheus' own --query.timeout is set to it too)
@@ -105,8 +107,16 @@ class Backfill:
             self._threads = [
                 threading.Thread(target=self._serve, name=f"promtool-{i}", daemon=True) for i in range(BACKFILLS)
             ]
-            for thread in self._threads:
-                thread.start()
+            # Started with the stop signals blocked (a thread keeps the mask it starts with): the kernel hands a
+            # process's signal to any thread that takes it, and one taken by a backfill thread left the main thread
+            # asleep in a read (a replay worker waiting for steps), its handler never run: a stopped backtest
+            # hung until its parent gave up on it (test_command.py's signal test, 1 run in 10 under load).
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                for thread in self._threads:
+                    thread.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self._todo.put((path, self.workdir / f"out-{path.stem}"))
         self._pending += 1
 
