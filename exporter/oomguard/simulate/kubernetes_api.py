@@ -125,7 +125,9 @@ class StandIn:
         await self._append(resource, "BOOKMARK", obj)
 
     async def error_410(self, resource: str) -> None:
-        """An ERROR event in the open watches, as etcd's compaction makes: `too old resource version`."""
+        """An ERROR event in the open watches, as etcd's compaction makes: `too old resource version`. A watch
+        not open yet (a client between its list and its watch) is answered HTTP 410 when it asks from before."""
+        self.version += 1
         self.oldest_kept = self.version
         status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
                   "message": "too old resource version"}  # fmt: skip

@@ -17,6 +17,7 @@ from cryptography.x509.oid import NameOID
 from oomguard.exporter.sources.kubernetes import api
 from oomguard.exporter.sources.kubernetes.api import ApiError, connect, from_kubeconfig
 from oomguard.simulate import kubernetes_objects as objects
+from oomguard.simulate.kubernetes_api import StandIn
 from tests.sources.kubernetes.k8s_harness import Cluster, Server, free_port, wait_for
 
 
@@ -104,3 +105,20 @@ def test_nowhere_to_connect_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(ApiError, match="no kubeconfig"):
         connect("")
+
+
+async def test_a_410_reaches_a_watch_opened_after_it(aiohttp_client) -> None:
+    """The stand-in's compaction, as the API's: a client that listed before it and watches after it is told 410
+    (the token test once waited 10 s for a relist that never came: its watch opened just after the ERROR event)."""
+    stand_in = StandIn()
+    client = await aiohttp_client(stand_in.app())
+    listed = await (await client.get("/api/v1/pods")).json()
+    await stand_in.error_410("pods")
+    version = listed["metadata"]["resourceVersion"]
+    response = await client.get("/api/v1/pods", params={"watch": "1", "resourceVersion": version,
+                                                        "timeoutSeconds": "1"})  # fmt: skip
+    assert response.status == 410, await response.text()
+    # A relist's version is watched without a 410 again.
+    again = (await (await client.get("/api/v1/pods")).json())["metadata"]["resourceVersion"]
+    response = await client.get("/api/v1/pods", params={"watch": "1", "resourceVersion": again, "timeoutSeconds": "1"})
+    assert response.status == 200 and await response.text() == ""
