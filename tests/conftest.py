@@ -13,6 +13,31 @@ if TYPE_CHECKING:
     from web_serving import Pki, Serve
 
 
+# The modules that take a minute or more, longest first (pytest --durations, one process on 2 cores, 2026-12-07).
+# On several workers (make test: pytest-xdist, a module per worker at a time) they are handed out first, so that
+# none of them begins when the others are nearly done: the suite's length is then about the longest module's.
+LONGEST_FIRST = (
+    "tests/drill/test_drill.py",  # 330 s: every scenario, three at a time, on the wall clock
+    "tests/real/vllm/test_drill_realvllm.py",  # 150 s
+    "tests/simulate/test_simulation.py",  # 120 s: the quick start at 10x, the incident loop
+    "tests/real/vllm/test_exporter_realvllm.py",  # 110 s
+    "tests/diagnose/test_agrees_with_pages.py",  # 100 s: the drills' simulations replayed through the rules
+    "tests/real/vllm/test_hostile_realvllm.py",  # 60 s
+    "tests/bundle/test_promtool.py",  # 60 s
+    "tests/backtest/test_command.py",  # 55 s
+    "tests/bundle/test_dashboards.py",  # 50 s: every panel against a real Prometheus
+)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    missing = [name for name in LONGEST_FIRST if not (root / name).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names files that are gone: {missing}")
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))  # stable: the rest as collected
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite golden files from the current output")
 
