@@ -7,6 +7,7 @@ import glob
 import os
 
 from oomguard.exporter.config import Config, TargetConfig
+from oomguard.exporter.engines import ENGINES
 from oomguard.exporter.events.cgroup import V2_FILE, counter_file
 from oomguard.exporter.sources.gpu_source import describe_gpus
 
@@ -36,6 +37,12 @@ def _cgroup(target: TargetConfig) -> str:
     return f", OOM kills: oom_kill of {found} ({version})"
 
 
+def _local_engines() -> str:
+    """The engines local discovery finds (those with a command-line matcher), from the registry: by the first word
+    of their titles (vLLM, SGLang, TGI, Triton, llama.cpp)."""
+    return ", ".join(plugin.title.split()[0] for plugin in ENGINES.values() if plugin.matches is not None)
+
+
 def describe(config: Config) -> list[str]:
     """One line per thing watched; the first says whether any engine is, and how to add one where none is."""
     lines = []
@@ -62,7 +69,7 @@ def describe(config: Config) -> list[str]:
             else "and the engines on this host, discovered"
         )
         engines.append(
-            f"{how} by their command lines (vLLM, SGLang, TGI, llama-server, Triton) every "
+            f"{how} by their command lines ({_local_engines()}) every "
             f"{discovery.interval_seconds:g}s, forgotten {discovery.forget_after_seconds:g}s after they go "
             "(discovery.local: off to stop)"
         )
