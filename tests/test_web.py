@@ -122,6 +122,45 @@ async def test_the_answer_is_rendered_once_a_snapshot_off_the_event_loop(
     assert len(bodies) == 1 and b"oomguard_build_info" in next(iter(bodies))
 
 
+async def test_the_status_view_is_built_once_a_snapshot_from_the_snapshot(
+    aiohttp_client, zoo: Zoo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Looks at `/` and `/status.json` that share a collection share one view, built from the snapshot: the
+    exposition is not rendered for them (the view was built at each look by parsing the text the snapshot was
+    rendered to: megabytes a look on a cluster)."""
+    from oomguard.exporter import web as web_module
+    from oomguard.exporter.status import view as view_module
+
+    rendered: list[object] = []
+    built: list[object] = []
+    real_render = web_module.render
+
+    def render(snapshot):  # type: ignore[no-untyped-def]
+        rendered.append(snapshot)
+        return real_render(snapshot)
+
+    class CountedView(view_module.StatusView):
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            built.append(self)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(web_module, "render", render)
+    monkeypatch.setattr(view_module, "StatusView", CountedView)
+    client = await aiohttp_client(app_for(zoo, ["slow"]))
+    await client.get("/metrics")  # let the warm-up finish
+    before = zoo.requests["slow"]
+    rendered.clear()
+    built.clear()
+    responses = await asyncio.gather(*(client.get(path) for path in ("/", "/status.json") * 4))
+    assert all(r.status == 200 for r in responses)
+    assert zoo.requests["slow"] - before == 1  # one collection: one snapshot for the eight
+    assert rendered == [] and len(built) == 1
+    documents = [await r.json() for r in responses[1::2]]
+    assert all(d == documents[0] for d in documents) and [t["name"] for t in documents[0]["targets"]] == ["slow"]
+    pages = [await r.text() for r in responses[::2]]
+    assert all(page == pages[0] for page in pages) and ">slow<" in pages[0]
+
+
 async def test_hung_nvml_does_not_hang_the_scrape(aiohttp_client, zoo: Zoo) -> None:
     release = threading.Event()
     lib = FakeNvml([FakeGpu(0)])

@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-from status.test_view import NOW, exposition
+from status.test_view import snapshot
 
 from oomguard.bundle.thresholds import default_thresholds
 from oomguard.exporter.status.page import render
-from oomguard.exporter.status.view import build, parse
+from oomguard.exporter.status.view import build
 
 
 def _classes_of(html: str, text: str) -> set[str]:
@@ -25,7 +25,7 @@ def test_headroom_is_red_while_exhausted_soon_pages_even_when_the_headroom_is_lo
     """The quick start's climb: 24 % of the headroom used and full in 22 s: ExhaustedSoon pages; the headroom must not
     read green beside it."""
     th = default_thresholds()
-    view = build(parse(exposition(("0", 0.92, 0.242, 22.0))), now=NOW, thresholds=default_thresholds())
+    view = build(snapshot(("0", 0.92, 0.242, 22.0)), thresholds=default_thresholds())
     assert [(h.alert, h.subject) for h in view.holding] == [("OomGuardGpuMemoryExhaustedSoon", "GPU 0")]
     assert th.page("exhausted_soon").severity == "critical"
     html = render(view)
@@ -35,17 +35,14 @@ def test_headroom_is_red_while_exhausted_soon_pages_even_when_the_headroom_is_lo
 
 def test_headroom_is_never_red_without_a_page_nor_green_with_a_ticket_alone() -> None:
     th = default_thresholds()
-    quiet = render(
-        build(parse(exposition(("0", 0.93, th.headroom_critical, None))), now=NOW, thresholds=default_thresholds())
-    )
+    quiet = render(build(snapshot(("0", 0.93, th.headroom_critical, None)), thresholds=default_thresholds()))
     assert "bad" not in _classes_of(quiet, "headroom used")  # at the threshold nothing pages (the rule is ">")
-    low = render(build(parse(exposition(("0", 0.91, 0.1, None))), now=NOW, thresholds=default_thresholds()))
+    low = render(build(snapshot(("0", 0.91, 0.1, None)), thresholds=default_thresholds()))
     assert "ok" in _classes_of(low, "headroom used 10.0 %")
     # A time to full beyond ExhaustedSoon's horizon pages nothing: said, not in red.
     later = render(
         build(
-            parse(exposition(("0", 0.91, 0.3, th.exhausted_soon_seconds + 600))),
-            now=NOW,
+            snapshot(("0", 0.91, 0.3, th.exhausted_soon_seconds + 600)),
             thresholds=default_thresholds(),
         )
     )
@@ -80,9 +77,7 @@ class _Table(HTMLParser):
 
 
 def test_at_a_phones_width_each_target_is_a_block_of_labelled_cells() -> None:
-    html = render(
-        build(parse(exposition(("0", 0.92, 0.242, 22.0), oom_ago=60)), now=NOW, thresholds=default_thresholds())
-    )
+    html = render(build(snapshot(("0", 0.92, 0.242, 22.0), oom_ago=60), thresholds=default_thresholds()))
     table = _Table()
     table.feed(html[html.index("<table") : html.index("</table>") + 8])
     rows = [labels for labels in table.labels if labels]

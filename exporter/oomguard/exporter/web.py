@@ -18,7 +18,7 @@ from oomguard.exporter.exposition.health import render_web_config
 from oomguard.exporter.model import Snapshot, TrendKey
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.status import page as status_page
-from oomguard.exporter.status.view import StatusView, build, parse
+from oomguard.exporter.status.view import StatusView, build
 from oomguard.exporter.web_config import WebConfigState
 from oomguard.exporter.web_config.auth import AuthBusy
 from oomguard.exporter.web_config.server import COUNTERS, SERVER_HEADER, WebCounters
@@ -36,6 +36,7 @@ def make_app(runtime: Runtime, web_config: WebConfigState | None = None) -> web.
     app = web.Application(middlewares=[_guard(web_config, counters)] if web_config else [])
     app[RUNTIME] = runtime
     app[RENDERED] = _Rendered()
+    app[VIEWED] = _Viewed()
     app[COUNTERS] = counters
     app.on_response_prepare.append(_server_header)
     if web_config is not None:
@@ -169,24 +170,37 @@ async def status_json(request: web.Request) -> web.Response:
 async def _status(request: web.Request) -> StatusView:
     # A collection of its own, as a scrape's (shared with those in flight): the last one may be a scrape ago.
     snapshot = await _collection(request).snapshot()
-    body = await request.app[RENDERED].of(snapshot)
-    runtime = request.app[RUNTIME]
-    return await asyncio.to_thread(_view, body, snapshot, runtime)
+    return await request.app[VIEWED].of(snapshot, request.app[RUNTIME])
 
 
-def _view(body: bytes, snapshot: Snapshot, runtime: Runtime) -> StatusView:
-    """(in a thread: a cluster's exposition is megabytes) The view, its pages judged with the runtime's thresholds,
-    with each GPU's sparkline from its trend's samples (the trend's clock is real time: the simulation's minutes are
-    shorter)."""
+class _Viewed:
+    """The last snapshot's status view, as `_Rendered` keeps its text: the looks at `/` and `/status.json` that share
+    a collection share its view, built once, from the snapshot (never from the exposition text), in a thread (a
+    cluster's snapshot holds thousands of GPUs and targets)."""
+
+    def __init__(self) -> None:
+        self.snapshot: Snapshot | None = None
+        self.view: StatusView | None = None
+        self._lock = asyncio.Lock()  # one build at a time: the looks that wait then share it
+
+    async def of(self, snapshot: Snapshot, runtime: Runtime) -> StatusView:
+        async with self._lock:
+            if snapshot is not self.snapshot or self.view is None:
+                self.view = await asyncio.to_thread(_view, snapshot, runtime)
+                self.snapshot = snapshot
+            return self.view
+
+
+VIEWED = web.AppKey("viewed", _Viewed)
+
+
+def _view(snapshot: Snapshot, runtime: Runtime) -> StatusView:
+    """(in a thread) The view, its pages judged with the runtime's thresholds, with each GPU's sparkline from its
+    trend's samples (the trend's clock is real time: the simulation's minutes are shorter)."""
     history: dict[tuple[str, str], list[float]] = {}
     tracker = runtime.tracker
     if tracker is not None:
         seconds = runtime.clock.real(status_page.SPARK_MINUTES * 60)
         for key in snapshot.gpus.gpus if snapshot.gpus is not None else ():
             history[key.key] = tracker.recent(TrendKey.of_gpu(key.key), seconds)
-    return build(
-        parse(body.decode("utf-8", "replace")),
-        now=snapshot.collected_at,
-        history=history,
-        thresholds=runtime.thresholds,
-    )
+    return build(snapshot, history=history, thresholds=runtime.thresholds)

@@ -2,30 +2,35 @@
 target its state, KV cache, queue, budget, last OOM and restart; the sources' health; the pages whose conditions
 hold now.
 
-Built from an exporter's exposition (its /metrics text), the same input whether the status page renders it in the
-exporter or `oomguard top` reads it from a URL: one view, two renderers (page.py, top.py). What it judges
-("which pages hold now") it judges with the thresholds it is handed (common/thresholds.py: the bundle's, the numbers
-the shipped rules are made of, which the composition root reads), on one reading: conditions, not alerts (a rule's
-`for:` and Prometheus's evaluation are not here).
+Built from one collection's snapshot (model.Snapshot), the model /metrics is rendered from, with the same figures
+and names /metrics shows (the joins of join.py, used / total as exposition/gpu.py writes it, names with their
+control characters as visible escapes); web.py builds it once a snapshot for `/` and `/status.json`, which `oomguard
+top` reads: one view, two renderers (page.py, top.py). What it judges ("which pages hold now") it judges with the
+thresholds it is handed (common/thresholds.py: the bundle's, the numbers the shipped rules are made of, which the
+composition root reads), on one reading: conditions, not alerts (a rule's `for:` and Prometheus's evaluation are
+not here).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from oomguard.common.thresholds import Thresholds
 from oomguard.common.time_scale import TimeScale
+from oomguard.common.visible import ACTING, escape
 from oomguard.exporter.exposition.gpu import used_ratio
+from oomguard.exporter.model import (
+    GPU_SOURCES,
+    TARGET_STATES,
+    TREND_STATES,
+    Counts,
+    GpuKey,
+    Snapshot,
+    TargetMemory,
+    TargetReading,
+)
 
-Sample = tuple[str, dict[str, str], float]
-RowOf = Callable[[dict[str, str]], Any]  # a series' labels -> the row it fills
-Setter = Callable[[RowOf, dict[str, str], float], None]
 MAX_GPUS = 64  # the worst shown: a cluster's exporter holds thousands; the page and the terminal stay readable
 MAX_TARGETS = 64
 NO_THRESHOLDS = "none given: no pages judged"  # a runtime built without the bundle's thresholds
@@ -118,62 +123,17 @@ class StatusView:
 OOM_KINDS = ("cuda_oom", "startup_memory", "container_oom_killed", "cgroup_oom_kill")
 
 
-def parse(text: str) -> list[Sample]:
-    """The samples of the families the view reads (a cluster's exposition is megabytes, most of it other families:
-    those lines are passed over before the parser); raises ValueError on text that is not the Prometheus format.
-
-    Lines end at a line feed alone, as the format's do: a label value may hold CR, NEL or U+2028 raw, where
-    `str.splitlines()` would end a line (and a model's name took the page down)."""
-    lines = text.split("\n")
-    wanted = [line for line in lines if line and line[0] != "#" and _name(line) in READ]
-    if not wanted and text.strip() and not any(line.startswith("#") for line in lines):
-        wanted = lines  # not an exposition at all: the parser says why
-    body = "\n".join(wanted) + "\n"
-    return [(s.name, dict(s.labels), float(s.value)) for f in text_string_to_metric_families(body) for s in f.samples]
-
-
-def _name(line: str) -> str:
-    end = len(line)
-    for mark in ("{", " "):
-        at = line.find(mark)
-        if 0 <= at < end:
-            end = at
-    return line[:end]
-
-
 def build(
-    samples: Iterable[Sample],
+    snapshot: Snapshot,
     *,
-    now: float | None = None,
     history: dict[tuple[str, str], list[float]] | None = None,
     thresholds: Thresholds | None,
 ) -> StatusView:
-    """The view of one reading, its pages judged with `thresholds` (None: none judged, as in a runtime built without
-    them). `history`: (node, gpu) -> used / total over the last minutes, for the sparklines."""
-    gpus: dict[tuple[str, str], GpuRow] = {}
-    targets: dict[str, TargetRow] = {}
-    sources: dict[str, bool] = {}
-
-    def gpu(labels: dict[str, str]) -> GpuRow:
-        key = (labels.get("node", ""), labels.get("gpu", ""))
-        return gpus.setdefault(key, GpuRow(*key))
-
-    def target(labels: dict[str, str]) -> TargetRow:
-        name = labels.get("target", "")
-        row = targets.setdefault(name, TargetRow(name))
-        if labels.get("pod") and not row.pod:
-            row.pod = f"{labels.get('namespace', '')}/{labels['pod']}"
-        return row
-
-    for name, labels, value in samples:
-        if math.isnan(value):
-            continue
-        if name in _GPU_FIELDS:
-            _GPU_FIELDS[name](gpu, labels, value)
-        elif name in _TARGET_FIELDS:
-            _TARGET_FIELDS[name](target, labels, value)
-        elif name == "oomguard_source_success":
-            sources[labels.get("source", "")] = value == 1
+    """The view of one collection, its pages judged with `thresholds` (None: none judged, as in a runtime built
+    without them). `history`: (node, gpu) -> used / total over the last minutes, for the sparklines."""
+    gpus = _gpu_rows(snapshot)
+    targets = _target_rows(snapshot)
+    sources = {_named(name): bool(result.success) for name, result in snapshot.sources.items()}
     for row in targets.values():
         for g in row.gpus:
             key = tuple(g.split("@", 1)[::-1]) if "@" in g else ("", g)
@@ -184,7 +144,7 @@ def build(
     gpu_rows = sorted((g for g in gpus.values() if g.total_bytes), key=_gpu_pressure, reverse=True)
     target_rows = sorted(targets.values(), key=lambda t: (t.state == "up", t.name))
     view = StatusView(
-        taken_at=now if now is not None else time.time(),
+        taken_at=snapshot.collected_at,
         gpus=gpu_rows[:MAX_GPUS],
         targets=target_rows[:MAX_TARGETS],
         sources=dict(sorted(sources.items())),
@@ -196,6 +156,112 @@ def build(
     if thresholds is not None:
         view.holding = holding(gpu_rows, list(targets.values()), view.taken_at, thresholds)
     return view
+
+
+def _named(value: str) -> str:
+    """A name (a target's, a pod's, a node's, a GPU's, a source's) as /metrics shows it and Prometheus reads it back:
+    its control characters, line separators and bidi controls written as visible escapes (exposition/encoder.py),
+    a line feed kept (the text format's own escape)."""
+    if value.isprintable():
+        return value
+    return ACTING.sub(lambda match: match[0] if match[0] == "\n" else escape(match[0]), value)
+
+
+def _figure(value: float | None) -> float | None:
+    """A figure the page shows: none where the reading has none, or NaN (which /metrics writes and no page shows)."""
+    return None if value is None or math.isnan(value) else float(value)
+
+
+def _gpu_rows(snapshot: Snapshot) -> dict[GpuKey, GpuRow]:
+    """Each GPU's row, by its named (node, gpu), in the order the GPU source read them: its memory where a GPU source
+    ran (as /metrics has it), the engines' reservation on it, its trend while trends are sampled."""
+    rows: dict[GpuKey, GpuRow] = {}
+
+    def row(key: GpuKey) -> GpuRow:
+        named = (_named(key[0]), _named(key[1]))
+        return rows.setdefault(named, GpuRow(*named))
+
+    readings = snapshot.gpus
+    if readings is not None and any(source in snapshot.sources for source in GPU_SOURCES):
+        for gpu in readings.gpus:
+            _set(row(gpu.key), total_bytes=gpu.total_bytes, used_bytes=gpu.used_bytes)
+    for key, joined in snapshot.gpu_memory.items():
+        _set(row(key), reserved_bytes=joined.reserved_bytes, beyond_bytes=joined.unreserved_used_bytes,
+             headroom_used=joined.headroom_used_ratio)  # fmt: skip
+    if snapshot.trend_samples_total is not None:
+        for key, reading in snapshot.trends.items():
+            if key.kind == "gpu":
+                gpu_row = row((key.node, key.name))
+                if reading.trend.state in TREND_STATES:
+                    gpu_row.trend = reading.trend.state
+                _set(gpu_row, seconds_to_full=reading.trend.seconds_to_full)
+    return rows
+
+
+def _target_rows(snapshot: Snapshot) -> dict[str, TargetRow]:
+    """Each target's row, by its named name."""
+    rows: dict[str, TargetRow] = {}
+    kinds_of: dict[str, set[str]] = {}  # target -> the event kinds its sources can see (counted from 0)
+    for health in snapshot.event_sources:
+        kinds_of.setdefault(health.target, set()).update(health.kinds)
+    pods = {t.name: t.pod for t in snapshot.targets if t.pod}  # a name's series carry its last pod's labels
+    for target in snapshot.targets:
+        row = rows.setdefault(_named(target.name), TargetRow(_named(target.name)))
+        pod = pods.get(target.name)
+        if pod is not None and pod.name and not row.pod:
+            row.pod = f"{_named(pod.namespace)}/{_named(pod.name)}"
+        row.engine, row.url = _named(target.engine), _named(target.url)
+        if target.state in TARGET_STATES:
+            row.state = target.state
+        _engine_figures(row, target)
+        _memory(row, snapshot.memory.get(target.name))
+        _events(row, snapshot.events.get(target.name) or Counts(), kinds_of.get(target.name, set()))
+        row.restarts = float(target.restarts_total)
+        _set(row, last_restart_at=target.last_restart_at, startup_seconds=target.startup_seconds,
+             probe_grace_seconds=target.pod.probe_grace_seconds if target.pod else None)  # fmt: skip
+    return rows
+
+
+def _engine_figures(row: TargetRow, target: TargetReading) -> None:
+    """What the engine says of its queue and KV cache: summed over its served models, the fullest KV cache. A target
+    whose leader another exporter reads has none here (model.PodRef), as in /metrics."""
+    reading = target.engine_reading
+    if reading is None or (target.pod is not None and target.pod.leader_elsewhere):
+        return
+    for model in reading.models:
+        if (kv := _figure(model.kv_cache_usage_ratio)) is not None:
+            row.kv_cache = max(row.kv_cache or 0.0, kv)
+        for attr, value in (("waiting", model.requests_waiting), ("running", model.requests_running),
+                            ("preemptions", model.preemptions_total)):  # fmt: skip
+            if (figure := _figure(value)) is not None:
+                setattr(row, attr, (getattr(row, attr) or 0.0) + figure)
+
+
+def _memory(row: TargetRow, memory: TargetMemory | None) -> None:
+    """The target's GPUs, and its worst GPU's use against its budget where that GPU is measured."""
+    if memory is None:
+        return
+    row.gpus.extend(f"{_named(gpu)}@{_named(node)}" if node else _named(gpu) for node, gpu in memory.gpus)
+    if memory.used_bytes is not None and memory.total_bytes:
+        _set(row, used_bytes=memory.used_bytes, budget_bytes=memory.budget_bytes)
+
+
+def _events(row: TargetRow, counts: Counts, kinds: set[str]) -> None:
+    """Its OOMs, of every kind, and the last one's time and kind (the first kind by name at a tie)."""
+    for kind in sorted(kinds | counts.total.keys()):
+        if kind not in OOM_KINDS:
+            continue
+        row.ooms += float(counts.total.get(kind, 0))
+        at = _figure(counts.last.get(kind))
+        if at is not None and (row.last_oom_at is None or at > row.last_oom_at):
+            row.last_oom_at, row.last_oom_kind = at, kind
+
+
+def _set(row: GpuRow | TargetRow, **figures: float | None) -> None:
+    """Each figure the reading has (a NaN is none: the row keeps what it had)."""
+    for attr, value in figures.items():
+        if (figure := _figure(value)) is not None:
+            setattr(row, attr, figure)
 
 
 def _gpu_pressure(row: GpuRow) -> float:
@@ -263,87 +329,3 @@ def duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f}m"
     return f"{seconds / 3600:.1f}h"
-
-
-def _set(attr: str) -> Setter:
-    def setter(row_of: RowOf, labels: dict[str, str], value: float) -> None:
-        setattr(row_of(labels), attr, value)
-
-    return setter
-
-
-def _trend(row_of: RowOf, labels: dict[str, str], value: float) -> None:
-    if value == 1:
-        row_of(labels).trend = labels.get("state", "")
-
-
-def _target_info(row_of: RowOf, labels: dict[str, str], value: float) -> None:
-    row = row_of(labels)
-    row.engine, row.url = labels.get("engine", ""), labels.get("url", "")
-
-
-def _target_state(row_of: RowOf, labels: dict[str, str], value: float) -> None:
-    if value == 1:
-        row_of(labels).state = labels.get("state", "")
-
-
-def _target_gpu(row_of: RowOf, labels: dict[str, str], value: float) -> None:
-    node, gpu = labels.get("node", ""), labels.get("gpu", "")
-    row_of(labels).gpus.append(f"{gpu}@{node}" if node else gpu)
-
-
-def _sum(attr: str) -> Setter:
-    # per-model series of one target add up
-    def setter(row_of: RowOf, labels: dict[str, str], value: float) -> None:
-        row = row_of(labels)
-        setattr(row, attr, (getattr(row, attr) or 0.0) + value)
-
-    return setter
-
-
-def _max(attr: str) -> Setter:
-    def setter(row_of: RowOf, labels: dict[str, str], value: float) -> None:
-        row = row_of(labels)
-        setattr(row, attr, max(getattr(row, attr) or 0.0, value))
-
-    return setter
-
-
-def _events(row_of: RowOf, labels: dict[str, str], value: float) -> None:
-    if labels.get("kind") in OOM_KINDS:
-        row_of(labels).ooms += value
-
-
-def _last_event(row_of: RowOf, labels: dict[str, str], value: float) -> None:
-    row = row_of(labels)
-    if labels.get("kind") in OOM_KINDS and (row.last_oom_at is None or value > row.last_oom_at):
-        row.last_oom_at, row.last_oom_kind = value, labels.get("kind", "")
-
-
-_GPU_FIELDS = {
-    "oomguard_gpu_memory_total_bytes": _set("total_bytes"),
-    "oomguard_gpu_memory_used_bytes": _set("used_bytes"),
-    "oomguard_gpu_memory_engine_reserved_bytes": _set("reserved_bytes"),
-    "oomguard_gpu_memory_unreserved_used_bytes": _set("beyond_bytes"),
-    "oomguard_gpu_memory_headroom_used_ratio": _set("headroom_used"),
-    "oomguard_gpu_memory_trend_state": _trend,
-    "oomguard_gpu_memory_seconds_to_full": _set("seconds_to_full"),
-}
-_TARGET_FIELDS = {
-    "oomguard_target_info": _target_info,
-    "oomguard_target_state": _target_state,
-    "oomguard_target_gpu_info": _target_gpu,
-    "oomguard_engine_kv_cache_usage_ratio": _max("kv_cache"),
-    "oomguard_engine_requests_waiting": _sum("waiting"),
-    "oomguard_engine_requests_running": _sum("running"),
-    "oomguard_engine_preemptions_total": _sum("preemptions"),
-    "oomguard_target_memory_budget_bytes": _set("budget_bytes"),
-    "oomguard_target_gpu_memory_used_bytes": _set("used_bytes"),
-    "oomguard_target_events_total": _events,
-    "oomguard_target_last_event_timestamp_seconds": _last_event,
-    "oomguard_target_restarts_total": _set("restarts"),
-    "oomguard_target_last_restart_timestamp_seconds": _set("last_restart_at"),
-    "oomguard_target_startup_seconds": _set("startup_seconds"),
-    "oomguard_target_probe_grace_seconds": _set("probe_grace_seconds"),
-}
-READ = frozenset({*_GPU_FIELDS, *_TARGET_FIELDS, "oomguard_source_success"})
