@@ -18,14 +18,14 @@ if TYPE_CHECKING:
 # none of them begins when the others are nearly done: the suite's length is then about the longest module's.
 LONGEST_FIRST = (
     "tests/drill/test_drill.py",  # 330 s: every scenario, three at a time, on the wall clock
-    "tests/real/vllm/test_drill_realvllm.py",  # 150 s
     "tests/simulate/test_simulation.py",  # 120 s: the quick start at 10x, the incident loop
-    "tests/real/vllm/test_exporter_realvllm.py",  # 110 s
     "tests/diagnose/test_agrees_with_pages.py",  # 100 s: the drills' simulations replayed through the rules
-    "tests/real/vllm/test_hostile_realvllm.py",  # 60 s
     "tests/bundle/test_promtool.py",  # 60 s
+    "tests/real/vllm/test_hostile_realvllm.py",  # 60 s
     "tests/backtest/test_command.py",  # 55 s
+    "tests/real/vllm/test_drill_realvllm.py",  # 55 s
     "tests/bundle/test_dashboards.py",  # 50 s: every panel against a real Prometheus
+    "tests/real/vllm/test_exporter_realvllm.py",  # 50 s
 )
 
 

@@ -177,35 +177,53 @@ class ServerProcess:
 
 
 class LoadRun:
-    """Concurrent requests running in threads; see run_load()."""
+    """Requests running on threads, `slots` at a time; see run_load()."""
 
-    def __init__(self, threads: list[threading.Thread], statuses: list[int]) -> None:
-        self._threads = threads
-        self.statuses = statuses  # HTTP status per request; 0 = no answer
+    def __init__(self, n: int, request: Callable[[int], int], slots: int) -> None:
+        self._request = request
+        self._n = n
+        self._issued = 0
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._statuses = [0] * n  # HTTP status per request issued; 0 = no answer
+        self._threads = [threading.Thread(target=self._slot, daemon=True) for _ in range(min(slots, n))]
+        for t in self._threads:
+            t.start()
+
+    def _slot(self) -> None:
+        while not self._stopped.is_set():
+            with self._lock:
+                if self._issued == self._n:
+                    return
+                i, self._issued = self._issued, self._issued + 1
+            self._statuses[i] = self._request(i)
+
+    @property
+    def statuses(self) -> list[int]:
+        with self._lock:
+            return self._statuses[: self._issued]
+
+    def stop(self) -> None:
+        """No request starts after this; those in flight run to their end."""
+        self._stopped.set()
 
     def done(self) -> bool:
         return not any(t.is_alive() for t in self._threads)
 
     def wait(self, timeout: float) -> list[int]:
+        """The statuses of every request issued, once all have ended."""
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         if not self.done():
             raise TimeoutError(f"load still running after {timeout:.0f} s")
-        return list(self.statuses)
+        return self.statuses
 
 
-def run_load(n: int, request: Callable[[int], int]) -> LoadRun:
-    """Fire `request(i)` for i in range(n), each in its own thread; it returns the HTTP status (0: no answer)."""
-    statuses = [0] * n
-
-    def one(i: int) -> None:
-        statuses[i] = request(i)
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    return LoadRun(threads, statuses)
+def run_load(n: int, request: Callable[[int], int], slots: int | None = None) -> LoadRun:
+    """Fire `request(i)` for i in range(n) (it returns the HTTP status, 0: no answer): all at once, or `slots` at a
+    time, each slot starting the next as its last ends, until n are issued or the run is stopped."""
+    return LoadRun(n, request, n if slots is None else slots)
 
 
 def post_json(url: str, body: bytes, timeout: float) -> tuple[int, bytes]:

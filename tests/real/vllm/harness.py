@@ -160,6 +160,7 @@ def run_load(
     prompt_tokens: int = 160,
     max_tokens: int = 200,
     timeout: float = 600.0,
+    slots: int | None = None,
 ) -> real_server.LoadRun:
     """Fire n concurrent /v1/completions that each hold KV cache for a while.
 
@@ -167,7 +168,8 @@ def run_load(
     tokenizer here; ids stay below 256, inside the tiny model's vocabulary.
     Each prompt differs from its first token on, so prefix caching cannot
     share blocks between requests and lighten the pressure. ignore_eos keeps
-    every request generating max_tokens tokens.
+    every request generating max_tokens tokens. `slots`: at most that many at
+    once, until n are issued or the run is stopped (real_server.run_load).
     """
 
     def one(i: int) -> int:
@@ -175,4 +177,4 @@ def run_load(
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0}
         return post_json(url + "/v1/completions", json.dumps(body).encode(), timeout)[0]
 
-    return real_server.run_load(n, one)
+    return real_server.run_load(n, one, slots)

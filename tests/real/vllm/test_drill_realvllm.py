@@ -44,14 +44,17 @@ async def test_queue_alert_fires_under_real_load_and_resolves(tiny_model: Path, 
         ) as chain:
             server.start()
             await asyncio.to_thread(server.wait_healthy, 240)
-            load = harness.run_load(server.url, n=160, prompt_tokens=120, max_tokens=380)
+            # 24 requests at a time (4 run, about 20 wait: over the alert's 10) until the alert fires, then none
+            # new: the queue drains as those in flight end. (160 at once took two minutes of the cores to drain.)
+            load = harness.run_load(server.url, n=160, prompt_tokens=120, max_tokens=380, slots=24)
             fired = resolved = None
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline and fired is None:
                 fired = chain.webhook.first("OomGuardQueueBacklog", "firing")
                 await asyncio.sleep(0.5)
-            # The queue drains as the load completes (about two minutes here). A "resolved" seen while it
-            # runs may be a gap in the series, not the end: the alert must end resolved once the load is done.
+            load.stop()
+            # A "resolved" seen while the load runs may be a gap in the series, not the end: the alert must end
+            # resolved once the load is done.
             statuses = await asyncio.to_thread(load.wait, 300)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and resolved is None:
