@@ -11,6 +11,7 @@ import yaml
 from oomguard.bundle import dashboards
 from oomguard.bundle.bundle_config import BundleConfig, grouping, seconds
 from oomguard.common import kinds
+from oomguard.common import thresholds as pages
 
 ALERTS_FILE = "oomguard-alerts.yaml"
 RECORDS_FILE = "oomguard-records.yaml"
@@ -88,6 +89,17 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
             "{{ . | first | value | humanizeDuration }}. {{ end }}"
         )
 
+    alerts = config.alerts.model_dump(by_alias=True)
+
+    def threshold(key: str, basis: str) -> object:
+        """The threshold a declared page (common/thresholds.py) compares on `basis`, from the configuration: the one the
+        status page and diagnose judge with."""
+        return alerts[key][pages.BY_KEY[key].thresholds[basis]]
+
+    def hysteresis(key: str) -> str:
+        """A declared page's `for:` and `keep_firing_for:` lines, as its declaration names them (none: none)."""
+        return "".join(f"\n        {name}: {dur(alerts[key][name])}" for name in pages.BY_KEY[key].hysteresis)
+
     def runbook(alert: str) -> str:
         return f"{config.runbook_base_url}#{alert.lower()}"
 
@@ -96,8 +108,8 @@ def _environment(config: BundleConfig) -> jinja2.Environment:
     # The alerts as their YAML keys (`a.queue_backlog.for`); the event kinds as named in common/kinds.py.
     env.globals.update(
         s=s, by=by, secs=secs, dur=dur, sampled=sampled, scaled=scaled, per_real=per_real, runbook=runbook, when=when,
-        full_at=full_at, pct=lambda r: f"{float(r) * 100:g} %", value_of=value_of,
-        prefix=config.prefix, a=config.alerts.model_dump(by_alias=True), extra_labels=config.extra_labels,
+        full_at=full_at, pct=lambda r: f"{float(r) * 100:g} %", value_of=value_of, threshold=threshold,
+        hysteresis=hysteresis, prefix=config.prefix, a=alerts, extra_labels=config.extra_labels,
         kinds=kinds, kind_matcher=kinds.kind_matcher,
     )  # fmt: skip
     return env

@@ -43,7 +43,8 @@ from oomguard.common.thresholds import (
     Thresholds,
 )
 
-# The data (common/thresholds.py) named here too: diagnose reads the bundle's thresholds and their words in one place.
+# The data (common/thresholds.py) named here too: diagnose reads the bundle's
+# thresholds and their words in one place.
 __all__ = [
     "CRITICAL_KEY", "DEFAULTS", "EXHAUSTED_SOON_KEY", "OOM_EVENT_KEY", "OVER_BUDGET_KEY", "RESTART_STORM_KEY", "Page",
     "Thresholds", "default_thresholds", "load_thresholds", "thresholds_of",
