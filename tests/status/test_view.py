@@ -10,6 +10,7 @@ import math
 import pytest
 
 from oomguard.bundle.thresholds import default_thresholds
+from oomguard.common.time_scale import TimeScale
 from oomguard.common.visible import visible
 from oomguard.exporter.model import (
     Counts,
@@ -207,3 +208,24 @@ def test_top_says_an_unusable_address_in_one_line(url: str, capsys: pytest.Captu
     assert top.main(parser.parse_args([url, "--once"])) == 2
     err = capsys.readouterr().err
     assert "is not a usable address" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_serve_simulate_judges_its_pages_on_the_runtimes_clock() -> None:
+    """`serve --simulate` at 10x: the runtime holds the bundle's thresholds (written on life's clock) and runs on the
+    simulation's. The status page judges its pages on the runtime's clock, as its sparkline reads it (and as the
+    drill's rules, rendered at 10x, judge them): a time to full of 300 real seconds is 50 simulated minutes, beyond
+    ExhaustedSoon's 45; an OOM 100 real seconds ago is 1,000 simulated, beyond OomEvent's 10 minutes. On the real
+    clock both held."""
+    from oomguard.exporter.runtime import Runtime
+    from oomguard.exporter.web import _view
+    from oomguard.simulate.checks import load_config
+    from oomguard.simulate.host import SimulatedHost
+
+    config = load_config(None, {"simulation": {"scenario": "incident", "time_scale": 10}})
+    runtime = Runtime(config, nvml_lib=None, simulated=SimulatedHost(config), thresholds=default_thresholds())
+    assert runtime.clock == TimeScale(10) and runtime.thresholds.time_scale == 1
+    quiet = _view(snapshot(("0", 0.9, 0.2, 300.0), oom_ago=100.0), runtime)
+    assert quiet.holding == []
+    held = _view(snapshot(("0", 0.9, 0.2, 260.0), oom_ago=50.0), runtime)  # 2,600 and 500 simulated seconds
+    assert {h.alert for h in held.holding} == {"OomGuardGpuMemoryExhaustedSoon", "OomGuardOomEvent"}
+    assert held.holding[0].why.endswith("(pages under 4m)")  # 45 simulated minutes: 270 real seconds, not 45m

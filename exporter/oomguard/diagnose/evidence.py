@@ -31,6 +31,7 @@ from oomguard.bundle.thresholds import (
     default_thresholds,
 )
 from oomguard.common import kinds
+from oomguard.common import thresholds as pages
 from oomguard.common.time_scale import REAL, TimeScale
 from oomguard.diagnose import capacity
 from oomguard.diagnose.capacity import Check, Setting
@@ -253,44 +254,47 @@ class Facts:
         reading cannot count those of the window alone)."""
         if self.history:
             return []
-        t, clock, out = self.thresholds, self.clock, []
+        t, out = self.thresholds, []
         for gpu in sorted(self.per_gpu):
-            if gpu in self.per_gpu_seconds_to_full:
-                continue
-            # The rule's own: the headroom where the exporter wrote it, else used / total.
-            exported = gpu in self.exported_headroom
-            points, threshold, what = self.judged(gpu) if exported else (
-                self.per_gpu[gpu], t.used_critical, "of the GPU in use, no reservation known")  # fmt: skip
-            now = points[-1][1] if points else None
-            if now is not None and now > threshold:
-                out.append((t.page(CRITICAL_KEY), f"GPU {gpu}: {_pct(now)} {what}, above {_pct(threshold)}"))
+            met = pages.gpu_page(self._now(gpu), t)
+            if met is not None and met.declaration is pages.CRITICAL:
+                what = ("of the headroom the reservation leaves in use" if met.basis == "headroom"
+                        else "of the GPU in use, no reservation known")  # fmt: skip
+                out.append((t.page(CRITICAL_KEY), f"GPU {gpu}: {_pct(met.value)} {what}, above {_pct(met.threshold)}"))
                 break
-        if self.over_budget_now_ratio is not None and self.over_budget_now_ratio > t.over_budget_margin:
-            out.append((t.page(OVER_BUDGET_KEY), f"{_pct(self.over_budget_now_ratio)} of the GPU beyond the engine's "
-                                             f"budget, above {_pct(t.over_budget_margin)}"))  # fmt: skip
+        if pages.over_budget(self.over_budget_now_ratio, t):
+            out.append((t.page(OVER_BUDGET_KEY), f"{_pct(self.over_budget_now_ratio or 0.0)} of the GPU beyond the "
+                        f"engine's budget, above {_pct(t.over_budget_margin)}"))  # fmt: skip
         for gpu, to_full in sorted(self.per_gpu_seconds_to_full.items(), key=lambda item: item[1]):
-            used = self.per_gpu.get(gpu)
-            judged = gpu in self.exported_headroom or (used and used[-1][1] >= t.exhausted_soon_min_total)
-            if to_full < t.exhausted_soon_seconds and judged:
+            if pages.gpu_page(self._now(gpu), t) is not None:
                 out.append((t.page(EXHAUSTED_SOON_KEY), f"GPU {gpu}: full in {_duration(to_full)} at the current "
                                                     f"pace, under {_duration(t.exhausted_soon_seconds)}"))  # fmt: skip
                 break
-        window = clock.real(t.oom_window_seconds)
         for kind in kinds.LOG_OOM_KINDS:
             last = self.last_event_at.get(kind)
-            if self.event_counts.get(kind) and (last is None or last >= self.end - window):
+            if self.event_counts.get(kind) and pages.oom_event(self._age(last), t):
                 when = "at an unknown time" if last is None else f"within {_duration(t.oom_window_seconds)}"
                 out.append((t.page(OOM_EVENT_KEY), f"{kind} {when}"))
                 break
-        last = self.last_restart_at
         # An exporter without the restart's timestamp (an older one): its time is not known, so it may be recent.
-        recent = last is None or last >= self.end - clock.real(t.restart_storm_window_seconds)
-        if self.restarts_since_start >= t.restart_storm_count and recent:
+        if pages.restart_storm(self.restarts_since_start, self._age(self.last_restart_at), t):
             window = _duration(t.restart_storm_window_seconds)
             out.append((t.page(RESTART_STORM_KEY), f"may hold: {self.restarts_since_start:g} restarts since the "
                         f"exporter started, the last within {window} (it pages at {t.restart_storm_count} within "
                         "it)"))  # fmt: skip
         return out
+
+    def _now(self, gpu: str) -> pages.GpuNow:
+        """A GPU in one reading, as the rules read it: the headroom where the exporter wrote it, its used / total,
+        the trend's time to full (in the scenario's seconds)."""
+        headroom = self.per_gpu_headroom.get(gpu) if gpu in self.exported_headroom else None
+        used = self.per_gpu.get(gpu)
+        return pages.GpuNow(headroom[-1][1] if headroom else None, used[-1][1] if used else None,
+                            self.per_gpu_seconds_to_full.get(gpu))  # fmt: skip
+
+    def _age(self, at: float | None) -> float | None:
+        """How long before the reading `at` was, in the scenario's seconds (None: not known)."""
+        return None if at is None else self.clock.simulated(self.end - at)
 
     @property
     def memory_paging(self) -> list[tuple[Page, str]]:

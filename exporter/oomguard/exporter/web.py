@@ -195,7 +195,8 @@ VIEWED = web.AppKey("viewed", _Viewed)
 
 
 def _view(snapshot: Snapshot, runtime: Runtime) -> StatusView:
-    """(in a thread) The view, its pages judged with the runtime's thresholds, with each GPU's sparkline from its
+    """(in a thread) The view, its pages judged with the runtime's thresholds on the runtime's clock (a simulation's
+    is faster: its time to full and its events' ages say fewer of its minutes), with each GPU's sparkline from its
     trend's samples (the trend's clock is real time: the simulation's minutes are shorter)."""
     history: dict[tuple[str, str], list[float]] = {}
     tracker = runtime.tracker
@@ -203,4 +204,4 @@ def _view(snapshot: Snapshot, runtime: Runtime) -> StatusView:
         seconds = runtime.clock.real(status_page.SPARK_MINUTES * 60)
         for key in snapshot.gpus.gpus if snapshot.gpus is not None else ():
             history[key.key] = tracker.recent(TrendKey.of_gpu(key.key), seconds)
-    return build(snapshot, history=history, thresholds=runtime.thresholds)
+    return build(snapshot, history=history, thresholds=runtime.thresholds, clock=runtime.clock)

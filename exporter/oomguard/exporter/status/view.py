@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from oomguard.common.thresholds import Thresholds
+from oomguard.common import thresholds as pages
+from oomguard.common.thresholds import Page, Thresholds
 from oomguard.common.time_scale import TimeScale
 from oomguard.common.visible import ACTING, escape
 from oomguard.exporter.exposition.gpu import used_ratio
@@ -128,9 +129,11 @@ def build(
     *,
     history: dict[tuple[str, str], list[float]] | None = None,
     thresholds: Thresholds | None,
+    clock: TimeScale | None = None,
 ) -> StatusView:
     """The view of one collection, its pages judged with `thresholds` (None: none judged, as in a runtime built
-    without them). `history`: (node, gpu) -> used / total over the last minutes, for the sparklines."""
+    without them) on `clock`, the one its readings ran on (the runtime's: a simulation's is faster; None: the
+    thresholds' own). `history`: (node, gpu) -> used / total over the last minutes, for the sparklines."""
     gpus = _gpu_rows(snapshot)
     targets = _target_rows(snapshot)
     sources = {_named(name): bool(result.success) for name, result in snapshot.sources.items()}
@@ -154,7 +157,7 @@ def build(
         thresholds=thresholds.where if thresholds is not None else NO_THRESHOLDS,
     )
     if thresholds is not None:
-        view.holding = holding(gpu_rows, list(targets.values()), view.taken_at, thresholds)
+        view.holding = holding(gpu_rows, list(targets.values()), view.taken_at, thresholds, clock)
     return view
 
 
@@ -269,45 +272,45 @@ def _gpu_pressure(row: GpuRow) -> float:
     return row.headroom_used if row.headroom_used is not None else (row.used_ratio or 0.0)
 
 
-def holding(gpus: list[GpuRow], targets: list[TargetRow], now: float, th: Thresholds) -> list[Holding]:
-    """The shipped alerts' conditions that hold on this reading, pages first."""
+def holding(
+    gpus: list[GpuRow], targets: list[TargetRow], now: float, th: Thresholds, clock: TimeScale | None = None
+) -> list[Holding]:
+    """The shipped alerts' conditions that hold on this reading, pages first, as their declarations judge them
+    (common/thresholds.py, which the rules' template renders too): what was measured (a time to full, an event's age,
+    real seconds) said on `clock`, the one the readings ran on (the runtime's; None: the thresholds' own, the clock
+    of the rules rendered from them), before it is judged against the thresholds, written in the scenario's
+    seconds."""
     out: list[Holding] = []
-    page = {p.key: p for p in th.pages}
-    critical, soon = page["gpu_memory_critical"], page["exhausted_soon"]
-    # The thresholds' durations on the clock the readings run on (the rules' own: the bundle's time scale).
-    clock = TimeScale(th.time_scale)
-    exhausted_soon = clock.real(th.exhausted_soon_seconds)
+    clock = clock if clock is not None else TimeScale(th.time_scale)
     for g in gpus:
-        # As the rules judge them: a GPU the trend gives a time to full is ExhaustedSoon's (on its headroom, or with
-        # min_total_ratio of its total used); Critical holds on one that climbs no further.
-        if g.seconds_to_full is not None:
-            judged = g.headroom_used is not None or (g.used_ratio or 0.0) >= th.exhausted_soon_min_total
-            if g.seconds_to_full < exhausted_soon and judged:
-                out.append(Holding(soon.name, soon.severity, f"GPU {g.name}",
-                                   f"full in {duration(g.seconds_to_full)} at this pace "
-                                   f"(pages under {duration(exhausted_soon)})"))  # fmt: skip
-        elif g.headroom_used is not None and g.headroom_used > th.headroom_critical:
-            out.append(Holding(critical.name, critical.severity, f"GPU {g.name}",
-                               f"{g.headroom_used:.0%} of the headroom the reservation leaves is used "
-                               f"(pages at {th.headroom_critical:.0%})"))  # fmt: skip
-        elif g.headroom_used is None and (ratio := g.used_ratio) is not None and ratio > th.used_critical:
-            out.append(Holding(critical.name, critical.severity, f"GPU {g.name}",
-                               f"{ratio:.1%} of the GPU used, no reservation known "
-                               f"(pages at {th.used_critical:.0%})"))  # fmt: skip
-    oom, storm = page["oom_event"], page["restart_storm"]
-    window = clock.real(th.oom_window_seconds)
+        to_full = clock.simulated(g.seconds_to_full) if g.seconds_to_full is not None else None
+        met = pages.gpu_page(pages.GpuNow(g.headroom_used, g.used_ratio, to_full), th)
+        if met is not None:
+            out.append(_gpu_holding(th.page(met.declaration.key), g, met, clock))
+    oom, storm = th.page(pages.OOM_EVENT.key), th.page(pages.RESTART_STORM.key)
     for t in targets:
-        if t.last_oom_at is not None and now - t.last_oom_at <= window:
+        if t.last_oom_at is not None and pages.oom_event(clock.simulated(now - t.last_oom_at), th):
             out.append(Holding(oom.name, oom.severity, t.name,
                                f"{t.last_oom_kind} {duration(now - t.last_oom_at)} ago"))  # fmt: skip
-        storm_window = clock.real(th.restart_storm_window_seconds)
-        if t.restarts >= th.restart_storm_count and t.last_restart_at is not None \
-                and now - t.last_restart_at <= storm_window:  # fmt: skip
+        if t.last_restart_at is not None and pages.restart_storm(t.restarts, clock.simulated(now - t.last_restart_at),
+                                                                 th):  # fmt: skip
             out.append(Holding(storm.name, storm.severity, t.name,
                                f"{t.restarts:.0f} restarts in all, the last {duration(now - t.last_restart_at)} ago "
                                f"(the rule counts {th.restart_storm_count} within its window: one reading has only "
                                "the last one's time)"))  # fmt: skip
     return sorted(out, key=lambda h: (h.severity != "critical", h.alert, h.subject))
+
+
+def _gpu_holding(page: Page, g: GpuRow, met: pages.Met, clock: TimeScale) -> Holding:
+    """A GPU's page, in the words the page shows (durations in real seconds, as its figures are)."""
+    if met.declaration is pages.EXHAUSTED_SOON:
+        why = (f"full in {duration(g.seconds_to_full or 0.0)} at this pace "
+               f"(pages under {duration(clock.real(met.threshold))})")  # fmt: skip
+    elif met.basis == "headroom":
+        why = f"{met.value:.0%} of the headroom the reservation leaves is used (pages at {met.threshold:.0%})"
+    else:
+        why = f"{met.value:.1%} of the GPU used, no reservation known (pages at {met.threshold:.0%})"
+    return Holding(page.name, page.severity, f"GPU {g.name}", why)
 
 
 def gpu_level(gpu: GpuRow, held: list[Holding]) -> str:
