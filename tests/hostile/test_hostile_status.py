@@ -42,8 +42,8 @@ from oomguard.simulate.fake_nvml import GIB, FakeGpu, FakeNvml
 
 CASES = [
     Case("names", "a served model name holding U+2028, U+2029, NEL, CR, FF, VT, FS or ESC (the engine's /metrics)",
-         "`/`, `/status.json` and `oomguard top` answer as for any name: the view splits the exposition at line "
-         "feeds only; /metrics writes each such character as a visible escape (`\\u2028`, `\\x1b`), text that "
+         "`/`, `/status.json` and `oomguard top` answer as for any name: the view is built from the snapshot, not "
+         "from the text; /metrics writes each such character as a visible escape (`\\u2028`, `\\x1b`), text that "
          "promtool and any line splitter read as one line",
          "test_a_model_name_with_line_separators_keeps_the_status_page_up"),
     Case("names", "the same name, scraped by a real Prometheus 2.42", "the target up, no scrape error; the label "
