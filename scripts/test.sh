@@ -44,21 +44,23 @@ background() {
     job_start[$name]=$(date +%s)
     job_log[$name]=$log
     say "$name ... (in the background: $log)"
-    "$@" >"$log" 2>&1 &
+    # Its end time noted when it ends, so that its duration is its own, not the wait for it.
+    { "$@" && status=0 || status=$?; date +%s >"$log.end"; exit "$status"; } >"$log" 2>&1 &
     job_pid[$name]=$!
     pids+=("$!")
 }
 # ready NAME: true once the job has ended (well or not).
 ready() { ! kill -0 "${job_pid[$1]}" 2>/dev/null; }
 finished() {
-    local name=$1
-    if ! wait "${job_pid[$name]}"; then
-        cat "${job_log[$name]}"
-        say "$name FAILED after $(( $(date +%s) - job_start[$name] )) s"
+    local name=$1 status=0 ended
+    wait "${job_pid[$name]}" || status=$?
+    ended=$(cat "${job_log[$name]}.end" 2>/dev/null || date +%s)
+    cat "${job_log[$name]}"
+    if [ "$status" -ne 0 ]; then
+        say "$name FAILED after $(( ended - job_start[$name] )) s"
         exit 1
     fi
-    cat "${job_log[$name]}"
-    say "$name done in $(( $(date +%s) - job_start[$name] )) s"
+    say "$name done in $(( ended - job_start[$name] )) s"
 }
 
 stage "Debian packages" scripts/install-system-deps.sh
