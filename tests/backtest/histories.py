@@ -18,8 +18,8 @@ from pathlib import Path
 
 from oomguard.backtest.ooms import Oom
 from oomguard.drill.scenarios import SCENARIOS as DRILLS
-from oomguard.simulate.engines import simulation
 from oomguard.simulate.scenarios import SCENARIOS
+from oomguard.simulate.supervisor import simulation
 
 T0 = 1_714_521_600.0  # 2024-05-01 00:00:00 UTC
 PID = 4242  # the simulated engine's, in NVML's per-process list

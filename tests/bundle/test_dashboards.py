@@ -24,7 +24,7 @@ from oomguard.drill.services import Prometheus, free_port
 from oomguard.exporter.config_loader import load_config
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.web import make_app
-from oomguard.simulate.engines import simulation
+from oomguard.simulate.supervisor import simulation
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 UNITS = {"percentunit", "bytes", "Bps", "s", "none", "reqps", "short"}

@@ -62,10 +62,9 @@ from oomguard.exporter.trend.observe import TrendObserver
 from oomguard.exporter.trend.sampler import TrendTracker
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
 from oomguard.simulate.engine_args import simulator_parser
-from oomguard.simulate.engines import simulation
 from oomguard.simulate.scenarios import SCENARIOS
 from oomguard.simulate.serve import SimulatedEngine
-from oomguard.simulate.supervisor import Simulation
+from oomguard.simulate.supervisor import Simulation, simulation
 
 # Made-up pids of the engine's lives: above any pid_max (2^22), so no process on this host is taken for one.
 FIRST_PID = 4_194_304 + 1000

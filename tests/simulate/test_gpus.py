@@ -17,11 +17,10 @@ from oomguard.exporter.model import ProcessTree
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.sources.nvml import NvmlSource
 from oomguard.simulate.checks import load_config
-from oomguard.simulate.engines import simulation
 from oomguard.simulate.engines.vllm import oom_traceback
 from oomguard.simulate.host import SimulatedHost
 from oomguard.simulate.scenarios import GPU_TOTAL_BYTES, SCENARIOS
-from oomguard.simulate.supervisor import IDLE_GPU_BYTES, Simulation
+from oomguard.simulate.supervisor import IDLE_GPU_BYTES, Simulation, simulation
 
 PID = 4242
 MINUTE = 60.0

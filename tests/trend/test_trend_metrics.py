@@ -12,7 +12,7 @@ from oomguard.exporter.exposition import render
 from oomguard.exporter.model import EngineReading, Snapshot, SourceResult, TargetReading, Trend, TrendKey, TrendReading
 from oomguard.exporter.runtime import Runtime
 from oomguard.exporter.web import make_app
-from oomguard.simulate.engines import simulation
+from oomguard.simulate.supervisor import simulation
 
 GIB = 1024**3
 

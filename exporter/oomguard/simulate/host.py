@@ -22,7 +22,7 @@ from oomguard.exporter.config import Config, DcgmConfig
 from oomguard.exporter.model import TrendSettings
 from oomguard.simulate.clock import events_on_clock, trend_on_clock
 from oomguard.simulate.dcgm_exporter import SimulatedDcgmExporter
-from oomguard.simulate.engines import simulation
+from oomguard.simulate.supervisor import simulation
 
 log = logging.getLogger(__name__)
 

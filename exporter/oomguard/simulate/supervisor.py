@@ -24,6 +24,7 @@ from oomguard.common.ports import free_port
 from oomguard.common.process_start import start_time
 from oomguard.common.time_scale import TimeScale
 from oomguard.exporter.config import TargetConfig
+from oomguard.exporter.engines import ENGINES
 from oomguard.simulate.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from oomguard.simulate.scenarios import GPU_TOTAL_BYTES, IDLE_GPU_BYTES, SCENARIOS
 
@@ -202,3 +203,16 @@ class Simulation:
             if self._child.returncode is None:
                 self._child.kill()
                 await self._child.wait()
+
+
+def simulation(
+    scenario: str, *, engine: str = "vllm", gpus: int = 1, time_scale: float = 1.0, log_path: Path | None = None
+) -> Simulation:
+    """`scenario` (simulate/scenarios.py) played by `engine`'s simulator, told its flags as an orchestrator would."""
+    plugin = ENGINES[engine]
+    if plugin.simulator is None:
+        raise ValueError(f"engine {engine!r} has no simulator")
+    return Simulation(
+        scenario, gpus=gpus, time_scale=time_scale, log_path=log_path, engine=engine, simulator=plugin.simulator,
+        told=plugin.knobs.told_flags,
+    )  # fmt: skip
