@@ -18,15 +18,36 @@ if TYPE_CHECKING:
 # none of them begins when the others are nearly done: the suite's length is then about the longest module's.
 LONGEST_FIRST = (
     "tests/drill/test_drill.py",  # 330 s: every scenario, three at a time, on the wall clock
+    # One worker's, one after another (ONE_WORKER_EACH): 50 + 55 + 25 + 20 s, each server start 25 to 35 s of CPU.
+    "tests/real/vllm/test_exporter_realvllm.py",
+    "tests/real/vllm/test_drill_realvllm.py",
+    "tests/real/vllm/test_hostile_realvllm.py",
+    "tests/real/vllm/test_events_realvllm.py",
     "tests/simulate/test_simulation.py",  # 120 s: the quick start at 10x, the incident loop
     "tests/diagnose/test_agrees_with_pages.py",  # 100 s: the drills' simulations replayed through the rules
     "tests/bundle/test_promtool.py",  # 60 s
-    "tests/real/vllm/test_hostile_realvllm.py",  # 60 s
     "tests/backtest/test_command.py",  # 55 s
-    "tests/real/vllm/test_drill_realvllm.py",  # 55 s
     "tests/bundle/test_dashboards.py",  # 50 s: every panel against a real Prometheus
-    "tests/real/vllm/test_exporter_realvllm.py",  # 50 s
 )
+# Folders whose modules run on one worker, one after another: each starts a real engine that takes the cores for
+# tens of seconds, and two at once took three times as long (the real vLLM follow test: 50 s alone, 144 s).
+ONE_WORKER_EACH = ("tests/real/vllm/", "tests/real/llamacpp/")
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under -p no:xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """--dist loadscope, with each folder of ONE_WORKER_EACH one scope (xdist's scope is a module)."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return next(
+                (folder for folder in ONE_WORKER_EACH if nodeid.startswith(folder)), None
+            ) or super()._split_scope(nodeid)
+
+    return Scheduling(config, log)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
