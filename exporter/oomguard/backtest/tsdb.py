@@ -110,7 +110,7 @@ class Backfill:
             # Started with the stop signals blocked (a thread keeps the mask it starts with): the kernel hands a
             # process's signal to any thread that takes it, and one taken by a backfill thread left the main thread
             # asleep in a read (a replay worker waiting for steps), its handler never run: a stopped backtest
-            # hung until its parent gave up on it (test_command.py's signal test, 1 run in 10 under load).
+            # hung until its parent gave up on it (test_command.py's signal test, 1 run in 12 under load).
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
                 for thread in self._threads:
