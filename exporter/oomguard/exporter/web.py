@@ -7,6 +7,7 @@ its basic auth, and every response carries its headers, as in the exporter toolk
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -36,7 +37,7 @@ def make_app(runtime: Runtime, web_config: WebConfigState | None = None) -> web.
     app = web.Application(middlewares=[_guard(web_config, counters)] if web_config else [])
     app[RUNTIME] = runtime
     app[RENDERED] = _Rendered()
-    app[VIEWED] = _Viewed()
+    app[STATUS] = _Status()
     app[COUNTERS] = counters
     app.on_response_prepare.append(_server_header)
     if web_config is not None:
@@ -155,43 +156,67 @@ STATUS_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosnif
 
 async def landing(request: web.Request) -> web.Response:
     """The status page (status/): the joined view of a collection, as a scrape sees it."""
-    view = await _status(request)
-    page = await asyncio.to_thread(status_page.render, view)
+    page = await _status(request, _Status.PAGE)
     headers = {"Content-Security-Policy": status_page.CONTENT_SECURITY_POLICY, **STATUS_HEADERS}
-    return web.Response(text=page, content_type="text/html", headers=headers)
+    return web.Response(body=page, content_type="text/html", charset="utf-8", headers=headers)
 
 
 async def status_json(request: web.Request) -> web.Response:
     """The same view as JSON: what `oomguard top` and scripts read."""
-    view = await _status(request)
-    return web.json_response(view.to_json(), headers=STATUS_HEADERS)
+    document = await _status(request, _Status.JSON)
+    return web.Response(body=document, content_type="application/json", charset="utf-8", headers=STATUS_HEADERS)
 
 
-async def _status(request: web.Request) -> StatusView:
+async def _status(request: web.Request, form: str) -> bytes:
     # A collection of its own, as a scrape's (shared with those in flight): the last one may be a scrape ago.
     snapshot = await _collection(request).snapshot()
-    return await request.app[VIEWED].of(snapshot, request.app[RUNTIME])
+    return await request.app[STATUS].of(snapshot, request.app[RUNTIME], form)
 
 
-class _Viewed:
-    """The last snapshot's status view, as `_Rendered` keeps its text: the looks at `/` and `/status.json` that share
-    a collection share its view, built once, from the snapshot (never from the exposition text), in a thread (a
-    cluster's snapshot holds thousands of GPUs and targets)."""
+class _Status:
+    """The last snapshot's status view and its two renderings, the page and the JSON, as `_Rendered` keeps the
+    answer's text: the looks at `/` and `/status.json` that share a collection share its view, built once, from the
+    snapshot (never from the exposition text), and each rendering made once, the first time it is asked for; those
+    that arrive while one is being made wait for it and share it (40 looks at once rendered the page 40 times).
+
+    In a thread (a cluster's snapshot holds thousands of GPUs and targets; jinja2 and `json.dumps` take the GIL, not
+    the loop). Nothing of a rendering depends on the request: the page's "now" is the view's `taken_at` (the
+    snapshot's), no query parameter is read, and the user basic auth let in is not shown."""
+
+    PAGE = "page"
+    JSON = "json"
 
     def __init__(self) -> None:
         self.snapshot: Snapshot | None = None
         self.view: StatusView | None = None
+        self.bodies: dict[str, bytes] = {}  # PAGE, JSON -> the rendering of `view`, once made
         self._lock = asyncio.Lock()  # one build at a time: the looks that wait then share it
 
-    async def of(self, snapshot: Snapshot, runtime: Runtime) -> StatusView:
+    async def of(self, snapshot: Snapshot, runtime: Runtime, form: str) -> bytes:
         async with self._lock:
             if snapshot is not self.snapshot or self.view is None:
-                self.view = await asyncio.to_thread(_view, snapshot, runtime)
-                self.snapshot = snapshot
-            return self.view
+                view, body = await asyncio.to_thread(_view_and_body, snapshot, runtime, form)
+                self.snapshot, self.view, self.bodies = snapshot, view, {form: body}
+            elif form not in self.bodies:
+                self.bodies[form] = await asyncio.to_thread(_body, self.view, form)
+            return self.bodies[form]
 
 
-VIEWED = web.AppKey("viewed", _Viewed)
+STATUS = web.AppKey("status", _Status)
+
+
+def _view_and_body(snapshot: Snapshot, runtime: Runtime, form: str) -> tuple[StatusView, bytes]:
+    """(in a thread) One snapshot's view and the rendering asked for, in one trip to the thread."""
+    view = _view(snapshot, runtime)
+    return view, _body(view, form)
+
+
+def _body(view: StatusView, form: str) -> bytes:
+    """(in a thread) The bytes a look gets: the page as jinja2 renders it, or the view as JSON, every non-ASCII
+    character escaped (`json.dumps`' default, as `web.json_response` wrote it when it was made at each look)."""
+    if form == _Status.PAGE:
+        return status_page.render(view).encode("utf-8")
+    return json.dumps(view.to_json()).encode("utf-8")
 
 
 def _view(snapshot: Snapshot, runtime: Runtime) -> StatusView:
