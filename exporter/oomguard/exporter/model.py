@@ -659,6 +659,9 @@ class EventSourceHealth:
     lines_malformed: int = 0
     lines_dropped: int | None = None  # None: its reader never lets a line go (only the API's log readers do)
     files: int | None = None  # the files it follows now (file and pod log sources; None for the others)
+    # The name its health is said under once for the exporter (target empty) where its reader is the exporter's,
+    # shared by every pod (the API's Events watch: "k8s-api"); "" where the source's health is its own.
+    exporter_wide: str = ""
 
 
 @dataclass(frozen=True, slots=True)

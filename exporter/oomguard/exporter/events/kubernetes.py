@@ -40,6 +40,9 @@ MAX_EVENT_COUNT = 2**31 - 1  # an Event's count is an int32 in the API
 # What one change of an Event may add: the kubelet's event recorder lets a burst of 25 Events of one object through
 # (client-go's spam filter), so more between two changes the watch sees is no prober's doing.
 MAX_GROWTH = 25
+# The API's events are read by one watch (and the pods' objects) for the whole exporter: their source's health is
+# said once, under this name with the target empty, not once a pod (issue 50: 6 series a pod, each the same).
+API_EVENTS = "k8s-api"
 
 
 def probe_kind(event: Obj) -> str | None:
@@ -55,11 +58,15 @@ def probe_kind(event: Obj) -> str | None:
 class PodApiEvents:
     kinds: tuple[str, ...] = KUBERNETES_EVENT_KINDS
 
-    def __init__(self, target: str, name: str, saved: dict[str, Any] | None = None, uid: str = "") -> None:
+    def __init__(
+        self, target: str, name: str, saved: dict[str, Any] | None = None, uid: str = "", stats: ReadStats | None = None
+    ) -> None:
+        """`stats`: the exporter's API events' (PodEvents'), shared by every pod's source; its own when None."""
         self.target = target
-        self.name = name  # "k8s-api:NAMESPACE/POD"
+        self.name = name  # "k8s-api:NAMESPACE/POD": its key in the state file
         self.uid = uid  # the pod's, saved with the position: whose it is (a pod replaced under its name is another)
-        self.stats = ReadStats()  # lines_read: API events and terminations received
+        # lines_read: API events and terminations received, of every pod (pushed on the event loop only)
+        self.stats = stats if stats is not None else ReadStats()
         last = saved.get("last_termination") if isinstance(saved, dict) else None
         self.last_termination: str | None = last if isinstance(last, str) else None  # a wrong type: none counted yet
         self._pending: list[Event] = []
@@ -76,7 +83,7 @@ class PodApiEvents:
         return events
 
     def health(self) -> EventSourceHealth:
-        return source_health(self, self.stats)
+        return source_health(self, self.stats, exporter_wide=API_EVENTS)
 
     def state(self) -> dict[str, Any]:
         if not self.last_termination:
@@ -112,6 +119,7 @@ class PodEvents:
         self._lock = threading.Lock()  # `_pods`' sources: the worker threads of two pods of one target
         self._counts: dict[str, tuple[str, int]] = {}  # kubelet Event UID -> (its namespace, its count) as last seen
         self._listed_in: set[str | None] = set()  # the scopes (a namespace, None: all) whose Events were listed
+        self._api_stats = ReadStats()  # every pod's API events', said once (API_EVENTS): it outlives the pods
 
     # -- pods ---------------------------------------------------------------------------------------------------
     def add(
@@ -123,7 +131,7 @@ class PodEvents:
         exporter started: a baseline."""
         target = target or pod_name
         source = f"k8s-api:{pod_name}"
-        api = PodApiEvents(target, source, self._runner.saved.of(target, source).get(POSITIONS), uid)
+        api = PodApiEvents(target, source, self._runner.saved.of(target, source).get(POSITIONS), uid, self._api_stats)
         if api.last_termination is None and not watched and ended is not None:
             api.last_termination = ended.key
         self._pods[pod_name] = _Pod(target, namespace, name, uid, container, api, [])

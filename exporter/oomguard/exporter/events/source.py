@@ -64,7 +64,10 @@ class LineReader(Protocol):
         ...
 
 
-def source_health(source: EventSource, stats: ReadStats, read_errors: int = 0) -> EventSourceHealth:
+def source_health(
+    source: EventSource, stats: ReadStats, read_errors: int = 0, *, exporter_wide: str = ""
+) -> EventSourceHealth:
+    """`exporter_wide`: the name of the exporter's reader `stats` are (EventSourceHealth.exporter_wide), or ""."""
     return EventSourceHealth(
         target=source.target,
         source=source.name,
@@ -77,6 +80,7 @@ def source_health(source: EventSource, stats: ReadStats, read_errors: int = 0) -
         lines_malformed=stats.lines_malformed,
         lines_dropped=stats.lines_dropped,
         files=stats.files_followed,
+        exporter_wide=exporter_wide,
     )
 
 

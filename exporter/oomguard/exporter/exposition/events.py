@@ -6,7 +6,7 @@ from __future__ import annotations
 from oomguard.common.kinds import XID
 from oomguard.exporter.exposition.encoder import Exposition
 from oomguard.exporter.exposition.spec import CONDITIONAL, EVENT, metric
-from oomguard.exporter.model import HOST, Counts, Snapshot
+from oomguard.exporter.model import HOST, Counts, EventSourceHealth, Snapshot
 
 SECTION = "Events: OOMs, restarts, kernel OOM kills, XIDs (see docs/events.md)"
 TARGET_EVENTS = metric(
@@ -104,7 +104,7 @@ EVENT_SOURCE_LINES_READ = metric(
     "counter",
     "",
     "target source",
-    "Lines read from an event source (file:GLOB, journald:UNIT, k8s:NS/POD/CONTAINER, kernel:PATH; for k8s-api:NS/POD, the API objects that told of an event); target is empty for the host.",
+    "Lines read from an event source (file:GLOB, journald:UNIT, k8s:NS/POD/CONTAINER, k8s-log:NS/POD/CONTAINER, kernel:PATH; for k8s-api, the API objects that told of an event of any discovered pod: a pod's end, a kubelet Event); target is empty for the host and for k8s-api, whose health (one watch for the whole exporter) is said once, not per pod.",
     presence=CONDITIONAL,
 )
 EVENT_SOURCE_BYTES_BEHIND = metric(
@@ -211,21 +211,34 @@ METRICS = (
 )  # fmt: skip
 
 
+def _add_health(out: Exposition, labels: tuple[str, str], health: EventSourceHealth) -> None:
+    out.add(EVENT_SOURCE_LINES_READ, labels, float(health.lines_read))
+    out.add(EVENT_SOURCE_BYTES_BEHIND, labels, float(health.bytes_behind))
+    out.add(EVENT_SOURCE_READ_ERRORS, labels, float(health.read_errors))
+    out.add(EVENT_SOURCE_READ_BYTES, labels, float(health.bytes_read))
+    out.add(EVENT_SOURCE_LINES_TRUNCATED, labels, float(health.lines_truncated))
+    out.add(EVENT_SOURCE_LINES_MALFORMED, labels, float(health.lines_malformed))
+    if health.lines_dropped is not None:
+        out.add(EVENT_SOURCE_LINES_DROPPED, labels, float(health.lines_dropped))
+    if health.files is not None:
+        out.add(EVENT_SOURCE_FILES, labels, float(health.files))
+
+
 def add(out: Exposition, snapshot: Snapshot) -> None:
     kinds_of: dict[str, set[str]] = {}  # target -> the kinds its sources can see
+    # An exporter's reader shared by every pod (the API's Events) is one health, said once with the target empty;
+    # each pod's source of it has the same figures, but for a poll of its own that raised (counted by the runner).
+    exporter_wide: dict[str, EventSourceHealth] = {}
     for health in snapshot.event_sources:
         kinds_of.setdefault(health.target, set()).update(health.kinds)
-        labels = (health.target, health.source)
-        out.add(EVENT_SOURCE_LINES_READ, labels, float(health.lines_read))
-        out.add(EVENT_SOURCE_BYTES_BEHIND, labels, float(health.bytes_behind))
-        out.add(EVENT_SOURCE_READ_ERRORS, labels, float(health.read_errors))
-        out.add(EVENT_SOURCE_READ_BYTES, labels, float(health.bytes_read))
-        out.add(EVENT_SOURCE_LINES_TRUNCATED, labels, float(health.lines_truncated))
-        out.add(EVENT_SOURCE_LINES_MALFORMED, labels, float(health.lines_malformed))
-        if health.lines_dropped is not None:
-            out.add(EVENT_SOURCE_LINES_DROPPED, labels, float(health.lines_dropped))
-        if health.files is not None:
-            out.add(EVENT_SOURCE_FILES, labels, float(health.files))
+        if health.exporter_wide:
+            said = exporter_wide.get(health.exporter_wide)
+            if said is None or health.read_errors > said.read_errors:
+                exporter_wide[health.exporter_wide] = health
+            continue
+        _add_health(out, (health.target, health.source), health)
+    for name, health in sorted(exporter_wide.items()):
+        _add_health(out, (HOST, name), health)
     for target in snapshot.targets:
         counts = snapshot.events.get(target.name, Counts())
         # Zeros from the start for every kind its sources can see: increase() then sees the first event.
