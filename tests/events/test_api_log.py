@@ -311,3 +311,23 @@ def test_an_oom_of_a_ray_worker_on_another_node_counts_in_the_leaders_log(tag: s
         "out of memory'",
     ]
     assert kinds_counted(log, reader, oom) == ["cuda_oom"]
+
+
+def test_a_quiet_logs_saved_state_is_the_same_at_every_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod found at start whose log says nothing: its `since` is one moment, not recomputed from two clocks whose
+    jitter changed its nanoseconds at every poll (the runner then wrote the whole state file twice a second: a fifth
+    of a core at 1,000 quiet pods)."""
+    wall, mono = [1_000_000.0], [500.0]
+    monkeypatch.setattr("oomguard.exporter.events.api_log.time.time", lambda: wall[0])
+    monkeypatch.setattr("oomguard.exporter.events.api_log.time.monotonic", lambda: mono[0])
+    reader = ApiLogReader(from_start=False)
+    first = reader.state()
+    for jitter in (0.0000012, -0.0000007, 0.0000031):  # the two clocks read a few hundred nanoseconds apart
+        wall[0] += 0.5 + jitter
+        mono[0] += 0.5
+        assert reader.poll() == []
+        assert reader.state() == first
+    restored = ApiLogReader(state=first, from_start=False)
+    wall[0] += 0.5000009
+    mono[0] += 0.5
+    assert restored.state() == first  # what it goes on from is saved as it was read

@@ -114,6 +114,10 @@ class ApiLogReader:
         self._said_step = False  # a step back beyond the look-back said (once)
         # Without a position, a pod found at start is read from now: since when (time.monotonic()); None: whole.
         self._from_now = None if from_start else time.monotonic()
+        # The same moment on the wall clock, what `state()` saves: taken once, so that the state of a quiet log stays
+        # the same from poll to poll (computed afresh, the two clocks' jitter changed its nanoseconds every time, and
+        # the runner wrote the whole state file at every poll).
+        self._from_wall = time.time()
         if isinstance(state, dict):
             self._restore(state)  # a saved position goes on from where it was
         if self.last is not None:
@@ -143,7 +147,8 @@ class ApiLogReader:
         elif isinstance(since, str) and (at := parse_timestamp(since)) is not None:
             # Back on this exporter's monotonic clock by the wall-clock time gone since: the node's clock, an hour off
             # the exporter's, changes nothing (sinceSeconds), only a step of the exporter's own clock would.
-            self._from_now = time.monotonic() - max(0.0, time.time() - (at[0] + at[1] / 1e9))
+            wall, saved_at = time.time(), at[0] + at[1] / 1e9
+            self._from_now, self._from_wall = time.monotonic() - max(0.0, wall - saved_at), min(wall, saved_at)
 
     # -- the stream's side (the event loop) ------------------------------------------------------------------
     def offer(self, line: str) -> bool:
@@ -265,7 +270,7 @@ class ApiLogReader:
         if last is None:  # no line taken yet: where the next exporter reads from
             if self._from_now is None:
                 return {"since": FROM_START}
-            since = time.time() - (time.monotonic() - self._from_now)
+            since = self._from_wall
             return {"since": rfc3339((int(since), int(since % 1 * 1e9)))}
         return {"last": rfc3339(last), "same": same, **({"high": rfc3339(high)} if high is not None else {})}
 
