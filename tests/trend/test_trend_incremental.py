@@ -34,7 +34,7 @@ def _both(samples: list[tuple[float, float]]) -> None:
         incremental.add(t, v)
         scratch.add(t, v)
         assert incremental.trend() == scratch.trend(), f"sample {i} at t={t}"
-        assert incremental._sorted == sorted(scratch._values[scratch._head :])
+        assert list(incremental._sorted) == sorted(scratch._values[scratch._head :])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

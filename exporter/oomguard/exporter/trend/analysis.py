@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 from array import array
 from collections import deque
+from collections.abc import MutableSequence, Sequence
 from itertools import combinations
 
 from oomguard.exporter.model import Trend, TrendSettings
@@ -29,9 +30,12 @@ OOM_ODDS = 0.75
 # warm-up decays: its second half is slower), and this share to be held once called.
 STEADY = 0.5
 HOLD_STEADY = 0.35
+# A series' samples that left its window are dropped from its arrays this many at a time (a move of the window's
+# 900 doubles, 7 KiB, every 64 samples).
+COMPACT_AFTER = 64
 
 
-def median_of_sorted(data: list[float]) -> float:
+def median_of_sorted(data: Sequence[float]) -> float:
     """statistics.median's result, from a list already sorted (the same formula: the middle value,
     or the mean of the middle two)."""
     n = len(data)
@@ -77,7 +81,7 @@ class BucketCache:
         self.floors = array("d", [0.0]) * size
 
 
-def _stats(data: list[float]) -> tuple[float, float]:
+def _stats(data: Sequence[float]) -> tuple[float, float]:
     """A sorted bucket's median and 10th percentile (the index stat_points used)."""
     n = len(data)
     return (data[n // 2] if n % 2 else (data[n // 2 - 1] + data[n // 2]) / 2), data[n // 10]
@@ -93,8 +97,8 @@ class History:
 
     def __init__(
         self,
-        times: list[float],
-        values: list[float],
+        times: Sequence[float],
+        values: Sequence[float],
         lo: int = 0,
         hi: int = -1,
         base: int = 0,
@@ -114,11 +118,11 @@ class History:
     def first(self) -> float:
         return self.times[self.lo]
 
-    def window(self) -> list[float]:
+    def window(self) -> Sequence[float]:
         return self.values[self.lo : self.hi]
 
 
-def _slide(data: list[float], values: list[float], old_lo: int, lo: int, old_hi: int, hi: int) -> bool:
+def _slide(data: MutableSequence[float], values: Sequence[float], old_lo: int, lo: int, old_hi: int, hi: int) -> bool:
     """sorted(values[old_lo:old_hi]) -> sorted(values[lo:hi]) in place, for old_lo <= lo <= old_hi <= hi."""
     for value in values[old_lo:lo]:
         if not _remove(data, value):
@@ -128,7 +132,7 @@ def _slide(data: list[float], values: list[float], old_lo: int, lo: int, old_hi:
     return True
 
 
-def _remove(data: list[float], value: float) -> bool:
+def _remove(data: MutableSequence[float], value: float) -> bool:
     i = bisect.bisect_left(data, value)
     if i < len(data) and data[i] == value:
         del data[i]
@@ -188,7 +192,7 @@ def bucket_stats(
                 data = entry[2]
                 entry[0], entry[1] = new_lo, new_hi
             else:
-                data = sorted(values[a:b])
+                data = array("d", sorted(values[a:b]))  # 8 bytes a value, not a float object's 32
                 kept[i] = [new_lo, new_hi, data]
             median, floor = _stats(data)
             starts[at], ends[at], medians[at], floors[at] = new_lo, new_hi, median, floor
@@ -454,11 +458,13 @@ class Series:
         self.incremental = incremental
         self.from_serving = from_serving
         self.maxlen = int(settings.long_window_seconds / settings.interval_seconds) + 8
-        self._times: list[float] = []
-        self._values: list[float] = []
+        # Arrays of doubles, not lists of floats: 8 bytes a sample, not a pointer and a float object's 32 (a target's
+        # series holds 900 samples once its window is full; issue 50, item 2).
+        self._times = array("d")
+        self._values = array("d")
         self._head = 0  # index of the oldest sample still in the window
-        self._base = 0  # samples compacted away since the series began: absolute index = _base + list index
-        self._sorted: list[float] = []  # the window's values, sorted (the spread's percentiles)
+        self._base = 0  # samples compacted away since the series began: absolute index = _base + array index
+        self._sorted = array("d")  # the window's values, sorted (the spread's percentiles)
         self._buckets: dict[str, BucketCache] = {}
         self._recent: deque[float] = deque(maxlen=3)
         self.climb_start: float | None = None
@@ -491,14 +497,14 @@ class Series:
         start = bisect.bisect_left(self._times, self._times[-1] - seconds, self._head)
         values = self._values[start:]
         stride = max(1, -(-len(values) // points))
-        return values[::stride]
+        return values[::stride].tolist()
 
     def _drop_oldest(self) -> None:
         _remove(self._sorted, self._values[self._head]) or self._resort()
         self._head += 1
 
     def _resort(self) -> None:
-        self._sorted = sorted(self._values[self._head :])
+        self._sorted = array("d", sorted(self._values[self._head :]))
 
     def add(self, t: float, ratio: float) -> None:
         s = self.settings
@@ -511,7 +517,7 @@ class Series:
         bisect.insort(self._sorted, ratio)
         while len(self) and self._times[self._head] < t - s.long_window_seconds:
             self._drop_oldest()
-        if self._head >= self.maxlen:  # compact: the lists hold at most two windows' worth
+        if self._head >= COMPACT_AFTER:  # compact: the arrays hold at most the window and COMPACT_AFTER samples
             del self._times[: self._head], self._values[: self._head]
             self._base += self._head
             self._head = 0
@@ -537,8 +543,8 @@ class Series:
 
     def reset(self) -> None:
         self._base += len(self._times)
-        self._times, self._values, self._head = [], [], 0
-        self._sorted.clear()
+        self._times, self._values, self._head = array("d"), array("d"), 0
+        del self._sorted[:]
         self._buckets.clear()
         self._recent.clear()
         self.climb_start = None
