@@ -189,15 +189,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--targets", type=int, default=1000)
     parser.add_argument("--before", metavar="REV", help="also measure the exporter of this commit, in turns")
+    parser.add_argument("--after", metavar="REV", help="the exporter of this commit as `after` (default: this tree)")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--looks", type=int, default=5, help="looks one after the other, a path a turn")
     parser.add_argument("--concurrent", type=int, default=40, help="looks at once, a path a turn")
     args = parser.parse_args()
 
     scratch = tempfile.TemporaryDirectory(prefix="bench-status-")
-    codes = {"after": REPO / "exporter"}
+    after_code = unpack(args.after, Path(scratch.name) / "after") if args.after else REPO / "exporter"
+    codes = {"after": after_code}
     if args.before:
-        codes = {f"before ({args.before})": unpack(args.before, Path(scratch.name)), **codes}
+        codes = {f"before ({args.before})": unpack(args.before, Path(scratch.name) / "before"), **codes}
     targets, ports = start_targets([0.0] * args.targets)
     exporters = {name: start_exporter(code, ports) for name, code in codes.items()}
     figures = {(name, path): Figures() for name in codes for path in PATHS}
@@ -220,6 +222,7 @@ def main() -> None:
         targets.kill()
         scratch.cleanup()
 
+    print(f"after: {args.after or 'this working tree'}")
     print(f"## The status page at {args.targets} targets: {args.turns} turns of {args.looks} looks one after the")
     print(f"other and {args.concurrent} at once, a path an exporter a turn ({machine()}; other load {other:.0f} %)\n")
     print(f"`/-/healthy` idle: median {ms(median(idle.waits))} ms, longest {ms(max(idle.waits))} ms\n")
@@ -241,7 +244,7 @@ def main() -> None:
         f"\nIn this process, the view of the last `/status.json` rendered again: the page {page_cost * 1000:.1f} ms, "
         f"the JSON {json_cost * 1000:.1f} ms (median of 20), what each look paid before the renderings were kept\n"
     )
-    after = "after"
+    after = "after"  # the name of its figures
     floor = figures[after, "/metrics"]
     for path in ("/", "/status.json"):
         f = figures[after, path]

@@ -179,9 +179,9 @@ class _Status:
     snapshot (never from the exposition text), and each rendering made once, the first time it is asked for; those
     that arrive while one is being made wait for it and share it (40 looks at once rendered the page 40 times).
 
-    In a thread (a cluster's snapshot holds thousands of GPUs and targets; jinja2 and `json.dumps` take the GIL, not
-    the loop). Nothing of a rendering depends on the request: the page's "now" is the view's `taken_at` (the
-    snapshot's), no query parameter is read, and the user basic auth let in is not shown."""
+    In a thread, off the event loop (a cluster's snapshot holds thousands of GPUs and targets; the JSON was dumped on
+    the loop at each look before). Nothing of a rendering depends on the request: the page's "now" is the view's
+    `taken_at` (the snapshot's), no query parameter is read, and the user basic auth let in is not shown."""
 
     PAGE = "page"
     JSON = "json"
