@@ -103,6 +103,9 @@ class ApiLogReader:
         already). `keep`: whether a line could count, kept first when lines must be let go (None: none)."""
         self.stats = ReadStats(files_followed=1, lines_dropped=0)
         self.keep = keep
+        # Called (on the event loop) when a line or an error comes: the runner polls this log then, and a quiet one
+        # seldom (events/runner.py, QUIET_MAX_SECONDS). Set by the runner; None: nobody to wake.
+        self.wake: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._held: deque[list[Any]] = deque()  # [line, could it count (None: not asked yet), its time]
         self.stamps: list[float | None] = []  # the time of each line the last poll returned (the node's clock)
@@ -156,19 +159,26 @@ class ApiLogReader:
         stamp, _, message = line.partition(" ")
         at = parse_timestamp(stamp)
         with self._lock:
-            if at is None:
-                self.stats.lines_malformed += 1
-                return False
-            if self._repeat(at):
-                return False
-            self._take(at)
-            self._held.append([message, None, at[0] + at[1] / 1e9])
-            self._held_bytes += len(message)
-            if self._held_bytes > MAX_HELD_BYTES:
-                self._let_go()
-            self.stats.lines_read += 1
-            self.stats.bytes_read += len(line) + 1
-            return True
+            taken = self._offer(line, message, at)
+        if self.wake is not None and taken is not None:
+            self.wake()  # after the line is held: a poll woken before it could miss it until the next wake
+        return bool(taken)
+
+    def _offer(self, line: str, message: str, at: tuple[int, int] | None) -> bool | None:
+        """Whether the line was taken; None: a repeat, which changes nothing."""
+        if at is None:
+            self.stats.lines_malformed += 1
+            return False
+        if self._repeat(at):
+            return None
+        self._take(at)
+        self._held.append([message, None, at[0] + at[1] / 1e9])
+        self._held_bytes += len(message)
+        if self._held_bytes > MAX_HELD_BYTES:
+            self._let_go()
+        self.stats.lines_read += 1
+        self.stats.bytes_read += len(line) + 1
+        return True
 
     def _let_go(self) -> None:
         """Down to half the budget (so that a flood asks `keep` of each line once, not at every line), the oldest
@@ -251,6 +261,8 @@ class ApiLogReader:
         with self._lock:
             self.stats.read_errors += 1
             self.stats.last_error = message
+        if self.wake is not None:
+            self.wake()
 
     def ok(self) -> None:
         with self._lock:

@@ -15,6 +15,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -71,11 +72,14 @@ class PodApiEvents:
         self.last_termination: str | None = last if isinstance(last, str) else None  # a wrong type: none counted yet
         self._pending: list[Event] = []
         self._lock = threading.Lock()
+        self.wake: Callable[[], None] | None = None  # set by the runner: it polls this source when an event comes
 
     def push(self, event: Event) -> None:
         with self._lock:
             self._pending.append(event)
             self.stats.lines_read += 1
+        if self.wake is not None:
+            self.wake()
 
     def poll(self, now: float) -> list[Event]:
         with self._lock:

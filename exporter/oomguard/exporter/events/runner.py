@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,12 @@ TEMPORARY = ".events-state."  # the prefix of the file written before it is rena
 # Read no more than this (docs/events.md): a partial line kept per followed file is at most 1 MiB (1.4 in base64).
 MAX_STATE_BYTES = 64 * 1024 * 1024
 MAX_COUNT = 2**53  # the largest count a float64 sample holds exactly
+# A source that wakes the runner when something comes (its `wake` hook, set here: the cluster mode's pod logs and API
+# events, fed on the event loop) is polled when woken, and otherwise less often the longer it stays quiet: its
+# interval doubles after each poll that brought nothing, up to this. What a quiet poll still does (an open incident
+# closed after its quiet spell, log_clock.py's catching up) comes at most this late; a line never does (it wakes).
+# A thousand quiet pods then cost a few hundred polls a second instead of four thousand (docs/performance.md).
+QUIET_MAX_SECONDS = 8.0
 _INDEX = re.compile(r"-?[0-9]{1,9}")  # a GPU's index or an XID's number, as text (ASCII digits only)
 
 
@@ -82,6 +89,7 @@ class EventRunner:
         `nvml`: the NVML library (pynvml, or the simulation's) whose XID events are a source; None for none."""
         self.clock = clock
         self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
+        self.poll_interval = config.events.poll_interval_seconds
         self.state_path = Path(config.state_dir) / STATE_FILE if config.state_dir else None
         self.has_state = self.state_path is not None
         self.state_read_errors = 0  # a state file found unreadable at start (set aside as *.corrupt)
@@ -92,10 +100,16 @@ class EventRunner:
         }
         self.xid, self.xid_last = _gpu_counts(saved.get(GPU_COUNTS, {}).get(XID, {}))
         self.sources: list[EventSource] = build_sources(config, self.saved, nvml)
+        self._woken: set[EventSource] = set()  # sources whose `wake` came since their last poll (from the loop)
         self._give_clock(self.sources)
         self.state_write_errors = 0
         self._failures = [0] * len(self.sources)  # polls that raised (a bug): counted as read errors
         self._states = [source.state() for source in self.sources]  # as last saved or seen
+        # Each source's schedule: whether it wakes the runner, its next poll (monotonic) and its interval.
+        self._wakes = [self._wakes_runner(s) for s in self.sources]
+        self._due = [0.0] * len(self.sources)
+        self._every = [0.0] * len(self.sources)
+        self._healths: list[EventSourceHealth] = []  # each source's as last polled: a quiet one's is not asked again
         self.starts: list[tuple[str, float, int | None]] = []  # (target, when, pid) of each start read: take_starts
         # Whose processes and pods a kernel OOM kill may be: the runtime updates it from the target set.
         self.kill_owners = KillOwners()
@@ -111,8 +125,11 @@ class EventRunner:
         take: seconds on a busy host) and never iterates a dict a poll is changing."""
         return self._view
 
-    def _publish(self) -> None:
-        health = tuple(self._health())
+    def _publish(self, *, again: bool = True) -> None:
+        """`again`: every source's health asked again (else as the last poll left it)."""
+        if again:
+            self._healths = self._health()
+        health = tuple(self._healths)
         xid_errors = [h.read_errors for h in health if h.source == XID_SOURCE]
         self._view = EventsView(
             {name: c.copy() for name, c in self.counts.items()}, health, dict(self.xid), dict(self.xid_last),
@@ -122,8 +139,8 @@ class EventRunner:
     # -- one poll: blocking (file reads, journalctl), run in a worker thread ---------------
     def poll(self) -> None:
         with self._lock:
-            self._poll()
-            self._publish()
+            if self._poll():
+                self._publish(again=False)
 
     def set_sources(self, target: str, sources: list[EventSource]) -> None:
         """Make `sources` the sources of `target` (a discovered pod; [] when it is gone): those it had and that
@@ -138,9 +155,13 @@ class EventRunner:
                         log.exception("event source %s of %r failed to close", source.name, target)
             new = [s for s in sources if s not in self.sources]
             self._give_clock(new)
+            self._woken -= {self.sources[i] for i in range(len(self.sources)) if i not in kept}
             self.sources = [self.sources[i] for i in kept] + new
             self._failures = [self._failures[i] for i in kept] + [0] * len(new)
             self._states = [self._states[i] for i in kept] + [s.state() for s in new]
+            self._wakes = [self._wakes[i] for i in kept] + [self._wakes_runner(s) for s in new]
+            self._due = [self._due[i] for i in kept] + [0.0] * len(new)
+            self._every = [self._every[i] for i in kept] + [0.0] * len(new)
             self._save()
             self._publish()
 
@@ -157,22 +178,57 @@ class EventRunner:
         for source in sources:
             if hasattr(source, "monotonic"):
                 source.monotonic = self.monotonic  # type: ignore[attr-defined]
+            self._hook_wake(source)
 
-    def _poll(self) -> None:
-        changed = False
+    @staticmethod
+    def _wakes_runner(source: EventSource) -> bool:
+        """Whether the source (or its line reader) has a `wake` hook: then it is polled when woken or due."""
+        return any(hasattr(holder, "wake") for holder in (source, getattr(source, "reader", None)))
+
+    def _hook_wake(self, source: EventSource) -> None:
+        wake = partial(self._woken.add, source)  # from the event loop's thread: one set.add, no lock
+        for holder in (source, getattr(source, "reader", None)):
+            if hasattr(holder, "wake"):
+                holder.wake = wake
+
+    def _poll(self) -> bool:
+        """One poll of the sources due; whether the view changed (counts, a source's health)."""
+        changed = publish = False
+        wide: set[str] = set()  # the exporter-wide readers whose health changed
+        now = self.monotonic()
         for i, source in enumerate(self.sources):
+            woken = False
+            if self._wakes[i]:
+                woken = source in self._woken
+                if not woken and now < self._due[i]:
+                    continue  # quiet, and not due yet: not polled, its health as it was
+                self._woken.discard(source)
             try:
                 events = source.poll(self.clock())
                 state = source.state()
             except Exception:  # a source's bug must not stop the others
                 self._failures[i] += 1
                 log.exception("event source %s of %r failed", source.name, source.target or "host")
-                continue
+                events, state = [], self._states[i]
             self._count(source, events)
-            changed |= bool(events) or state != self._states[i]
+            active = bool(events) or state != self._states[i]
+            changed |= active
+            publish |= bool(events)
             self._states[i] = state
+            if self._wakes[i]:
+                quieter = min(max(self._every[i] * 2, self.poll_interval), QUIET_MAX_SECONDS)
+                self._every[i] = 0.0 if active or woken else quieter
+                self._due[i] = now + self._every[i]
+            health = self._health_of(i)
+            if health != self._healths[i]:
+                publish, self._healths[i] = True, health
+                if health.exporter_wide:
+                    wide.add(health.exporter_wide)
+        if wide:  # a reader every pod's source shares (the API's Events): its figures are theirs too
+            self._healths = [self._health_of(j) if h.exporter_wide in wide else h for j, h in enumerate(self._healths)]
         if changed:
             self._save()
+        return publish
 
     def _count(self, source: EventSource, events: list[Event]) -> None:
         for event in events:
@@ -210,10 +266,11 @@ class EventRunner:
             return self._health()
 
     def _health(self) -> list[EventSourceHealth]:
-        return [
-            dataclasses.replace(h, read_errors=h.read_errors + failures) if failures else h
-            for h, failures in zip((s.health() for s in self.sources), self._failures, strict=True)
-        ]
+        return [self._health_of(i) for i in range(len(self.sources))]
+
+    def _health_of(self, i: int) -> EventSourceHealth:
+        h, failures = self.sources[i].health(), self._failures[i]
+        return dataclasses.replace(h, read_errors=h.read_errors + failures) if failures else h
 
     # -- state file ---------------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
