@@ -29,7 +29,7 @@ The bench raises its RLIMIT_NOFILE soft limit to the hard one (its children inhe
 descriptors each of its processes held. CPU times are read in the kernel's ticks (10 ms): the figures a target mean
 something from a few hundred targets on.
 Run: python bench/bench_cluster.py [--pods 4000] [--nodes 500] [--shards 4] [--scrapes 10] [--restart]
-     [--freeze-probe] [--tracemalloc] [--trend-full] [--no-ratios]
+     [--freeze-probe] [--tracemalloc] [--trend-full] [--no-ratios] [--block K]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import resource
 import shutil
@@ -74,18 +75,29 @@ TURNS = 3
 GOAL_VS_NODE = 1.2  # a cluster-mode target's CPU a scrape, against a node-mode target's
 GOAL_VS_CLIENT = 2.0  # a scrape's CPU, against only fetching its bodies with the bare aiohttp client
 GOAL_KIB_PER_TARGET = 64.0
+GOAL_STALL_MS = 50.0  # the event loop's longest stall while a scrape of the targets runs (/-/healthy's longest wait)
+GOAL_IDLE_MS_S = 20.0  # the CPU a second at 1,000 pods while nothing scrapes (its share of them, below 1,000)
 TRACEBACK = "Traceback (most recent call last):"  # PyTorch's OOM is the exception that ends one
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"
 CONTAINER_ID = "a" * 64
 _TARGET = re.compile(r'[{,]target="([^"]*)"')
 
 
+# `--block K`: the engines at 127.(2K+1).x.y and the dcgm-exporters at 127.(2K+2).x.y, so that two runs on one
+# machine do not take each other's addresses; an environment variable, which the bench's processes inherit.
+BLOCK = "OOMGUARD_BENCH_CLUSTER_BLOCK"
+
+
+def _block() -> int:
+    return int(os.environ.get(BLOCK, "0"))
+
+
 def engine_ip(i: int) -> str:
-    return f"127.1.{i // 250}.{i % 250 + 1}"
+    return f"127.{2 * _block() + 1}.{i // 250}.{i % 250 + 1}"
 
 
 def dcgm_ip(n: int) -> str:
-    return f"127.2.{n // 250}.{n % 250 + 1}"
+    return f"127.{2 * _block() + 2}.{n // 250}.{n % 250 + 1}"
 
 
 def pod_name(i: int) -> str:
@@ -278,7 +290,13 @@ async def _serve_probed(app: web.Application, conn: Connection, trace: bool) -> 
         gc.freeze()
         return web.Response(text=str(gc.get_freeze_count()))
 
+    async def frozen(_: web.Request) -> web.Response:  # what the exporter froze itself (runtime.py's freezer)
+        import gc
+
+        return web.Response(text=str(gc.get_freeze_count()))
+
     app.router.add_get("/-/bench/gc", passes)
+    app.router.add_get("/-/bench/frozen", frozen)
     app.router.add_get("/-/bench/freeze", freeze)
     if trace:
 
@@ -433,6 +451,7 @@ class Exporter:
     text: str = ""
     took_s: float = 0.0
     lag: dict[str, float] = field(default_factory=dict)
+    frozen: int = 0  # the objects the exporter had frozen (gc.get_freeze_count) after its scrapes
 
     @property
     def ps(self) -> psutil.Process:
@@ -717,7 +736,11 @@ def main() -> None:
     parser.add_argument("--trend-full", action="store_true", help="the RSS once the trend's window is full")
     parser.add_argument("--freeze-probe", action="store_true", help="the first shard again after a gc.freeze()")
     parser.add_argument("--no-ratios", action="store_true", help="skip the node mode and the bare client")
+    parser.add_argument("--block", type=int, default=0, choices=range(0, 60),
+                        help="the addresses' block: engines at 127.(2K+1).x.y, dcgm-exporters at 127.(2K+2).x.y "
+                        "(another run on the same machine takes another)")  # fmt: skip
     args = parser.parse_args()
+    os.environ[BLOCK] = str(args.block)  # the bench's processes inherit it
     if args.pods > args.nodes * GPUS_PER_NODE:
         parser.error(f"at most {GPUS_PER_NODE} pods a node (one a GPU)")
     soft_before, hard, soft = raise_nofile()
@@ -781,6 +804,7 @@ def main() -> None:
         print(f"shards measured at {time.monotonic() - started_at:.0f} s", file=sys.stderr)
         for s in shards:
             s.lag = asyncio.run(_lag(s.port, 3))
+            s.frozen = int(asyncio.run(_get(s.port, "/-/bench/frozen")))
         _fds([cluster], fds, "API stand-in and dcgm-exporters")
         _fds(engines, fds, "engines (a process of 1,000)")
         _fds([s.proc for s in shards], fds, "an exporter")
@@ -923,6 +947,7 @@ def report(args: argparse.Namespace, results: dict[str, Any], shards: list[Expor
 
     kib = [(s.rss_mib - s.baseline_mib) * 1024 / max(1, len(up_targets(s.text))) for s in shards]
     print("\n### Goals\n")
+    _loop_goals(shards)
     print(f"- at most {GOAL_KIB_PER_TARGET:g} KiB of RSS a target: {min(kib):.0f} to {max(kib):.0f} KiB "
           f"({_verdict(max(kib), GOAL_KIB_PER_TARGET)})")  # fmt: skip
     if "turns" in results:
@@ -986,6 +1011,24 @@ def report(args: argparse.Namespace, results: dict[str, Any], shards: list[Expor
         print(f"\n**Failed:** {error}")
     if "traced" in results:
         _traced_report(results["traced"], len(shards[0].expected) if shards else n)
+
+
+def _loop_goals(shards: list[Exporter]) -> None:
+    """Issue 50's items 1 and 5: the loop's longest stall in a scrape, and the idle cost (at 1,000 pods; for fewer,
+    their share of the goal)."""
+    worst = max(shards, key=lambda s: s.lag["busy_max"])
+    lag, frozen = worst.lag, ", ".join(f"{s.frozen}" for s in shards)
+    print(f"- the event loop's longest stall during a scrape at most {GOAL_STALL_MS:g} ms (/-/healthy's longest wait, "
+          f"{lag['pings']:.0f} pings in 3 scrapes of {len(worst.expected)} targets, {worst.name}): "
+          f"**{lag['busy_max']:.0f} ms** ({_verdict(lag['busy_max'], GOAL_STALL_MS)}); full passes {lag['gc_passes']}, "
+          f"the longest {lag['gc_max_ms']:.0f} ms; frozen by the exporter: {frozen} objects")  # fmt: skip
+    for s in shards:
+        targets = max(1, len(s.expected))
+        goal = GOAL_IDLE_MS_S * min(1.0, targets / 1000)
+        scaled = "" if targets >= 1000 else f" (its {targets} pods' share of {GOAL_IDLE_MS_S:g} ms/s at 1,000)"
+        print(f"- the idle cost at most {goal:.1f} ms of CPU a second{scaled}, {s.name}: **{s.background * 1000:.1f} "
+              f"ms/s** ({_verdict(s.background * 1000, goal)}; as at 1,000 pods: "
+              f"{s.background * 1000 * 1000 / targets:.0f} ms/s)")  # fmt: skip
 
 
 def _turns(values: list[float], targets: int) -> str:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
+from collections.abc import Callable
 from functools import partial
 from types import ModuleType
 from typing import Any, Protocol
@@ -53,6 +55,59 @@ _REAL_NVML = object()  # default of nvml_lib: pynvml, or the simulation's fake G
 # the scrape interval. On a simulation's clock a simulated second, no shorter than the floor (real seconds).
 STARTUP_WATCH_SECONDS = 1.0
 STARTUP_WATCH_FLOOR_SECONDS = 0.25
+# The garbage collector and the targets (issue 50, item 1; docs/performance.md, "Garbage collection and the idle cost").
+FREEZE_SETTLE_SECONDS = 5.0  # the target set unchanged this long: discovery has settled, what it made is frozen
+REFREEZE_SECONDS = 600.0  # a target gone: at most this often, everything is thawed, collected and frozen again
+FREEZE_CHECK_SECONDS = 1.0
+
+
+class TargetFreezer:
+    """What lives as long as a target (its scraper, its series, its trend, its log's follower and sources) is kept
+    out of the garbage collector's full passes: frozen (`gc.freeze`) once the target set has not changed for
+    FREEZE_SETTLE_SECONDS. A full pass walks every object not frozen, and at 1,000 discovered targets it held every
+    thread, the event loop's, for 120 to 245 ms about once a scrape; the runtime froze only what existed at its
+    start, which in the cluster mode is none of its targets.
+
+    A frozen object that becomes garbage is still freed by its reference count, but one in a reference cycle (a
+    removed target's tasks, its scraper's callbacks) stays until it is thawed: so when targets went away the next
+    freeze thaws everything first, collects, and freezes again (one full pass, as long as those it replaces), at most
+    every REFREEZE_SECONDS; until then a freeze only adds what is new (a pass over what is not frozen yet)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._changed_at: float | None = None  # the last change of the target set not frozen yet
+        self._gone = False  # a target went away (removed or retargeted) since the last full refreeze
+        self._refrozen_at = clock()
+        self.freezes = 0  # freezes of what was new
+        self.refreezes = 0  # full ones: thawed, collected, frozen again
+
+    def changed(self, *, gone: bool = False) -> None:
+        """The target set changed (on the event loop): `gone`, a target or its scraper went away."""
+        self._changed_at = self._clock()
+        self._gone |= gone
+
+    def step(self) -> None:
+        """Freeze what is due: called every FREEZE_CHECK_SECONDS on the event loop (a collection holds every thread
+        whichever thread runs it)."""
+        now = self._clock()
+        settled = self._changed_at is not None and now - self._changed_at >= FREEZE_SETTLE_SECONDS
+        refreeze = self._gone and now - self._refrozen_at >= REFREEZE_SECONDS and (settled or self._changed_at is None)
+        if refreeze:
+            gc.unfreeze()
+            self._gone, self._refrozen_at = False, now
+            self.refreezes += 1
+        elif not settled:
+            return
+        else:
+            self.freezes += 1
+        self._changed_at = None
+        gc.collect()
+        gc.freeze()
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(FREEZE_CHECK_SECONDS)
+            self.step()
 
 
 class Simulated(Protocol):
@@ -110,6 +165,7 @@ class Runtime:
         self.collection: Collection | None = None  # set by start()
         self.targets: TargetSet | None = None  # set by start()
         self.tracker: TrendTracker | None = None  # set by start() where trends are on: the status page's sparklines
+        self.freezer: TargetFreezer | None = None  # set by start()
         self._client: EngineClient | None = None
         self._gpus: GpuSource | None = None
         self._events: EventRunner | None = None
@@ -148,8 +204,10 @@ class Runtime:
                 clock=self.clock,
             )
 
-        # The one set of targets: discovery changes it, on the event loop; the others read it.
-        targets = self.targets = TargetSet(make_scraper, config.targets)
+        # The one set of targets: discovery changes it, on the event loop; the others read it. What each target
+        # holds is frozen out of the garbage collector's full passes once a change of the set has settled.
+        freezer = self.freezer = TargetFreezer()
+        targets = self.targets = TargetSet(make_scraper, config.targets, on_change=freezer.changed)
         processes = ProcessLookup(finder, targets.local_ports(), self.source_runs)
         trend = self.simulated.trend_settings(config) if self.simulated is not None else config.trend.settings()
         tracker = self.tracker = TrendTracker(trend) if config.trend.enabled else None
@@ -180,9 +238,11 @@ class Runtime:
             log_streams=discovery.log_streams if discovery and discovery.cluster else None,
         )  # fmt: skip
         # What exists at start lives as long as the runtime: keep it out of the garbage collector's
-        # full passes, which otherwise stall a scrape for tens of milliseconds now and then.
+        # full passes, which otherwise stall a scrape for tens of milliseconds now and then. What comes later (the
+        # discovered targets) is frozen by the freezer, once each change of the target set has settled.
         gc.collect()
         gc.freeze()
+        self._tasks.append(asyncio.ensure_future(freezer.run()))
         if local is not None:
             await local.poll()  # the engines running now are targets of the first collection
             self._tasks.append(asyncio.ensure_future(local.run()))

@@ -19,9 +19,18 @@ from oomguard.exporter.sources.targets import TargetScraper
 
 
 class TargetSet:
-    def __init__(self, make_scraper: Callable[[TargetConfig], TargetScraper], configs: Iterable[TargetConfig] = ()):
-        """`make_scraper`: a target's scraper from its configuration (the runtime's: timeouts, limits, finder)."""
+    def __init__(
+        self,
+        make_scraper: Callable[[TargetConfig], TargetScraper],
+        configs: Iterable[TargetConfig] = (),
+        *,
+        on_change: Callable[..., None] | None = None,
+    ):
+        """`make_scraper`: a target's scraper from its configuration (the runtime's: timeouts, limits, finder).
+        `on_change(gone=...)`: told of each target added, removed (`gone`) or retargeted (`gone`: its old address's
+        state is let go): the runtime's garbage collector freezer (runtime.py, TargetFreezer)."""
         self._make = make_scraper
+        self._on_change = on_change
         self._by_name: dict[str, TargetScraper] = {}  # in the order added: the exposition's order
         # A discovered pod, by target name: its UID (whose kernel OOM kills are its own) and its reference (its node
         # and its name, which tell its GPUs).
@@ -44,18 +53,26 @@ class TargetSet:
         if name in self._by_name:
             raise ValueError(f"target {name!r} is already watched")
         self._by_name[name] = self._make(config)
+        self._changed(gone=False)
 
     def remove(self, name: str) -> None:
         """Gone, with its counts (a target that comes back starts from zero, as a new series would)."""
-        self._by_name.pop(name, None)
+        gone = self._by_name.pop(name, None)
         self._pods.pop(name, None)
         self._member_uids.pop(name, None)
         self._reservations.pop(name, None)
+        if gone is not None:
+            self._changed(gone=True)
 
     def retarget(self, name: str, config: TargetConfig) -> None:
         """The target at a new address (a pod replaced under its name): its counts go on, the new process is
         loading until it first answers."""
         self._by_name[name].retarget(config)
+        self._changed(gone=True)
+
+    def _changed(self, *, gone: bool) -> None:
+        if self._on_change is not None:
+            self._on_change(gone=gone)
 
     def new_life(self, name: str) -> None:
         """A new process at the same address (a container restarted in its pod): loading until it answers, not
