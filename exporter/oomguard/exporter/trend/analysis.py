@@ -62,9 +62,12 @@ class BucketCache:
     history a window slides by one sample a tick and its width stays put, so bucket i's range of this tick
     is bucket i + 1's of (width / interval) ticks ago: 11 of 12 buckets are found here, and only the newest
     is computed. Stored in arrays, slot b % size, keyed by both ends: an entry is used only for its exact
-    range, and values never change once added, so a hit is the same result as sorting afresh."""
+    range, and values never change once added, so a hit is the same result as sorting afresh. Its size is a
+    little over the span (grown by a quarter at a time, not to the next power of two: 921 entries for a full
+    window of 900 samples, not 1,024), and its keys 4 bytes each: the end modulo 2**32 (two ends the ring holds at
+    once are less than its size apart) and the width (1 or more; 0 in an entry never written)."""
 
-    __slots__ = ("ends", "floors", "kept", "medians", "size", "starts")
+    __slots__ = ("ends", "floors", "kept", "medians", "size", "widths")
 
     def __init__(self) -> None:
         self.kept: list[list | None] = []
@@ -73,12 +76,16 @@ class BucketCache:
     def _grow(self, span: int) -> None:
         size = 64
         while size <= span:
-            size *= 2
+            size += size // 4
         self.size = size
-        self.starts = array("q", [-1]) * size
-        self.ends = array("q", [-1]) * size
+        self.widths = array(_U32, [0]) * size
+        self.ends = array(_U32, [0]) * size
         self.medians = array("d", [0.0]) * size
         self.floors = array("d", [0.0]) * size
+
+
+_U32 = "I" if array("I").itemsize >= 4 else "L"  # an unsigned type of at least 32 bits
+_LOW32 = 0xFFFFFFFF
 
 
 def _stats(data: Sequence[float]) -> tuple[float, float]:
@@ -170,14 +177,14 @@ def bucket_stats(
         kept = cache.kept = [None] * count
     if cache.size <= hi - lo:
         cache._grow(hi - lo)
-    mask = cache.size - 1
-    starts, ends, medians, floors = cache.starts, cache.ends, cache.medians, cache.floors
+    size = cache.size
+    widths, ends, medians, floors = cache.widths, cache.ends, cache.medians, cache.floors
     for i in range(count):
         a, b = edges[i], edges[i + 1]
         if a < b:
             new_lo, new_hi = a + base, b + base
-            at = new_hi & mask
-            if ends[at] == new_hi and starts[at] == new_lo:
+            at, end = new_hi % size, new_hi & _LOW32
+            if ends[at] == end and widths[at] == b - a:
                 out.append((start + (i + 0.5) * width, medians[at], floors[at]))
                 continue
             entry = kept[i]
@@ -195,7 +202,7 @@ def bucket_stats(
                 data = array("d", sorted(values[a:b]))  # 8 bytes a value, not a float object's 32
                 kept[i] = [new_lo, new_hi, data]
             median, floor = _stats(data)
-            starts[at], ends[at], medians[at], floors[at] = new_lo, new_hi, median, floor
+            widths[at], ends[at], medians[at], floors[at] = b - a, end, median, floor
             out.append((start + (i + 0.5) * width, median, floor))
     return out
 
