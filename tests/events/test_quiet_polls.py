@@ -72,3 +72,20 @@ def test_a_read_error_wakes_the_runner_and_is_seen_at_the_next_poll(tmp_path: Pa
     reader.error("GET /api/v1/namespaces/llm/pods/vllm-0/log: 403")
     run.poll()
     assert [h.read_errors for h in run.view.health if h.target == TARGET.label] == [1]
+
+
+def test_no_poll_is_asked_while_every_source_is_quiet_and_none_is_due(tmp_path: Path) -> None:
+    """The runtime asks `due()` before it wakes a thread for a poll: with only quiet pods, seldom; a line, at once."""
+    clock = Clock()
+    run = runner(tmp_path, clock, [])
+    reader = followed(run)
+    asked = 0
+    for _ in range(120):
+        if run.due():
+            asked += 1
+            run.poll()
+        clock.now += 0.5
+    assert asked == reader.polls <= 60 / QUIET_MAX_SECONDS + 5
+    assert not run.due()
+    reader.offer("2026-12-05T12:00:01.000000001Z a line")
+    assert run.due()

@@ -32,6 +32,7 @@ from oomguard.common.thresholds import Thresholds
 from oomguard.common.time_scale import REAL, TimeScale
 from oomguard.exporter.collection import Collection
 from oomguard.exporter.config import Config, TargetConfig
+from oomguard.exporter.events.kill_owners import KillOwners
 from oomguard.exporter.events.kubernetes import PodEvents
 from oomguard.exporter.events.runner import EventRunner
 from oomguard.exporter.model import TrendSettings
@@ -59,6 +60,9 @@ STARTUP_WATCH_FLOOR_SECONDS = 0.25
 FREEZE_SETTLE_SECONDS = 5.0  # the target set unchanged this long: discovery has settled, what it made is frozen
 REFREEZE_SECONDS = 600.0  # a target gone: at most this often, everything is thawed, collected and frozen again
 FREEZE_CHECK_SECONDS = 1.0
+# Whose processes and pods a kernel OOM kill may be, told again this often when nothing changed (a process seen is
+# remembered for kill_owners.REMEMBER_SECONDS): not at every poll of the events.
+OWNERS_REFRESH_SECONDS = 30.0
 
 
 class TargetFreezer:
@@ -108,6 +112,30 @@ class TargetFreezer:
         while True:
             await asyncio.sleep(FREEZE_CHECK_SECONDS)
             self.step()
+
+
+class OwnersFeed:
+    """Tells the event runner's kill owners (events/kill_owners.py) each target's processes and pod: when the target
+    set or the process lookup changed, else every OWNERS_REFRESH_SECONDS. Told at every poll, a thousand pods cost
+    more than the polls themselves (issue 50, item 5)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._version = -1
+        self._found: Any = None  # the process lookup last told (kept: its identity tells a new one)
+        self._told_at = 0.0
+
+    def feed(self, targets: TargetSet, processes: ProcessLookup, owners: KillOwners) -> bool:
+        """Whether the owners were told."""
+        found, now = processes.latest(), self._clock()
+        same = targets.version == self._version and (found is self._found or not (found or self._found))
+        if same and now - self._told_at < OWNERS_REFRESH_SECONDS:
+            return False
+        for name, pids, pod_uid in targets.owners(found):
+            owners.update(name, pids, pod_uid)
+        owners.keep_only(targets.names())
+        self._version, self._found, self._told_at = targets.version, found, now
+        return True
 
 
 class Simulated(Protocol):
@@ -264,12 +292,12 @@ class Runtime:
         """The background loop reading logs, journals, cgroups and the kernel log; the engines' starts read there
         go to their targets' restart trackers (a life that never serves is seen nowhere else)."""
         interval = self.config.events.poll_interval_seconds
+        owners = OwnersFeed()
         while True:
             # Whose processes and pods a kernel OOM kill may be (events/kill_owners.py).
-            for name, pids, pod_uid in targets.owners(processes.latest()):
-                events.kill_owners.update(name, pids, pod_uid)
-            events.kill_owners.keep_only(targets.names())
-            await asyncio.to_thread(self.source_runs.run_blocking, "events", events.poll)
+            owners.feed(targets, processes, events.kill_owners)
+            if events.due():  # else every source is quiet and none is due: no thread woken for nothing
+                await asyncio.to_thread(self.source_runs.run_blocking, "events", events.poll)
             for target, at, pid in events.take_starts():
                 targets.log_start(target, at, pid)
             await asyncio.sleep(interval)

@@ -110,6 +110,7 @@ class EventRunner:
         self._due = [0.0] * len(self.sources)
         self._every = [0.0] * len(self.sources)
         self._healths: list[EventSourceHealth] = []  # each source's as last polled: a quiet one's is not asked again
+        self._next_due = -math.inf  # when a poll next has a source to poll (due())
         self.starts: list[tuple[str, float, int | None]] = []  # (target, when, pid) of each start read: take_starts
         # Whose processes and pods a kernel OOM kill may be: the runtime updates it from the target set.
         self.kill_owners = KillOwners()
@@ -142,6 +143,11 @@ class EventRunner:
             if self._poll():
                 self._publish(again=False)
 
+    def due(self) -> bool:
+        """Whether a poll now would poll a source: one that does not wake the runner (polled every time), one woken,
+        or one due. Read without the lock, on the event loop: a source added meanwhile is due at once."""
+        return bool(self._woken) or self.monotonic() >= self._next_due
+
     def set_sources(self, target: str, sources: list[EventSource]) -> None:
         """Make `sources` the sources of `target` (a discovered pod; [] when it is gone): those it had and that
         are not among them are closed, and what they held counted (blocking: a close reads the rest)."""
@@ -162,6 +168,7 @@ class EventRunner:
             self._wakes = [self._wakes[i] for i in kept] + [self._wakes_runner(s) for s in new]
             self._due = [self._due[i] for i in kept] + [0.0] * len(new)
             self._every = [self._every[i] for i in kept] + [0.0] * len(new)
+            self._next_due = self._earliest_due()
             self._save()
             self._publish()
 
@@ -228,7 +235,14 @@ class EventRunner:
             self._healths = [self._health_of(j) if h.exporter_wide in wide else h for j, h in enumerate(self._healths)]
         if changed:
             self._save()
+        self._next_due = self._earliest_due()
         return publish
+
+    def _earliest_due(self) -> float:
+        """When the next poll has a source to poll: at once while any does not wake the runner."""
+        if not all(self._wakes):
+            return -math.inf
+        return min(self._due, default=math.inf)
 
     def _count(self, source: EventSource, events: list[Event]) -> None:
         for event in events:

@@ -31,6 +31,7 @@ class TargetSet:
         state is let go): the runtime's garbage collector freezer (runtime.py, TargetFreezer)."""
         self._make = make_scraper
         self._on_change = on_change
+        self.version = 0  # changed by every change of the targets or their pods: whose processes and pods are whose
         self._by_name: dict[str, TargetScraper] = {}  # in the order added: the exposition's order
         # A discovered pod, by target name: its UID (whose kernel OOM kills are its own) and its reference (its node
         # and its name, which tell its GPUs).
@@ -71,6 +72,7 @@ class TargetSet:
         self._changed(gone=True)
 
     def _changed(self, *, gone: bool) -> None:
+        self.version += 1
         if self._on_change is not None:
             self._on_change(gone=gone)
 
@@ -84,6 +86,7 @@ class TargetSet:
         cgroups is its own (`owners`); their nodes and names tell its GPUs (`views`)."""
         self._pods[name] = (uid, pod)
         self._member_uids[name] = member_uids
+        self.version += 1
 
     def log_start(self, name: str, at: float, pid: int | None) -> None:
         """An engine's start read in its log (a life that never serves is seen nowhere else); a target gone since
