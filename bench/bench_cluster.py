@@ -295,8 +295,19 @@ async def _serve_probed(app: web.Application, conn: Connection, trace: bool) -> 
 
         return web.Response(text=str(gc.get_freeze_count()))
 
+    async def refreeze(_: web.Request) -> web.Response:  # what runtime.py's TargetFreezer does after targets went
+        import gc  # away (at most every REFREEZE_SECONDS): everything thawed, one full pass, frozen again
+
+        gc.unfreeze()
+        started = time.perf_counter()
+        gc.collect()
+        took = (time.perf_counter() - started) * 1000
+        gc.freeze()
+        return web.Response(text=f"{took:.1f}")
+
     app.router.add_get("/-/bench/gc", passes)
     app.router.add_get("/-/bench/frozen", frozen)
+    app.router.add_get("/-/bench/refreeze", refreeze)
     app.router.add_get("/-/bench/freeze", freeze)
     if trace:
 
@@ -452,6 +463,7 @@ class Exporter:
     took_s: float = 0.0
     lag: dict[str, float] = field(default_factory=dict)
     frozen: int = 0  # the objects the exporter had frozen (gc.get_freeze_count) after its scrapes
+    refreeze_ms: float = 0.0  # a full refreeze's pass (thawed, collected, frozen again), once, after the scrapes
 
     @property
     def ps(self) -> psutil.Process:
@@ -805,6 +817,7 @@ def main() -> None:
         for s in shards:
             s.lag = asyncio.run(_lag(s.port, 3))
             s.frozen = int(asyncio.run(_get(s.port, "/-/bench/frozen")))
+            s.refreeze_ms = float(asyncio.run(_get(s.port, "/-/bench/refreeze")))
         _fds([cluster], fds, "API stand-in and dcgm-exporters")
         _fds(engines, fds, "engines (a process of 1,000)")
         _fds([s.proc for s in shards], fds, "an exporter")
@@ -1022,6 +1035,8 @@ def _loop_goals(shards: list[Exporter]) -> None:
           f"{lag['pings']:.0f} pings in 3 scrapes of {len(worst.expected)} targets, {worst.name}): "
           f"**{lag['busy_max']:.0f} ms** ({_verdict(lag['busy_max'], GOAL_STALL_MS)}); full passes {lag['gc_passes']}, "
           f"the longest {lag['gc_max_ms']:.0f} ms; frozen by the exporter: {frozen} objects")  # fmt: skip
+    print(f"  (a refreeze after targets went away, at most every 10 minutes: one full pass of "
+          f"{', '.join(f'{s.refreeze_ms:.0f}' for s in shards)} ms)")  # fmt: skip
     for s in shards:
         targets = max(1, len(s.expected))
         goal = GOAL_IDLE_MS_S * min(1.0, targets / 1000)
