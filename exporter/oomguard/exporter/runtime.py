@@ -6,7 +6,8 @@ in, `Simulated`: the exporter imports no simulator); the web layer only calls `s
 
 - the event loop: the collection (scrapes of the targets, coalesced), the trend
   sampler's loop, the event poller's loop, the startup watch (/health of the targets
-  not up, between scrapes), the simulation's supervisor;
+  not up, between scrapes), the garbage collector's freezer (TargetFreezer: what the
+  targets hold, frozen once the target set has settled), the simulation's supervisor;
 - the GPU source (sources/gpu_source.py): NVML's thread (sources/nvml_reader.py), every NVML read one at a time, or
   dcgm-exporter's requests on the event loop (sources/dcgm.py);
 - worker threads (asyncio.to_thread): the process lookup, the trend analysis, each
