@@ -56,8 +56,9 @@ def theil_sen(points: list[tuple[float, float]]) -> float | None:
 class BucketCache:
     """What one caller (a slot) keeps of its buckets from one tick to the next.
 
-    `kept`: per bucket, [absolute index of its first sample, of the one past its last, values sorted]; a
-    bucket that moved by a sample or two is slid (the values that left taken out, those that came put in).
+    `kept`: per bucket, its values sorted (an array of doubles, or None), `kept_lo` and `kept_hi` the absolute
+    indices of its first sample and of the one past its last; a bucket that moved by a sample or two is slid (the
+    values that left taken out, those that came put in).
     `ring`: the statistics (median, 10th percentile) of the buckets seen, by absolute index range. At full
     history a window slides by one sample a tick and its width stays put, so bucket i's range of this tick
     is bucket i + 1's of (width / interval) ticks ago: 11 of 12 buckets are found here, and only the newest
@@ -67,10 +68,11 @@ class BucketCache:
     window of 900 samples, not 1,024), and its keys 4 bytes each: the end modulo 2**32 (two ends the ring holds at
     once are less than its size apart) and the width (1 or more; 0 in an entry never written)."""
 
-    __slots__ = ("ends", "floors", "kept", "medians", "size", "widths")
+    __slots__ = ("ends", "floors", "kept", "kept_hi", "kept_lo", "medians", "size", "widths")
 
     def __init__(self) -> None:
-        self.kept: list[list | None] = []
+        self.kept: list[array | None] = []
+        self.kept_lo = self.kept_hi = array("q")
         self.size = 0
 
     def _grow(self, span: int) -> None:
@@ -175,6 +177,8 @@ def bucket_stats(
     kept = cache.kept
     if len(kept) != count:
         kept = cache.kept = [None] * count
+        cache.kept_lo, cache.kept_hi = array("q", [-1]) * count, array("q", [-1]) * count
+    kept_lo, kept_hi = cache.kept_lo, cache.kept_hi
     if cache.size <= hi - lo:
         cache._grow(hi - lo)
     size = cache.size
@@ -187,20 +191,20 @@ def bucket_stats(
             if ends[at] == end and widths[at] == b - a:
                 out.append((start + (i + 0.5) * width, medians[at], floors[at]))
                 continue
-            entry = kept[i]
-            if entry is not None and entry[0] == new_lo and entry[1] == new_hi:
-                data = entry[2]
+            data = kept[i]
+            old_lo, old_hi = kept_lo[i], kept_hi[i]
+            if data is not None and old_lo == new_lo and old_hi == new_hi:
+                pass
             elif (
-                entry is not None
-                and base <= entry[0] <= new_lo <= entry[1] <= new_hi
-                and new_lo - entry[0] + new_hi - entry[1] < 8
-                and _slide(entry[2], values, entry[0] - base, a, entry[1] - base, b)
+                data is not None
+                and base <= old_lo <= new_lo <= old_hi <= new_hi
+                and new_lo - old_lo + new_hi - old_hi < 8
+                and _slide(data, values, old_lo - base, a, old_hi - base, b)
             ):
-                data = entry[2]
-                entry[0], entry[1] = new_lo, new_hi
+                kept_lo[i], kept_hi[i] = new_lo, new_hi
             else:
-                data = array("d", sorted(values[a:b]))  # 8 bytes a value, not a float object's 32
-                kept[i] = [new_lo, new_hi, data]
+                data = kept[i] = array("d", sorted(values[a:b]))  # 8 bytes a value, not a float object's 32
+                kept_lo[i], kept_hi[i] = new_lo, new_hi
             median, floor = _stats(data)
             widths[at], ends[at], medians[at], floors[at] = b - a, end, median, floor
             out.append((start + (i + 0.5) * width, median, floor))
@@ -599,6 +603,7 @@ class Series:
             seconds_to_full = max(0.0, 1.0 - level) / rising
         if state == "climbing" and rising:
             slope_long = rising
+        self._whole_floor = None  # this tick's: not kept until the next
         return Trend(state, level, slope_short, slope_long, climb_seconds, seconds_to_full)
 
     def _floor_points(self, whole: list[tuple[float, float, float]]) -> list[tuple[float, float]]:
