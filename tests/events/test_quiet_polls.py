@@ -89,3 +89,16 @@ def test_no_poll_is_asked_while_every_source_is_quiet_and_none_is_due(tmp_path: 
     assert not run.due()
     reader.offer("2026-12-05T12:00:01.000000001Z a line")
     assert run.due()
+
+
+def test_a_log_let_go_that_gets_a_last_line_keeps_no_poll_due(tmp_path: Path) -> None:
+    """A pod gone: its follower may still offer a line as it stops. That wakes nobody, and the runner is not left
+    due at every poll for a source it no longer has."""
+    clock = Clock()
+    run = runner(tmp_path, clock, [])
+    reader = followed(run)
+    run.set_sources(TARGET.label, [])
+    reader.offer("2026-12-05T12:00:01.000000001Z a last line")
+    run.poll()
+    clock.now += 0.5
+    assert not run.due()

@@ -160,8 +160,8 @@ class ApiLogReader:
         at = parse_timestamp(stamp)
         with self._lock:
             taken = self._offer(line, message, at)
-        if self.wake is not None and taken is not None:
-            self.wake()  # after the line is held: a poll woken before it could miss it until the next wake
+        if (wake := self.wake) is not None and taken is not None:
+            wake()  # after the line is held: a poll woken before it could miss it until the next wake
         return bool(taken)
 
     def _offer(self, line: str, message: str, at: tuple[int, int] | None) -> bool | None:
@@ -261,8 +261,8 @@ class ApiLogReader:
         with self._lock:
             self.stats.read_errors += 1
             self.stats.last_error = message
-        if self.wake is not None:
-            self.wake()
+        if (wake := self.wake) is not None:
+            wake()
 
     def ok(self) -> None:
         with self._lock:

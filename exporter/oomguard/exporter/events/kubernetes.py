@@ -78,8 +78,8 @@ class PodApiEvents:
         with self._lock:
             self._pending.append(event)
             self.stats.lines_read += 1
-        if self.wake is not None:
-            self.wake()
+        if (wake := self.wake) is not None:
+            wake()
 
     def poll(self, now: float) -> list[Event]:
         with self._lock:

@@ -155,6 +155,7 @@ class EventRunner:
             kept = [i for i, s in enumerate(self.sources) if s.target != target or s in sources]
             for i, source in enumerate(self.sources):
                 if i not in kept:
+                    self._hook_wake(source, hooked=False)
                     try:
                         self._count(source, source.close())
                     except Exception:
@@ -192,8 +193,9 @@ class EventRunner:
         """Whether the source (or its line reader) has a `wake` hook: then it is polled when woken or due."""
         return any(hasattr(holder, "wake") for holder in (source, getattr(source, "reader", None)))
 
-    def _hook_wake(self, source: EventSource) -> None:
-        wake = partial(self._woken.add, source)  # from the event loop's thread: one set.add, no lock
+    def _hook_wake(self, source: EventSource, *, hooked: bool = True) -> None:
+        """`hooked`: False for a source let go (its follower may still offer a last line: it wakes nobody)."""
+        wake = partial(self._woken.add, source) if hooked else None  # from the loop's thread: one set.add, no lock
         for holder in (source, getattr(source, "reader", None)):
             if hasattr(holder, "wake"):
                 holder.wake = wake
@@ -235,6 +237,8 @@ class EventRunner:
             self._healths = [self._health_of(j) if h.exporter_wide in wide else h for j, h in enumerate(self._healths)]
         if changed:
             self._save()
+        if self._woken:  # none but those woken during this poll, unless a source let go woke it as it went
+            self._woken.intersection_update(self.sources)
         self._next_due = self._earliest_due()
         return publish
 
