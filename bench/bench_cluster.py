@@ -298,8 +298,8 @@ async def _serve_probed(app: web.Application, conn: Connection, trace: bool) -> 
 
         return web.Response(text=str(gc.get_freeze_count()))
 
-    async def refreeze(_: web.Request) -> web.Response:  # what runtime.py's TargetFreezer does after targets went
-        import gc  # away (at most every REFREEZE_SECONDS): everything thawed, one full pass, frozen again
+    async def refreeze(_: web.Request) -> web.Response:  # what runtime.py's TargetFreezer does after the target set
+        import gc  # changed (at most every REFREEZE_SECONDS): everything thawed, one full pass, frozen again
 
         gc.unfreeze()
         started = time.perf_counter()
@@ -1038,7 +1038,7 @@ def _loop_goals(shards: list[Exporter]) -> None:
           f"{lag['pings']:.0f} pings in 3 scrapes of {len(worst.expected)} targets, {worst.name}): "
           f"**{lag['busy_max']:.0f} ms** ({_verdict(lag['busy_max'], GOAL_STALL_MS)}); full passes {lag['gc_passes']}, "
           f"the longest {lag['gc_max_ms']:.0f} ms; frozen by the exporter: {frozen} objects")  # fmt: skip
-    print(f"  (a refreeze after targets went away, at most every 10 minutes: one full pass of "
+    print(f"  (a refreeze after the target set changed, at most every 10 minutes: one full pass of "
           f"{', '.join(f'{s.refreeze_ms:.0f}' for s in shards)} ms)")  # fmt: skip
     for s in shards:
         targets = max(1, len(s.expected))

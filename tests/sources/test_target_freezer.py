@@ -92,6 +92,28 @@ def test_a_removed_targets_cycles_are_freed_by_the_next_refreeze_not_kept_by_the
     assert gc.get_freeze_count() > 0  # the rest frozen again
 
 
+def test_a_short_lived_cycle_a_freeze_caught_is_freed_by_the_refreeze_though_no_target_went_away() -> None:
+    """A freeze while a scrape is in flight catches its cycles (tasks, futures): freed by the next full refreeze,
+    which follows any change of the set, not only a removal."""
+    clock = Clock()
+    freezer = TargetFreezer(clock=clock)
+    targets = TargetSet(make_scraper, on_change=freezer.changed)
+    in_flight = Held()  # a scrape's cycle, alive at the freeze
+    caught = weakref.ref(in_flight)
+    targets.add(target("llm/vllm-0"))
+    clock.now += FREEZE_SETTLE_SECONDS
+    freezer.step()
+    del in_flight  # the scrape ends: its cycle is garbage, frozen
+    gc.collect()
+    assert caught() is not None
+    clock.now += REFREEZE_SECONDS
+    freezer.step()
+    assert caught() is None and freezer.refreezes == 1
+    clock.now += REFREEZE_SECONDS
+    freezer.step()  # nothing changed since: no full pass again
+    assert freezer.refreezes == 1
+
+
 def test_the_target_set_tells_each_add_retarget_and_remove() -> None:
     """What the runtime's freezer is told (runtime.py builds the one TargetSet with on_change=freezer.changed)."""
     seen: list[bool] = []

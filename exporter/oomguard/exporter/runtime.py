@@ -73,37 +73,39 @@ class TargetFreezer:
     thread, the event loop's, for 120 to 245 ms about once a scrape; the runtime froze only what existed at its
     start, which in the cluster mode is none of its targets.
 
-    A frozen object that becomes garbage is still freed by its reference count, but one in a reference cycle (a
-    removed target's tasks, its scraper's callbacks) stays until it is thawed: so when targets went away the next
-    freeze thaws everything first, collects, and freezes again (one full pass, as long as those it replaces), at most
-    every REFREEZE_SECONDS; until then a freeze only adds what is new (a pass over what is not frozen yet)."""
+    A frozen object that becomes garbage is still freed by its reference count, but one in a reference cycle stays
+    until it is thawed: a removed target's (its tasks, its scraper's callbacks), and whatever short-lived cycle a
+    freeze caught (a scrape in flight). So after the set changed, at most every REFREEZE_SECONDS, everything is
+    thawed, collected and frozen again (one full pass, as long as those it replaces); until then a freeze only adds
+    what is new (a pass over what is not frozen yet). A set that does not change costs nothing more."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._changed_at: float | None = None  # the last change of the target set not frozen yet
-        self._gone = False  # a target went away (removed or retargeted) since the last full refreeze
+        self._thaw = False  # frozen since the last full refreeze: a target gone, or a cycle caught, may be held
         self._refrozen_at = clock()
         self.freezes = 0  # freezes of what was new
         self.refreezes = 0  # full ones: thawed, collected, frozen again
 
     def changed(self, *, gone: bool = False) -> None:
-        """The target set changed (on the event loop): `gone`, a target or its scraper went away."""
+        """The target set changed (on the event loop): `gone`, a target or its scraper went away (what it held is
+        freed by the next full refreeze, as what any freeze caught)."""
         self._changed_at = self._clock()
-        self._gone |= gone
 
     def step(self) -> None:
         """Freeze what is due: called every FREEZE_CHECK_SECONDS on the event loop (a collection holds every thread
         whichever thread runs it)."""
         now = self._clock()
         settled = self._changed_at is not None and now - self._changed_at >= FREEZE_SETTLE_SECONDS
-        refreeze = self._gone and now - self._refrozen_at >= REFREEZE_SECONDS and (settled or self._changed_at is None)
+        refreeze = self._thaw and now - self._refrozen_at >= REFREEZE_SECONDS and (settled or self._changed_at is None)
         if refreeze:
             gc.unfreeze()
-            self._gone, self._refrozen_at = False, now
+            self._thaw, self._refrozen_at = False, now
             self.refreezes += 1
         elif not settled:
             return
         else:
+            self._thaw = True
             self.freezes += 1
         self._changed_at = None
         gc.collect()
