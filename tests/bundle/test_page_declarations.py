@@ -95,7 +95,7 @@ def test_on_a_drills_clock_the_rules_threshold_in_seconds_is_the_declarations_tu
     rule = alerts("time_scale: 10\n", tmp_path)["OomGuardGpuMemoryExhaustedSoon"]
     th = default_thresholds()
     assert f"< {TimeScale(10).real(th.exhausted_soon_seconds):g}\n" in rule["expr"]
-    assert rule["for"] == "3s" and rule["keep_firing_for"] == "60s"  # 30s and 10m on a clock 10 times faster
+    assert rule["for"] == "12s" and rule["keep_firing_for"] == "60s"  # 2m and 10m on a clock 10 times faster
 
 
 # Readings around each threshold: (GPU used share, headroom used or None, real seconds to full or None) and a

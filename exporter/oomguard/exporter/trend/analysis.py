@@ -23,9 +23,11 @@ from oomguard.exporter.model import Trend, TrendSettings
 CONSISTENT = 0.6
 # Share of the climb's span its rise must be spread over (a step up is not a leak).
 SPREAD = 0.35
-# The slow climb's time to full: when the GPU has run out with these odds (a transient allocation no longer fitting):
-# three in four, as a page must come before the OOM more often than after it (bench/bench_detection.py).
-OOM_ODDS = 0.75
+# The slow climb's time to full: when the GPU has run out with these odds (a transient allocation no longer fitting).
+# Two in five: a slow leak's OOM comes with a transient, at a moment spread over an hour or more, and its page is due
+# once that moment has a fair chance within the hour, not once it is likely (on the detection library three in four
+# left 4 slow leaks unpaged 5 minutes ahead, two in five 2: docs/performance.md, "Detection").
+OOM_ODDS = 0.4
 # A slow climb's second half must rise at least this share of its first half's pace to be called (an allocator's
 # warm-up decays: its second half is slower), and this share to be held once called.
 STEADY = 0.5
@@ -353,20 +355,28 @@ class Creep:
         self.called = slope is not None
         if slope is not None:
             self.slope, self.start = slope, times[0] - self.period / 2
-            self.floor, self._judged_at = floors[-1], times[-1] + self.period / 2
+            # The forecast starts from the newest period's own floor where it is higher: the smoothing that keeps
+            # one odd period from starting or ending a climb lags a leak's floor by a period or two.
+            self.floor, self._judged_at = max(floors[-1], self._floor[n - 1]), times[-1] + self.period / 2
             self._peaks = sorted(self._wobble[max(first + begin, n - int(6 * 3600 / self.period)) : n])
 
-    def seconds_to_full(self, now: float) -> float:
-        """`_time_to_full` from when its floor was last measured, counted down to `now`."""
-        return max(0.0, self._time_to_full() - (now - self._judged_at))
+    def seconds_to_full(self, now: float, level: float | None = None) -> float:
+        """`_time_to_full` from when its floor was last measured, counted down to `now`; sooner where `level` (the
+        recent readings' median) stands above that floor by more than any wobble of its last six hours: the floor
+        has risen since it was measured (a step the next period will show), by at least that excess."""
+        counted = max(0.0, self._time_to_full() - (now - self._judged_at))
+        top = self._peaks[-1] if self._peaks else 0.0
+        if level is None or level - self.floor <= top:
+            return counted
+        return min(counted, self._time_to_full(level - top))
 
-    def _time_to_full(self) -> float:
+    def _time_to_full(self, floor: float | None = None) -> float:
         """How long until the GPU runs out: its floor rises at the climb's pace, and in each period it goes above its
         floor as it did in the periods of the last six hours (the wobbles seen: transient allocations). The first
         period whose wobble no longer fits in what is left is the OOM: the time by which that has happened with the
         odds OOM_ODDS. A leak runs the GPU out at the next transient allocation that does not fit, not when its floor
         reaches the top; this is that time, from what the series has shown."""
-        left, slope, peaks = 1.0 - self.floor, self.slope, self._peaks
+        left, slope, peaks = 1.0 - (self.floor if floor is None else floor), self.slope, self._peaks
         if left <= 0 or slope <= 0:
             return 0.0
         if not peaks or peaks[-1] <= 0:
@@ -592,7 +602,7 @@ class Series:
             fast_age = climb_seconds  # the fast climb's, since it last left its floor
             if self.creep.called:  # the slow climb's: its pace over hours, its length since it began
                 rising, climb_seconds = self.creep.slope, max(climb_seconds, now - self.creep.start)
-                seconds_to_full = self.creep.seconds_to_full(now)
+                seconds_to_full = self.creep.seconds_to_full(now, level)
             # A fast climb's pace, where it has run long enough to be measured (minutes of samples, not the few
             # since it last left a plateau), or where no slow climb is called: the faster of the two counts.
             if self.latched and (rising is None or fast_age >= 2 * s.climb_min_seconds):
