@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from oomguard.exporter import join as join_module
 from oomguard.exporter.model import Observation, TargetView, TrendKey
 from oomguard.exporter.sources.nvml import NvmlSource
 from oomguard.exporter.sources.nvml_reader import NvmlReader
 from oomguard.exporter.sources.process_lookup import ProcessLookup
 from oomguard.exporter.sources.processes import ProcessFinder
 from oomguard.exporter.sources.source_runs import SourceRuns
+from oomguard.exporter.trend import observe as observe_module
 from oomguard.exporter.trend.analysis import TrendSettings
 from oomguard.exporter.trend.observe import TrendObserver
 from oomguard.exporter.trend.sampler import TrendTracker
@@ -73,5 +75,43 @@ async def test_a_loading_engine_and_its_gpu_are_not_sampled_and_start_afresh_onc
         up = await observer.observe()
         assert set(up) == {GPU0, GPU1, TARGET}
         assert up[GPU0] == Observation(49 * GIB, 80 * GIB)  # from the memory it serves with
+    finally:
+        nvml.close()
+
+
+async def test_a_tick_whose_gpus_read_as_the_last_did_joins_no_target_again(monkeypatch) -> None:
+    """A target's join (its GPUs, its worst, the use beyond its reservation) is a function of its claim and its
+    node's GPUs: where they read as the last tick's did (dcgm-exporter's values change every 30 s), the last tick's
+    join stands; a GPU that reads otherwise has its node's targets joined again (issue 50, item 5)."""
+    found: list[object] = []
+    real = join_module.target_gpus
+
+    def counted(*args: object) -> list:
+        found.append(args)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(join_module, "target_gpus", counted)
+    monkeypatch.setattr(observe_module, "target_gpus", counted)
+    gpus = [FakeGpu(i, used_bytes=(60 + i) * GIB) for i in range(4)]
+    nvml = NvmlReader(NvmlSource(FakeNvml(gpus)), 3.0)
+    # Each engine reserves its GPU (its gpu_memory_utilization): its GPU is judged on what its reservation leaves.
+    targets = [TargetView(f"e{i}", (i,), None, "up", False, reservation=0.8) for i in range(4)]
+    observer = TrendObserver(nvml, ProcessLookup(ProcessFinder(), [], SourceRuns()), lambda: targets,
+                             TrendTracker(TrendSettings()))  # fmt: skip
+    try:
+        first = await observer.observe()
+        assert len(found) >= 4  # every target joined on the first tick
+        found.clear()
+        again = await observer.observe()
+        assert again == first
+        assert found == []  # nothing read otherwise: no target's GPUs found again
+        gpus[2].used_bytes = 70 * GIB
+        changed = await observer.observe()
+        assert sorted(args[0].configured for args in found) == [(0,), (1,), (2,), (3,)]  # its node's targets, once
+        assert changed[TrendKey("gpu", "2", "gpu")] != first[TrendKey("gpu", "2", "gpu")]
+        assert changed[TrendKey("target", "e2", "gpu")] == changed[TrendKey("gpu", "2", "gpu")]
+        assert {k: v for k, v in changed.items() if "2" not in k.name} == {
+            k: v for k, v in first.items() if "2" not in k.name
+        }
     finally:
         nvml.close()

@@ -9,7 +9,7 @@ from oomguard.exporter.join import GpuClaim, by_node, claim, claim_gpus, target_
 from oomguard.exporter.model import GpuKey, GpuReadings, Observation, ProcessTree, TargetView, TrendKey
 from oomguard.exporter.sources.gpu_source import GpuSource
 from oomguard.exporter.sources.process_lookup import ProcessLookup
-from oomguard.exporter.trend.sampler import TrendTracker, observations
+from oomguard.exporter.trend.sampler import Joins, TrendTracker, observations
 
 # A tick this soon after a scrape reuses the scrape's lookup of the engines' processes.
 PROCESS_LOOKUP_MAX_AGE = 1.0
@@ -43,6 +43,7 @@ class TrendObserver:
         self.tracker = tracker
         self._asleep: set[str] = set()
         self._loading: set[str] = set()
+        self.joins = Joins()  # kept from one tick to the next: a join whose figures read the same is not computed again
 
     async def observe(self) -> dict[TrendKey, Observation]:
         """GPUs, and each target's GPUs and local processes."""
@@ -66,7 +67,8 @@ class TrendObserver:
         loading = {v.name for v in views if v.state == "loading"}
         woke, self._asleep = self._asleep - asleep, asleep
         loaded, self._loading = self._loading - loading, loading
-        nodes = by_node(up_gpus(gpus.gpus)) if gpus else {}
+        # Only where an engine wakes or loads are its GPUs needed here (each target's are found in the thread).
+        nodes = by_node(up_gpus(gpus.gpus)) if gpus and (woke or loaded or loading) else {}
 
         def gpus_of(names: set[str]) -> set[GpuKey]:
             return {key for name, c in targets if name in names for key in target_gpus(c, claim_gpus(c, nodes))}
@@ -76,7 +78,8 @@ class TrendObserver:
             keys = {TrendKey("target", name, memory) for name in fresh for memory in ("gpu", "host")}
             keys |= {TrendKey.of_gpu(key) for key in gpus_of(fresh)}
             self.tracker.forget(keys)
-        active = [t for t in targets if t[0] not in asleep | loading]
-        quiet_gpus = gpus_of(loading) - gpus_of({t[0] for t in active})
+        skipped = asleep | loading
+        active = [t for t in targets if t[0] not in skipped] if skipped else targets
+        quiet_gpus = gpus_of(loading) - gpus_of({t[0] for t in active}) if loading else set()
         reserving = [(name, c, held[name]) for name, c in targets if name in held]
-        return await asyncio.to_thread(observations, gpus, active, quiet_gpus, reserving)
+        return await asyncio.to_thread(observations, gpus, active, quiet_gpus, reserving, self.joins)

@@ -11,12 +11,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 import psutil
 
 from oomguard.exporter.join import GpuClaim, by_node, claim_gpus, join, join_gpu, up_gpus
-from oomguard.exporter.model import GpuKey, GpuReadings, Observation, TrendKey, TrendReading
+from oomguard.exporter.model import (
+    GpuKey,
+    GpuMemory,
+    GpuReading,
+    GpuReadings,
+    Observation,
+    TargetMemory,
+    TrendKey,
+    TrendReading,
+)
 from oomguard.exporter.trend.analysis import Series, TrendSettings
 
 log = logging.getLogger(__name__)
@@ -145,30 +154,80 @@ class Sampler:
             await self.sleep(max(0.0, next_at - self.clock()))
 
 
+Engine = tuple[float, dict[GpuKey, float] | None]  # an engine reserving a GPU: its ratio, its own use by GPU or None
+
+
+class Joins:
+    """The last tick's joins (join.py), each kept while what it was computed from reads the same.
+
+    A join is a function of its target's claim and its nodes' GPUs (their readings' values), a GPU's with its engines
+    of the reservations on it: where those are equal to the last tick's, so is the join, and it is not computed again.
+    dcgm-exporter's values change once each collect interval (30 s by default), so most ticks read most nodes' GPUs
+    as the last did (issue 50, item 5: at 1,000 pods the joins were a fifth of the idle exporter's CPU)."""
+
+    __slots__ = ("_gpus", "_targets", "computed")
+
+    def __init__(self) -> None:
+        self._targets: dict[str, tuple[GpuClaim, Mapping[GpuKey, GpuReading], TargetMemory]] = {}
+        self._gpus: dict[GpuKey, tuple[GpuReading, list[Engine], GpuMemory | None]] = {}
+        self.computed = 0  # joins computed, not found (the tests count them)
+
+    def target(
+        self, name: str, claim: GpuClaim, gpus: Mapping[GpuKey, GpuReading], into: dict[str, tuple]
+    ) -> TargetMemory:
+        last = into.get(name) or self._targets.get(name)
+        if last is not None and last[0] == claim and last[1] == gpus:
+            memory = last[2]
+        else:
+            memory = join(claim, gpus)
+            self.computed += 1
+        into[name] = (claim, gpus, memory)
+        return memory
+
+    def gpu(self, gpu: GpuReading, engines: list[Engine], into: dict[GpuKey, tuple]) -> GpuMemory | None:
+        last = self._gpus.get(gpu.key)
+        if last is not None and last[0] == gpu and last[1] == engines:
+            joined = last[2]
+        else:
+            joined = join_gpu(gpu, engines)
+            self.computed += 1
+        into[gpu.key] = (gpu, engines, joined)
+        return joined
+
+    def keep(self, targets: dict[str, tuple], gpus: dict[GpuKey, tuple]) -> None:
+        """This tick's joins, for the next (the targets and GPUs gone are forgotten)."""
+        self._targets, self._gpus = targets, gpus
+
+
 def observations(
     nvml: GpuReadings | None,
     targets: list[tuple[str, GpuClaim]],
     skip_gpus: Collection[GpuKey] = (),
     reserving: list[tuple[str, GpuClaim, float]] = (),  # type: ignore[assignment]
+    joins: Joins | None = None,
 ) -> dict[TrendKey, Observation]:
     """What one tick sees: GPUs (but `skip_gpus`), and per target its GPUs' memory (join.py) and its processes'
     RSS. `reserving`: the targets whose reservation holds now, each with it: on their GPUs what is judged is the use
     beyond the reservations (used - reserved, below 0 where the engines hold less) against the headroom they leave
     (join.join_gpu, basis "headroom"); elsewhere used against total. Where an engine holds less than its
     reservation this differs from the alerts' level (headroom_used_ratio counts its untaken share as taken): the
-    trend follows what is free, so the postmortem's climb from 0.86 through a 0.90 reservation is seen whole."""
+    trend follows what is free, so the postmortem's climb from 0.86 through a 0.90 reservation is seen whole.
+    `joins`: the last tick's, kept from one tick to the next (the same figures, fewer computed)."""
     out: dict[TrendKey, Observation] = {}
     gpus = up_gpus(nvml.gpus) if nvml else {}
     nodes = by_node(gpus)
+    joins = joins or Joins()
+    joined_targets: dict[str, tuple] = {}
+    joined_gpus: dict[GpuKey, tuple] = {}
     engines_on: dict[GpuKey, list[tuple[float, dict[GpuKey, float] | None]]] = {}
-    for _, claim, ratio in reserving:
-        memory = join(claim, claim_gpus(claim, nodes))
+    for name, claim, ratio in reserving:
+        memory = joins.target(name, claim, claim_gpus(claim, nodes), joined_targets)
         for key in memory.gpus:
             engines_on.setdefault(key, []).append((ratio, memory.own_by_gpu))
     beyond: dict[GpuKey, Observation] = {}
     for key, engines in engines_on.items():
         gpu = gpus.get(key)
-        joined = join_gpu(gpu, engines) if gpu is not None else None
+        joined = joins.gpu(gpu, engines, joined_gpus) if gpu is not None else None
         if joined is not None and joined.total_bytes - joined.reserved_bytes > 0:
             # Signed: an engine that holds less than its reservation (its pool smaller than the share it was told)
             # reads below 0, so a climb through the reservation is seen whole, not from where it crosses it.
@@ -183,7 +242,7 @@ def observations(
             out[TrendKey.of_gpu(key)] = beyond.get(key) or Observation(gpu.used_bytes or 0.0, gpu.total_bytes or 0.0)
     host_total = float(psutil.virtual_memory().total)
     for name, claim in targets:
-        memory = join(claim, claim_gpus(claim, nodes))
+        memory = joins.target(name, claim, claim_gpus(claim, nodes), joined_targets)
         process = claim.process
         mine = [beyond[key] for key in memory.gpus if key in beyond]
         if mine and len(mine) == len(memory.gpus):
@@ -193,4 +252,5 @@ def observations(
             out[TrendKey("target", name, "gpu")] = Observation(memory.used_bytes, memory.total_bytes)
         if process is not None:
             out[TrendKey("target", name, "host")] = Observation(process.resident_bytes, host_total)
+    joins.keep(joined_targets, joined_gpus)
     return out
