@@ -246,3 +246,17 @@ def test_the_json_report_has_every_episode_with_how_it_was_counted() -> None:
     assert data["outside_incidents"]["pages"] == 3 and data["outside_incidents"]["flapping_pages"] == 1
     assert [a["flap"] for a in data["outside_incidents"]["alerts"]] == [False, True, False]
     assert data["ooms"][0]["first_page"]["lead_seconds"] == pytest.approx(20 * MINUTE)
+
+
+def test_a_page_on_another_gpu_of_the_engine_that_ran_out_is_its_lead() -> None:
+    """A tensor-parallel engine dies whole when one of its ranks runs out: the OOM names the GPU where the allocation
+    failed and the engine; a page on the engine's other GPU warned of it. A page on a GPU of another engine did not."""
+    gpus = {(NODE, g): GpuCoverage(NODE, g, g, T - 2 * DAY, T + 2 * DAY, 1, 1, 1, 4 * DAY) for g in ("0", "1", "2")}
+    targets = {"tp": {(NODE, "0"), (NODE, "1")}, "c": {(NODE, "2")}}
+    replayed = ReplaySummary(T - 2 * DAY, T + 2 * DAY, 23_040, 15.0, gpus, targets, 0, 0)
+    sibling, other = episode(PAGE_TOO, T - 20 * MINUTE, gpu="1"), episode(PAGE_TOO, T - 20 * MINUTE, gpu="2")
+    [result], false, outcome = judge(
+        {PAGE_TOO: [sibling, other]}, [Oom(T, gpu="0", node=NODE, target="tp")], replayed, Window()
+    )
+    assert leads(result) == [(PAGE_TOO, 20.0)] and counted(sibling) == ("lead", 0.0)
+    assert false == [other] and outcome.paged == 1

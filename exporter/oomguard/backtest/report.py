@@ -356,8 +356,9 @@ class Places:
     def of_oom(self, oom: Oom) -> set[GpuKey] | None:
         if oom.gpu:
             keys = self._by_name.get(oom.gpu, set())
-            keys = {k for k in keys if not oom.node or k[0] == oom.node}
-            return keys or {(oom.node, oom.gpu)}
+            keys = {k for k in keys if not oom.node or k[0] == oom.node} or {(oom.node, oom.gpu)}
+            # The engine dies whole (a tensor-parallel group with the rank that ran out): its other GPUs are its place.
+            return keys | set(self.summary.targets.get(oom.target, ())) if oom.target else keys
         if oom.target:
             return set(self.summary.targets.get(oom.target, ())) or None
         if oom.node:
