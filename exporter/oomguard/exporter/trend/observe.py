@@ -65,6 +65,15 @@ class TrendObserver:
         held = {v.name: v.reservation for v in views if v.reservation is not None and not v.asleep}
         asleep = {v.name for v in views if v.asleep}
         loading = {v.name for v in views if v.state == "loading"}
+        active, quiet_gpus = self._awake(gpus, targets, asleep, loading)
+        reserving = [(name, c, held[name]) for name, c in targets if name in held]
+        return await asyncio.to_thread(observations, gpus, active, quiet_gpus, reserving, self.joins)
+
+    def _awake(
+        self, gpus: GpuReadings | None, targets: list[tuple[str, GpuClaim]], asleep: set[str], loading: set[str]
+    ) -> tuple[list[tuple[str, GpuClaim]], set[GpuKey]]:
+        """The targets sampled (neither asleep nor loading) and the GPUs left alone (a loading engine's that no
+        engine up shares); the series of an engine that woke or finished loading forgotten."""
         woke, self._asleep = self._asleep - asleep, asleep
         loaded, self._loading = self._loading - loading, loading
         # Only where an engine wakes or loads are its GPUs needed here (each target's are found in the thread).
@@ -80,6 +89,4 @@ class TrendObserver:
             self.tracker.forget(keys)
         skipped = asleep | loading
         active = [t for t in targets if t[0] not in skipped] if skipped else targets
-        quiet_gpus = gpus_of(loading) - gpus_of({t[0] for t in active}) if loading else set()
-        reserving = [(name, c, held[name]) for name, c in targets if name in held]
-        return await asyncio.to_thread(observations, gpus, active, quiet_gpus, reserving, self.joins)
+        return active, gpus_of(loading) - gpus_of({t[0] for t in active}) if loading else set()
