@@ -57,7 +57,7 @@ _REAL_NVML = object()  # default of nvml_lib: pynvml, or the simulation's fake G
 # the scrape interval. On a simulation's clock a simulated second, no shorter than the floor (real seconds).
 STARTUP_WATCH_SECONDS = 1.0
 STARTUP_WATCH_FLOOR_SECONDS = 0.25
-# The garbage collector and the targets (issue 50, item 1; docs/performance.md, "Garbage collection and the idle cost").
+# The garbage collector and the targets (docs/performance.md, "Garbage collection and the idle cost").
 FREEZE_SETTLE_SECONDS = 5.0  # the target set unchanged this long: discovery has settled, what it made is frozen
 REFREEZE_SECONDS = 600.0  # a target gone: at most this often, everything is thawed, collected and frozen again
 FREEZE_CHECK_SECONDS = 1.0

@@ -42,7 +42,7 @@ MAX_EVENT_COUNT = 2**31 - 1  # an Event's count is an int32 in the API
 # (client-go's spam filter), so more between two changes the watch sees is no prober's doing.
 MAX_GROWTH = 25
 # The API's events are read by one watch (and the pods' objects) for the whole exporter: their source's health is
-# said once, under this name with the target empty, not once a pod (issue 50: 6 series a pod, each the same).
+# said once, under this name with the target empty, not once a pod (six series a pod, each the same).
 API_EVENTS = "k8s-api"
 
 

@@ -480,7 +480,7 @@ class Series:
         self.from_serving = from_serving
         self.maxlen = int(settings.long_window_seconds / settings.interval_seconds) + 8
         # Arrays of doubles, not lists of floats: 8 bytes a sample, not a pointer and a float object's 32 (a target's
-        # series holds 900 samples once its window is full; issue 50, item 2).
+        # series holds 900 samples once its window is full, and a fleet exporter holds thousands of series).
         self._times = array("d")
         self._values = array("d")
         self._head = 0  # index of the oldest sample still in the window
