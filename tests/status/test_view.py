@@ -30,9 +30,7 @@ from oomguard.exporter.model import (
 from oomguard.exporter.status import top
 from oomguard.exporter.status.top import frame
 from oomguard.exporter.status.view import MAX_GPUS, build, duration
-
-GIB = 1024**3
-NOW = 1_800_000_000.0
+from tests.status.view_fixtures import GIB, NOW
 
 
 def snapshot(*gpus: tuple[str, float, float | None, float | None], oom_ago: float | None = None) -> Snapshot:
